@@ -1,0 +1,122 @@
+"""Checkpoints that cannot be half-written and cannot run code when loaded."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .errors import CheckpointError
+
+FORMAT_VERSION = 1
+
+
+def _fsync_dir(folder: Path) -> None:
+    # Makes the rename itself durable; not possible (nor needed) on Windows.
+    if os.name == "posix":
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _atomic_write(path: Path, write) -> None:
+    """write(fileobj) into a temp file beside path, fsync, then atomically replace path."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def save(state: dict, path: Path) -> None:
+    _atomic_write(Path(path), lambda f: torch.save(state, f))
+
+
+def copy(src: Path, dst: Path) -> None:
+    """Atomic copy, so best.pt and step files are never half-written either."""
+
+    def write(f):
+        with open(src, "rb") as s:
+            shutil.copyfileobj(s, f, 1 << 20)
+
+    _atomic_write(Path(dst), write)
+
+
+def load(path: Path) -> dict:
+    """Load with weights_only=True: a file that needs code to unpickle is refused."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint: {path} not found")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise CheckpointError(
+            f"checkpoint: {path} contains objects that need code to load; refused "
+            "(TrainDeck checkpoints hold only tensors and plain data)"
+        ) from None
+    except (RuntimeError, EOFError, OSError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(
+            f"checkpoint: {path} is damaged or not a checkpoint ({first})"
+        ) from None
+    if not isinstance(state, dict) or "format_version" not in state:
+        raise CheckpointError(f"checkpoint: {path} is not a TrainDeck checkpoint")
+    if state["format_version"] > FORMAT_VERSION:
+        raise CheckpointError(
+            f"checkpoint: {path} has format {state['format_version']}; this TrainDeck reads "
+            f"up to {FORMAT_VERSION} (update TrainDeck)"
+        )
+    return state
+
+
+def rng_state() -> dict:
+    """Every RNG training touches, as plain data that weights_only loading accepts."""
+    version, internal, gauss = random.getstate()
+    np_state = np.random.get_state(legacy=False)
+    state = {
+        "python": [version, list(internal), gauss],
+        "numpy": {
+            "key": torch.from_numpy(np_state["state"]["key"].astype(np.int64)),
+            "pos": int(np_state["state"]["pos"]),
+            "has_gauss": int(np_state["has_gauss"]),
+            "gauss": float(np_state["gauss"]),
+        },
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    n = state["numpy"]
+    np.random.set_state(
+        {
+            "bit_generator": "MT19937",
+            "state": {"key": n["key"].numpy().astype(np.uint32), "pos": n["pos"]},
+            "has_gauss": n["has_gauss"],
+            "gauss": n["gauss"],
+        }
+    )
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        cuda_states = state["cuda"]
+        if len(cuda_states) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(cuda_states)

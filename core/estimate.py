@@ -1,0 +1,192 @@
+"""Predict a config's peak device memory, recommend a preset, fit the micro-batch to a GPU.
+
+The activation model counts what autograd saves per token per layer for this GPT
+(see the comments in `_saved_bytes_per_token_layer`); the totals are printed as a breakdown.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .config import TrainConfig
+from .model import VOCAB_SIZE
+
+GB = 1024**3
+MB = 1024**2
+CUDA_CONTEXT_BYTES = 500 * MB  # CUDA context + cuBLAS/cuDNN workspaces, typical on recent cards
+FRAGMENTATION = 1.10  # caching-allocator slack on top of the live peak
+SAFETY_MARGIN = 0.10  # keep 10% of free VRAM unused when recommending
+
+
+def param_count(hidden: int, layers: int, seq_len: int, vocab: int = VOCAB_SIZE) -> int:
+    """Exact parameter count of core.model.GPT (the output head is tied to the embedding)."""
+    d = hidden
+    per_block = (
+        2 * d  # ln1
+        + 3 * d * d + 3 * d  # qkv
+        + d * d + d  # attention projection
+        + 2 * d  # ln2
+        + 4 * d * d + 4 * d  # mlp fc
+        + 4 * d * d + d  # mlp projection
+    )  # fmt: skip
+    return vocab * d + seq_len * d + layers * per_block + 2 * d
+
+
+def flops_per_token(cfg: TrainConfig) -> int:
+    """Training FLOPs per token (forward + backward): 6N + 12 L d T, as in nanoGPT/PaLM."""
+    n = param_count(cfg.hidden_dim, cfg.n_layers, cfg.seq_len) - cfg.seq_len * cfg.hidden_dim
+    return 6 * n + 12 * cfg.n_layers * cfg.hidden_dim * cfg.seq_len
+
+
+def _act_bytes(precision: str) -> int:
+    return 4 if precision == "fp32" else 2
+
+
+def _saved_bytes_per_token_layer(cfg: TrainConfig, precision: str) -> float:
+    """Bytes autograd keeps per token per block for the backward pass."""
+    d, e = cfg.hidden_dim, _act_bytes(precision)
+    fp32_residual = 2 * 4 * d  # LayerNorm inputs: the residual stream stays fp32 under autocast
+    matmul_inputs = e * (d + d + 4 * d)  # qkv, attn proj and mlp fc inputs
+    attention = e * (3 * d + d)  # q, k, v and the attention output (flash: no T x T matrix)
+    mlp = e * (4 * d + 4 * d)  # GELU input and the mlp projection's input
+    dropout_masks = 3 * d if cfg.dropout > 0 else 0  # one byte per element
+    return fp32_residual + matmul_inputs + attention + mlp + dropout_masks
+
+
+@dataclass
+class Estimate:
+    n_params: int
+    weights: int
+    gradients: int
+    optimizer: int
+    weight_casts: int
+    activations: int
+    logits: int
+    fragmentation: int
+    cuda_context: int
+    tokens_per_step: int
+    flops_per_token: int
+
+    @property
+    def allocator_peak(self) -> int:
+        """What torch.cuda.max_memory_allocated should report."""
+        return (
+            self.weights
+            + self.gradients
+            + self.optimizer
+            + self.weight_casts
+            + self.activations
+            + self.logits
+        )
+
+    @property
+    def device_total(self) -> int:
+        """What NVML should report as used by this process at the peak."""
+        return self.allocator_peak + self.fragmentation + self.cuda_context
+
+    def breakdown(self) -> list[tuple[str, int]]:
+        return [
+            ("weights (fp32)", self.weights),
+            ("gradients (fp32)", self.gradients),
+            ("AdamW state (2 x fp32)", self.optimizer),
+            ("autocast weight copies", self.weight_casts),
+            ("activations", self.activations),
+            ("logits and loss", self.logits),
+            ("allocator fragmentation", self.fragmentation),
+            ("CUDA context", self.cuda_context),
+        ]
+
+    def report(self) -> str:
+        lines = [f"{name:<26} {size / MB:>10.1f} MiB" for name, size in self.breakdown()]
+        lines += [
+            "-" * 41,
+            f"{'allocator peak':<26} {self.allocator_peak / MB:>10.1f} MiB",
+            f"{'device total (NVML)':<26} {self.device_total / MB:>10.1f} MiB",
+            f"parameters                 {self.n_params:,}",
+            f"tokens per optimizer step  {self.tokens_per_step:,}",
+            f"FLOPs per token            {self.flops_per_token / 1e6:,.1f} M",
+        ]
+        return "\n".join(lines)
+
+
+def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True) -> Estimate:
+    """Peak memory of one micro-batch's forward/backward plus the optimizer step."""
+    precision = precision or ("bf16" if cfg.precision == "auto" else cfg.precision)
+    n = param_count(cfg.hidden_dim, cfg.n_layers, cfg.seq_len)
+    tokens = cfg.batch_size * cfg.seq_len
+    per_layer = _saved_bytes_per_token_layer(cfg, precision) * tokens
+    if cfg.grad_checkpointing:
+        # Only each block's fp32 input is kept; one block is recomputed at a time.
+        activations = cfg.n_layers * 4 * cfg.hidden_dim * tokens + per_layer
+    else:
+        activations = cfg.n_layers * per_layer
+    # Embedding sum, ln_f input (fp32) and the head's input; backward needs about one
+    # more block's worth of activation gradients at a time.
+    activations += 3 * 4 * cfg.hidden_dim * tokens + per_layer
+    if not on_gpu:  # the CPU math attention kernel materialises the T x T scores
+        activations += cfg.n_layers * cfg.batch_size * cfg.n_heads * cfg.seq_len**2 * 4 * 2
+    e = _act_bytes(precision)
+    logits = tokens * VOCAB_SIZE * (e + 4 + 4)  # logits, their fp32 copy, and its gradient
+    mixed = precision in ("bf16", "fp16")
+    weight_casts = 2 * (n - cfg.seq_len * cfg.hidden_dim) if mixed else 0
+    live = 4 * n * 3 + 4 * n + weight_casts + int(activations) + logits
+    return Estimate(
+        n_params=n,
+        weights=4 * n,
+        gradients=4 * n,
+        optimizer=8 * n,
+        weight_casts=weight_casts,
+        activations=int(activations),
+        logits=logits,
+        fragmentation=int((FRAGMENTATION - 1) * live) if on_gpu else 0,
+        cuda_context=CUDA_CONTEXT_BYTES if on_gpu else 0,
+        tokens_per_step=cfg.tokens_per_step,
+        flops_per_token=flops_per_token(cfg),
+    )
+
+
+def fits(cfg: TrainConfig, free_bytes: int, margin: float = SAFETY_MARGIN) -> bool:
+    return estimate(cfg).device_total <= free_bytes * (1 - margin)
+
+
+def fit_micro_batch(cfg: TrainConfig, free_bytes: int) -> TrainConfig | None:
+    """The largest micro-batch that fits, with grad_accum set to keep the effective batch.
+
+    None when not even a micro-batch of 1 fits.
+    """
+    import dataclasses
+
+    total = cfg.batch_size * cfg.grad_accum
+    for micro in range(total, 0, -1):
+        if total % micro:
+            continue
+        candidate = dataclasses.replace(cfg, batch_size=micro, grad_accum=total // micro)
+        if fits(candidate, free_bytes):
+            return candidate
+    return None
+
+
+def recommend_preset(total_bytes: int | None = None, free_bytes: int | None = None, presets=None):
+    """The largest GPU preset whose tier suits the card and whose estimate fits free VRAM.
+
+    With no GPU (total_bytes None after detection) the CPU preset is recommended.
+    """
+    from . import presets as preset_lib
+
+    presets = presets if presets is not None else preset_lib.list_presets()
+    if total_bytes is None:
+        from .hardware import gpus
+
+        found = gpus()
+        if found:
+            total_bytes = found[0]["total_bytes"]
+            free_bytes = found[0]["free_bytes"]
+    if total_bytes is None:
+        cpu = [p for p in presets if p.name == "cpu"] or [p for p in presets if not p.for_gpu]
+        return cpu[0]
+    free = free_bytes if free_bytes is not None else total_bytes
+    gpu = sorted((p for p in presets if p.for_gpu), key=lambda p: p.min_vram_gb, reverse=True)
+    for p in gpu:
+        if p.min_vram_gb * GB * 0.95 <= total_bytes and fits(preset_lib.to_config(p), free):
+            return p
+    return gpu[-1]

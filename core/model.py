@@ -1,0 +1,127 @@
+"""A decoder-only GPT over bytes, in the spirit of nanoGPT's model.py."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+VOCAB_SIZE = 256  # bytes: no tokenizer to download
+
+
+@dataclass
+class GPTConfig:
+    hidden_dim: int = 128
+    n_layers: int = 2
+    n_heads: int = 4
+    seq_len: int = 128
+    dropout: float = 0.0
+    vocab_size: int = VOCAB_SIZE
+    grad_checkpointing: bool = False
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, c: GPTConfig):
+        super().__init__()
+        self.n_heads = c.n_heads
+        self.qkv = nn.Linear(c.hidden_dim, 3 * c.hidden_dim)
+        self.proj = nn.Linear(c.hidden_dim, c.hidden_dim)
+        self.dropout = c.dropout
+        self.resid_drop = nn.Dropout(c.dropout)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).split(d, dim=2)
+        q, k, v = (z.view(b, t, self.n_heads, d // self.n_heads).transpose(1, 2) for z in (q, k, v))
+        # SDPA picks the flash / memory-efficient kernel on CUDA.
+        y = F.scaled_dot_product_attention(
+            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
+        )
+        y = y.transpose(1, 2).contiguous().view(b, t, d)
+        return self.resid_drop(self.proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, c: GPTConfig):
+        super().__init__()
+        self.fc = nn.Linear(c.hidden_dim, 4 * c.hidden_dim)
+        self.proj = nn.Linear(4 * c.hidden_dim, c.hidden_dim)
+        self.drop = nn.Dropout(c.dropout)
+
+    def forward(self, x):
+        return self.drop(self.proj(F.gelu(self.fc(x))))
+
+
+class Block(nn.Module):
+    def __init__(self, c: GPTConfig):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(c.hidden_dim)
+        self.attn = SelfAttention(c)
+        self.ln2 = nn.LayerNorm(c.hidden_dim)
+        self.mlp = MLP(c)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, c: GPTConfig):
+        super().__init__()
+        self.config = c
+        self.tok_emb = nn.Embedding(c.vocab_size, c.hidden_dim)
+        self.pos_emb = nn.Embedding(c.seq_len, c.hidden_dim)
+        self.drop = nn.Dropout(c.dropout)
+        self.blocks = nn.ModuleList(Block(c) for _ in range(c.n_layers))
+        self.ln_f = nn.LayerNorm(c.hidden_dim)
+        self.head = nn.Linear(c.hidden_dim, c.vocab_size, bias=False)
+        self.head.weight = self.tok_emb.weight  # tied output head
+        self.apply(self._init_weights)
+        # GPT-2: scale residual projections by depth so the residual stream stays O(1).
+        for name, p in self.named_parameters():
+            if name.endswith("proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * c.n_layers))
+
+    @staticmethod
+    def _init_weights(m):
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, mean=0.0, std=0.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Embedding):
+            nn.init.normal_(m.weight, mean=0.0, std=0.02)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def forward(self, idx, targets=None):
+        t = idx.shape[1]
+        if t > self.config.seq_len:
+            raise ValueError(f"sequence of {t} tokens is longer than seq_len {self.config.seq_len}")
+        pos = torch.arange(t, device=idx.device)
+        x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))
+        for block in self.blocks:
+            if self.config.grad_checkpointing and self.training:
+                x = checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
+        logits = self.head(self.ln_f(x))
+        if targets is None:
+            return logits, None
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1))
+        return logits, loss
+
+    @torch.no_grad()
+    def generate(self, idx, n_new: int, generator: torch.Generator, temperature: float = 0.8):
+        """Sample n_new bytes after idx with its own generator, so training RNG is untouched."""
+        for _ in range(n_new):
+            context = idx[:, -self.config.seq_len :]
+            logits, _ = self(context)
+            probs = F.softmax(logits[:, -1, :].float() / temperature, dim=-1)
+            nxt = torch.multinomial(probs, 1, generator=generator)
+            idx = torch.cat((idx, nxt), dim=1)
+        return idx

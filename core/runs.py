@@ -1,0 +1,187 @@
+"""The run folder: the one place a run's state lives."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+from .config import TrainConfig, from_dict, validate
+from .errors import CheckpointError, ConfigError
+
+DEFAULT_RUNS_ROOT = Path("runs")
+
+
+class RunFolder:
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.ckpt_dir = self.path / "checkpoints"
+        self.config_file = self.path / "config.yaml"
+        self.metrics_file = self.path / "metrics.jsonl"
+        self.samples_file = self.path / "samples.txt"
+        self.log_file = self.path / "train.log"
+        self.status_file = self.path / "status.json"
+        self._metrics = None
+
+    @property
+    def latest(self) -> Path:
+        return self.ckpt_dir / "latest.pt"
+
+    @property
+    def best(self) -> Path:
+        return self.ckpt_dir / "best.pt"
+
+    def holds_run(self) -> bool:
+        return self.config_file.exists() or self.metrics_file.exists() or self.ckpt_dir.exists()
+
+    def create(self, resuming: bool) -> None:
+        if not resuming and self.holds_run():
+            raise ConfigError(
+                f"out: {self.path} already holds a run; choose another folder or resume it "
+                f"with --resume {self.path}"
+            )
+        if self.path.exists() and not self.path.is_dir():
+            raise ConfigError(f"out: {self.path} exists and is not a folder")
+        self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+
+    def write_config(self, cfg: TrainConfig) -> None:
+        tmp = self.config_file.with_suffix(".yaml.tmp")
+        tmp.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False), encoding="utf-8")
+        os.replace(tmp, self.config_file)
+
+    def read_config(self) -> TrainConfig:
+        data = yaml.safe_load(self.config_file.read_text(encoding="utf-8"))
+        return validate(from_dict(data, source=str(self.config_file)))
+
+    def truncate_metrics(self, last_step: int) -> int:
+        """Drop records past the checkpoint we resume from; they will be trained again."""
+        if not self.metrics_file.exists():
+            return 0
+        kept, dropped = [], 0
+        for line in self.metrics_file.read_text(encoding="utf-8").splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:  # a line cut by a crash mid-write
+                dropped += 1
+                continue
+            if rec.get("step", 0) > last_step:
+                dropped += 1
+            else:
+                kept.append(line)
+        tmp = self.metrics_file.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(k + "\n" for k in kept), encoding="utf-8")
+        os.replace(tmp, self.metrics_file)
+        return dropped
+
+    def append_metric(self, record: dict) -> None:
+        if self._metrics is None:
+            # Kept open for the run; each record is flushed as it is written.
+            self._metrics = open(self.metrics_file, "a", encoding="utf-8")  # noqa: SIM115
+        self._metrics.write(json.dumps(record) + "\n")
+        self._metrics.flush()
+
+    def append_sample(self, step: int, text: str) -> None:
+        with open(self.samples_file, "a", encoding="utf-8") as f:
+            f.write(f"--- step {step} ---\n{text}\n\n")
+
+    def log(self, message: str) -> None:
+        with open(self.log_file, "a", encoding="utf-8") as f:
+            f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}\n")
+
+    def write_status(self, state: str, step: int, max_steps: int, **extra) -> None:
+        body = {"state": state, "step": step, "max_steps": max_steps, "updated": time.time()}
+        body.update(extra)
+        tmp = self.status_file.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(body), encoding="utf-8")
+        os.replace(tmp, self.status_file)
+
+    def read_status(self) -> dict:
+        try:
+            return json.loads(self.status_file.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            return {}
+
+    def close(self) -> None:
+        if self._metrics is not None:
+            self._metrics.close()
+            self._metrics = None
+
+
+def read_metrics(path: Path) -> tuple[list[dict], list[dict]]:
+    """(train records, eval records) from a metrics.jsonl; damaged lines are skipped."""
+    train, evals = [], []
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return train, evals
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if "val_loss" in rec:
+            evals.append(rec)
+        elif "loss" in rec:
+            train.append(rec)
+    return train, evals
+
+
+def list_runs(root: Path = DEFAULT_RUNS_ROOT) -> list[RunFolder]:
+    """Run folders with a latest checkpoint, newest checkpoint first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    runs = [RunFolder(p) for p in root.iterdir() if (p / "checkpoints" / "latest.pt").is_file()]
+    return sorted(runs, key=lambda r: r.latest.stat().st_mtime, reverse=True)
+
+
+def interrupted_run(root: Path = DEFAULT_RUNS_ROOT) -> RunFolder | None:
+    """The most recent run, if it has no clean finish recorded."""
+    runs = list_runs(root)
+    if runs and runs[0].read_status().get("state") != "finished":
+        return runs[0]
+    return None
+
+
+def resolve_resume(spec: str, root: Path = DEFAULT_RUNS_ROOT) -> tuple[Path, RunFolder]:
+    """--resume RUN_DIR | CHECKPOINT | latest -> (checkpoint file, its run folder)."""
+    if spec == "latest":
+        runs = list_runs(root)
+        if not runs:
+            raise CheckpointError(f"resume: no run with a checkpoint found under {root}/")
+        return runs[0].latest, runs[0]
+    path = Path(spec)
+    if path.is_dir():
+        run = RunFolder(path)
+        if not run.latest.is_file():
+            raise CheckpointError(f"resume: {path} has no checkpoints/latest.pt")
+        return run.latest, run
+    if path.is_file():
+        parent = path.parent
+        run_dir = parent.parent if parent.name == "checkpoints" else parent
+        return path, RunFolder(run_dir)
+    raise CheckpointError(f"resume: {spec} is not a run folder, a checkpoint file or 'latest'")
+
+
+def checkpoint_summary(path: Path) -> dict:
+    """What a checkpoint holds (step, losses, config, date) without reading every tensor."""
+    from .checkpoint import load
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:
+        state = load(path)  # raises the clear CheckpointError
+    if not isinstance(state, dict) or "meta" not in state:
+        raise CheckpointError(f"checkpoint: {path} is not a TrainDeck checkpoint")
+    meta = dict(state["meta"])
+    meta["config"] = state["config"]
+    meta["step"] = state["step"]
+    return meta
+
+
+def new_run_name(preset: str | None) -> str:
+    return f"{preset or 'custom'}-{time.strftime('%Y%m%d-%H%M%S')}"

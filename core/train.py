@@ -1,0 +1,188 @@
+"""Headless CLI: python -m core.train [--preset NAME] [flags]."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import signal
+import sys
+from pathlib import Path
+
+from tqdm import tqdm
+
+from . import presets as preset_lib
+from .config import TrainConfig, validate
+from .errors import UserError
+from .events import TrainControl, TrainEvents
+from .runs import DEFAULT_RUNS_ROOT, checkpoint_summary, new_run_name, resolve_resume
+from .trainer import Trainer, TrainingError
+
+EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+# flag -> config field, for flags that map one to one
+FIELD_FLAGS = {
+    "batch_size": int, "hidden_dim": int, "n_layers": int, "n_heads": int, "seq_len": int,
+    "grad_accum": int, "lr": float, "max_steps": int, "max_epochs": float, "precision": str,
+    "device": str, "data": str, "seed": int, "eval_every": int, "ckpt_every": int,
+    "log_every": int, "dropout": float,
+}  # fmt: skip
+
+
+class UsageError(UserError):
+    pass
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line and exit 2, as for every other bad input
+        raise UsageError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(
+        prog="python -m core.train",
+        description="Train a byte-level GPT headless. A preset fills in values; flags override it.",
+    )
+    p.add_argument("--preset", help="preset name or YAML file (see --list-presets)")
+    for name, kind in FIELD_FLAGS.items():
+        flag = "--" + name.replace("_", "-")
+        p.add_argument(flag, type=kind, default=None, metavar=name.split("_")[-1].upper())
+    p.add_argument("--no-mixed-precision", action="store_true", help="same as --precision fp32")
+    p.add_argument("--out", help="run folder (default runs/<preset>-<time>)")
+    p.add_argument("--resume", help="RUN_DIR, CHECKPOINT file, or 'latest'")
+    p.add_argument("--runs-root", default=str(DEFAULT_RUNS_ROOT), help=argparse.SUPPRESS)
+    p.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
+    p.add_argument("--grad-checkpointing", action="store_true", default=None)
+    p.add_argument("--deterministic", action="store_true", default=None)
+    p.add_argument("--list-presets", action="store_true", help="list presets and exit")
+    p.add_argument("--test-gpu", action="store_true", help="print a GPU diagnostic and exit")
+    return p
+
+
+def _overrides(args) -> dict:
+    values = {name: getattr(args, name) for name in FIELD_FLAGS if getattr(args, name) is not None}
+    for name in ("compile", "grad_checkpointing", "deterministic"):
+        if getattr(args, name):
+            values[name] = True
+    if args.no_mixed_precision:
+        values["precision"] = "fp32"
+    # The limit the user typed wins over the one the preset carries.
+    if "max_epochs" in values:
+        values["max_steps"] = None
+    elif "max_steps" in values:
+        values["max_epochs"] = None
+    return values
+
+
+def default_preset_name() -> str:
+    from .estimate import recommend_preset
+
+    return recommend_preset().name
+
+
+def build_config(args) -> tuple[TrainConfig, Path, Path | None]:
+    """(config, run folder, checkpoint to resume from or None)."""
+    resume_file = None
+    if args.resume:
+        resume_file, run = resolve_resume(args.resume, Path(args.runs_root))
+        if args.out and Path(args.out).resolve() != run.path.resolve():
+            raise UsageError(f"--out: a resumed run stays in its own folder {run.path}")
+        base = validate(TrainConfig(**checkpoint_summary(resume_file)["config"]))
+        if args.preset:
+            base = preset_lib.to_config(preset_lib.load_preset(args.preset), base)
+        run_dir = run.path
+    else:
+        name = args.preset or default_preset_name()
+        base = preset_lib.to_config(preset_lib.load_preset(name))
+        run_dir = Path(args.out) if args.out else Path(args.runs_root) / new_run_name(base.preset)
+    cfg = validate(dataclasses.replace(base, **_overrides(args)))
+    return cfg, run_dir, resume_file
+
+
+class CliEvents(TrainEvents):
+    """A tqdm progress bar with step, loss, tokens/s and ETA."""
+
+    def __init__(self):
+        self.bar = None
+
+    def on_train_start(self, info):
+        print(f"Run folder: {info['run_dir']}")
+        self.bar = tqdm(
+            total=info["max_steps"], initial=info["start_step"], unit="step", dynamic_ncols=True
+        )
+
+    def on_train_batch_end(self, record):
+        if self.bar is not None:
+            self.bar.update(record["step"] - self.bar.n)
+            self.bar.set_postfix(
+                loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}", refresh=False
+            )
+
+    def on_log(self, message):
+        tqdm.write(message)
+
+    def on_train_end(self, result):
+        if self.bar is not None:
+            self.bar.close()
+
+
+def print_presets() -> None:
+    for p in preset_lib.list_presets():
+        kind = "built-in" if p.builtin else "user"
+        cfg = preset_lib.to_config(p)
+        print(
+            f"{p.name:<12} {kind:<8} batch {cfg.batch_size}x{cfg.grad_accum}, hidden "
+            f"{cfg.hidden_dim}, layers {cfg.n_layers}, heads {cfg.n_heads}, seq {cfg.seq_len}, "
+            f"{cfg.precision}  - {p.description}"
+        )
+
+
+def _install_sigint(control: TrainControl) -> None:
+    def first(signum, frame):
+        tqdm.write("Stopping after this step and saving a checkpoint (Ctrl+C again aborts)...")
+        control.request_stop()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    signal.signal(signal.SIGINT, first)
+
+
+def run_cli(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.list_presets:
+        print_presets()
+        return EXIT_OK
+    if args.test_gpu:
+        from .hardware import test_gpu_report
+
+        print(test_gpu_report())
+        return EXIT_OK
+    cfg, run_dir, resume_file = build_config(args)
+    control = TrainControl()
+    _install_sigint(control)
+    trainer = Trainer(cfg, run_dir, resume_from=resume_file)
+    result = trainer.run(CliEvents(), control)
+    print(f"{result['status'].capitalize()} at step {result['step']}. Run folder: {run_dir}")
+    if result["status"] == "stopped":
+        print(f"Resume with: python -m core.train --resume {run_dir}")
+        return EXIT_INTERRUPTED if control.stop_requested else EXIT_OK
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        return run_cli(argv)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except TrainingError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_FAIL
+    except KeyboardInterrupt:
+        print("\nAborted.", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as e:
+        print(f"error: {type(e).__name__}: {e} (details in the run's train.log)", file=sys.stderr)
+        return EXIT_FAIL
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,477 @@
+"""The training loop: reports through TrainEvents, obeys TrainControl, resumes exactly."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import random
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import checkpoint as ckpt
+from .config import TrainConfig, compare_for_resume, from_dict, validate
+from .data import ByteData, load_bytes
+from .errors import CheckpointError, ConfigError, UserError
+from .events import TrainControl, TrainEvents
+from .hardware import memory_stats
+from .model import GPT, GPTConfig
+from .runs import RunFolder
+
+OOM_ADVICE = (
+    "lower batch_size first, then hidden_dim, then n_layers, or train on the CPU (--device cpu)"
+)
+
+
+class TrainingError(Exception):
+    """Training could not go on (diverged, out of memory at micro-batch 1)."""
+
+
+def is_oom(err: BaseException) -> bool:
+    return isinstance(err, torch.OutOfMemoryError) or (
+        isinstance(err, RuntimeError) and "out of memory" in str(err)
+    )
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            build = "a CPU-only build" if torch.version.cuda is None else "no usable GPU"
+            raise ConfigError(
+                f"device: {name} requested but CUDA is not available (torch {torch.__version__}, "
+                f"{build}); use --device cpu or install a CUDA build of torch"
+            )
+        dev = torch.device(name)
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ConfigError(
+                f"device: {name} does not exist; this machine has "
+                f"{torch.cuda.device_count()} GPU(s): cuda:0..cuda:{torch.cuda.device_count() - 1}"
+            )
+        return dev
+    return torch.device("cpu")
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    if device.type == "cuda":
+        if precision == "auto":
+            return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        if precision == "bf16" and not torch.cuda.is_bf16_supported():
+            raise ConfigError("precision: bf16 is not supported by this GPU; use fp16 or auto")
+        return precision
+    if precision == "fp16":
+        raise ConfigError("precision: fp16 needs a CUDA GPU; on the CPU use fp32 (or auto)")
+    # auto never picks bf16 on a CPU: on many CPUs bf16 matmuls are hundreds of times slower.
+    return "fp32" if precision == "auto" else precision
+
+
+def lr_at(step: int, cfg: TrainConfig, max_steps: int) -> float:
+    """Linear warmup, then cosine decay to min_lr_ratio * lr at max_steps (step is 0-based)."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    span = max(1, max_steps - cfg.warmup_steps)
+    progress = min(1.0, (step - cfg.warmup_steps) / span)
+    floor = cfg.lr * cfg.min_lr_ratio
+    return floor + 0.5 * (cfg.lr - floor) * (1 + math.cos(math.pi * progress))
+
+
+def max_steps_for(cfg: TrainConfig, train_tokens: int) -> int:
+    if cfg.max_epochs is not None:
+        return max(1, math.ceil(cfg.max_epochs * train_tokens / cfg.tokens_per_step))
+    return cfg.max_steps
+
+
+def smaller_micro_batch(batch_size: int, grad_accum: int) -> tuple[int, int] | None:
+    """Halve the micro-batch keeping batch_size * grad_accum exact; None at 1."""
+    total = batch_size * grad_accum
+    for micro in range(batch_size // 2, 0, -1):
+        if total % micro == 0:
+            return micro, total // micro
+    return None
+
+
+class Trainer:
+    """One run. Build with a validated config and a run folder; call run()."""
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        run_dir: str | Path,
+        resume_from: str | Path | None = None,
+        fault=None,
+    ):
+        self.cfg = validate(cfg)
+        self.folder = RunFolder(Path(run_dir))
+        self.resume_from = Path(resume_from) if resume_from else None
+        self.fault = fault  # tests: fault(step, micro_index) may raise, e.g. an OOM
+        self.events = TrainEvents()
+        self.control = TrainControl()
+        self.step = 0
+        self.best_val = float("inf")
+        self.last_loss = None
+        self._saved_step = -1
+        self._elapsed_before = 0.0
+        self._pending: list[tuple[int, torch.Tensor, float]] = []
+
+    # -- setup ---------------------------------------------------------------------------
+
+    def _log(self, message: str) -> None:
+        self.folder.log(message)
+        self.events.on_log(message)
+
+    def _load_resume_state(self) -> dict:
+        state = ckpt.load(self.resume_from)
+        saved = validate(from_dict(state["config"], source=str(self.resume_from)))
+        refused, allowed = compare_for_resume(saved, self.cfg)
+        if refused:
+            raise CheckpointError(
+                f"resume: {self.resume_from} was trained with different settings: "
+                f"{'; '.join(refused)}. Resume without changing these, or start a new run"
+            )
+        for change in allowed:
+            self._log(f"resume: allowed change {change}")
+        return state
+
+    def _setup(self) -> None:
+        cfg = self.cfg
+        resume_state = self._load_resume_state() if self.resume_from else None
+        self.device = resolve_device(cfg.device)
+        self.precision = resolve_precision(cfg.precision, self.device)
+        self.folder.create(resuming=resume_state is not None)
+
+        if cfg.deterministic:
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+            torch.use_deterministic_algorithms(True)
+            torch.backends.cudnn.benchmark = False
+        if self.device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+        random.seed(cfg.seed)
+        np.random.seed(cfg.seed % 2**32)
+        torch.manual_seed(cfg.seed)
+
+        raw, source = load_bytes(cfg.data, cfg.data_extensions, cfg.corpus_max_bytes)
+        self.data = ByteData(raw, source, cfg.seq_len, cfg.val_fraction, cfg.seed)
+        self.max_steps = max_steps_for(cfg, self.data.train_tokens)
+
+        gcfg = GPTConfig(
+            cfg.hidden_dim, cfg.n_layers, cfg.n_heads, cfg.seq_len, cfg.dropout,
+            grad_checkpointing=cfg.grad_checkpointing,
+        )  # fmt: skip
+        self.model = GPT(gcfg).to(self.device)
+        self.optimizer = self._make_optimizer()
+        self.scaler = torch.amp.GradScaler("cuda", enabled=self.precision == "fp16")
+        self.forward = torch.compile(self.model) if cfg.compile else self.model
+
+        if resume_state is not None:
+            self._restore(resume_state)
+        else:
+            self.folder.write_config(cfg)
+        self.folder.write_status("running", self.step, self.max_steps)
+
+    def _make_optimizer(self) -> torch.optim.Optimizer:
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        groups = [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": self.cfg.weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
+        fused = self.device.type == "cuda"
+        return torch.optim.AdamW(groups, lr=self.cfg.lr, betas=(0.9, 0.95), fused=fused)
+
+    def _restore(self, state: dict) -> None:
+        try:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        except (RuntimeError, ValueError, KeyError) as e:
+            raise CheckpointError(
+                f"resume: {self.resume_from} does not fit this model ({e})"
+            ) from None
+        if state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.data.load_state_dict(state["data"])
+        ckpt.set_rng_state(state["rng"])
+        self.step = int(state["step"])
+        self.best_val = float(state.get("best_val", float("inf")))
+        self._elapsed_before = float(state["meta"].get("elapsed_s") or 0.0)
+        self.folder.write_config(self.cfg)
+        dropped = self.folder.truncate_metrics(self.step)
+        self._log(
+            f"resumed from {self.resume_from} at step {self.step}"
+            + (f"; dropped {dropped} metric records past it" if dropped else "")
+        )
+
+    # -- checkpoints ---------------------------------------------------------------------
+
+    def _state(self) -> dict:
+        return {
+            "format_version": ckpt.FORMAT_VERSION,
+            "step": self.step,
+            "best_val": self.best_val,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else {},
+            "data": self.data.state_dict(),
+            "rng": ckpt.rng_state(),
+            "config": self.cfg.to_dict(),
+            "meta": {
+                "saved_at": time.time(),
+                "loss": self.last_loss,
+                "val_loss": None if math.isinf(self.best_val) else self.best_val,
+                "max_steps": self.max_steps,
+                "torch": torch.__version__,
+                "elapsed_s": self._elapsed(),
+            },
+        }
+
+    def save_checkpoint(self, best: bool = False) -> Path:
+        self._flush()
+        ckpt.save(self._state(), self.folder.latest)
+        if best:
+            ckpt.copy(self.folder.latest, self.folder.best)
+        if self.cfg.keep_checkpoints:
+            ckpt.copy(self.folder.latest, self.folder.ckpt_dir / f"step-{self.step:06d}.pt")
+            for old in sorted(self.folder.ckpt_dir.glob("step-*.pt"))[: -self.cfg.keep_checkpoints]:
+                old.unlink(missing_ok=True)
+        self.folder.write_status("running", self.step, self.max_steps)
+        self._saved_step = self.step
+        self.events.on_checkpoint(str(self.folder.latest), self.step)
+        return self.folder.latest
+
+    # -- one optimizer step --------------------------------------------------------------
+
+    def _autocast(self):
+        if self.precision == "fp32":
+            return contextlib.nullcontext()
+        dtype = torch.bfloat16 if self.precision == "bf16" else torch.float16
+        return torch.autocast(self.device.type, dtype=dtype)
+
+    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
+        if self.device.type == "cuda":
+            return t.pin_memory().to(self.device, non_blocking=True)
+        return t
+
+    def _train_step(self, starts: torch.Tensor, lr: float) -> torch.Tensor:
+        """Forward/backward over the step's micro-batches, then one optimizer step."""
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        total = torch.zeros((), device=self.device)
+        for i, chunk in enumerate(starts.split(self.cfg.batch_size)):
+            x, y = (self._to_device(t) for t in self.data.train_batch(chunk))
+            if self.fault is not None:
+                self.fault(self.step + 1, i)
+            with self._autocast():
+                _, loss = self.forward(x, y)
+            loss = loss / self.cfg.grad_accum
+            self.scaler.scale(loss).backward()
+            total += loss.detach()
+        if self.cfg.grad_clip > 0:
+            self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        return total
+
+    def _step_with_oom_recovery(self, lr: float) -> torch.Tensor:
+        data_state = self.data.state_dict()
+        rng = ckpt.rng_state()
+        starts = self.data.sample_starts(self.cfg.batch_size * self.cfg.grad_accum)
+        while True:
+            try:
+                return self._train_step(starts, lr)
+            except Exception as e:
+                if not is_oom(e):
+                    raise
+            # Free what the failed step held, then redo it with the same data and RNG.
+            self.optimizer.zero_grad(set_to_none=True)
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            ckpt.set_rng_state(rng)
+            smaller = smaller_micro_batch(self.cfg.batch_size, self.cfg.grad_accum)
+            if smaller is None:
+                self.data.load_state_dict(data_state)
+                self.save_checkpoint()
+                raise TrainingError(
+                    f"out of memory at step {self.step + 1} even with batch_size 1; "
+                    f"checkpoint saved at step {self.step}. Next: {OOM_ADVICE}"
+                )
+            old = (self.cfg.batch_size, self.cfg.grad_accum)
+            self.cfg = dataclasses.replace(self.cfg, batch_size=smaller[0], grad_accum=smaller[1])
+            self.folder.write_config(self.cfg)
+            self._log(
+                f"out of memory at step {self.step + 1}: batch_size x grad_accum "
+                f"{old[0]}x{old[1]} -> {smaller[0]}x{smaller[1]} (same effective batch); "
+                "redoing the step"
+            )
+            self.events.on_oom(
+                {"step": self.step + 1, "batch_size": smaller[0], "grad_accum": smaller[1]}
+            )
+
+    # -- metrics, eval, samples ----------------------------------------------------------
+
+    def _flush(self) -> None:
+        """Read the pending step losses in one host-device sync and emit their records."""
+        if not self._pending:
+            return
+        losses = torch.stack([loss for _, loss, _ in self._pending]).tolist()
+        now = time.perf_counter()
+        n = len(self._pending)
+        tokens_per_s = n * self.cfg.tokens_per_step / max(now - self._window_start, 1e-9)
+        self._window_start = now
+        memory = memory_stats(self.device)
+        elapsed = self._elapsed()
+        for (step, _, lr), loss in zip(self._pending, losses, strict=True):
+            if not math.isfinite(loss):
+                self._pending = []
+                raise TrainingError(
+                    f"loss became {loss} at step {step}: lower lr (now {self.cfg.lr}) "
+                    "or use precision bf16/fp32"
+                )
+            record = {
+                "step": step,
+                "loss": loss,
+                "lr": lr,
+                "tokens_per_s": round(tokens_per_s, 1),
+                "epoch": round(step * self.cfg.tokens_per_step / self.data.train_tokens, 4),
+                "elapsed_s": elapsed,
+                "batch_size": self.cfg.batch_size,
+                "grad_accum": self.cfg.grad_accum,
+                **memory,
+            }
+            self.folder.append_metric(record)
+            self.events.on_train_batch_end(record)
+        self.last_loss = losses[-1]
+        self._pending = []
+
+    def _elapsed(self) -> float:
+        t0 = getattr(self, "_t0", None)
+        return round(self._elapsed_before + (time.perf_counter() - t0 if t0 else 0.0), 3)
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        self.model.eval()
+        losses = []
+        for x, y in self.data.val_batches(self.cfg.eval_batches, self.cfg.batch_size):
+            with self._autocast():
+                _, loss = self.forward(self._to_device(x), self._to_device(y))
+            losses.append(loss.float())
+        val = torch.stack(losses).mean().item()
+        self.model.train()
+        return val
+
+    @torch.inference_mode()
+    def sample(self) -> str:
+        """Generate text with its own generator: sampling never moves the training RNG."""
+        if self.cfg.sample_tokens == 0:
+            return ""
+        self.model.eval()
+        gen = torch.Generator(device=self.device).manual_seed(self.cfg.seed + self.step)
+        prompt = self.data.val[:16].long()[None].to(self.device)
+        with self._autocast():
+            out = self.model.generate(prompt, self.cfg.sample_tokens, gen)
+        self.model.train()
+        return bytes(out[0].tolist()).decode("utf-8", errors="replace")
+
+    def _eval_and_sample(self) -> None:
+        self._flush()
+        val = self.evaluate()
+        record = {"step": self.step, "val_loss": val}
+        self.folder.append_metric(record)
+        self.events.on_eval(record)
+        self._log(f"step {self.step}: val_loss {val:.4f}")
+        text = self.sample()
+        if text:
+            self.folder.append_sample(self.step, text)
+            self.events.on_sample(self.step, text)
+        if val < self.best_val:
+            self.best_val = val
+            self.save_checkpoint(best=True)
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def run(self, events: TrainEvents | None = None, control: TrainControl | None = None):
+        """Train until max_steps, a stop request, or an error. Returns the end result."""
+        self.events = events or TrainEvents()
+        self.control = control or TrainControl()
+        status, error = "failed", None
+        try:
+            self._setup()
+            self._loop()
+            status = "stopped" if self.step < self.max_steps else "finished"
+            return self._end(status)
+        except (UserError, TrainingError) as e:
+            error = str(e)
+            raise
+        except Exception as e:
+            error = f"{type(e).__name__}: {e}"
+            if self.folder.path.is_dir():
+                self.folder.log(traceback.format_exc())
+            raise
+        finally:
+            if status == "failed":
+                self._end("failed", error)
+
+    def _end(self, status: str, error: str | None = None) -> dict:
+        step = self.step
+        max_steps = getattr(self, "max_steps", None)
+        result = {"status": status, "step": step, "run_dir": str(self.folder.path)}
+        if error:
+            result["error"] = error
+        if self.folder.path.is_dir() and max_steps is not None:
+            self.folder.write_status(status, step, max_steps, **({"error": error} if error else {}))
+            self._log(f"{status} at step {step}" + (f": {error}" if error else ""))
+        self.folder.close()
+        self.events.on_train_end(result)
+        return result
+
+    def _loop(self) -> None:
+        cfg = self.cfg
+        self._t0 = self._window_start = time.perf_counter()
+        self.events.on_train_start(
+            {
+                "run_dir": str(self.folder.path),
+                "start_step": self.step,
+                "max_steps": self.max_steps,
+                "n_params": self.model.num_params(),
+                "device": str(self.device),
+                "precision": self.precision,
+                "tokens_per_step": cfg.tokens_per_step,
+                "train_tokens": self.data.train_tokens,
+                "data_source": self.data.source,
+                "config": cfg.to_dict(),
+                "resumed": self.resume_from is not None,
+            }
+        )
+        self._log(
+            f"training {self.model.num_params():,} parameters on {self.device} ({self.precision}), "
+            f"data {self.data.source}, {self.data.train_tokens:,} train bytes, "
+            f"steps {self.step}->{self.max_steps}"
+        )
+        self._saved_step = self.step if self.folder.latest.exists() else -1
+        while self.step < self.max_steps:
+            if self.control.stop_requested:
+                break
+            lr = lr_at(self.step, self.cfg, self.max_steps)
+            loss = self._step_with_oom_recovery(lr)
+            self.step += 1
+            self._pending.append((self.step, loss, lr))
+            if self.step % self.cfg.log_every == 0:
+                self._flush()
+            if self.step % self.cfg.eval_every == 0 or self.step == self.max_steps:
+                self._eval_and_sample()
+            asked = self.control.take_save_request()
+            due = asked or self.step % self.cfg.ckpt_every == 0
+            if due and self._saved_step != self.step:
+                self.save_checkpoint()
+        self._flush()
+        if self._saved_step != self.step:
+            self.save_checkpoint()
