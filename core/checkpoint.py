@@ -64,11 +64,13 @@ def load(path: Path) -> dict:
         raise CheckpointError(f"checkpoint: {path} not found")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:
-        raise CheckpointError(
-            f"checkpoint: {path} contains objects that need code to load; refused "
-            "(TrainDeck checkpoints hold only tensors and plain data)"
-        ) from None
+    except pickle.UnpicklingError as e:
+        if "global" in str(e).lower():  # the weights-only unpickler met a class or function
+            raise CheckpointError(
+                f"checkpoint: {path} contains objects that need code to load; refused "
+                "(TrainDeck checkpoints hold only tensors and plain data)"
+            ) from None
+        raise CheckpointError(f"checkpoint: {path} is damaged or not a checkpoint") from None
     except (RuntimeError, EOFError, OSError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(

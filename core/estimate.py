@@ -111,7 +111,9 @@ class Estimate:
 
 def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True) -> Estimate:
     """Peak memory of one micro-batch's forward/backward plus the optimizer step."""
-    precision = precision or ("bf16" if cfg.precision == "auto" else cfg.precision)
+    if precision is None:
+        auto = "bf16" if on_gpu else "fp32"  # what resolve_precision picks on a modern GPU / CPU
+        precision = auto if cfg.precision == "auto" else cfg.precision
     n = param_count(cfg.hidden_dim, cfg.n_layers, cfg.seq_len)
     tokens = cfg.batch_size * cfg.seq_len
     per_layer = _saved_bytes_per_token_layer(cfg, precision) * tokens

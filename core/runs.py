@@ -47,6 +47,8 @@ class RunFolder:
         if self.path.exists() and not self.path.is_dir():
             raise ConfigError(f"out: {self.path} exists and is not a folder")
         self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+        for stale in self.ckpt_dir.glob(".*.tmp"):  # left by a write that was killed
+            stale.unlink(missing_ok=True)
 
     def write_config(self, cfg: TrainConfig) -> None:
         tmp = self.config_file.with_suffix(".yaml.tmp")

@@ -55,6 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--deterministic", action="store_true", default=None)
     p.add_argument("--list-presets", action="store_true", help="list presets and exit")
     p.add_argument("--test-gpu", action="store_true", help="print a GPU diagnostic and exit")
+    p.add_argument(
+        "--estimate",
+        action="store_true",
+        help="print the memory estimate, parameters, tokens/step and FLOPs/token; no training",
+    )
     return p
 
 
@@ -136,6 +141,26 @@ def print_presets() -> None:
         )
 
 
+def print_estimate(cfg: TrainConfig) -> None:
+    from .estimate import estimate, fits
+    from .hardware import gpus
+
+    found = gpus()
+    on_gpu = cfg.device.startswith("cuda") or (cfg.device == "auto" and bool(found))
+    est = estimate(cfg, on_gpu=on_gpu)
+    where = "a CUDA GPU" if on_gpu else "the CPU (add --device cuda for a GPU estimate)"
+    print(
+        f"Estimate for preset {cfg.preset or 'custom'} on {where}: "
+        f"batch {cfg.batch_size}x{cfg.grad_accum}, seq {cfg.seq_len}, "
+        f"hidden {cfg.hidden_dim}, layers {cfg.n_layers}"
+    )
+    print(est.report())
+    if found and found[0]["free_bytes"] is not None:
+        free = found[0]["free_bytes"]
+        verdict = "fits" if fits(cfg, free) else "does NOT fit"
+        print(f"{found[0]['name']}: {free / 1024**3:.1f} GiB free - {verdict} (10% margin kept)")
+
+
 def _install_sigint(control: TrainControl) -> None:
     def first(signum, frame):
         tqdm.write("Stopping after this step and saving a checkpoint (Ctrl+C again aborts)...")
@@ -156,6 +181,9 @@ def run_cli(argv: list[str] | None = None) -> int:
         print(test_gpu_report())
         return EXIT_OK
     cfg, run_dir, resume_file = build_config(args)
+    if args.estimate:
+        print_estimate(cfg)
+        return EXIT_OK
     control = TrainControl()
     _install_sigint(control)
     trainer = Trainer(cfg, run_dir, resume_from=resume_file)

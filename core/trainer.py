@@ -226,7 +226,7 @@ class Trainer:
                 "loss": self.last_loss,
                 "val_loss": None if math.isinf(self.best_val) else self.best_val,
                 "max_steps": self.max_steps,
-                "torch": torch.__version__,
+                "torch": str(torch.__version__),
                 "elapsed_s": self._elapsed(),
             },
         }

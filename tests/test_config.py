@@ -1,0 +1,114 @@
+import dataclasses
+
+import pytest
+
+from core import presets
+from core.config import TrainConfig, compare_for_resume, from_dict, validate
+from core.errors import ConfigError
+
+
+@pytest.fixture(autouse=True)
+def user_config_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+
+
+@pytest.mark.parametrize(
+    "field, value, expected",
+    [
+        ("batch_size", 0, "batch_size: expected an integer from 1 to 65536, got 0"),
+        ("lr", "fast", "lr: expected a number from 1e-08 to 1.0"),
+        ("n_layers", 2.5, "n_layers: expected an integer"),
+        ("precision", "fp8", "precision: expected one of auto, bf16, fp16, fp32"),
+        ("device", "gpu", "device: expected auto, cpu, cuda or cuda:N"),
+        ("compile", "yes", "compile: expected true or false"),
+    ],
+)
+def test_bad_values_name_the_field_and_the_allowed_range(field, value, expected):
+    with pytest.raises(ConfigError, match="^" + expected.replace("(", r"\(").replace(".", r"\.")):
+        validate(TrainConfig(**{field: value}))
+
+
+def test_heads_must_divide_hidden_dim():
+    with pytest.raises(ConfigError, match=r"hidden_dim: 100 must be divisible by n_heads \(3\)"):
+        validate(TrainConfig(hidden_dim=100, n_heads=3))
+
+
+def test_values_from_yaml_or_forms_are_coerced():
+    cfg = validate(TrainConfig(batch_size="16", lr="0.001", data="", data_extensions="txt, .md"))
+    assert cfg.batch_size == 16 and cfg.lr == 0.001
+    assert cfg.data is None
+    assert cfg.data_extensions == [".txt", ".md"]
+
+
+def test_unknown_field_is_named():
+    with pytest.raises(ConfigError, match="my.yaml: unknown field 'hidden'"):
+        from_dict({"hidden": 3}, source="my.yaml")
+
+
+def test_builtin_presets_have_the_documented_values():
+    by_name = {p.name: presets.to_config(p) for p in presets.list_presets()}
+    assert {"cpu-tiny", "cpu", "gpu-small", "gpu", "gpu-large", "gpu-80gb"} <= set(by_name)
+    cpu = by_name["cpu"]
+    assert (cpu.batch_size, cpu.hidden_dim, cpu.n_layers, cpu.grad_accum, cpu.precision) == (
+        4, 512, 6, 8, "fp32",
+    )  # fmt: skip
+    small = by_name["gpu-small"]
+    assert (small.batch_size, small.hidden_dim, small.n_layers) == (8, 128, 2)
+    gpu = by_name["gpu"]
+    assert (gpu.batch_size, gpu.hidden_dim, gpu.n_layers, gpu.grad_accum) == (16, 256, 3, 2)
+    assert gpu.precision == "auto"  # mixed precision on CUDA
+    large = by_name["gpu-large"]
+    assert (large.batch_size, large.hidden_dim, large.n_layers) == (32, 512, 6)
+    assert by_name["cpu-tiny"].max_steps == 50
+
+
+def test_broken_presets_name_the_file_and_the_field(tmp_path):
+    bad_yaml = tmp_path / "broken.yaml"
+    bad_yaml.write_text("batch_size: [1,\n")
+    with pytest.raises(ConfigError, match=r"broken\.yaml: not valid YAML at line"):
+        presets.load_preset(str(bad_yaml))
+    bad_value = tmp_path / "bad.yaml"
+    bad_value.write_text("batch_size: -4\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml: batch_size: expected an integer from 1"):
+        presets.load_preset(str(bad_value))
+    with pytest.raises(ConfigError, match="unknown preset 'nope'; available: cpu-tiny"):
+        presets.load_preset("nope")
+
+
+def test_user_preset_round_trips_every_field():
+    cfg = validate(TrainConfig(hidden_dim=96, n_heads=3, lr=0.0007, grad_checkpointing=True))
+    path = presets.save_user_preset("mine", cfg, "my settings")
+    loaded = presets.load_preset("mine")
+    assert not loaded.builtin and loaded.description == "my settings"
+    assert path.parent == presets.user_dir()
+    again = presets.to_config(loaded)
+    assert dataclasses.replace(again, preset=None) == dataclasses.replace(cfg, preset=None)
+    assert "mine" in [p.name for p in presets.list_presets()]
+
+
+def test_user_preset_cannot_shadow_a_builtin_or_use_odd_names():
+    with pytest.raises(ConfigError, match="built-in"):
+        presets.save_user_preset("gpu", TrainConfig())
+    with pytest.raises(ConfigError, match="preset name"):
+        presets.save_user_preset("../evil", TrainConfig())
+
+
+def test_a_broken_user_preset_does_not_hide_the_others():
+    presets.user_dir().mkdir(parents=True)
+    (presets.user_dir() / "bad.yaml").write_text("n_layers: zero\n")
+    names = [p.name for p in presets.list_presets()]
+    assert "cpu-tiny" in names and "bad" not in names
+
+
+def test_resume_comparison_refuses_architecture_and_allows_schedule_changes():
+    saved = validate(TrainConfig())
+    refused, allowed = compare_for_resume(
+        saved, dataclasses.replace(saved, hidden_dim=256, max_steps=900, eval_every=7)
+    )
+    assert refused == ["hidden_dim 128 -> 256 (architecture)"]
+    assert "max_steps 500 -> 900" in allowed and "eval_every 100 -> 7" in allowed
+    same_effective = dataclasses.replace(saved, batch_size=4, grad_accum=2)
+    assert compare_for_resume(saved, same_effective)[0] == []
+    other_effective = dataclasses.replace(saved, batch_size=4)
+    assert "effective batch changes" in compare_for_resume(saved, other_effective)[0][0]
+    assert "data stream" in compare_for_resume(saved, dataclasses.replace(saved, seed=1))[0][0]

@@ -1,0 +1,58 @@
+"""Shared helpers for the core tests: a model small enough to train in a second on 2 cores."""
+
+from __future__ import annotations
+
+from core.config import TrainConfig, validate
+from core.events import TrainControl, TrainEvents
+
+
+def tiny_config(**overrides) -> TrainConfig:
+    values = dict(
+        hidden_dim=32,
+        n_layers=2,
+        n_heads=2,
+        seq_len=32,
+        batch_size=4,
+        grad_accum=1,
+        dropout=0.1,  # exercises the RNG, which exact resume must restore
+        lr=3e-3,
+        warmup_steps=3,
+        max_steps=20,
+        precision="fp32",
+        device="cpu",
+        log_every=3,
+        eval_every=10,
+        eval_batches=2,
+        ckpt_every=10,
+        sample_tokens=16,
+        corpus_max_bytes=60_000,
+    )
+    values.update(overrides)
+    return validate(TrainConfig(**values))
+
+
+class StopAfter(TrainControl):
+    """Requests a stop once `steps` optimizer steps have run (the trainer asks once a step)."""
+
+    def __init__(self, steps: int):
+        super().__init__()
+        self.remaining = steps
+
+    @property
+    def stop_requested(self) -> bool:
+        self.remaining -= 1
+        return self.remaining < 0
+
+
+class Recorder(TrainEvents):
+    def __init__(self):
+        self.calls = []
+
+    def __getattribute__(self, name):
+        if name.startswith("on_"):
+            calls = object.__getattribute__(self, "calls")
+            return lambda *args: calls.append((name, args))
+        return object.__getattribute__(self, name)
+
+    def named(self, name):
+        return [args for n, args in self.calls if n == name]
