@@ -1,0 +1,145 @@
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from core.runs import read_metrics
+from core.train import main
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ["--preset", "cpu-tiny", "--seq-len", "32", "--hidden-dim", "32"]
+
+
+@pytest.fixture(autouse=True)
+def in_tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    handler = signal.getsignal(signal.SIGINT)
+    yield tmp_path
+    signal.signal(signal.SIGINT, handler)
+
+
+def cli(*args, **kw):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "core.train", *args], capture_output=True, text=True, env=env, **kw
+    )
+
+
+def one_line_error(capsys, *needles):
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("error: ")
+    for needle in needles:
+        assert needle in err, err
+
+
+def test_bad_input_is_one_line_without_traceback_and_exit_2():
+    proc = cli("--preset", "nope")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "error: preset: unknown preset 'nope'; available: cpu-tiny, cpu, gpu-80gb, gpu-large, "
+        "gpu-small, gpu"
+    ]
+
+
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        (["--batch-size", "0"], ["batch_size", "from 1 to 65536"]),
+        (["--hidden-dim", "abc"], ["--hidden-dim", "invalid int value"]),
+        (["--precision", "fp8"], ["precision", "auto, bf16, fp16, fp32"]),
+        (["--n-heads", "3"], ["hidden_dim: 32 must be divisible by n_heads (3)"]),
+        (["--data", "missing.txt"], ["data:", "missing.txt"]),
+        (["--device", "cuda"], ["device: cuda requested but CUDA is not available"]),
+        (["--resume", "nowhere"], ["resume: nowhere is not a run folder"]),
+        (["--resume", "latest"], ["no run with a checkpoint found"]),
+        (["--frobnicate"], ["unrecognized arguments: --frobnicate"]),
+    ],
+)
+def test_bad_flags_name_the_field(capsys, args, needles):
+    if args[:2] == ["--device", "cuda"] and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert main([*TINY, *args]) == 2
+    one_line_error(capsys, *needles)
+
+
+def test_bad_preset_file_is_named(capsys, tmp_path):
+    (tmp_path / "mine.yaml").write_text("hidden_dim: [\n")
+    assert main(["--preset", str(tmp_path / "mine.yaml")]) == 2
+    one_line_error(capsys, "mine.yaml: not valid YAML at line")
+
+
+def test_train_then_refuse_overwrite_then_resume_with_changes(capsys, tmp_path):
+    assert main([*TINY, "--max-steps", "6", "--out", "runs/first"]) == 0
+    out = capsys.readouterr().out
+    assert "Run folder: runs/first" in out and "Finished at step 6" in out
+    before = (tmp_path / "runs/first/metrics.jsonl").read_bytes()
+
+    assert main([*TINY, "--max-steps", "6", "--out", "runs/first"]) == 2
+    one_line_error(capsys, "runs/first already holds a run", "--resume runs/first")
+    assert (tmp_path / "runs/first/metrics.jsonl").read_bytes() == before
+
+    assert main(["--resume", "runs/first", "--hidden-dim", "64"]) == 2
+    one_line_error(capsys, "hidden_dim 32 -> 64 (architecture)")
+
+    assert main(["--resume", "latest", "--max-steps", "9"]) == 0
+    train, _ = read_metrics(tmp_path / "runs/first/metrics.jsonl")
+    assert [r["step"] for r in train] == list(range(1, 10))
+
+
+def test_a_malicious_checkpoint_is_refused(capsys, tmp_path):
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {tmp_path / 'pwned'}",))
+
+    (tmp_path / "bad.pt").write_bytes(b"")
+    torch.save({"format_version": 1, "x": Evil()}, tmp_path / "bad.pt")
+    assert main(["--resume", str(tmp_path / "bad.pt")]) == 2
+    one_line_error(capsys, "need code to load; refused")
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_info_commands_exit_0(capsys):
+    assert main(["--list-presets"]) == 0
+    assert "gpu-80gb" in capsys.readouterr().out
+    assert main(["--test-gpu"]) == 0
+    report = capsys.readouterr().out
+    assert "torch" in report and ("GPU 0" in report or "no CUDA GPU found" in report)
+    assert main(["--preset", "gpu", "--estimate", "--device", "cuda"]) == 0
+    est = capsys.readouterr().out
+    for needle in ("activations", "parameters", "tokens per optimizer step", "FLOPs per token"):
+        assert needle in est
+    assert not Path("runs").exists()  # --estimate trains nothing
+
+
+def test_ctrl_c_saves_and_exits_130_then_resume_finishes(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    args = [*TINY, "--max-steps", "100000", "--out", "run"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "core.train", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.time() + 60
+    while time.time() < deadline and not (metrics.exists() and metrics.stat().st_size > 0):
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Resume with: python -m core.train --resume run" in out
+    stopped_at = torch.load(tmp_path / "run/checkpoints/latest.pt", weights_only=True)["step"]
+    assert stopped_at > 0
+
+    done = cli("--resume", "run", "--max-steps", str(stopped_at + 5), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    train, _ = read_metrics(metrics)
+    assert [r["step"] for r in train] == list(range(1, stopped_at + 6))

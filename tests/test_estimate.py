@@ -1,0 +1,102 @@
+import dataclasses
+
+import torch
+
+from core import presets
+from core.config import TrainConfig, validate
+from core.estimate import (
+    GB,
+    estimate,
+    fit_micro_batch,
+    flops_per_token,
+    param_count,
+    recommend_preset,
+)
+from core.model import GPT, GPTConfig
+
+
+def cfg(**kw):
+    return validate(TrainConfig(**kw))
+
+
+def test_optimizer_state_bytes_are_exact():
+    c = cfg(hidden_dim=48, n_layers=2, n_heads=4, seq_len=32)
+    model = GPT(GPTConfig(48, 2, 4, 32))
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.zeros(1, 8, dtype=torch.long), torch.zeros(1, 8, dtype=torch.long))[1].backward()
+    opt.step()
+    state_bytes = sum(
+        t.numel() * t.element_size()
+        for s in opt.state.values()
+        for k, t in s.items()
+        if k in ("exp_avg", "exp_avg_sq")
+    )
+    est = estimate(c)
+    assert est.optimizer == state_bytes
+    assert est.weights == est.gradients == 4 * model.num_params() == 4 * est.n_params
+
+
+def test_flops_per_token_follows_6n_plus_attention():
+    c = cfg(hidden_dim=64, n_layers=3, n_heads=4, seq_len=128)
+    non_embedding = param_count(64, 3, 128) - 128 * 64
+    assert flops_per_token(c) == 6 * non_embedding + 12 * 3 * 64 * 128
+
+
+def test_each_dimension_grows_the_estimate_the_expected_way():
+    base = cfg(hidden_dim=256, n_layers=4, n_heads=4, seq_len=256, batch_size=8)
+    act = estimate(base).activations
+    twice_batch = estimate(dataclasses.replace(base, batch_size=16)).activations
+    assert 1.9 * act < twice_batch <= 2 * act  # activations are linear in the micro-batch
+    assert estimate(dataclasses.replace(base, seq_len=512)).activations > 1.9 * act
+    assert estimate(dataclasses.replace(base, n_layers=8)).activations > 1.6 * act
+    wider = estimate(dataclasses.replace(base, hidden_dim=512))
+    assert wider.activations > 1.9 * act and wider.n_params > 3.5 * estimate(base).n_params
+    # Flash attention: more heads cost nothing extra on a GPU, but the CPU's T x T scores do.
+    more_heads = dataclasses.replace(base, n_heads=8)
+    assert estimate(more_heads).activations == act
+    assert estimate(more_heads, on_gpu=False).activations > estimate(base, on_gpu=False).activations
+    # Checkpointing trades memory for compute; fp32 activations are larger than bf16.
+    deep = dataclasses.replace(base, n_layers=12)
+    ckpt = estimate(dataclasses.replace(deep, grad_checkpointing=True)).activations
+    assert ckpt < estimate(deep).activations / 3
+    assert estimate(base, precision="fp32").activations > 1.5 * act
+    assert estimate(base, precision="fp32").weight_casts == 0 < estimate(base).weight_casts
+    # The device total adds the CUDA context and allocator slack on top of the live peak.
+    e = estimate(base)
+    assert e.device_total > e.allocator_peak + e.cuda_context
+
+
+def test_recommendation_for_simulated_cards():
+    expected = {
+        4: "gpu-small",
+        8: "gpu-small",
+        12: "gpu",
+        16: "gpu",
+        24: "gpu-large",
+        48: "gpu-large",
+        80: "gpu-80gb",
+    }
+    got = {gb: recommend_preset(gb * GB, gb * GB * 0.97).name for gb in expected}
+    assert got == expected
+    # An 80 GB card that is mostly busy gets a preset that fits what is free.
+    busy = recommend_preset(80 * GB, 8 * GB)
+    assert busy.name != "gpu-80gb"
+    assert estimate(presets.to_config(busy)).device_total < 8 * GB * 0.9
+
+
+def test_without_a_gpu_the_cpu_preset_is_recommended(monkeypatch):
+    monkeypatch.setattr("core.hardware.gpus", lambda: [])
+    assert recommend_preset().name == "cpu"
+
+
+def test_fit_to_gpu_keeps_the_effective_batch_and_picks_the_largest_that_fits():
+    big = presets.to_config(presets.load_preset("gpu-80gb"))
+    free = 16 * GB
+    fitted = fit_micro_batch(big, free)
+    assert fitted.batch_size * fitted.grad_accum == big.batch_size * big.grad_accum
+    assert estimate(fitted).device_total <= free * 0.9
+    bigger = dataclasses.replace(
+        fitted, batch_size=fitted.batch_size * 2, grad_accum=fitted.grad_accum // 2
+    )
+    assert fitted.batch_size == big.batch_size or estimate(bigger).device_total > free * 0.9
+    assert fit_micro_batch(big, 1 * GB) is None  # not even one sequence fits in 1 GB
