@@ -1,0 +1,104 @@
+"""NVML and CUDA paths, exercised with fakes: CI has no GPU (real runs are in docs/gpu.md)."""
+
+import types
+
+import pytest
+import torch
+
+from core import hardware
+from core.errors import ConfigError
+from core.trainer import resolve_device, resolve_precision
+
+
+def fake_pynvml(used_mb=3000, total_mb=8192):
+    mib = 1024**2
+    return types.SimpleNamespace(
+        NVML_TEMPERATURE_GPU=0,
+        nvmlDeviceGetHandleByIndex=lambda i: f"h{i}",
+        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(
+            used=used_mb * mib, total=total_mb * mib
+        ),
+        nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=87),
+        nvmlDeviceGetTemperature=lambda h, kind: 64,
+        nvmlDeviceGetPowerUsage=lambda h: 215_500,  # milliwatts
+        nvmlSystemGetDriverVersion=lambda: "560.94",
+    )
+
+
+def test_nvml_fields_are_read_in_plain_units(monkeypatch):
+    monkeypatch.setattr(hardware, "_nvml", fake_pynvml())
+    assert hardware.nvml_stats(0) == {
+        "nvml_used_mb": 3000.0,
+        "nvml_total_mb": 8192.0,
+        "gpu_util": 87.0,
+        "gpu_temp_c": 64.0,
+        "gpu_power_w": 215.5,
+    }
+
+
+def test_a_field_the_card_does_not_report_is_left_out(monkeypatch):
+    nv = fake_pynvml()
+
+    def unsupported(h):
+        raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+
+    nv.nvmlDeviceGetPowerUsage = unsupported
+    monkeypatch.setattr(hardware, "_nvml", nv)
+    stats = hardware.nvml_stats(0)
+    assert "gpu_power_w" not in stats and stats["gpu_util"] == 87.0
+
+
+def test_no_nvidia_driver_means_no_nvml_fields(monkeypatch):
+    monkeypatch.setattr(hardware, "_nvml", False)
+    assert hardware.nvml_stats(0) == {}
+    cpu = hardware.memory_stats(torch.device("cpu"))
+    assert set(cpu) == {"rss_mb"} and cpu["rss_mb"] > 10
+
+
+def test_gpu_list_with_a_simulated_card(monkeypatch):
+    monkeypatch.setattr(hardware, "_nvml", fake_pynvml(used_mb=1024, total_mb=8192))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    props = types.SimpleNamespace(name="NVIDIA GeForce RTX 4060", total_memory=8192 * 1024**2,
+                                  major=8, minor=9)  # fmt: skip
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props)
+    (gpu,) = hardware.gpus()
+    assert gpu["name"] == "NVIDIA GeForce RTX 4060" and gpu["driver"] == "560.94"
+    assert gpu["free_bytes"] == 7168 * 1024**2 and gpu["capability"] == "8.9" and gpu["bf16"]
+
+
+def test_precision_choice(monkeypatch):
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert resolve_precision("auto", cpu) == "fp32"  # never bf16 on a CPU by default
+    assert resolve_precision("bf16", cpu) == "bf16"  # asked for explicitly
+    with pytest.raises(ConfigError, match="fp16 needs a CUDA GPU"):
+        resolve_precision("fp16", cpu)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    assert resolve_precision("auto", cuda) == "bf16"
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
+    assert resolve_precision("auto", cuda) == "fp16"  # Turing and older: fp16 + GradScaler
+    with pytest.raises(ConfigError, match="bf16 is not supported by this GPU"):
+        resolve_precision("bf16", cuda)
+
+
+def test_device_choice(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto").type == "cpu"
+    with pytest.raises(ConfigError, match="device: cuda:1 requested but CUDA is not available"):
+        resolve_device("cuda:1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert resolve_device("auto").type == "cuda"
+    with pytest.raises(ConfigError, match=r"cuda:1 does not exist; this machine has 1 GPU"):
+        resolve_device("cuda:1")
+
+
+def test_bf16_autocast_path_trains_on_the_cpu(tmp_path):
+    from core.runs import read_metrics
+    from core.trainer import Trainer
+    from tiny import tiny_config
+
+    result = Trainer(tiny_config(precision="bf16", max_steps=3), tmp_path / "r").run()
+    assert result["status"] == "finished"
+    train, evals = read_metrics(tmp_path / "r" / "metrics.jsonl")
+    assert len(train) == 3 and all(4.0 < r["loss"] < 6.5 for r in train)
