@@ -11,7 +11,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from . import presets as preset_lib
-from .config import TrainConfig, validate
+from .config import LIMITS, TrainConfig, describe_limit, validate
 from .errors import UserError
 from .events import TrainControl, TrainEvents
 from .runs import DEFAULT_RUNS_ROOT, checkpoint_summary, new_run_name, resolve_resume
@@ -28,6 +28,14 @@ FIELD_FLAGS = {
 }  # fmt: skip
 
 
+FLAG_HELP = {
+    "precision": "auto | bf16 | fp16 | fp32 (auto: bf16 or fp16 on CUDA, fp32 on CPU)",
+    "device": "auto | cpu | cuda | cuda:N",
+    "data": "a text file or a folder of them (default: the embedded corpus)",
+    "max_epochs": "passes over the training data (overrides --max-steps)",
+}
+
+
 class UsageError(UserError):
     pass
 
@@ -41,18 +49,28 @@ def build_parser() -> argparse.ArgumentParser:
     p = Parser(
         prog="python -m core.train",
         description="Train a byte-level GPT headless. A preset fills in values; flags override it.",
+        epilog="Ctrl+C stops after saving a checkpoint (exit 130); resume with --resume latest. "
+        "Exit codes: 0 done, 1 failed, 2 bad input, 130 interrupted.",
     )
     p.add_argument("--preset", help="preset name or YAML file (see --list-presets)")
     for name, kind in FIELD_FLAGS.items():
         flag = "--" + name.replace("_", "-")
-        p.add_argument(flag, type=kind, default=None, metavar=name.split("_")[-1].upper())
+        help_text = FLAG_HELP.get(name) or f"{LIMITS[name][3]} ({describe_limit(name)})"
+        metavar = {"precision": "P", "device": "DEV", "data": "PATH"}.get(name, "N")
+        p.add_argument(flag, type=kind, default=None, metavar=metavar, help=help_text)
     p.add_argument("--no-mixed-precision", action="store_true", help="same as --precision fp32")
     p.add_argument("--out", help="run folder (default runs/<preset>-<time>)")
     p.add_argument("--resume", help="RUN_DIR, CHECKPOINT file, or 'latest'")
     p.add_argument("--runs-root", default=str(DEFAULT_RUNS_ROOT), help=argparse.SUPPRESS)
     p.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
-    p.add_argument("--grad-checkpointing", action="store_true", default=None)
-    p.add_argument("--deterministic", action="store_true", default=None)
+    p.add_argument(
+        "--grad-checkpointing", action="store_true", default=None,
+        help="recompute activations in backward: less memory, about 30%% slower",
+    )  # fmt: skip
+    p.add_argument(
+        "--deterministic", action="store_true", default=None,
+        help="deterministic kernels, so CUDA runs repeat bit for bit (slower)",
+    )  # fmt: skip
     p.add_argument("--list-presets", action="store_true", help="list presets and exit")
     p.add_argument("--test-gpu", action="store_true", help="print a GPU diagnostic and exit")
     p.add_argument(
