@@ -37,6 +37,56 @@ class TrainEvents:
         """status: finished | stopped | failed; step; error (when failed); run_dir."""
 
 
+class FanOut(TrainEvents):
+    """Send every event to several consumers (a progress bar and TensorBoard, say)."""
+
+    def __init__(self, *targets: TrainEvents):
+        self.targets = targets
+
+    def __getattribute__(self, name):
+        if name.startswith("on_"):
+            targets = object.__getattribute__(self, "targets")
+            return lambda *args: [getattr(t, name)(*args) for t in targets] and None
+        return object.__getattribute__(self, name)
+
+
+class TensorBoardEvents(TrainEvents):
+    """Optional TensorBoard logging into <run>/tensorboard (pip install -e .[tensorboard])."""
+
+    def __init__(self):
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            from .errors import ConfigError
+
+            raise ConfigError(
+                "tensorboard: the tensorboard package is not installed; "
+                "run: pip install -e .[tensorboard]"
+            ) from None
+        self.make_writer = SummaryWriter
+        self.writer = None
+
+    def on_train_start(self, info):
+        # Made here, not in __init__, so a run refused at setup leaves no folder behind.
+        self.writer = self.make_writer(info["run_dir"] + "/tensorboard")
+
+    def on_train_batch_end(self, record):
+        step = record["step"]
+        for key, value in record.items():
+            if key != "step" and isinstance(value, (int, float)):
+                self.writer.add_scalar(f"train/{key}", value, step)
+
+    def on_eval(self, record):
+        self.writer.add_scalar("eval/val_loss", record["val_loss"], record["step"])
+
+    def on_sample(self, step, text):
+        self.writer.add_text("sample", text, step)
+
+    def on_train_end(self, result):
+        if self.writer is not None:
+            self.writer.close()
+
+
 class TrainControl:
     """Thread-safe requests from a front end, read by the trainer once per step."""
 

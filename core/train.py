@@ -13,7 +13,7 @@ from tqdm import tqdm
 from . import presets as preset_lib
 from .config import LIMITS, TrainConfig, describe_limit, validate
 from .errors import UserError
-from .events import TrainControl, TrainEvents
+from .events import FanOut, TensorBoardEvents, TrainControl, TrainEvents
 from .runs import DEFAULT_RUNS_ROOT, checkpoint_summary, new_run_name, resolve_resume
 from .trainer import Trainer, TrainingError
 
@@ -70,6 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--deterministic", action="store_true", default=None,
         help="deterministic kernels, so CUDA runs repeat bit for bit (slower)",
+    )  # fmt: skip
+    p.add_argument(
+        "--tensorboard", action="store_true",
+        help="also log to <run>/tensorboard (needs: pip install -e .[tensorboard])",
     )  # fmt: skip
     p.add_argument("--list-presets", action="store_true", help="list presets and exit")
     p.add_argument("--test-gpu", action="store_true", help="print a GPU diagnostic and exit")
@@ -204,8 +208,11 @@ def run_cli(argv: list[str] | None = None) -> int:
         return EXIT_OK
     control = TrainControl()
     _install_sigint(control)
+    events = CliEvents()
+    if args.tensorboard:
+        events = FanOut(events, TensorBoardEvents())
     trainer = Trainer(cfg, run_dir, resume_from=resume_file)
-    result = trainer.run(CliEvents(), control)
+    result = trainer.run(events, control)
     print(f"{result['status'].capitalize()} at step {result['step']}. Run folder: {run_dir}")
     if result["status"] == "stopped":
         print(f"Resume with: python -m core.train --resume {run_dir}")

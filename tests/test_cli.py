@@ -143,3 +143,25 @@ def test_ctrl_c_saves_and_exits_130_then_resume_finishes(tmp_path):
     assert done.returncode == 0, done.stderr
     train, _ = read_metrics(metrics)
     assert [r["step"] for r in train] == list(range(1, stopped_at + 6))
+
+
+def test_tensorboard_logging_writes_event_files(tmp_path):
+    pytest.importorskip("tensorboard", reason="installed by the test extras")
+    assert main([*TINY, "--max-steps", "4", "--out", "tb", "--tensorboard"]) == 0
+    files = list((tmp_path / "tb" / "tensorboard").glob("events.out.tfevents.*"))
+    assert files and files[0].stat().st_size > 100
+
+
+def test_tensorboard_missing_is_a_clear_error(capsys, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_tensorboard(name, *args, **kw):
+        if name.startswith("torch.utils.tensorboard"):
+            raise ImportError("No module named 'tensorboard'")
+        return real_import(name, *args, **kw)
+
+    monkeypatch.setattr(builtins, "__import__", no_tensorboard)
+    assert main([*TINY, "--max-steps", "2", "--out", "tb", "--tensorboard"]) == 2
+    one_line_error(capsys, "tensorboard package is not installed", "pip install -e .[tensorboard]")
