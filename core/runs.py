@@ -36,7 +36,7 @@ class RunFolder:
         return self.ckpt_dir / "best.pt"
 
     def holds_run(self) -> bool:
-        return self.config_file.exists() or self.metrics_file.exists() or self.ckpt_dir.exists()
+        return self.config_file.exists() or self.metrics_file.exists() or self.latest.exists()
 
     def create(self, resuming: bool) -> None:
         if not resuming and self.holds_run():

@@ -143,6 +143,9 @@ class Trainer:
         resume_state = self._load_resume_state() if self.resume_from else None
         self.device = resolve_device(cfg.device)
         self.precision = resolve_precision(cfg.precision, self.device)
+        raw, source = load_bytes(cfg.data, cfg.data_extensions, cfg.corpus_max_bytes)
+        self.data = ByteData(raw, source, cfg.seq_len, cfg.val_fraction, cfg.seed)
+        # Only now, with the input known good, does a new run get its folder.
         self.folder.create(resuming=resume_state is not None)
 
         if cfg.deterministic:
@@ -158,8 +161,6 @@ class Trainer:
         np.random.seed(cfg.seed % 2**32)
         torch.manual_seed(cfg.seed)
 
-        raw, source = load_bytes(cfg.data, cfg.data_extensions, cfg.corpus_max_bytes)
-        self.data = ByteData(raw, source, cfg.seq_len, cfg.val_fraction, cfg.seed)
         self.max_steps = max_steps_for(cfg, self.data.train_tokens)
 
         gcfg = GPTConfig(

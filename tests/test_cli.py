@@ -165,3 +165,10 @@ def test_tensorboard_missing_is_a_clear_error(capsys, monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_tensorboard)
     assert main([*TINY, "--max-steps", "2", "--out", "tb", "--tensorboard"]) == 2
     one_line_error(capsys, "tensorboard package is not installed", "pip install -e .[tensorboard]")
+
+
+def test_a_refused_start_leaves_no_half_made_run_behind(capsys, tmp_path):
+    assert main([*TINY, "--data", "missing.txt", "--out", "runs/x"]) == 2
+    capsys.readouterr()
+    assert not (tmp_path / "runs" / "x").exists()
+    assert main([*TINY, "--max-steps", "2", "--out", "runs/x"]) == 0
