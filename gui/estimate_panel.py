@@ -1,0 +1,106 @@
+"""Will it fit? core's memory estimate against free VRAM (or free RAM on the CPU)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import QGroupBox, QHBoxLayout, QLabel, QProgressBar, QPushButton, QVBoxLayout
+
+from core.config import TrainConfig
+from core.estimate import SAFETY_MARGIN, estimate
+
+from .hardware_panel import HardwareInfo
+
+GiB = 1024**3
+BAR_SCALE = 1000  # the bar's range: fraction of the usable memory in thousandths
+
+
+@dataclass
+class Fit:
+    need: int  # bytes the run is estimated to take at its peak
+    free: int | None  # bytes free on the device it runs on; None when unknown
+    on_gpu: bool
+    report: str
+
+    @property
+    def usable(self) -> int | None:
+        return None if self.free is None else int(self.free * (1 - SAFETY_MARGIN))
+
+    @property
+    def fits(self) -> bool:
+        return self.usable is None or self.need <= self.usable
+
+    def describe(self) -> str:
+        where = "VRAM" if self.on_gpu else "RAM"
+        if self.free is None:
+            return f"needs ~{self.need / GiB:.2f} GiB (free {where} unknown)"
+        verdict = "fits" if self.fits else "does NOT fit"
+        return f"~{self.need / GiB:.2f} GiB of {self.free / GiB:.1f} GiB free {where} — {verdict}"
+
+
+def judge(cfg: TrainConfig, info: HardwareInfo) -> Fit:
+    gpu = info.gpu_for(cfg.device)
+    if gpu is not None:
+        est = estimate(cfg, on_gpu=True)
+        return Fit(est.device_total, gpu.get("free_bytes"), True, est.report())
+    # On the CPU "auto" means fp32 (core never picks bf16 there).
+    precision = "fp32" if cfg.precision == "auto" else cfg.precision
+    est = estimate(cfg, precision=precision, on_gpu=False)
+    return Fit(est.device_total, info.cpu.get("ram_free_bytes"), False, est.report())
+
+
+class EstimatePanel(QGroupBox):
+    """A bar of estimated peak memory vs what is free, and "Fit to my GPU"."""
+
+    fit_requested = Signal()
+
+    def __init__(self, info: HardwareInfo, parent=None):
+        super().__init__("Memory estimate", parent)
+        self.info = info
+        self.fit: Fit | None = None
+        self.bar = QProgressBar()
+        self.bar.setRange(0, BAR_SCALE)
+        self.bar.setTextVisible(True)
+        self.label = QLabel()
+        self.label.setWordWrap(True)
+        self.fit_button = QPushButton("Fit to my GPU")
+        self.fit_button.clicked.connect(self.fit_requested)
+        row = QHBoxLayout()
+        row.addWidget(self.bar, 1)
+        row.addWidget(self.fit_button)
+        layout = QVBoxLayout(self)
+        layout.addLayout(row)
+        layout.addWidget(self.label)
+        self.set_info(info)
+
+    def set_info(self, info: HardwareInfo) -> None:
+        self.info = info
+        if info.gpus:
+            self.fit_button.setEnabled(True)
+            self.fit_button.setToolTip(
+                "Largest micro-batch that fits the free VRAM; grad accumulation keeps the "
+                "effective batch the same"
+            )
+        else:
+            self.fit_button.setEnabled(False)
+            self.fit_button.setToolTip("No CUDA GPU found: there is no VRAM to fit to")
+
+    def update_for(self, cfg: TrainConfig | None) -> None:
+        """Show the estimate for a valid config, or a blank bar for an invalid one."""
+        if cfg is None:
+            self.fit = None
+            self.bar.setValue(0)
+            self.bar.setFormat("—")
+            self.label.setText("Fix the flagged setting to see the estimate.")
+            return
+        self.fit = judge(cfg, self.info)
+        share = self.fit.need / self.fit.usable if self.fit.usable else 0.0
+        self.bar.setValue(min(BAR_SCALE, int(share * BAR_SCALE)))
+        self.bar.setFormat(f"{share:.0%} of usable {'VRAM' if self.fit.on_gpu else 'RAM'}")
+        color = "#43a047" if share < 0.75 else "#fb8c00" if share <= 1.0 else "#e53935"
+        self.bar.setStyleSheet(f"QProgressBar::chunk {{ background: {color}; }}")
+        self.label.setText(self.fit.describe())
+        self.setToolTip(
+            self.fit.report + f"\n\n{SAFETY_MARGIN:.0%} of free memory is kept as a margin."
+        )

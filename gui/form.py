@@ -1,0 +1,453 @@
+"""The settings form: one widget per TrainConfig field, checked by core's `validate`.
+
+The form never judges values itself: ranges and tooltips come from `core.config.LIMITS`,
+and the field named in a ConfigError is flagged under its widget.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QValidator
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDoubleSpinBox,
+    QFileDialog,
+    QGridLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QSpinBox,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from core.config import LIMITS, PRECISIONS, TrainConfig, describe_limit, validate
+from core.errors import ConfigError
+
+INT_MAX = 2**31 - 1  # QSpinBox holds a C int
+
+LABELS = {
+    "hidden_dim": "Hidden dim",
+    "n_layers": "Layers",
+    "n_heads": "Heads",
+    "seq_len": "Context length",
+    "batch_size": "Batch size",
+    "grad_accum": "Grad accumulation",
+    "lr": "Learning rate",
+    "warmup_steps": "Warmup steps",
+    "limit": "Train for",
+    "precision": "Precision",
+    "device": "Device",
+    "compile": "torch.compile",
+    "grad_checkpointing": "Gradient checkpointing",
+    "eval_every": "Eval every",
+    "ckpt_every": "Checkpoint every",
+    "log_every": "Log every",
+    "dropout": "Dropout",
+    "min_lr_ratio": "Min lr ratio",
+    "weight_decay": "Weight decay",
+    "grad_clip": "Grad clip",
+    "seed": "Seed",
+    "eval_batches": "Eval batches",
+    "sample_tokens": "Sample bytes",
+    "keep_checkpoints": "Keep checkpoints",
+    "val_fraction": "Validation share",
+    "corpus_max_bytes": "Corpus cap (bytes)",
+    "deterministic": "Deterministic",
+    "data_extensions": "File endings",
+}
+EXTRA_HELP = {
+    "precision": "auto: bf16 where the GPU supports it, else fp16; fp32 on the CPU",
+    "device": "auto: the first CUDA GPU if there is one, else the CPU",
+    "compile": "torch.compile the model: faster steps on a GPU after a slow first step",
+    "grad_checkpointing": "recompute activations in the backward pass: less memory, slower",
+    "deterministic": "deterministic kernels: exact reruns, somewhat slower",
+    "data_extensions": "file endings read from a data folder, comma separated",
+    "limit": "stop after a number of optimizer steps or of passes over the training data",
+}
+MAIN_GROUPS = [
+    ("Model", ["hidden_dim", "n_layers", "n_heads", "seq_len"]),
+    ("Batch and schedule", ["batch_size", "grad_accum", "lr", "warmup_steps", "limit"]),
+    ("Execution", ["precision", "device", "compile", "grad_checkpointing"]),
+    ("Intervals (steps)", ["eval_every", "ckpt_every", "log_every"]),
+]
+ADVANCED = [
+    "dropout", "min_lr_ratio", "weight_decay", "grad_clip", "seed", "eval_batches",
+    "sample_tokens", "keep_checkpoints", "val_fraction", "corpus_max_bytes",
+    "data_extensions", "deterministic",
+]  # fmt: skip
+LOG_STEP_FIELDS = ("lr", "max_epochs")  # these step by a factor, not by a fixed amount
+
+
+def tooltip(name: str) -> str:
+    if name in LIMITS:
+        return f"{name}: {LIMITS[name][3]}.\nAllowed: {describe_limit(name)}."
+    return f"{name}: {EXTRA_HELP.get(name, '')}"
+
+
+class _NoWheelUnlessFocused:
+    """Scrolling the settings panel must not change the value under the mouse."""
+
+    def wheelEvent(self, event):  # noqa: N802 (Qt override)
+        if self.hasFocus():
+            super().wheelEvent(event)
+        else:
+            event.ignore()
+
+
+class IntSpin(_NoWheelUnlessFocused, QSpinBox):
+    def __init__(self, name: str):
+        super().__init__()
+        _, low, high, _ = LIMITS[name]
+        self.setRange(int(low), INT_MAX if high is None else min(int(high), INT_MAX))
+        self.setGroupSeparatorShown(True)
+        self.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
+
+
+class FloatSpin(_NoWheelUnlessFocused, QDoubleSpinBox):
+    """Shows 0.0003 or 3e-05 rather than a fixed number of decimals."""
+
+    def __init__(self, name: str):
+        super().__init__()
+        _, low, high, _ = LIMITS[name]
+        self.setDecimals(12)
+        self.setRange(float(low), 1e12 if high is None else float(high))
+        self.setSingleStep(0.01)
+        self.log_step = name in LOG_STEP_FIELDS
+        self.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
+
+    def textFromValue(self, value: float) -> str:  # noqa: N802 (Qt override)
+        return f"{value:.6g}"
+
+    def valueFromText(self, text: str) -> float:  # noqa: N802 (Qt override)
+        try:
+            return float(text)
+        except ValueError:
+            return self.value()
+
+    def validate(self, text: str, pos: int):
+        stripped = text.strip()
+        try:
+            value = float(stripped)
+        except ValueError:
+            intermediate = stripped in ("", "-", ".", "+") or stripped[-1:] in "eE-+."
+            state = QValidator.State.Intermediate if intermediate else QValidator.State.Invalid
+            return state, text, pos
+        ok = self.minimum() <= value <= self.maximum()
+        return (QValidator.State.Acceptable if ok else QValidator.State.Intermediate), text, pos
+
+    def stepBy(self, steps: int) -> None:  # noqa: N802 (Qt override)
+        if self.log_step and self.value() > 0:
+            self.setValue(self.value() * 10 ** (steps / 10))
+        else:
+            super().stepBy(steps)
+
+
+class Combo(_NoWheelUnlessFocused, QComboBox):
+    def __init__(self, items):
+        super().__init__()
+        self.addItems(list(items))
+        self.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
+
+    def set_text(self, text: str) -> None:
+        if self.findText(text) < 0:
+            self.addItem(text)  # e.g. cuda:1 from a saved config on another machine
+        self.setCurrentText(text)
+
+
+class LimitField(QWidget):
+    """max_steps or max_epochs: exactly one of them limits the run."""
+
+    changed = Signal()
+
+    def __init__(self):
+        super().__init__()
+        self.mode = Combo(["steps", "epochs"])
+        self.steps = IntSpin("max_steps")
+        self.epochs = FloatSpin("max_epochs")
+        self.epochs.setValue(1.0)
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.steps, 1)
+        layout.addWidget(self.epochs, 1)
+        layout.addWidget(self.mode)
+        self.mode.currentTextChanged.connect(self._show_mode)
+        self.mode.currentTextChanged.connect(self.changed)
+        self.steps.valueChanged.connect(self.changed)
+        self.epochs.valueChanged.connect(self.changed)
+        self._show_mode()
+
+    def _show_mode(self, *_):
+        by_steps = self.mode.currentText() == "steps"
+        self.steps.setVisible(by_steps)
+        self.epochs.setVisible(not by_steps)
+
+    def values(self) -> dict:
+        if self.mode.currentText() == "steps":
+            return {"max_steps": self.steps.value(), "max_epochs": None}
+        return {"max_steps": None, "max_epochs": self.epochs.value()}
+
+    def set_values(self, max_steps, max_epochs) -> None:
+        if max_epochs is not None:
+            self.epochs.setValue(max_epochs)
+            self.mode.setCurrentText("epochs")
+        else:
+            self.steps.setValue(int(max_steps))
+            self.mode.setCurrentText("steps")
+
+
+class DataChooser(QWidget):
+    """A file or a folder of text; empty means core's embedded corpus."""
+
+    changed = Signal()
+
+    def __init__(self):
+        super().__init__()
+        self.edit = QLineEdit()
+        self.edit.setPlaceholderText("embedded corpus (Python standard library sources)")
+        self.edit.setToolTip(
+            "A text file or a folder of text files; leave empty for the embedded corpus"
+        )
+        self.edit.setClearButtonEnabled(True)
+        file_btn = QPushButton("File…")
+        folder_btn = QPushButton("Folder…")
+        file_btn.clicked.connect(self._pick_file)
+        folder_btn.clicked.connect(self._pick_folder)
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.edit, 1)
+        layout.addWidget(file_btn)
+        layout.addWidget(folder_btn)
+        self.edit.textChanged.connect(self.changed)
+
+    def _pick_file(self):
+        path, _ = QFileDialog.getOpenFileName(self, "Training text file", self.edit.text())
+        if path:
+            self.edit.setText(path)
+
+    def _pick_folder(self):
+        path = QFileDialog.getExistingDirectory(self, "Folder of training text", self.edit.text())
+        if path:
+            self.edit.setText(path)
+
+    def value(self) -> str | None:
+        return self.edit.text().strip() or None
+
+    def set_value(self, path: str | None) -> None:
+        self.edit.setText(path or "")
+
+
+class ConfigForm(QWidget):
+    """Edits a TrainConfig. `changed` fires on every edit, after the flags are updated."""
+
+    changed = Signal()
+
+    def __init__(self, gpu_count: int = 0, parent=None):
+        super().__init__(parent)
+        self._base = TrainConfig()
+        self._loading = False
+        self.error: str | None = None
+        self.widgets: dict[str, QWidget] = {}
+        self.errors: dict[str, QLabel] = {}
+
+        devices = ["auto", "cpu"] + [f"cuda:{i}" for i in range(gpu_count)]
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        self.data = DataChooser()
+        self.data.changed.connect(self._edited)
+        data_box = QGroupBox("Data")
+        QVBoxLayout(data_box).addWidget(self.data)
+        layout.addWidget(data_box)
+        for title, names in MAIN_GROUPS:
+            layout.addWidget(self._group(title, names, devices))
+        self.advanced_toggle = QToolButton()
+        self.advanced_toggle.setText("Advanced settings")
+        self.advanced_toggle.setCheckable(True)
+        self.advanced_toggle.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        self.advanced_toggle.setArrowType(Qt.ArrowType.RightArrow)
+        self.advanced_toggle.toggled.connect(self._toggle_advanced)
+        layout.addWidget(self.advanced_toggle)
+        self.advanced = self._group("Advanced", ADVANCED, devices)
+        self.advanced.setVisible(False)
+        layout.addWidget(self.advanced)
+        self.general_error = self._error_label()
+        layout.addWidget(self.general_error)
+
+    # -- building ------------------------------------------------------------------------
+
+    @staticmethod
+    def _error_label() -> QLabel:
+        label = QLabel()
+        label.setWordWrap(True)
+        label.setStyleSheet("color: #c62828;")
+        label.setVisible(False)
+        return label
+
+    def _make_widget(self, name: str, devices: list[str]) -> QWidget:
+        if name == "limit":
+            w = LimitField()
+            w.changed.connect(self._edited)
+        elif name in ("compile", "grad_checkpointing", "deterministic"):
+            w = QCheckBox(LABELS[name])
+            w.toggled.connect(self._edited)
+        elif name == "precision":
+            w = Combo(PRECISIONS)
+            w.currentTextChanged.connect(self._edited)
+        elif name == "device":
+            w = Combo(devices)
+            w.currentTextChanged.connect(self._edited)
+        elif name in ("seed", "data_extensions"):
+            w = QLineEdit()  # seed goes past a C int; endings are free text
+            w.textChanged.connect(self._edited)
+        elif LIMITS[name][0] is int:
+            w = IntSpin(name)
+            w.valueChanged.connect(self._edited)
+        else:
+            w = FloatSpin(name)
+            w.valueChanged.connect(self._edited)
+        w.setToolTip(tooltip(name))
+        w.setObjectName(name)
+        return w
+
+    def _group(self, title: str, names: list[str], devices: list[str]) -> QGroupBox:
+        """Two label/field pairs per row; each field's error shows right under it."""
+        box = QGroupBox(title)
+        grid = QGridLayout(box)
+        grid.setHorizontalSpacing(8)
+        grid.setVerticalSpacing(2)
+        for i, name in enumerate(names):
+            row, col = (i // 2) * 2, (i % 2) * 2
+            w = self._make_widget(name, devices)
+            self.widgets[name] = w
+            self.errors[name] = self._error_label()
+            if isinstance(w, QCheckBox):
+                grid.addWidget(w, row, col, 1, 2)
+            else:
+                label = QLabel(LABELS[name])
+                label.setToolTip(tooltip(name))
+                label.setBuddy(w)
+                grid.addWidget(label, row, col)
+                grid.addWidget(w, row, col + 1)
+            grid.addWidget(self.errors[name], row + 1, col, 1, 2)
+        grid.setColumnStretch(1, 1)
+        grid.setColumnStretch(3, 1)
+        return box
+
+    def _toggle_advanced(self, shown: bool) -> None:
+        self.advanced.setVisible(shown)
+        arrow = Qt.ArrowType.DownArrow if shown else Qt.ArrowType.RightArrow
+        self.advanced_toggle.setArrowType(arrow)
+
+    # -- values --------------------------------------------------------------------------
+
+    def set_config(self, cfg: TrainConfig) -> None:
+        """Show a config; fields the form has no widget for are kept as they are."""
+        self._loading = True
+        try:
+            self._base = cfg
+            for name, w in self.widgets.items():
+                if name == "limit":
+                    w.set_values(cfg.max_steps, cfg.max_epochs)
+                else:
+                    self._set_widget(w, getattr(cfg, name))
+            self.data.set_value(cfg.data)
+        finally:
+            self._loading = False
+        self._edited()
+
+    @staticmethod
+    def _set_widget(w: QWidget, value) -> None:
+        if isinstance(w, QCheckBox):
+            w.setChecked(bool(value))
+        elif isinstance(w, Combo):
+            w.set_text(str(value))
+        elif isinstance(w, QLineEdit):
+            w.setText(", ".join(value) if isinstance(value, list) else str(value))
+        else:
+            w.setValue(value)
+
+    @staticmethod
+    def _read_widget(w: QWidget):
+        if isinstance(w, QCheckBox):
+            return w.isChecked()
+        if isinstance(w, Combo):
+            return w.currentText()
+        if isinstance(w, QLineEdit):
+            return w.text().strip()
+        return w.value()
+
+    def set_values(self, **values) -> None:
+        """Change some fields, e.g. batch_size and grad_accum after an OOM or a fit."""
+        self.set_config(dataclasses.replace(self.config(), **values))
+
+    def config(self) -> TrainConfig:
+        """The form's values over the last config shown; not validated."""
+        values = {}
+        for name, w in self.widgets.items():
+            if name == "limit":
+                values.update(w.values())
+            else:
+                values[name] = self._read_widget(w)
+        seed = values["seed"]
+        values["seed"] = int(seed) if seed.isdigit() else seed  # core names a bad seed
+        values["data"] = self.data.value()
+        return dataclasses.replace(self._base, **values)
+
+    def validated(self) -> TrainConfig:
+        """The form's config checked by core; raises ConfigError naming the field."""
+        return validate(self.config())
+
+    # -- checking ------------------------------------------------------------------------
+
+    def _edited(self, *_):
+        if self._loading:
+            return
+        self.check()
+        self.changed.emit()
+
+    def check(self) -> str | None:
+        """Validate with core and flag the named field; returns the message or None."""
+        try:
+            self.validated()
+            self.error = None
+        except ConfigError as e:
+            self.error = str(e)
+        self._show_error(self.error)
+        return self.error
+
+    def _show_error(self, message: str | None) -> None:
+        for label in [*self.errors.values(), self.general_error]:
+            label.setVisible(False)
+        for w in self.widgets.values():
+            w.setProperty("invalid", False)
+            w.setStyleSheet("")
+        if message is None:
+            return
+        name = message.split(":", 1)[0].strip()
+        if name in ("max_steps", "max_epochs"):
+            name = "limit"
+        label = self.errors.get(name, self.general_error)
+        label.setText("⚠ " + message)
+        label.setVisible(True)
+        if name in self.widgets:
+            self.widgets[name].setProperty("invalid", True)
+            self.widgets[name].setStyleSheet("background: #ffebee;")
+        if name in ADVANCED and not self.advanced_toggle.isChecked():
+            self.advanced_toggle.setChecked(True)
+
+    @property
+    def is_valid(self) -> bool:
+        return self.error is None
+
+    def field_error(self, name: str) -> str | None:
+        """The message shown under a field, or None (for tests and the status line)."""
+        label = self.errors.get(name)
+        if label is None or label.isHidden():
+            return None
+        return label.text()

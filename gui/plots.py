@@ -1,0 +1,334 @@
+"""Live training plots: records go into growable buffers; a timer redraws what changed.
+
+Each curve clips to the visible x range and peak-downsamples to the screen width, so a run
+with hundreds of thousands of steps redraws as fast as a short one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import QTimer
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QGridLayout,
+    QHBoxLayout,
+    QLabel,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+REDRAW_MS = 100  # 10 Hz: smooth to the eye, cheap for the GUI thread
+
+pg.setConfigOptions(background="w", foreground="k", antialias=True)
+
+
+class Series:
+    """Append-only x/y arrays that grow by doubling (amortised O(1) appends)."""
+
+    def __init__(self, capacity: int = 1024):
+        self._x = np.empty(capacity)
+        self._y = np.empty(capacity)
+        self.size = 0
+        self.version = 0  # bumped on every change, so the redraw knows what is stale
+
+    def append(self, x: float, y: float) -> None:
+        if self.size == len(self._x):
+            self._grow(self.size * 2)
+        self._x[self.size] = x
+        self._y[self.size] = y
+        self.size += 1
+        self.version += 1
+
+    def extend(self, xs, ys) -> None:
+        xs, ys = np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
+        need = self.size + len(xs)
+        if need > len(self._x):
+            self._grow(max(need, self.size * 2))
+        self._x[self.size : need] = xs
+        self._y[self.size : need] = ys
+        self.size = need
+        self.version += 1
+
+    def clear(self) -> None:
+        self.size = 0
+        self.version += 1
+
+    def _grow(self, capacity: int) -> None:
+        for name in ("_x", "_y"):
+            old = getattr(self, name)
+            new = np.empty(capacity)
+            new[: self.size] = old[: self.size]
+            setattr(self, name, new)
+
+    @property
+    def x(self) -> np.ndarray:
+        return self._x[: self.size]
+
+    @property
+    def y(self) -> np.ndarray:
+        return self._y[: self.size]
+
+
+def moving_average(y: np.ndarray, window: int) -> np.ndarray:
+    """Trailing mean over `window` points (shorter at the start); vectorised via cumsum."""
+    if window <= 1 or len(y) == 0:
+        return y
+    c = np.concatenate(([0.0], np.cumsum(y)))
+    idx = np.arange(1, len(y) + 1)
+    lo = np.maximum(idx - window, 0)
+    return (c[idx] - c[lo]) / (idx - lo)
+
+
+@dataclass
+class CurveSpec:
+    key: str  # record field
+    plot: str  # which plot it is drawn in
+    label: str
+    color: str
+    width: float = 1.5
+    symbol: str | None = None
+    right_axis: bool = False  # drawn against the plot's second (right) y axis
+
+
+CURVES = [
+    CurveSpec("loss", "loss", "train loss", "#1f77b4", 1.0),
+    CurveSpec("val_loss", "loss", "validation loss", "#d62728", 2.0, symbol="o"),
+    CurveSpec("mem_allocated_mb", "memory", "allocated", "#1f77b4"),
+    CurveSpec("mem_reserved_mb", "memory", "reserved", "#ff7f0e"),
+    CurveSpec("mem_peak_mb", "memory", "peak", "#d62728"),
+    CurveSpec("nvml_used_mb", "memory", "device used (NVML)", "#2ca02c"),
+    CurveSpec("rss_mb", "memory", "process RSS", "#9467bd"),
+    CurveSpec("tokens_per_s", "throughput", "tokens/s", "#2ca02c"),
+    CurveSpec("lr", "lr", "learning rate", "#8c564b"),
+    CurveSpec("gpu_util", "gpu", "utilization %", "#1f77b4"),
+    CurveSpec("gpu_temp_c", "gpu", "temperature °C", "#d62728"),
+    CurveSpec("gpu_power_w", "gpu", "power W (right axis)", "#ff7f0e", right_axis=True),
+]
+PLOTS = {
+    "loss": ("Loss", "loss"),
+    "memory": ("Memory", "MiB"),
+    "throughput": ("Throughput", "tokens/s"),
+    "lr": ("Learning rate", "lr"),
+    "gpu": ("GPU (NVML)", "% / °C"),
+}
+SMOOTH_KEY = "loss_smooth"
+
+
+class PlotPanel(QWidget):
+    """The plot grid with its options row (smoothing, log scale)."""
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.series = {spec.key: Series() for spec in CURVES}
+        self.specs = {spec.key: spec for spec in CURVES}
+        self.curves: dict[str, pg.PlotDataItem] = {}
+        self._drawn: dict[str, tuple[int, bool, int]] = {}
+        self._total_line: pg.InfiniteLine | None = None
+
+        self.smooth = QCheckBox("Smooth loss")
+        self.smooth.setToolTip("Draw a trailing moving average over the raw train loss")
+        self.smooth_window = QSpinBox()
+        self.smooth_window.setRange(2, 10_000)
+        self.smooth_window.setValue(25)
+        self.smooth_window.setSuffix(" steps")
+        self.smooth_window.setToolTip("Moving-average window for the smoothed loss")
+        self.log_scale = QCheckBox("Log scale")
+        self.log_scale.setToolTip("Logarithmic y axis on the loss plot")
+        self.smooth.toggled.connect(self._options_changed)
+        self.smooth_window.valueChanged.connect(self._options_changed)
+        self.log_scale.toggled.connect(self._options_changed)
+
+        options = QHBoxLayout()
+        options.addWidget(self.smooth)
+        options.addWidget(self.smooth_window)
+        options.addWidget(self.log_scale)
+        options.addStretch(1)
+        self.points_label = QLabel()
+        options.addWidget(self.points_label)
+
+        self.plots = {name: self._make_plot(title, unit) for name, (title, unit) in PLOTS.items()}
+        self._power_view = self._add_right_axis(self.plots["gpu"], "power", "W")
+        self.grid = QGridLayout()
+        self.grid.setSpacing(4)
+        self._place_plots()
+
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addLayout(options)
+        layout.addLayout(self.grid, 1)
+
+        self.timer = QTimer(self)
+        self.timer.setInterval(REDRAW_MS)
+        self.timer.timeout.connect(self.redraw)
+        self.timer.start()
+
+    # -- building ------------------------------------------------------------------------
+
+    def _make_plot(self, title: str, unit: str) -> pg.PlotWidget:
+        w = pg.PlotWidget(title=title)
+        item = w.getPlotItem()
+        item.setLabel("bottom", "step")
+        item.setLabel("left", unit)
+        item.showGrid(x=True, y=True, alpha=0.2)
+        item.setClipToView(True)
+        item.setDownsampling(auto=True, mode="peak")
+        item.addLegend(offset=(-8, 8), labelTextSize="8pt")
+        w.setMinimumSize(220, 150)
+        return w
+
+    def _add_right_axis(self, widget: pg.PlotWidget, label: str, unit: str) -> pg.ViewBox:
+        """A second ViewBox sharing x, drawn against the right axis (pyqtgraph's recipe)."""
+        item = widget.getPlotItem()
+        view = pg.ViewBox()
+        item.showAxis("right")
+        item.scene().addItem(view)
+        item.getAxis("right").linkToView(view)
+        item.getAxis("right").setLabel(label, units=unit)
+        view.setXLink(item)
+
+        def follow():
+            view.setGeometry(item.vb.sceneBoundingRect())
+            view.linkedViewChanged(item.vb, view.XAxis)
+
+        item.vb.sigResized.connect(follow)
+        return view
+
+    def _place_plots(self) -> None:
+        """Loss on top; the GPU plot only takes a slot once NVML data has arrived."""
+        for w in self.plots.values():
+            self.grid.removeWidget(w)
+        gpu_shown = self._has_gpu_data()
+        self.grid.addWidget(self.plots["loss"], 0, 0, 1, 2)
+        self.grid.addWidget(self.plots["memory"], 1, 0)
+        self.grid.addWidget(self.plots["throughput"], 1, 1)
+        self.grid.addWidget(self.plots["lr"], 2, 0, 1, 1 if gpu_shown else 2)
+        self.plots["gpu"].setVisible(gpu_shown)
+        if gpu_shown:
+            self.grid.addWidget(self.plots["gpu"], 2, 1)
+        self.grid.setRowStretch(0, 3)
+        self.grid.setRowStretch(1, 2)
+        self.grid.setRowStretch(2, 2)
+        self._gpu_placed = gpu_shown
+
+    def _has_gpu_data(self) -> bool:
+        return any(self.series[k].size for k in ("gpu_util", "gpu_temp_c", "gpu_power_w"))
+
+    def _curve(self, key: str) -> pg.PlotDataItem:
+        """Created on first data, so legends list only what this machine reports."""
+        if key in self.curves:
+            return self.curves[key]
+        if key == SMOOTH_KEY:
+            spec = CurveSpec(SMOOTH_KEY, "loss", "train loss (smoothed)", "#0b3d91", 2.0)
+        else:
+            spec = self.specs[key]
+        pen = pg.mkPen(spec.color, width=spec.width)
+        kwargs = {"pen": pen, "name": spec.label}
+        if spec.symbol:
+            kwargs.update(symbol=spec.symbol, symbolSize=5, symbolBrush=spec.color)
+        if spec.right_axis:
+            curve = pg.PlotDataItem(**kwargs)
+            curve.setClipToView(True)
+            curve.setDownsampling(auto=True, method="peak")
+            self._power_view.addItem(curve)
+            legend = self.plots[spec.plot].getPlotItem().legend
+            if legend is not None:
+                legend.addItem(curve, spec.label)
+        else:
+            curve = self.plots[spec.plot].getPlotItem().plot(**kwargs)
+        self.curves[key] = curve
+        return curve
+
+    # -- data in -------------------------------------------------------------------------
+
+    def add_train(self, record: dict) -> None:
+        step = record["step"]
+        for key, series in self.series.items():
+            value = record.get(key)
+            if value is not None and key != "val_loss":
+                series.append(step, value)
+        total = record.get("nvml_total_mb")
+        if total and self._total_line is None:
+            self.set_device_total(total)
+
+    def add_eval(self, record: dict) -> None:
+        if record.get("val_loss") is not None:
+            self.series["val_loss"].append(record["step"], record["val_loss"])
+
+    def load_history(self, train: list[dict], evals: list[dict]) -> None:
+        """Refill from a run's metrics.jsonl so a resumed run's curves continue."""
+        self.clear()
+        for key, series in self.series.items():
+            source = evals if key == "val_loss" else train
+            pairs = [(r["step"], r[key]) for r in source if r.get(key) is not None]
+            if pairs:
+                xs, ys = zip(*pairs, strict=True)
+                series.extend(xs, ys)
+        totals = [r["nvml_total_mb"] for r in train if r.get("nvml_total_mb")]
+        if totals:
+            self.set_device_total(totals[-1])
+
+    def clear(self) -> None:
+        for series in self.series.values():
+            series.clear()
+
+    def set_device_total(self, total_mb: float) -> None:
+        """The card's total memory as a dashed line on the memory plot."""
+        if self._total_line is None:
+            self._total_line = pg.InfiniteLine(
+                angle=0,
+                pen=pg.mkPen("#555", width=1, style=pg.QtCore.Qt.PenStyle.DashLine),
+                label="card total {value:.0f} MiB",
+                labelOpts={"position": 0.1, "color": "#555"},
+            )
+            self.plots["memory"].addItem(self._total_line)
+        self._total_line.setValue(total_mb)
+
+    # -- drawing -------------------------------------------------------------------------
+
+    def _options_changed(self, *_):
+        self.plots["loss"].getPlotItem().setLogMode(y=self.log_scale.isChecked())
+        self._drawn.pop(SMOOTH_KEY, None)
+        self._drawn.pop("loss", None)
+        self.redraw()
+
+    def redraw(self) -> None:
+        """Push changed buffers to their curves; called by the timer, never per step."""
+        smooth = self.smooth.isChecked()
+        for key, series in self.series.items():
+            state = (series.version, smooth, 0)
+            if self._drawn.get(key) == state or (series.size == 0 and key not in self.curves):
+                continue
+            self._drawn[key] = state
+            curve = self._curve(key)
+            curve.setData(series.x, series.y)
+            if key == "loss":
+                curve.setOpacity(0.35 if smooth else 1.0)
+        self._redraw_smoothed(smooth)
+        if self._has_gpu_data() and not self._gpu_placed:
+            self._place_plots()
+        total = sum(s.size for s in self.series.values())
+        self.points_label.setText(f"{self.series['loss'].size:,} steps, {total:,} points")
+
+    def _redraw_smoothed(self, smooth: bool) -> None:
+        series = self.series["loss"]
+        window = self.smooth_window.value()
+        state = (series.version, smooth, window)
+        if self._drawn.get(SMOOTH_KEY) == state:
+            return
+        self._drawn[SMOOTH_KEY] = state
+        if not smooth:
+            if SMOOTH_KEY in self.curves:
+                self.curves[SMOOTH_KEY].setData([], [])
+            return
+        self._curve(SMOOTH_KEY).setData(series.x, moving_average(series.y, window))
+
+    def curve_points(self, key: str) -> int:
+        """How many points the curve for `key` holds (0 when it has not been drawn)."""
+        curve = self.curves.get(key)
+        if curve is None or curve.xData is None:
+            return 0
+        return len(curve.xData)
