@@ -53,7 +53,7 @@ def gpu_line(g: dict) -> str:
 
 def cpu_line(cpu: dict) -> str:
     return (
-        "<b>No CUDA GPU — training on CPU</b><br>"
+        "<b>no CUDA GPU — training on CPU</b><br>"
         f"{cpu.get('name') or 'CPU'}: {cpu['cores']} cores, "
         f"{cpu['ram_bytes'] / GiB:.1f} GiB RAM ({cpu['ram_free_bytes'] / GiB:.1f} GiB free)"
     )

@@ -177,7 +177,7 @@ class PlotPanel(QWidget):
         item.setClipToView(True)
         item.setDownsampling(auto=True, mode="peak")
         item.addLegend(offset=(-8, 8), labelTextSize="8pt")
-        w.setMinimumSize(220, 150)
+        w.setMinimumSize(180, 120)
         return w
 
     def _add_right_axis(self, widget: pg.PlotWidget, label: str, unit: str) -> pg.ViewBox:

@@ -1,0 +1,88 @@
+"""Shared test setup. Qt runs offscreen (no display needed); GUI fixtures are opt-in."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")  # before anything imports Qt
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def gui_env(tmp_path, monkeypatch):
+    """Keep user presets and QSettings inside tmp_path, never in the real user folders."""
+    import platformdirs
+    from PySide6.QtCore import QSettings
+
+    config_home = tmp_path / "config"
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(config_home))
+    # platformdirs ignores XDG_CONFIG_HOME on Windows and macOS: patch the lookup itself.
+    monkeypatch.setattr(
+        platformdirs, "user_config_dir", lambda *a, **k: str(config_home / "TrainDeck")
+    )
+    QSettings.setDefaultFormat(QSettings.Format.IniFormat)
+    QSettings.setPath(
+        QSettings.Format.IniFormat, QSettings.Scope.UserScope, str(tmp_path / "qsettings")
+    )
+    return tmp_path
+
+
+class DialogRecorder:
+    """Stands in for QMessageBox's blocking static dialogs."""
+
+    def __init__(self):
+        self.calls: list[tuple[str, str, str]] = []
+        self.answer_yes = True
+
+    def named(self, kind: str) -> list[tuple[str, str]]:
+        return [(title, text) for k, title, text in self.calls if k == kind]
+
+
+@pytest.fixture
+def dialogs(monkeypatch):
+    from PySide6.QtWidgets import QMessageBox
+
+    rec = DialogRecorder()
+    ok = QMessageBox.StandardButton.Ok
+
+    def record(kind):
+        def show(parent, title, text, *args, **kwargs):
+            rec.calls.append((kind, title, text))
+            if kind == "question":
+                yes, no = QMessageBox.StandardButton.Yes, QMessageBox.StandardButton.No
+                return yes if rec.answer_yes else no
+            return ok
+
+        return show
+
+    for kind in ("critical", "warning", "information", "question"):
+        monkeypatch.setattr(QMessageBox, kind, record(kind))
+    return rec
+
+
+@pytest.fixture
+def make_window(qtbot, gui_env, dialogs):
+    """MainWindow factory with settings and runs in tmp_path; stops any run at teardown."""
+    from PySide6.QtCore import QSettings
+
+    from gui.main_window import MainWindow
+
+    windows = []
+
+    def make(**kwargs):
+        kwargs.setdefault(
+            "settings", QSettings(str(gui_env / "gui.ini"), QSettings.Format.IniFormat)
+        )
+        kwargs.setdefault("runs_root", gui_env / "runs")
+        window = MainWindow(**kwargs)
+        qtbot.addWidget(window)
+        windows.append(window)
+        return window
+
+    yield make
+    for window in windows:
+        if window.worker is not None:
+            window.worker.request_stop()
+            window.worker.wait(60_000)
+            qtbot.waitUntil(lambda w=window: w.worker is None, timeout=10_000)

@@ -1,0 +1,289 @@
+"""GUI tests that need no training run: form, presets, plots, hardware, estimate, CLI."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from core import hardware
+from core import presets as preset_lib
+from core.estimate import estimate
+
+GiB = 1024**3
+FAKE_8GB = {
+    "index": 0,
+    "name": "NVIDIA GeForce RTX 4060 (simulated)",
+    "total_bytes": 8 * GiB,
+    "free_bytes": int(7.5 * GiB),
+    "capability": "8.9",
+    "bf16": True,
+    "tf32": True,
+    "driver": "550.54",
+}
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    monkeypatch.setattr(hardware, "gpus", lambda: [])
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    monkeypatch.setattr(hardware, "gpus", lambda: [dict(FAKE_8GB)])
+
+
+# -- plots -------------------------------------------------------------------------------
+
+
+def test_series_grows_and_moving_average_is_trailing():
+    from gui.plots import Series, moving_average
+
+    s = Series(capacity=2)
+    for i in range(5):
+        s.append(i, i * 10)
+    s.extend([5, 6], [50, 60])
+    assert s.size == 7 and list(s.x) == list(range(7)) and s.y[-1] == 60
+    y = np.array([1.0, 3.0, 5.0, 7.0])
+    assert list(moving_average(y, 2)) == [1.0, 2.0, 4.0, 6.0]
+    assert moving_average(y, 1) is y
+
+
+def test_plot_paints_and_stays_fast_at_150k_points(qtbot):
+    """A real PlotWidget paint (PySide6 6.12.0 + pyqtgraph 0.14.0 aborts here) at scale."""
+    from gui.plots import PlotPanel
+
+    panel = PlotPanel()
+    qtbot.addWidget(panel)
+    panel.resize(1000, 700)
+    panel.show()
+    n = 150_000
+    steps = np.arange(1, n + 1)
+    train = [
+        {"step": int(s), "loss": 5.0 / np.sqrt(s), "lr": 1e-3, "tokens_per_s": 5e4, "rss_mb": 300}
+        for s in steps
+    ]
+    evals = [{"step": int(s), "val_loss": 5.0 / np.sqrt(s)} for s in steps[::1000]]
+    panel.load_history(train, evals)
+    panel.smooth.setChecked(True)
+    panel.log_scale.setChecked(True)
+    panel.redraw()
+    assert panel.curve_points("loss") == n
+    assert panel.curve_points("val_loss") == len(evals)
+    panel.add_train({"step": n + 1, "loss": 0.01, "lr": 1e-3, "tokens_per_s": 5e4, "rss_mb": 1})
+    t = time.perf_counter()
+    panel.redraw()
+    image = panel.grab()  # paints every plot
+    elapsed = time.perf_counter() - t
+    assert not image.isNull() and image.width() > 500
+    assert panel.curve_points("loss") == n + 1
+    # Clip-to-view and peak downsampling keep the painted points near the screen width.
+    shown = panel.curves["loss"].getData()[0]
+    assert len(shown) < 10_000
+    assert elapsed < 2.0, f"redraw + paint of 150k points took {elapsed:.2f}s"
+
+
+def test_gpu_plot_appears_only_with_nvml_data(qtbot):
+    from gui.plots import PlotPanel
+
+    panel = PlotPanel()
+    qtbot.addWidget(panel)
+    panel.add_train({"step": 1, "loss": 3.0, "rss_mb": 10.0})
+    panel.redraw()
+    assert panel.plots["gpu"].isHidden()
+    panel.add_train(
+        {"step": 2, "loss": 2.9, "mem_allocated_mb": 100, "nvml_used_mb": 900,
+         "nvml_total_mb": 8192, "gpu_util": 97, "gpu_temp_c": 65, "gpu_power_w": 180}
+    )  # fmt: skip
+    panel.redraw()
+    assert not panel.plots["gpu"].isHidden()
+    assert panel.curve_points("gpu_power_w") == 1
+    assert panel._total_line is not None and panel._total_line.value() == 8192
+    panel.grab()
+
+
+# -- presets and the form ----------------------------------------------------------------
+
+
+def test_preset_selection_fills_the_form_and_cpu_is_recommended(make_window, no_gpu):
+    window = make_window()
+    assert window.recommended == "cpu"
+    cpu_index = window.preset_combo.findData("cpu")
+    assert "recommended" in window.preset_combo.itemText(cpu_index)
+    assert window.preset_combo.currentData() == "cpu"  # preselected on first launch
+
+    for name in ("cpu-tiny", "gpu-large"):
+        assert window.select_preset(name)
+        expected = preset_lib.to_config(preset_lib.load_preset(name))
+        got = window.form.validated()
+        for field in ("hidden_dim", "n_layers", "n_heads", "seq_len", "batch_size",
+                      "grad_accum", "lr", "max_steps", "precision", "eval_every", "ckpt_every",
+                      "log_every", "corpus_max_bytes", "warmup_steps"):  # fmt: skip
+            assert getattr(got, field) == getattr(expected, field), (name, field)
+        assert got.preset == name
+        assert window.form.widgets["hidden_dim"].value() == expected.hidden_dim
+    assert "20 GB" in window.preset_info.text()
+
+
+def test_fields_carry_ranges_and_tooltips_from_core(make_window):
+    from core.config import LIMITS
+
+    window = make_window()
+    spin = window.form.widgets["n_layers"]
+    assert (spin.minimum(), spin.maximum()) == (LIMITS["n_layers"][1], LIMITS["n_layers"][2])
+    assert "transformer blocks" in spin.toolTip() and "1 to 256" in spin.toolTip()
+    lr = window.form.widgets["lr"]
+    lr.lineEdit().setText("3e-4")
+    lr.interpretText()
+    assert window.form.validated().lr == pytest.approx(3e-4)
+    assert lr.text() == "0.0003"
+
+
+def test_invalid_field_is_flagged_and_blocks_start(make_window, dialogs):
+    window = make_window()
+    window.select_preset("cpu-tiny")
+    assert window.start_button.isEnabled()
+    window.form.set_values(hidden_dim=100, n_heads=3)
+    assert not window.form.is_valid
+    assert "divisible by n_heads" in window.form.field_error("hidden_dim")
+    assert not window.start_button.isEnabled()
+    assert "divisible" in window.start_button.toolTip()
+    assert window.estimate.fit is None  # no estimate for an invalid config
+    assert window.start() is False and window.worker is None
+    assert dialogs.named("critical")[0][0] == "Invalid settings"
+    window.form.widgets["n_heads"].setValue(4)
+    assert window.form.is_valid and window.form.field_error("hidden_dim") is None
+    assert window.start_button.isEnabled()
+
+
+def test_epochs_limit_and_a_bad_seed_are_core_checked(make_window):
+    window = make_window()
+    limit = window.form.widgets["limit"]
+    limit.mode.setCurrentText("epochs")
+    limit.epochs.setValue(2.5)
+    cfg = window.form.validated()
+    assert cfg.max_epochs == 2.5 and cfg.max_steps is None
+    window.form.widgets["seed"].setText("abc")
+    assert "seed" in window.form.field_error("seed")
+    assert not window.form.advanced.isHidden()  # the flagged field is shown
+
+
+def test_save_as_preset_writes_a_user_preset(make_window, dialogs, gui_env):
+    window = make_window()
+    window.select_preset("cpu-tiny")
+    window.form.set_values(hidden_dim=96, n_heads=3)
+    path = window.save_preset_as("my-tiny", "tiny but wider")
+    assert path is not None and path.is_file()
+    assert str(gui_env) in str(path)  # never the real user folder
+    assert window.preset_combo.currentData() == "my-tiny"
+    assert "(user)" in window.preset_combo.currentText()
+    assert preset_lib.to_config(preset_lib.load_preset("my-tiny")).hidden_dim == 96
+    assert window.save_preset_as("cpu") is None  # a built-in name: core refuses it
+    assert "built-in" in dialogs.named("critical")[-1][1]
+
+
+def test_settings_and_geometry_persist_between_launches(make_window):
+    first = make_window()
+    first.select_preset("cpu-tiny")
+    first.form.set_values(lr=0.0042, max_steps=77)
+    first.plots.log_scale.setChecked(True)
+    first.show()
+    first.resize(first.width(), 700)  # the offscreen screen is 800x800: vary the height
+    height = first.height()
+    first.close()
+    second = make_window()
+    assert second.preset_combo.currentData() == "cpu-tiny"
+    cfg = second.form.validated()
+    assert cfg.lr == pytest.approx(0.0042) and cfg.max_steps == 77
+    assert second.plots.log_scale.isChecked()
+    assert second.height() == height and height != 950  # not the default size
+
+
+# -- hardware and the memory estimate ----------------------------------------------------
+
+
+def test_cpu_machine_panel_and_disabled_fit_button(make_window, no_gpu):
+    window = make_window()
+    assert "no CUDA GPU" in window.hardware.label.text()
+    assert "cores" in window.hardware.label.text()
+    assert not window.estimate.fit_button.isEnabled()
+    assert "No CUDA GPU" in window.estimate.fit_button.toolTip()
+    assert "RAM" in window.estimate.label.text()
+
+
+def test_simulated_8gb_gpu_estimate_warning_and_fit(make_window, fake_gpu, dialogs):
+    window = make_window()
+    assert "RTX 4060" in window.hardware.label.text()
+    assert "8.0 GiB total" in window.hardware.label.text()
+    assert "capability 8.9" in window.hardware.label.text()
+    assert window.recommended == "gpu-small"
+    assert window.preset_combo.currentData() == "gpu-small"
+    assert window.estimate.fit_button.isEnabled()
+    assert window.estimate.fit.on_gpu and window.estimate.fit.fits
+    assert "VRAM" in window.estimate.label.text()
+
+    window.form.set_values(batch_size=512, grad_accum=2, hidden_dim=512, n_heads=8)
+    fit = window.estimate.fit
+    assert fit.need == estimate(window.form.validated()).device_total
+    assert not fit.fits and "does NOT fit" in window.estimate.label.text()
+    assert window.estimate.bar.value() == window.estimate.bar.maximum()
+
+    dialogs.answer_yes = False
+    assert window.start() is False and window.worker is None
+    title, text = dialogs.named("question")[-1]
+    assert title == "Start anyway?" and "not to fit" in text
+
+    assert window.fit_to_gpu()
+    cfg = window.form.validated()
+    assert cfg.batch_size * cfg.grad_accum == 1024 and cfg.batch_size < 512
+    assert window.estimate.fit.fits
+
+
+def test_check_gpu_shows_cores_report_off_the_gui_thread(make_window, qtbot, monkeypatch):
+    monkeypatch.setattr(hardware, "test_gpu_report", lambda: "torch 9.9\nGPU 0 fake: fine")
+    window = make_window()
+    window.show()
+    qtbot.mouseClick(window.hardware.check_button, qtbot_button())
+    qtbot.waitUntil(lambda: window.hardware.dialog is not None, timeout=10_000)
+    assert window.hardware.dialog.isVisible()
+    assert "GPU 0 fake: fine" in window.hardware.dialog.text.toPlainText()
+    assert window.hardware.check_button.isEnabled()
+    window.hardware.dialog.close()
+
+
+def qtbot_button():
+    from PySide6.QtCore import Qt
+
+    return Qt.MouseButton.LeftButton
+
+
+# -- the command line --------------------------------------------------------------------
+
+
+def test_unknown_preset_exits_2_before_any_window(capsys, gui_env):
+    from gui.__main__ import main
+
+    assert main(["--preset", "no-such-preset"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: preset: unknown preset 'no-such-preset'")
+    assert main(["--resume", str(gui_env / "missing"), "--runs-root", str(gui_env)]) == 2
+    assert "resume:" in capsys.readouterr().err
+
+
+def test_command_line_prefills_the_window(make_window, gui_env):
+    from gui.__main__ import build_parser, launch
+
+    window = make_window()
+    data = gui_env / "corpus.txt"
+    data.write_text("hello " * 1000)
+    args = build_parser().parse_args(
+        ["--preset", "cpu-tiny", "--data", str(data), "--out", str(gui_env / "r1"),
+         "--max-steps", "7"]
+    )  # fmt: skip
+    launch(window, args)
+    cfg = window.form.validated()
+    assert cfg.preset == "cpu-tiny" and cfg.max_steps == 7 and cfg.data == str(data)
+    assert window.out_edit.text() == str(gui_env / "r1")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--max-steps", "0"])

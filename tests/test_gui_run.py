@@ -1,0 +1,225 @@
+"""GUI tests that train: short cpu-tiny runs started, stopped and resumed from the window."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+import torch
+from PySide6.QtCore import Qt, QTimer
+
+from core import checkpoint as ckpt_lib
+from core.runs import RunFolder, checkpoint_summary, read_metrics
+from core.trainer import Trainer
+
+RUN_TIMEOUT_MS = 60_000
+SMALL_CORPUS = 200_000  # bytes: reading less of the embedded corpus keeps runs short
+
+
+def tiny_window(make_window, **values):
+    """A window with cpu-tiny selected and a few fields changed."""
+    window = make_window()
+    window.show()
+    window.select_preset("cpu-tiny")
+    window.form.set_values(corpus_max_bytes=SMALL_CORPUS, **values)
+    return window
+
+
+def run_to_end(qtbot, window, start) -> dict:
+    with qtbot.waitSignal(window.run_ended, timeout=RUN_TIMEOUT_MS) as blocker:
+        assert start() is not False
+    return blocker.args[0]
+
+
+def test_run_from_the_window_updates_plots_progress_and_run_folder(make_window, qtbot, gui_env):
+    window = tiny_window(make_window, max_steps=30)
+    run_dir = gui_env / "first run"
+    window.out_edit.setText(str(run_dir))
+    assert window.start_button.isEnabled() and not window.stop_button.isEnabled()
+
+    def click_start():
+        qtbot.mouseClick(window.start_button, Qt.MouseButton.LeftButton)
+        assert window.running and window.stop_button.isEnabled()
+        assert not window.start_button.isEnabled() and not window.form.isEnabled()
+
+    result = run_to_end(qtbot, window, click_start)
+    assert result["status"] == "finished" and result["step"] == 30
+    assert window.state == "finished" and "Finished" in window.status_label.text()
+    # plots: every step drawn, evaluations at 25 and 30
+    assert window.plots.curve_points("loss") == 30
+    assert window.plots.curve_points("val_loss") == 2
+    assert window.plots.curve_points("tokens_per_s") == 30
+    assert window.plots.curve_points("rss_mb") == 30
+    assert window.plots.curve_points("lr") == 30
+    # progress
+    assert (window.progress.value(), window.progress.maximum()) == (30, 30)
+    assert "tok/s" in window.timing_label.text() and "elapsed" in window.timing_label.text()
+    assert window.sample_view.toPlainText().startswith("--- step 30 ---")
+    assert "finished at step 30" in window.log_view.toPlainText()
+    # run folder
+    folder = RunFolder(run_dir)
+    assert folder.read_status()["state"] == "finished"
+    assert folder.latest.is_file() and folder.config_file.is_file()
+    train, evals = read_metrics(folder.metrics_file)
+    assert [r["step"] for r in train] == list(range(1, 31))
+    # idle again; the one-shot run folder was cleared so the next Start makes a new one
+    assert window.start_button.isEnabled() and window.out_edit.text() == ""
+
+
+def test_stop_leaves_a_checkpoint_and_resume_continues_the_curve(make_window, qtbot, dialogs):
+    window = tiny_window(make_window, max_steps=5000, ckpt_every=1000, eval_every=10)
+    assert window.start()
+    qtbot.waitUntil(lambda: window._last is not None and window._last["step"] >= 15, timeout=60_000)
+    with qtbot.waitSignal(window.run_ended, timeout=RUN_TIMEOUT_MS) as blocker:
+        qtbot.mouseClick(window.stop_button, Qt.MouseButton.LeftButton)
+        assert window.state == "stopping" and not window.stop_button.isEnabled()
+    result = blocker.args[0]
+    stopped_at = result["step"]
+    assert result["status"] == "stopped" and 15 <= stopped_at < 5000
+    assert window.state == "stopped"
+    run = RunFolder(result["run_dir"])
+    assert run.read_status()["state"] == "stopped"
+    # Stop saved a checkpoint at the step it stopped on, and it loads.
+    state = ckpt_lib.load(run.latest)
+    assert state["step"] == stopped_at
+    assert checkpoint_summary(run.latest)["step"] == stopped_at
+
+    # A new launch offers to resume the interrupted run and shows what it holds.
+    second = make_window()
+    second.show()
+    assert second.offer_interrupted_resume()
+    dialog = second.resume_dialog
+    assert dialog.isVisible() and "did not finish" in dialog.note.text()
+    assert f"{stopped_at:,} of 5,000" in dialog.details.text()
+    assert "hidden 64, 2 layers, 4 heads" in dialog.details.text()
+    dialog.max_steps.setValue(stopped_at + 20)
+    with qtbot.waitSignal(second.run_ended, timeout=RUN_TIMEOUT_MS) as blocker:
+        qtbot.mouseClick(dialog.resume_button, Qt.MouseButton.LeftButton)
+    result = blocker.args[0]
+    assert result["status"] == "finished" and result["step"] == stopped_at + 20
+    # The loss curve holds the history from metrics.jsonl and continues it, no gap, no repeat.
+    xs = second.plots.series["loss"].x
+    assert np.array_equal(xs, np.arange(1, stopped_at + 21))
+    assert second.plots.curve_points("loss") == stopped_at + 20
+    assert "plots refilled with" in second.log_view.toPlainText()
+    train, _ = read_metrics(run.metrics_file)
+    assert [r["step"] for r in train] == list(range(1, stopped_at + 21))
+    assert second.form.validated().max_steps == stopped_at + 20
+
+    # An incompatible checkpoint: core refuses, the dialog carries its message.
+    with qtbot.waitSignal(second.run_ended, timeout=RUN_TIMEOUT_MS):
+        assert second.resume_from(str(run.path), {"hidden_dim": 128})
+    title, text = dialogs.named("critical")[-1]
+    assert title == "Cannot train with these settings"
+    assert "different settings" in text and "hidden_dim 64 -> 128" in text
+    assert second.state == "failed" and second.start_button.isEnabled()
+
+
+def test_core_errors_show_a_dialog_and_leave_the_window_usable(
+    make_window, qtbot, dialogs, gui_env
+):
+    missing = gui_env / "no such corpus.txt"
+    window = tiny_window(make_window, max_steps=10, data=str(missing))
+    result = run_to_end(qtbot, window, window.start)
+    assert result["status"] == "failed"
+    title, text = dialogs.named("critical")[-1]
+    assert title == "Cannot train with these settings"
+    assert text.startswith("data:") and "neither a file nor a folder" in text
+    assert window.state == "failed" and "Failed" in window.status_label.text()
+    # nothing lost: the settings are still there and the window takes the next run
+    assert window.form.validated().data == str(missing)
+    assert window.start_button.isEnabled() and window.form.isEnabled()
+    window.form.set_values(data=None)
+    assert run_to_end(qtbot, window, window.start)["status"] == "finished"
+
+    # Resume of something that is not a run: the dialog comes before any thread starts.
+    assert window.resume_from(str(gui_env / "nothing here")) is False
+    assert "resume:" in dialogs.named("critical")[-1][1]
+    assert window.worker is None
+
+
+def oom_fault(at_step, times):
+    """Raise a CUDA-style OOM at micro-batch 0 of a step, `times` times."""
+    fired = []
+
+    def fault(step, micro):
+        if step == at_step and micro == 0 and len(fired) < times:
+            fired.append(step)
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    return fault
+
+
+def test_out_of_memory_notice_updates_the_form_then_fails_at_batch_1(
+    make_window, qtbot, dialogs, monkeypatch
+):
+    import gui.worker
+
+    faults = [oom_fault(3, 1), oom_fault(3, 99)]
+    monkeypatch.setattr(
+        gui.worker,
+        "Trainer",
+        lambda cfg, run_dir, resume_from=None: Trainer(cfg, run_dir, resume_from, faults.pop(0)),
+    )
+    window = tiny_window(make_window, max_steps=6)
+    result = run_to_end(qtbot, window, window.start)
+    assert result["status"] == "finished"
+    assert not window.notice.isHidden() and "batch_size 4 x grad_accum 2" in window.notice.text()
+    cfg = window.form.validated()
+    assert (cfg.batch_size, cfg.grad_accum) == (4, 2)
+    assert dialogs.named("critical") == []
+
+    result = run_to_end(qtbot, window, window.start)  # OOM all the way down to batch 1
+    assert result["status"] == "failed"
+    assert window.notice.isHidden() is False
+    assert (window.form.validated().batch_size, window.form.validated().grad_accum) == (1, 8)
+    title, text = dialogs.named("critical")[-1]
+    assert title == "Training stopped" and "out of memory" in text and "batch_size 1" in text
+
+
+def test_event_loop_never_stalls_during_a_run(make_window, qtbot, record_property):
+    """Longest gap between 20 ms timer ticks, from Start to the end of a real run."""
+    window = tiny_window(make_window, max_steps=60, eval_every=20, ckpt_every=20)
+    ticks = []
+    timer = QTimer()
+    timer.setInterval(20)
+    timer.timeout.connect(lambda: ticks.append(time.perf_counter()))
+    timer.start()
+    qtbot.wait(100)
+    result = run_to_end(qtbot, window, window.start)
+    timer.stop()
+    assert result["status"] == "finished" and result["step"] == 60
+    gaps = np.diff(ticks)
+    worst_ms = float(gaps.max() * 1000)
+    record_property("max_event_loop_gap_ms", round(worst_ms, 1))
+    print(f"\nevent loop: {len(ticks)} ticks, max gap {worst_ms:.1f} ms, "
+          f"median {np.median(gaps) * 1000:.1f} ms")  # fmt: skip
+    assert len(ticks) > 10
+    assert worst_ms < 200, f"event loop stalled for {worst_ms:.0f} ms"
+
+
+@pytest.mark.parametrize("spec", ["latest"])
+def test_autostart_from_the_command_line_and_resume_latest(make_window, qtbot, gui_env, spec):
+    from gui.__main__ import build_parser, launch
+
+    window = make_window()
+    window.show()
+    args = build_parser().parse_args(
+        ["--preset", "cpu-tiny", "--max-steps", "8", "--autostart", "--runs-root",
+         str(gui_env / "runs")]
+    )  # fmt: skip
+    with qtbot.waitSignal(window.run_ended, timeout=RUN_TIMEOUT_MS) as blocker:
+        launch(window, args)
+    first = blocker.args[0]
+    assert first["status"] == "finished" and first["step"] == 8
+    assert str(gui_env / "runs") in first["run_dir"]
+    # Resume latest with a higher limit through the same path as `--resume latest`.
+    with qtbot.waitSignal(window.run_ended, timeout=RUN_TIMEOUT_MS) as blocker:
+        assert window.resume_from(spec, {"max_steps": 12, "max_epochs": None})
+    second = blocker.args[0]
+    assert second["status"] == "finished" and second["step"] == 12
+    assert second["run_dir"] == first["run_dir"]
+    status = json.loads((RunFolder(first["run_dir"]).status_file).read_text())
+    assert status["state"] == "finished" and status["step"] == 12
