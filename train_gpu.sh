@@ -94,6 +94,15 @@ else
 fi
 
 # ---- which torch build -----------------------------------------------------------
+smi() {
+    # A wedged driver can make nvidia-smi hang; do not wait for ever.
+    if command -v timeout >/dev/null 2>&1; then
+        timeout 60 nvidia-smi "$@"
+    else
+        nvidia-smi "$@"
+    fi
+}
+
 # Sets TORCH_VARIANT (cpu, cuXYZ, or "macos") and WANT_CUDA (1 or empty).
 detect_torch_variant() {
     TORCH_VARIANT=cpu
@@ -118,7 +127,7 @@ detect_torch_variant() {
         return 0
     fi
     local smi_out cuda_version gpu_name build num need major minor oldest=""
-    if ! smi_out="$(nvidia-smi 2>&1)"; then
+    if ! smi_out="$(smi 2>&1)"; then
         say "nvidia-smi is installed but reports no working NVIDIA GPU - using the CPU build" \
             "of torch. If this machine has an NVIDIA GPU, fix the driver (nvidia-smi must list" \
             "the GPU) and run $LAUNCHER again."
@@ -130,7 +139,7 @@ detect_torch_variant() {
             "CPU build of torch. Set TRAINDECK_TORCH_VARIANT=cu128 (or cu126/cu130) to choose one."
         return 0
     fi
-    gpu_name="$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1)"
+    gpu_name="$(smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1)"
     say "Found NVIDIA GPU: ${gpu_name:-unknown} - driver supports CUDA $cuda_version"
     major="${cuda_version%%.*}"
     minor="${cuda_version#*.}"
@@ -291,8 +300,9 @@ case "$MODE" in
         if [ "$OS" != Darwin ] && [ -z "${DISPLAY:-}${WAYLAND_DISPLAY:-}" ]; then
             export QT_QPA_PLATFORM="${QT_QPA_PLATFORM:-offscreen}"
         fi
-        say "Running the tests: python -m pytest -q $*"
-        exec "$VENV_PY" -m pytest -q "$@"
+        # ${1+"$@"}: no "unbound variable" from bash 3.2 (macOS) when $# is 0.
+        say "Running the tests: python -m pytest -q ${*-}"
+        exec "$VENV_PY" -m pytest -q ${1+"$@"}
         ;;
     *)
         say "Training without the GUI: python -m core.train $*"
