@@ -172,12 +172,13 @@ def test_bat_has_crlf_line_endings_and_is_ascii():
     assert data.count(b"\r") == data.count(b"\r\n"), "bare CR in train_gpu.bat"
 
 
-def test_bat_is_checked_out_with_crlf():
-    attrs = _git("check-attr", "text", "eol", "--", "train_gpu.bat")
+def test_bat_is_stored_with_crlf_and_never_converted():
+    attrs = _git("check-attr", "text", "--", "train_gpu.bat")
     if attrs is None:
         pytest.skip("not a git checkout")
-    assert "train_gpu.bat: eol: crlf" in attrs
-    assert "train_gpu.bat: text: set" in attrs
+    assert "train_gpu.bat: text: unset" in attrs  # -text: git keeps the CRLF bytes as they are
+    eol = _git("ls-files", "--eol", "--", "train_gpu.bat")
+    assert eol is not None and eol.startswith("i/crlf")  # CRLF in the repository itself
 
 
 def test_bat_works_in_its_own_folder():
