@@ -53,9 +53,9 @@ from core.runs import (
 from .estimate_panel import EstimatePanel, judge
 from .form import ConfigForm
 from .hardware_panel import HardwareInfo, HardwarePanel, detect
-from .plots import PlotPanel
+from .plots import PlotPanel, fixed_label
 from .resume_dialog import ResumeDialog
-from .worker import TrainThread
+from .worker import TrainThread, warm_up
 
 STATUS_COLORS = {
     "ready": "#444",
@@ -92,6 +92,7 @@ class MainWindow(QMainWindow):
         hardware_info: HardwareInfo | None = None,
     ):
         super().__init__()
+        warm_up()
         self.settings = settings if settings is not None else QSettings("TrainDeck", "TrainDeck")
         self.runs_root = Path(runs_root) if runs_root else DEFAULT_RUNS_ROOT
         self.info = hardware_info or detect()
@@ -224,7 +225,9 @@ class MainWindow(QMainWindow):
         self.progress.setFormat("step %v / %m (%p%)")
         self.progress.setRange(0, 1)
         self.progress.setValue(0)
-        self.timing_label = QLabel()
+        self.timing_label = fixed_label(
+            "loss 10.0000   val 10.0000   99,999,999 tok/s   elapsed 999:59:59   ETA 999:59:59"
+        )
         progress_row = QHBoxLayout()
         progress_row.addWidget(self.progress, 1)
         progress_row.addWidget(self.timing_label)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QTimer
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import (
     QCheckBox,
     QGridLayout,
@@ -83,6 +83,18 @@ def moving_average(y: np.ndarray, window: int) -> np.ndarray:
     return (c[idx] - c[lo]) / (idx - lo)
 
 
+def fixed_label(widest: str) -> QLabel:
+    """A label for text that changes several times a second.
+
+    A fixed size keeps each new text from invalidating the window's layout, which on a
+    busy CPU costs a relayout and repaint of every widget.
+    """
+    label = QLabel()
+    label.setFixedSize(label.fontMetrics().horizontalAdvance(widest) + 8, label.sizeHint().height())
+    label.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+    return label
+
+
 @dataclass
 class CurveSpec:
     key: str  # record field
@@ -147,7 +159,7 @@ class PlotPanel(QWidget):
         options.addWidget(self.smooth_window)
         options.addWidget(self.log_scale)
         options.addStretch(1)
-        self.points_label = QLabel()
+        self.points_label = fixed_label("9,999,999 steps, 99,999,999 points")
         options.addWidget(self.points_label)
 
         self.plots = {name: self._make_plot(title, unit) for name, (title, unit) in PLOTS.items()}

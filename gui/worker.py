@@ -6,6 +6,7 @@ widget is ever touched from here. Stop and save-now go through core's TrainContr
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 
@@ -16,6 +17,25 @@ from core.config import TrainConfig
 from core.errors import UserError
 from core.events import TrainControl, TrainEvents
 from core.trainer import Trainer, TrainingError
+
+
+def warm_up() -> None:
+    """Run, once and in the GUI thread at start-up, what a first training step does lazily.
+
+    The first optimizer imports torch._dynamo (and sympy); the first torch.save builds
+    pickling tables. In the training thread both hold the GIL for 100+ ms at a time and
+    freeze the window; here, before the window shows, nobody notices.
+    """
+    import numpy.random  # noqa: F401
+
+    from core.checkpoint import rng_state
+
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.zeros(1, 2)).sum().backward()
+    optimizer.step()
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng_state()}
+    torch.save(state, io.BytesIO())
 
 
 class _SignalEvents(TrainEvents):
