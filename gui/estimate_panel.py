@@ -97,7 +97,8 @@ class EstimatePanel(QGroupBox):
         self.fit = judge(cfg, self.info)
         share = self.fit.need / self.fit.usable if self.fit.usable else 0.0
         self.bar.setValue(min(BAR_SCALE, int(share * BAR_SCALE)))
-        self.bar.setFormat(f"{share:.0%} of usable {'VRAM' if self.fit.on_gpu else 'RAM'}")
+        shown = f"{share:.0%}" if share >= 0.01 else "<1%"
+        self.bar.setFormat(f"{shown} of usable {'VRAM' if self.fit.on_gpu else 'RAM'}")
         color = "#43a047" if share < 0.75 else "#fb8c00" if share <= 1.0 else "#e53935"
         self.bar.setStyleSheet(f"QProgressBar::chunk {{ background: {color}; }}")
         self.label.setText(self.fit.describe())

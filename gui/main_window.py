@@ -222,15 +222,16 @@ class MainWindow(QMainWindow):
         )
         self.notice.setVisible(False)
         self.progress = QProgressBar()
-        self.progress.setFormat("step %v / %m (%p%)")
+        self.progress.setFormat("no run yet")
         self.progress.setRange(0, 1)
         self.progress.setValue(0)
         self.timing_label = fixed_label(
-            "loss 10.0000   val 10.0000   99,999,999 tok/s   elapsed 999:59:59   ETA 999:59:59"
+            "loss 10.0000    val 10.0000    99,999,999 tok/s    elapsed 999:59:59    ETA 999:59:59"
         )
-        progress_row = QHBoxLayout()
-        progress_row.addWidget(self.progress, 1)
-        progress_row.addWidget(self.timing_label)
+        self.timing_label.setAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter)
+        timing_row = QHBoxLayout()
+        timing_row.addWidget(self.timing_label)
+        timing_row.addStretch(1)
 
         self.plots = PlotPanel()
         fixed = QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont)
@@ -255,10 +256,11 @@ class MainWindow(QMainWindow):
 
         view = QWidget()
         layout = QVBoxLayout(view)
-        layout.setContentsMargins(4, 0, 0, 0)
+        layout.setContentsMargins(4, 0, 6, 0)
         layout.addWidget(self.status_label)
         layout.addWidget(self.notice)
-        layout.addLayout(progress_row)
+        layout.addWidget(self.progress)
+        layout.addLayout(timing_row)
         layout.addWidget(lower, 1)
         self._set_state("ready", "Ready. Choose a preset and press Start.")
         return view
@@ -520,6 +522,7 @@ class MainWindow(QMainWindow):
         self._max_steps = info["max_steps"]
         self._start_step = info["start_step"]
         self.progress.setRange(0, max(1, self._max_steps))
+        self.progress.setFormat("step %v / %m (%p%)")
         self.progress.setValue(self._start_step)
         if info.get("resumed"):
             self._refill_plots(Path(info["run_dir"]), info["start_step"])
@@ -637,7 +640,7 @@ class MainWindow(QMainWindow):
             f"elapsed {fmt_duration(elapsed)}",
             f"ETA {fmt_duration(eta)}",
         ]
-        self.timing_label.setText("   ".join(p for p in parts if p))
+        self.timing_label.setText("    ".join(p for p in parts if p))
 
     def _set_state(self, state: str, text: str) -> None:
         self.state = state

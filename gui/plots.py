@@ -294,7 +294,7 @@ class PlotPanel(QWidget):
                 angle=0,
                 pen=pg.mkPen("#555", width=1, style=pg.QtCore.Qt.PenStyle.DashLine),
                 label="card total {value:.0f} MiB",
-                labelOpts={"position": 0.1, "color": "#555"},
+                labelOpts={"position": 0.25, "color": "#555", "anchors": [(0.5, 0.0), (0.5, 0.0)]},
             )
             self.plots["memory"].addItem(self._total_line)
         self._total_line.setValue(total_mb)
