@@ -21,7 +21,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-REDRAW_MS = 100  # 10 Hz: smooth to the eye, cheap for the GUI thread
+REDRAW_MS = 50  # one plot per tick (see _tick): each plot refreshes at 4-10 Hz
 
 pg.setConfigOptions(background="w", foreground="k", antialias=True)
 
@@ -140,6 +140,7 @@ class PlotPanel(QWidget):
         self.curves: dict[str, pg.PlotDataItem] = {}
         self._drawn: dict[str, tuple[int, bool, int]] = {}
         self._total_line: pg.InfiniteLine | None = None
+        self._next_plot = 0
 
         self.smooth = QCheckBox("Smooth loss")
         self.smooth.setToolTip("Draw a trailing moving average over the raw train loss")
@@ -175,7 +176,7 @@ class PlotPanel(QWidget):
 
         self.timer = QTimer(self)
         self.timer.setInterval(REDRAW_MS)
-        self.timer.timeout.connect(self.redraw)
+        self.timer.timeout.connect(self._tick)
         self.timer.start()
 
     # -- building ------------------------------------------------------------------------
@@ -303,39 +304,66 @@ class PlotPanel(QWidget):
 
     def _options_changed(self, *_):
         self.plots["loss"].getPlotItem().setLogMode(y=self.log_scale.isChecked())
-        self._drawn.pop(SMOOTH_KEY, None)
-        self._drawn.pop("loss", None)
-        self.redraw()
+        self.redraw("loss")
 
-    def redraw(self) -> None:
-        """Push changed buffers to their curves; called by the timer, never per step."""
+    def _stale_keys(self, plot: str | None) -> list[str]:
+        """Series whose curve no longer shows their buffer (in one plot, or in all)."""
         smooth = self.smooth.isChecked()
+        stale = []
         for key, series in self.series.items():
-            state = (series.version, smooth, 0)
-            if self._drawn.get(key) == state or (series.size == 0 and key not in self.curves):
+            if plot is not None and self.specs[key].plot != plot:
                 continue
-            self._drawn[key] = state
+            if series.size == 0 and key not in self.curves:
+                continue
+            if self._drawn.get(key) != (series.version, smooth, 0):
+                stale.append(key)
+        if plot in (None, "loss") and self._drawn.get(SMOOTH_KEY) != self._smooth_state():
+            stale.append(SMOOTH_KEY)
+        return stale
+
+    def _smooth_state(self) -> tuple:
+        return (self.series["loss"].version, self.smooth.isChecked(), self.smooth_window.value())
+
+    def _tick(self) -> None:
+        """Timer: redraw at most one plot per tick, so no single frame paints them all.
+
+        Each plot still refreshes several times a second; what this bounds is the time
+        the GUI thread spends in one go while the training thread competes for the GIL.
+        """
+        names = list(PLOTS)
+        for i in range(len(names)):
+            name = names[(self._next_plot + i) % len(names)]
+            if self._stale_keys(name):
+                self._next_plot = (self._next_plot + i + 1) % len(names)
+                self.redraw(name)
+                return
+
+    def redraw(self, plot: str | None = None) -> None:
+        """Push changed buffers to their curves (one plot's, or all); never called per step."""
+        smooth = self.smooth.isChecked()
+        for key in self._stale_keys(plot):
+            if key == SMOOTH_KEY:
+                self._redraw_smoothed(smooth)
+                continue
+            series = self.series[key]
+            self._drawn[key] = (series.version, smooth, 0)
             curve = self._curve(key)
             curve.setData(series.x, series.y)
             if key == "loss":
                 curve.setOpacity(0.35 if smooth else 1.0)
-        self._redraw_smoothed(smooth)
         if self._has_gpu_data() and not self._gpu_placed:
             self._place_plots()
         total = sum(s.size for s in self.series.values())
         self.points_label.setText(f"{self.series['loss'].size:,} steps, {total:,} points")
 
     def _redraw_smoothed(self, smooth: bool) -> None:
-        series = self.series["loss"]
-        window = self.smooth_window.value()
-        state = (series.version, smooth, window)
-        if self._drawn.get(SMOOTH_KEY) == state:
-            return
-        self._drawn[SMOOTH_KEY] = state
+        self._drawn[SMOOTH_KEY] = self._smooth_state()
         if not smooth:
             if SMOOTH_KEY in self.curves:
                 self.curves[SMOOTH_KEY].setData([], [])
             return
+        series = self.series["loss"]
+        window = self.smooth_window.value()
         self._curve(SMOOTH_KEY).setData(series.x, moving_average(series.y, window))
 
     def curve_points(self, key: str) -> int:
