@@ -203,7 +203,7 @@ class MainWindow(QMainWindow):
         self.resume_button.clicked.connect(lambda: self.open_resume_dialog())
         self.resume_latest_button = QPushButton("Resume latest")
         self.resume_latest_button.setToolTip(f"Continue the newest run under {self.runs_root}/")
-        self.resume_latest_button.clicked.connect(lambda: self.resume_from("latest"))
+        self.resume_latest_button.clicked.connect(self.resume_latest)
         grid = QGridLayout(box)
         grid.addWidget(self.start_button, 0, 0)
         grid.addWidget(self.stop_button, 0, 1)
@@ -681,6 +681,16 @@ class MainWindow(QMainWindow):
         dialog.open()
         return dialog
 
+    def resume_latest(self) -> bool:
+        """Continue the newest run; a finished one first asks how far to train it."""
+        runs = list_runs(self.runs_root)
+        if runs and runs[0].read_status().get("state") == "finished":
+            self.open_resume_dialog(
+                str(runs[0].path), "The latest run has finished. Train it further?"
+            )
+            return False
+        return self.resume_from("latest")
+
     def offer_interrupted_resume(self) -> bool:
         """At start-up: if the newest run has no clean finish, offer to continue it."""
         run = interrupted_run(self.runs_root)
@@ -746,11 +756,9 @@ class MainWindow(QMainWindow):
         self.plots.smooth.setChecked(_as_bool(s.value("plots/smooth", False)))
         self.plots.smooth_window.setValue(int(s.value("plots/smooth_window", 25)))
         self.plots.log_scale.setChecked(_as_bool(s.value("plots/log", False)))
-        name = s.value("preset") or self.recommended
-        if not name or not self.select_preset(name):
-            if self.presets:
-                self.select_preset(self.presets[0].name)
-            return
+        # The last-used preset, else the recommended one (a saved user preset may be gone).
+        names = [s.value("preset"), self.recommended] + [p.name for p in self.presets[:1]]
+        next((n for n in names if n and self.select_preset(n)), None)
         saved = self._saved_config()
         if saved is not None:
             self.form.set_config(saved)

@@ -6,7 +6,6 @@ import json
 import time
 
 import numpy as np
-import pytest
 import torch
 from PySide6.QtCore import Qt, QTimer
 
@@ -200,26 +199,38 @@ def test_event_loop_never_stalls_during_a_run(make_window, qtbot, record_propert
     assert worst_ms < 200, f"event loop stalled for {worst_ms:.0f} ms"
 
 
-@pytest.mark.parametrize("spec", ["latest"])
-def test_autostart_from_the_command_line_and_resume_latest(make_window, qtbot, gui_env, spec):
+def test_autostart_resume_latest_and_resume_from_the_command_line(make_window, qtbot, gui_env):
     from gui.__main__ import build_parser, launch
+
+    def parse(*args):
+        return build_parser().parse_args([*args, "--runs-root", str(gui_env / "runs")])
 
     window = make_window()
     window.show()
-    args = build_parser().parse_args(
-        ["--preset", "cpu-tiny", "--max-steps", "8", "--autostart", "--runs-root",
-         str(gui_env / "runs")]
-    )  # fmt: skip
     with qtbot.waitSignal(window.run_ended, timeout=RUN_TIMEOUT_MS) as blocker:
-        launch(window, args)
+        launch(window, parse("--preset", "cpu-tiny", "--max-steps", "8", "--autostart"))
     first = blocker.args[0]
     assert first["status"] == "finished" and first["step"] == 8
     assert str(gui_env / "runs") in first["run_dir"]
-    # Resume latest with a higher limit through the same path as `--resume latest`.
+
+    # Resume latest on a finished run asks how far to go (as many steps again by default).
+    qtbot.mouseClick(window.resume_latest_button, Qt.MouseButton.LeftButton)
+    dialog = window.resume_dialog
+    assert dialog.isVisible() and "has finished" in dialog.note.text()
+    assert dialog.max_steps.value() == 16
     with qtbot.waitSignal(window.run_ended, timeout=RUN_TIMEOUT_MS) as blocker:
-        assert window.resume_from(spec, {"max_steps": 12, "max_epochs": None})
-    second = blocker.args[0]
-    assert second["status"] == "finished" and second["step"] == 12
-    assert second["run_dir"] == first["run_dir"]
-    status = json.loads((RunFolder(first["run_dir"]).status_file).read_text())
-    assert status["state"] == "finished" and status["step"] == 12
+        qtbot.mouseClick(dialog.resume_button, Qt.MouseButton.LeftButton)
+    assert blocker.args[0]["step"] == 16 and blocker.args[0]["run_dir"] == first["run_dir"]
+
+    # `--resume latest --max-steps 20` opens the same dialog, prefilled.
+    launch(window, parse("--resume", "latest", "--max-steps", "20"))
+    qtbot.waitUntil(lambda: window.resume_dialog is not dialog, timeout=5_000)
+    assert window.resume_dialog.max_steps.value() == 20
+    with qtbot.waitSignal(window.run_ended, timeout=RUN_TIMEOUT_MS) as blocker:
+        qtbot.mouseClick(window.resume_dialog.resume_button, Qt.MouseButton.LeftButton)
+    assert blocker.args[0]["status"] == "finished" and blocker.args[0]["step"] == 20
+    status = json.loads(RunFolder(first["run_dir"]).status_file.read_text())
+    assert status["state"] == "finished" and status["step"] == 20
+    train, _ = read_metrics(RunFolder(first["run_dir"]).metrics_file)
+    assert [r["step"] for r in train] == list(range(1, 21))
+    assert window.plots.curve_points("loss") == 20
