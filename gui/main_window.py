@@ -267,7 +267,7 @@ class MainWindow(QMainWindow):
 
     # -- presets -------------------------------------------------------------------------
 
-    def _load_presets(self, select: str | None = None) -> None:
+    def _load_presets(self) -> None:
         try:
             self.presets = preset_lib.list_presets()
             self.recommended = self._recommend().name
@@ -286,8 +286,6 @@ class MainWindow(QMainWindow):
                 self.preset_combo.count() - 1, p.description, Qt.ItemDataRole.ToolTipRole
             )
         self.preset_combo.blockSignals(False)
-        if select:
-            self.select_preset(select, apply=False)
 
     def _recommend(self) -> preset_lib.Preset:
         if self.info.gpus:
@@ -459,7 +457,6 @@ class MainWindow(QMainWindow):
 
     def _launch(self, cfg: TrainConfig, run_dir: Path, resume_from: Path | None) -> None:
         self.save_settings()
-        self.plots.clear()  # a resume refills them from metrics.jsonl once training starts
         self.notice.setVisible(False)
         self._reset_progress()
         self.last_result = None
@@ -524,8 +521,11 @@ class MainWindow(QMainWindow):
         self.progress.setRange(0, max(1, self._max_steps))
         self.progress.setFormat("step %v / %m (%p%)")
         self.progress.setValue(self._start_step)
+        # Cleared only now: a run refused at setup leaves the last run's curves on screen.
         if info.get("resumed"):
             self._refill_plots(Path(info["run_dir"]), info["start_step"])
+        else:
+            self.plots.clear()
         gpu = self.info.gpu_for(info["device"]) if info["device"] != "cpu" else None
         if gpu is not None:
             self.plots.set_device_total(gpu["total_bytes"] / 1024**2)

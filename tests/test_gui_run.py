@@ -132,6 +132,10 @@ def test_core_errors_show_a_dialog_and_leave_the_window_usable(
     assert window.start_button.isEnabled() and window.form.isEnabled()
     window.form.set_values(data=None)
     assert run_to_end(qtbot, window, window.start)["status"] == "finished"
+    # A refused start does not wipe the last run's curves.
+    window.form.set_values(data=str(missing))
+    assert run_to_end(qtbot, window, window.start)["status"] == "failed"
+    assert window.plots.curve_points("loss") == 10
 
     # Resume of something that is not a run: the dialog comes before any thread starts.
     assert window.resume_from(str(gui_env / "nothing here")) is False
