@@ -23,7 +23,9 @@ from PySide6.QtWidgets import (
 
 REDRAW_MS = 50  # one plot per tick (see _tick): each plot refreshes at 4-10 Hz
 
-pg.setConfigOptions(background="w", foreground="k", antialias=True)
+# Antialiasing a dense, noisy curve costs 5x the paint time (measured 88 vs 17 ms for 150k
+# loss points, 94 vs 17 with the smoothed curve); only sparse or monotone curves get it.
+pg.setConfigOptions(background="w", foreground="k", antialias=False)
 
 
 class Series:
@@ -104,18 +106,19 @@ class CurveSpec:
     width: float = 1.5
     symbol: str | None = None
     right_axis: bool = False  # drawn against the plot's second (right) y axis
+    antialias: bool = False
 
 
 CURVES = [
     CurveSpec("loss", "loss", "train loss", "#1f77b4", 1.0),
-    CurveSpec("val_loss", "loss", "validation loss", "#d62728", 2.0, symbol="o"),
+    CurveSpec("val_loss", "loss", "validation loss", "#d62728", 2.0, symbol="o", antialias=True),
     CurveSpec("mem_allocated_mb", "memory", "allocated", "#1f77b4"),
     CurveSpec("mem_reserved_mb", "memory", "reserved", "#ff7f0e"),
     CurveSpec("mem_peak_mb", "memory", "peak", "#d62728"),
     CurveSpec("nvml_used_mb", "memory", "device used (NVML)", "#2ca02c"),
     CurveSpec("rss_mb", "memory", "process RSS", "#9467bd"),
     CurveSpec("tokens_per_s", "throughput", "tokens/s", "#2ca02c"),
-    CurveSpec("lr", "lr", "learning rate", "#8c564b"),
+    CurveSpec("lr", "lr", "learning rate", "#8c564b", antialias=True),
     CurveSpec("gpu_util", "gpu", "utilization %", "#1f77b4"),
     CurveSpec("gpu_temp_c", "gpu", "temperature °C", "#d62728"),
     CurveSpec("gpu_power_w", "gpu", "power W (right axis)", "#ff7f0e", right_axis=True),
@@ -239,7 +242,7 @@ class PlotPanel(QWidget):
         else:
             spec = self.specs[key]
         pen = pg.mkPen(spec.color, width=spec.width)
-        kwargs = {"pen": pen, "name": spec.label}
+        kwargs = {"pen": pen, "name": spec.label, "antialias": spec.antialias}
         if spec.symbol:
             kwargs.update(symbol=spec.symbol, symbolSize=5, symbolBrush=spec.color)
         if spec.right_axis:
