@@ -55,7 +55,7 @@ from .form import ConfigForm
 from .hardware_panel import HardwareInfo, HardwarePanel, detect
 from .plots import PlotPanel, fixed_label
 from .resume_dialog import ResumeDialog
-from .worker import TrainThread, warm_up
+from .worker import TrainThread, settle_heap, warm_up
 
 STATUS_COLORS = {
     "ready": "#444",
@@ -116,6 +116,7 @@ class MainWindow(QMainWindow):
         self.progress_timer.setInterval(PROGRESS_MS)
         self.progress_timer.timeout.connect(self._refresh_progress)
         self.progress_timer.start()
+        settle_heap()
 
     # -- layout --------------------------------------------------------------------------
 
@@ -478,6 +479,7 @@ class MainWindow(QMainWindow):
         self._set_state("starting", f"{verb} — loading data and building the model…")
         source = f" from {resume_from}" if resume_from else ""
         self.log(f"{verb.lower()} run in {self.run_dir}{source}")
+        settle_heap()
         worker.start()
         self._update_controls()
 
@@ -784,7 +786,14 @@ class MainWindow(QMainWindow):
             event.ignore()
             return
         self.save_settings()
+        self.plots.timer.stop()  # a closed window has nothing to draw
+        self.progress_timer.stop()
         super().closeEvent(event)
+
+    def showEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        self.plots.timer.start()
+        self.progress_timer.start()
+        super().showEvent(event)
 
     def request_quit(self) -> None:
         """Ctrl+C in the terminal: stop gracefully (checkpoint first), then close."""
