@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from pathlib import Path
@@ -84,12 +85,26 @@ def launch(window, args) -> None:
         QTimer.singleShot(0, window.offer_interrupted_resume)
 
 
+def no_display() -> bool:
+    """On Linux without X11/Wayland Qt would abort; say so plainly instead."""
+    if not sys.platform.startswith("linux") or os.environ.get("QT_QPA_PLATFORM"):
+        return False
+    return not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         check_args(args)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if no_display():
+        print(
+            "error: no display found (DISPLAY/WAYLAND_DISPLAY unset); train headless instead, "
+            "e.g. python -m core.train --preset cpu-tiny --max-steps 200",
+            file=sys.stderr,
+        )
         return EXIT_BAD_INPUT
 
     from PySide6.QtCore import QSettings, QTimer

@@ -295,3 +295,14 @@ def test_command_line_prefills_the_window(make_window, gui_env):
     assert window.out_edit.text() == str(gui_env / "r1")
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--max-steps", "0"])
+
+
+def test_no_display_on_linux_is_a_clear_error_not_a_qt_abort(capsys, monkeypatch):
+    from gui.__main__ import main
+
+    monkeypatch.setattr("sys.platform", "linux")
+    for var in ("QT_QPA_PLATFORM", "DISPLAY", "WAYLAND_DISPLAY"):
+        monkeypatch.delenv(var, raising=False)
+    assert main([]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: no display found") and "python -m core.train" in err
