@@ -44,10 +44,15 @@ class FanOut(TrainEvents):
         self.targets = targets
 
     def __getattribute__(self, name):
-        if name.startswith("on_"):
-            targets = object.__getattribute__(self, "targets")
-            return lambda *args: [getattr(t, name)(*args) for t in targets] and None
-        return object.__getattribute__(self, name)
+        if not name.startswith("on_"):
+            return object.__getattribute__(self, name)
+        targets = object.__getattribute__(self, "targets")
+
+        def call(*args):
+            for target in targets:
+                getattr(target, name)(*args)
+
+        return call
 
 
 class TensorBoardEvents(TrainEvents):
