@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -185,5 +186,24 @@ def checkpoint_summary(path: Path) -> dict:
     return meta
 
 
-def new_run_name(preset: str | None) -> str:
-    return f"{preset or 'custom'}-{time.strftime('%Y%m%d-%H%M%S')}"
+def new_run_dir(root: Path, preset: str | None) -> Path:
+    """runs/<preset>-<date>-<time>, with -2, -3... when two runs start in the same second."""
+    name = f"{preset or 'custom'}-{time.strftime('%Y%m%d-%H%M%S')}"
+    path, n = Path(root) / name, 2
+    while path.exists():
+        path, n = Path(root) / f"{name}-{n}", n + 1
+    return path
+
+
+def resume_config(
+    spec: str, root: Path, preset: str | None = None, changes: dict | None = None
+) -> tuple[TrainConfig, Path, RunFolder]:
+    """(config, checkpoint, run folder) to continue a run: the checkpoint's own config, then a
+    preset if one is named, then the user's changes. The trainer judges the differences."""
+    from .presets import load_preset, to_config
+
+    ckpt_file, run = resolve_resume(spec, root)
+    base = validate(from_dict(checkpoint_summary(ckpt_file)["config"], source=str(ckpt_file)))
+    if preset:
+        base = to_config(load_preset(preset), base)
+    return validate(dataclasses.replace(base, **(changes or {}))), ckpt_file, run

@@ -14,7 +14,7 @@ from . import presets as preset_lib
 from .config import LIMITS, TrainConfig, describe_limit, validate
 from .errors import UserError
 from .events import FanOut, TensorBoardEvents, TrainControl, TrainEvents
-from .runs import DEFAULT_RUNS_ROOT, checkpoint_summary, new_run_name, resolve_resume
+from .runs import DEFAULT_RUNS_ROOT, new_run_dir, resume_config
 from .trainer import Trainer, TrainingError
 
 EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -108,21 +108,16 @@ def default_preset_name() -> str:
 
 def build_config(args) -> tuple[TrainConfig, Path, Path | None]:
     """(config, run folder, checkpoint to resume from or None)."""
-    resume_file = None
+    root = Path(args.runs_root)
     if args.resume:
-        resume_file, run = resolve_resume(args.resume, Path(args.runs_root))
+        cfg, resume_file, run = resume_config(args.resume, root, args.preset, _overrides(args))
         if args.out and Path(args.out).resolve() != run.path.resolve():
             raise UsageError(f"--out: a resumed run stays in its own folder {run.path}")
-        base = validate(TrainConfig(**checkpoint_summary(resume_file)["config"]))
-        if args.preset:
-            base = preset_lib.to_config(preset_lib.load_preset(args.preset), base)
-        run_dir = run.path
-    else:
-        name = args.preset or default_preset_name()
-        base = preset_lib.to_config(preset_lib.load_preset(name))
-        run_dir = Path(args.out) if args.out else Path(args.runs_root) / new_run_name(base.preset)
+        return cfg, run.path, resume_file
+    base = preset_lib.to_config(preset_lib.load_preset(args.preset or default_preset_name()))
     cfg = validate(dataclasses.replace(base, **_overrides(args)))
-    return cfg, run_dir, resume_file
+    run_dir = Path(args.out) if args.out else new_run_dir(root, cfg.preset)
+    return cfg, run_dir, None
 
 
 class CliEvents(TrainEvents):

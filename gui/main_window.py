@@ -42,12 +42,11 @@ from core.estimate import fit_micro_batch, recommend_preset
 from core.runs import (
     DEFAULT_RUNS_ROOT,
     RunFolder,
-    checkpoint_summary,
     interrupted_run,
     list_runs,
-    new_run_name,
+    new_run_dir,
     read_metrics,
-    resolve_resume,
+    resume_config,
 )
 
 from .estimate_panel import EstimatePanel, judge
@@ -429,24 +428,14 @@ class MainWindow(QMainWindow):
         text = self.out_edit.text().strip()
         if text:
             return Path(text)
-        path = self.runs_root / new_run_name(cfg.preset)
-        n = 2
-        while path.exists():  # two starts in the same second
-            path = self.runs_root / f"{new_run_name(cfg.preset)}-{n}"
-            n += 1
-        return path
+        return new_run_dir(self.runs_root, cfg.preset)
 
     def resume_from(self, spec: str, changes: dict | None = None, preset: str | None = None):
         """Continue a run: its checkpoint's config, with `changes` (and a preset) on top."""
         if self.running:
             return False
         try:
-            ckpt, run = resolve_resume(spec, self.runs_root)
-            saved = checkpoint_summary(ckpt)["config"]
-            base = validate(from_dict(saved, source=str(ckpt)))
-            if preset:
-                base = preset_lib.to_config(preset_lib.load_preset(preset), base)
-            cfg = validate(dataclasses.replace(base, **(changes or {})))
+            cfg, ckpt, run = resume_config(spec, self.runs_root, preset, changes)
         except UserError as e:
             self.show_error("Cannot resume", str(e))
             return False

@@ -118,3 +118,13 @@ def test_epochs_set_the_number_of_steps(tmp_path):
     expected = -(-int(0.01 * trainer.data.train_tokens) // cfg.tokens_per_step)
     assert result["step"] == trainer.max_steps
     assert abs(trainer.max_steps - expected) <= 1
+
+
+def test_runs_started_in_the_same_second_get_their_own_folders(tmp_path, monkeypatch):
+    from core import runs
+
+    monkeypatch.setattr(runs.time, "strftime", lambda fmt: "20260101-120000")
+    first = runs.new_run_dir(tmp_path, "gpu")
+    first.mkdir()
+    second = runs.new_run_dir(tmp_path, "gpu")
+    assert (first.name, second.name) == ("gpu-20260101-120000", "gpu-20260101-120000-2")
