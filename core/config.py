@@ -89,7 +89,12 @@ LIMITS: dict[str, tuple[type, float | None, float | None, str]] = {
     "corpus_max_bytes": (int, 10_000, None, "cap on bytes read from the data"),
     "log_every": (int, 1, None, "steps between metric reads (each read syncs the GPU)"),
     "eval_every": (int, 1, None, "steps between validation runs"),
-    "eval_batches": (int, 1, 10_000, "validation batches per evaluation"),
+    "eval_batches": (
+        int,
+        1,
+        10_000,
+        "validation batches (optimizer-step sized) per eval",
+    ),
     "ckpt_every": (int, 1, None, "steps between checkpoints"),
     "keep_checkpoints": (int, 0, 1000, "step-NNNNNN.pt files kept"),
     "sample_tokens": (int, 0, 100_000, "bytes of text generated at each evaluation"),

@@ -101,13 +101,12 @@ class ByteData:
     def train_batch(self, starts: torch.Tensor):
         return self._windows(self.train, starts)
 
-    def val_batches(self, n_batches: int, batch_size: int):
-        """Fixed, evenly spaced validation windows: the same every evaluation."""
+    def val_batches(self, n_windows: int, batch_size: int):
+        """Fixed, evenly spaced validation windows, the same every evaluation, in chunks."""
         high = len(self.val) - self.seq_len - 1
-        total = n_batches * batch_size
-        starts = torch.linspace(0, high, total).long()
-        for i in range(n_batches):
-            yield self._windows(self.val, starts[i * batch_size : (i + 1) * batch_size])
+        starts = torch.linspace(0, high, n_windows).long()
+        for chunk in starts.split(batch_size):
+            yield self._windows(self.val, chunk)
 
     def state_dict(self) -> dict:
         return {"generator": self.generator.get_state()}

@@ -12,6 +12,7 @@ from tqdm import tqdm
 
 from . import presets as preset_lib
 from .config import LIMITS, TrainConfig, describe_limit, validate
+from .distributed import World
 from .errors import UserError
 from .events import FanOut, TensorBoardEvents, TrainControl, TrainEvents
 from .runs import DEFAULT_RUNS_ROOT, new_run_dir, resume_config
@@ -203,11 +204,14 @@ def run_cli(argv: list[str] | None = None) -> int:
         return EXIT_OK
     control = TrainControl()
     _install_sigint(control)
-    events = CliEvents()
-    if args.tensorboard:
+    main_process = World.from_env().main  # under torchrun only rank 0 reports
+    events = CliEvents() if main_process else TrainEvents()
+    if args.tensorboard and main_process:
         events = FanOut(events, TensorBoardEvents())
     trainer = Trainer(cfg, run_dir, resume_from=resume_file)
     result = trainer.run(events, control)
+    if not main_process:
+        return EXIT_OK
     print(f"{result['status'].capitalize()} at step {result['step']}. Run folder: {run_dir}")
     if result["status"] == "stopped":
         print(f"Resume with: python -m core.train --resume {run_dir}")

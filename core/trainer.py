@@ -13,10 +13,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from . import checkpoint as ckpt
 from .config import TrainConfig, compare_for_resume, from_dict, validate
 from .data import ByteData, load_bytes
+from .distributed import SilentFolder, World
 from .errors import CheckpointError, ConfigError, UserError
 from .events import TrainControl, TrainEvents
 from .hardware import memory_stats
@@ -107,7 +109,9 @@ class Trainer:
         fault=None,
     ):
         self.cfg = validate(cfg)
-        self.folder = RunFolder(Path(run_dir))
+        self.world = World.from_env()
+        folder_kind = RunFolder if self.world.main else SilentFolder
+        self.folder = folder_kind(Path(run_dir))
         self.resume_from = Path(resume_from) if resume_from else None
         self.fault = fault  # tests: fault(step, micro_index) may raise, e.g. an OOM
         self.events = TrainEvents()
@@ -141,7 +145,8 @@ class Trainer:
     def _setup(self) -> None:
         cfg = self.cfg
         resume_state = self._load_resume_state() if self.resume_from else None
-        self.device = resolve_device(cfg.device)
+        self.device = resolve_device(self.world.device_name(cfg.device))
+        self._owns_group = self.world.init(self.device)
         self.precision = resolve_precision(cfg.precision, self.device)
         raw, source = load_bytes(cfg.data, cfg.data_extensions, cfg.corpus_max_bytes)
         self.data = ByteData(raw, source, cfg.seq_len, cfg.val_fraction, cfg.seed)
@@ -171,6 +176,9 @@ class Trainer:
         self.optimizer = self._make_optimizer()
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.precision == "fp16")
         self.forward = torch.compile(self.model) if cfg.compile else self.model
+        if self.world.enabled:
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.forward = DistributedDataParallel(self.forward, device_ids=ids)
 
         if resume_state is not None:
             self._restore(resume_state)
@@ -234,6 +242,9 @@ class Trainer:
 
     def save_checkpoint(self, best: bool = False) -> Path:
         self._flush()
+        if not self.world.main:  # every rank holds the same weights; one writes them
+            self._saved_step = self.step
+            return self.folder.latest
         ckpt.save(self._state(), self.folder.latest)
         if best:
             ckpt.copy(self.folder.latest, self.folder.best)
@@ -259,19 +270,27 @@ class Trainer:
             return t.pin_memory().to(self.device, non_blocking=True)
         return t
 
+    def _grad_sync(self, last: bool):
+        """DDP averages gradients across processes once a step, after the last micro-batch."""
+        if self.world.enabled and not last:
+            return self.forward.no_sync()
+        return contextlib.nullcontext()
+
     def _train_step(self, starts: torch.Tensor, lr: float) -> torch.Tensor:
         """Forward/backward over the step's micro-batches, then one optimizer step."""
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), device=self.device)
-        for i, chunk in enumerate(starts.split(self.cfg.batch_size)):
+        chunks = starts.split(self.cfg.batch_size)
+        for i, chunk in enumerate(chunks):
             x, y = (self._to_device(t) for t in self.data.train_batch(chunk))
             if self.fault is not None:
                 self.fault(self.step + 1, i)
-            with self._autocast():
-                _, loss = self.forward(x, y)
-            loss = loss / self.cfg.grad_accum
-            self.scaler.scale(loss).backward()
+            with self._grad_sync(last=i == len(chunks) - 1):
+                with self._autocast():
+                    _, loss = self.forward(x, y)
+                loss = loss / self.cfg.grad_accum
+                self.scaler.scale(loss).backward()
             total += loss.detach()
         if self.cfg.grad_clip > 0:
             self.scaler.unscale_(self.optimizer)
@@ -285,12 +304,16 @@ class Trainer:
     def _step_with_oom_recovery(self, lr: float) -> torch.Tensor:
         data_state = self.data.state_dict()
         rng = ckpt.rng_state()
-        starts = self.data.sample_starts(self.cfg.batch_size * self.cfg.grad_accum)
+        # Every process draws the whole step's windows from the same generator and trains on
+        # its own slice, so the data stream does not depend on the number of processes.
+        per_rank = self.cfg.batch_size * self.cfg.grad_accum
+        starts = self.data.sample_starts(per_rank * self.world.size)
+        starts = starts[self.world.rank * per_rank : (self.world.rank + 1) * per_rank]
         while True:
             try:
                 return self._train_step(starts, lr)
             except Exception as e:
-                if not is_oom(e):
+                if not is_oom(e) or self.world.enabled:  # ranks cannot shrink in step
                     raise
             # Free what the failed step held, then redo it with the same data and RNG.
             self.optimizer.zero_grad(set_to_none=True)
@@ -323,10 +346,11 @@ class Trainer:
         """Read the pending step losses in one host-device sync and emit their records."""
         if not self._pending:
             return
-        losses = torch.stack([loss for _, loss, _ in self._pending]).tolist()
+        losses = self.world.mean(torch.stack([loss for _, loss, _ in self._pending])).tolist()
         now = time.perf_counter()
         n = len(self._pending)
-        tokens_per_s = n * self.cfg.tokens_per_step / max(now - self._window_start, 1e-9)
+        tokens = n * self.cfg.tokens_per_step * self.world.size
+        tokens_per_s = tokens / max(now - self._window_start, 1e-9)
         self._window_start = now
         memory = memory_stats(self.device)
         elapsed = self._elapsed()
@@ -361,7 +385,11 @@ class Trainer:
     def evaluate(self) -> float:
         self.model.eval()
         losses = []
-        for x, y in self.data.val_batches(self.cfg.eval_batches, self.cfg.batch_size):
+        # As many windows as eval_batches optimizer steps hold, so neither an out-of-memory
+        # split of the micro-batch nor the number of processes changes what is measured.
+        cfg = self.cfg
+        windows = cfg.eval_batches * cfg.batch_size * cfg.grad_accum * self.world.size
+        for x, y in self.data.val_batches(windows, cfg.batch_size):
             with self._autocast():
                 _, loss = self.forward(self._to_device(x), self._to_device(y))
             losses.append(loss.float())
@@ -389,7 +417,7 @@ class Trainer:
         self.folder.append_metric(record)
         self.events.on_eval(record)
         self._log(f"step {self.step}: val_loss {val:.4f}")
-        text = self.sample()
+        text = self.sample() if self.world.main else ""
         if text:
             self.folder.append_sample(self.step, text)
             self.events.on_sample(self.step, text)
@@ -431,6 +459,8 @@ class Trainer:
             self.folder.write_status(status, step, max_steps, **({"error": error} if error else {}))
             self._log(f"{status} at step {step}" + (f": {error}" if error else ""))
         self.folder.close()
+        if getattr(self, "_owns_group", False):
+            torch.distributed.destroy_process_group()
         self.events.on_train_end(result)
         return result
 
@@ -459,8 +489,13 @@ class Trainer:
         )
         self._saved_step = self.step if self.folder.latest.exists() else -1
         while self.step < self.max_steps:
-            if self.control.stop_requested:
+            stop, save = self.world.flags_from_main(
+                self.control.stop_requested, self.control.take_save_request()
+            )
+            if stop:
                 break
+            if save and self._saved_step != self.step:  # the state after the last step
+                self.save_checkpoint()
             lr = lr_at(self.step, self.cfg, self.max_steps)
             loss = self._step_with_oom_recovery(lr)
             self.step += 1
@@ -469,9 +504,7 @@ class Trainer:
                 self._flush()
             if self.step % self.cfg.eval_every == 0 or self.step == self.max_steps:
                 self._eval_and_sample()
-            asked = self.control.take_save_request()
-            due = asked or self.step % self.cfg.ckpt_every == 0
-            if due and self._saved_step != self.step:
+            if self.step % self.cfg.ckpt_every == 0 and self._saved_step != self.step:
                 self.save_checkpoint()
         self._flush()
         if self._saved_step != self.step:
