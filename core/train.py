@@ -59,6 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
         help_text = FLAG_HELP.get(name) or f"{LIMITS[name][3]} ({describe_limit(name)})"
         metavar = {"precision": "P", "device": "DEV", "data": "PATH"}.get(name, "N")
         p.add_argument(flag, type=kind, default=None, metavar=metavar, help=help_text)
+    p.add_argument(
+        "--data-extensions", metavar="EXTS",
+        help="file endings read from a --data folder, comma separated (default .txt,.md)",
+    )  # fmt: skip
     p.add_argument("--no-mixed-precision", action="store_true", help="same as --precision fp32")
     p.add_argument("--out", help="run folder (default runs/<preset>-<time>)")
     p.add_argument("--resume", help="RUN_DIR, CHECKPOINT file, or 'latest'")
@@ -88,6 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _overrides(args) -> dict:
     values = {name: getattr(args, name) for name in FIELD_FLAGS if getattr(args, name) is not None}
+    if args.data_extensions is not None:
+        values["data_extensions"] = args.data_extensions  # validate() splits the commas
     for name in ("compile", "grad_checkpointing", "deterministic"):
         if getattr(args, name):
             values[name] = True

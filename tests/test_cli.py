@@ -172,3 +172,17 @@ def test_a_refused_start_leaves_no_half_made_run_behind(capsys, tmp_path):
     capsys.readouterr()
     assert not (tmp_path / "runs" / "x").exists()
     assert main([*TINY, "--max-steps", "2", "--out", "runs/x"]) == 0
+
+
+def test_data_folder_with_chosen_extensions(capsys, tmp_path):
+    corpus = tmp_path / "corpus"
+    (corpus / "deep").mkdir(parents=True)
+    (corpus / "deep" / "a.py").write_text("def f(x):\n    return x * 2\n" * 400)
+    (corpus / "notes.txt").write_text("only text here\n" * 400)
+    args = [*TINY, "--max-steps", "2", "--data", str(corpus)]
+    assert main([*args, "--data-extensions", "py", "--out", "py-only"]) == 0
+    log = (tmp_path / "py-only" / "train.log").read_text()
+    assert "(1 files)" in log
+    capsys.readouterr()
+    assert main([*args, "--data-extensions", ".rst", "--out", "none"]) == 2
+    one_line_error(capsys, "holds no files ending in .rst")
