@@ -147,8 +147,13 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
     )
 
 
-def fits(cfg: TrainConfig, free_bytes: int, margin: float = SAFETY_MARGIN) -> bool:
-    return estimate(cfg).device_total <= free_bytes * (1 - margin)
+def usable_bytes(free_bytes: int) -> int:
+    """What a run may plan to use of free memory: all but the safety margin."""
+    return int(free_bytes * (1 - SAFETY_MARGIN))
+
+
+def fits(cfg: TrainConfig, free_bytes: int) -> bool:
+    return estimate(cfg).device_total <= usable_bytes(free_bytes)
 
 
 def fit_micro_batch(cfg: TrainConfig, free_bytes: int) -> TrainConfig | None:

@@ -166,7 +166,7 @@ def print_presets() -> None:
 
 
 def print_estimate(cfg: TrainConfig) -> None:
-    from .estimate import estimate, fits
+    from .estimate import estimate, usable_bytes
     from .hardware import gpus
 
     found = gpus()
@@ -181,7 +181,7 @@ def print_estimate(cfg: TrainConfig) -> None:
     print(est.report())
     if found and found[0]["free_bytes"] is not None:
         free = found[0]["free_bytes"]
-        verdict = "fits" if fits(cfg, free) else "does NOT fit"
+        verdict = "fits" if est.device_total <= usable_bytes(free) else "does NOT fit"
         print(f"{found[0]['name']}: {free / 1024**3:.1f} GiB free - {verdict} (10% margin kept)")
 
 

@@ -8,7 +8,7 @@ from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QGroupBox, QHBoxLayout, QLabel, QProgressBar, QPushButton, QVBoxLayout
 
 from core.config import TrainConfig
-from core.estimate import SAFETY_MARGIN, estimate
+from core.estimate import SAFETY_MARGIN, estimate, usable_bytes
 
 from .hardware_panel import HardwareInfo
 
@@ -25,7 +25,7 @@ class Fit:
 
     @property
     def usable(self) -> int | None:
-        return None if self.free is None else int(self.free * (1 - SAFETY_MARGIN))
+        return None if self.free is None else usable_bytes(self.free)
 
     @property
     def fits(self) -> bool:
@@ -44,9 +44,7 @@ def judge(cfg: TrainConfig, info: HardwareInfo) -> Fit:
     if gpu is not None:
         est = estimate(cfg, on_gpu=True)
         return Fit(est.device_total, gpu.get("free_bytes"), True, est.report())
-    # On the CPU "auto" means fp32 (core never picks bf16 there).
-    precision = "fp32" if cfg.precision == "auto" else cfg.precision
-    est = estimate(cfg, precision=precision, on_gpu=False)
+    est = estimate(cfg, on_gpu=False)  # core resolves "auto" to fp32 on the CPU
     return Fit(est.device_total, info.cpu.get("ram_free_bytes"), False, est.report())
 
 
