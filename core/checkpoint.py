@@ -2,49 +2,22 @@
 
 from __future__ import annotations
 
-import os
 import pickle
 import random
 import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from .atomic import atomic_write
 from .errors import CheckpointError
 
 FORMAT_VERSION = 1
 
 
-def _fsync_dir(folder: Path) -> None:
-    # Makes the rename itself durable; not possible (nor needed) on Windows.
-    if os.name == "posix":
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def _atomic_write(path: Path, write) -> None:
-    """write(fileobj) into a temp file beside path, fsync, then atomically replace path."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-
-
 def save(state: dict, path: Path) -> None:
-    _atomic_write(Path(path), lambda f: torch.save(state, f))
+    atomic_write(Path(path), lambda f: torch.save(state, f))
 
 
 def copy(src: Path, dst: Path) -> None:
@@ -54,7 +27,7 @@ def copy(src: Path, dst: Path) -> None:
         with open(src, "rb") as s:
             shutil.copyfileobj(s, f, 1 << 20)
 
-    _atomic_write(Path(dst), write)
+    atomic_write(Path(dst), write)
 
 
 def load(path: Path) -> dict:

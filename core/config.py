@@ -14,9 +14,17 @@ from .errors import ConfigError
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 
 # Changing these changes tensor shapes: a checkpoint cannot be loaded into them.
-ARCH_FIELDS = ("hidden_dim", "n_layers", "n_heads", "seq_len")
+ARCH_FIELDS = ("hidden_dim", "n_layers", "n_heads", "seq_len", "tokenizer", "vocab_size")
 # Changing these changes which tokens are drawn: the resumed run would not be the same run.
-STREAM_FIELDS = ("data", "data_extensions", "val_fraction", "corpus_max_bytes", "seed")
+STREAM_FIELDS = (
+    "data",
+    "data_extensions",
+    "val_fraction",
+    "corpus_max_bytes",
+    "max_data_bytes",
+    "seed",
+)
+TOKENIZERS = ("bytes", "bpe")
 
 
 @dataclass
@@ -49,7 +57,10 @@ class TrainConfig:
     data: str | None = None
     data_extensions: list[str] = field(default_factory=lambda: [".txt", ".md"])
     val_fraction: float = 0.05
-    corpus_max_bytes: int = 4_000_000
+    corpus_max_bytes: int = 4_000_000  # the embedded corpus only; a user's data is used whole
+    max_data_bytes: int | None = None  # optional cap on a user's data
+    tokenizer: str = "bytes"
+    vocab_size: int = 8192  # BPE only; bytes always have 256
     # cadence
     log_every: int = 10
     eval_every: int = 100
@@ -62,6 +73,12 @@ class TrainConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    @property
+    def model_vocab(self) -> int:
+        """Rows of the embedding: 256 for bytes, vocab_size for BPE (a BPE learned from
+        little text may use fewer; the spare rows are never trained)."""
+        return 256 if self.tokenizer == "bytes" else self.vocab_size
 
     @property
     def tokens_per_step(self) -> int:
@@ -86,7 +103,9 @@ LIMITS: dict[str, tuple[type, float | None, float | None, str]] = {
     "max_epochs": (float, 0.001, None, "passes over the training tokens"),
     "seed": (int, 0, 2**63 - 1, "random seed"),
     "val_fraction": (float, 0.001, 0.5, "share of the data held out for validation"),
-    "corpus_max_bytes": (int, 10_000, None, "cap on bytes read from the data"),
+    "corpus_max_bytes": (int, 10_000, None, "bytes of the embedded corpus used"),
+    "max_data_bytes": (int, 1000, None, "use only the first N bytes of your data"),
+    "vocab_size": (int, 512, 65536, "BPE vocabulary size (with --tokenizer bpe)"),
     "log_every": (int, 1, None, "steps between metric reads (each read syncs the GPU)"),
     "eval_every": (int, 1, None, "steps between validation runs"),
     "eval_batches": (
@@ -118,7 +137,7 @@ def _coerce(name: str, value):
         raise ConfigError(f"{name}: expected true or false, got {value!r}")
     if name in LIMITS:
         kind, low, high, _ = LIMITS[name]
-        if value is None and name in ("max_steps", "max_epochs"):
+        if value is None and name in ("max_steps", "max_epochs", "max_data_bytes"):
             return None
         if isinstance(value, bool) or value is None:
             raise ConfigError(f"{name}: expected {describe_limit(name)}, got {value!r}")
@@ -142,6 +161,10 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     if values["precision"] not in PRECISIONS:
         raise ConfigError(
             f"precision: expected one of {', '.join(PRECISIONS)}, got {values['precision']!r}"
+        )
+    if values["tokenizer"] not in TOKENIZERS:
+        raise ConfigError(
+            f"tokenizer: expected one of {', '.join(TOKENIZERS)}, got {values['tokenizer']!r}"
         )
     device = values["device"]
     if not isinstance(device, str) or not (
@@ -188,6 +211,8 @@ def compare_for_resume(saved: TrainConfig, requested: TrainConfig) -> tuple[list
         old, new = getattr(saved, f.name), getattr(requested, f.name)
         if old == new or f.name == "preset":
             continue
+        if f.name == "vocab_size" and saved.tokenizer == requested.tokenizer == "bytes":
+            continue  # bytes have 256 tokens whatever vocab_size says
         change = f"{f.name} {old!r} -> {new!r}"
         if f.name in ARCH_FIELDS:
             refused.append(f"{change} (architecture)")

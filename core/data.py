@@ -1,19 +1,52 @@
-"""Byte-level data: a file, a folder, or the embedded default corpus (Python's own stdlib).
+"""Training data: a file, a folder, or the embedded default corpus (Python's own stdlib).
 
-Training windows are drawn by a seeded torch.Generator whose state is saved in checkpoints;
-validation uses fixed windows, so evaluating never moves the training stream.
+The sources are read once, tokenized (bytes or BPE) and written to a cache folder as one
+flat token file plus a manifest; training then reads that file through a memory map, so
+memory does not grow with the corpus. Training windows are drawn by a seeded
+torch.Generator whose state is saved in checkpoints; validation uses fixed windows at the
+end of the token file, so evaluating never moves the training stream.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import shutil
 import sysconfig
+import time
+import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from .errors import DataError
+from .atomic import fsync_dir, write_text
+from .errors import DataError, UserError
+from .tokenizer import Tokenizer, bytes_tokenizer, train_bpe
 
 DEFAULT_CORPUS = "embedded: Python standard library sources"
+CACHE_FORMAT = 1
+BLOCK = 4 << 20  # bytes read per chunk: memory stays flat whatever the corpus size
+BPE_SAMPLE_BYTES = 100 << 20  # BPE learns its merges from at most this much training text
+MB = 1 << 20
+
+
+class PrepareCancelled(UserError):
+    """The user stopped data preparation; nothing was left in the cache."""
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("TRAINDECK_CACHE")
+    if env:
+        return Path(env)
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("traindeck", appauthor=False)) / "data"
+
+
+# -- sources -------------------------------------------------------------------------------
 
 
 def _stdlib_files() -> list[Path]:
@@ -34,63 +67,362 @@ def _folder_files(folder: Path, extensions: list[str]) -> list[Path]:
     return sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in exts)
 
 
-def _read_capped(files: list[Path], cap: int) -> bytes:
-    parts, total = [], 0
-    for path in files:
-        try:
-            chunk = path.read_bytes()
-        except OSError as e:
-            raise DataError(f"data: cannot read {path} ({e.strerror})") from None
-        parts.append(chunk)
-        total += len(chunk)
-        if total >= cap:
-            break
-    return b"".join(parts)[:cap]
+@dataclass
+class Sources:
+    description: str
+    files: list[Path]
+    cap: int | None  # bytes used at most (the embedded corpus is always capped)
+
+    def listing(self) -> list[dict]:
+        """path, size and modification time of each file: what the cache key is made of."""
+        out = []
+        for p in self.files:
+            try:
+                st = p.stat()
+            except OSError as e:
+                raise DataError(f"data: cannot read {p} ({e.strerror})") from None
+            out.append({"path": str(p), "size": st.st_size, "mtime_ns": st.st_mtime_ns})
+        return out
 
 
-def load_bytes(data: str | None, extensions: list[str], cap: int) -> tuple[bytes, str]:
-    """Return (raw bytes, a description of the source)."""
+def find_sources(
+    data: str | None, extensions: list[str], embedded_cap: int, max_bytes: int | None = None
+) -> Sources:
     if data is None:
         files = _stdlib_files()
         if not files:
             raise DataError("data: no --data given and the Python stdlib sources were not found")
-        return _read_capped(files, cap), DEFAULT_CORPUS
-    path = Path(data).expanduser()
+        return Sources(DEFAULT_CORPUS, files, embedded_cap)
+    path = Path(data).expanduser().resolve()
     if path.is_file():
-        return _read_capped([path], cap), str(path)
+        return Sources(str(path), [path], max_bytes)
     if path.is_dir():
         files = _folder_files(path, extensions)
         if not files:
             raise DataError(f"data: folder {path} holds no files ending in {', '.join(extensions)}")
-        return _read_capped(files, cap), f"{path} ({len(files)} files)"
-    raise DataError(f"data: {path} is neither a file nor a folder")
+        return Sources(f"{path} ({len(files)} files)", files, max_bytes)
+    raise DataError(f"data: {data} is neither a file nor a folder")
 
 
-class ByteData:
-    """Train/validation split of a byte stream, and the sampler of training windows."""
+def data_changes(old: list[dict], new: list[dict]) -> list[str]:
+    """Human-readable differences between two source listings."""
+    before = {f["path"]: f for f in old}
+    after = {f["path"]: f for f in new}
+    changes = [f"added {p}" for p in after if p not in before]
+    changes += [f"removed {p}" for p in before if p not in after]
+    changes += [
+        f"modified {p}"
+        for p in after
+        if p in before
+        and (after[p]["size"], after[p]["mtime_ns"]) != (before[p]["size"], before[p]["mtime_ns"])
+    ]
+    return changes
 
-    def __init__(self, raw: bytes, source: str, seq_len: int, val_fraction: float, seed: int):
-        need = 2 * (seq_len + 1)
-        if len(raw) < need * 2:
-            raise DataError(
-                f"data: {source} has {len(raw)} bytes; seq_len {seq_len} needs at least "
-                f"{need * 2} (lower seq_len or add text)"
-            )
-        tokens = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
-        n_val = max(int(len(tokens) * val_fraction), need)
-        self.train = tokens[:-n_val]
-        self.val = tokens[-n_val:]
-        self.source = source
+
+# -- preparation ---------------------------------------------------------------------------
+
+
+@dataclass
+class DataSpec:
+    sources: Sources
+    tokenizer: str  # "bytes" | "bpe"
+    vocab_size: int
+    val_fraction: float
+
+    def key(self, listing: list[dict]) -> str:
+        body = {
+            "format": CACHE_FORMAT,
+            "files": listing,
+            "cap": self.sources.cap,
+            "tokenizer": self.tokenizer,
+            "vocab_size": self.vocab_size if self.tokenizer == "bpe" else 256,
+            "val_fraction": self.val_fraction,
+        }
+        return hashlib.blake2b(json.dumps(body).encode(), digest_size=12).hexdigest()
+
+
+def _read_blocks(files: list[Path], limit: int):
+    """Yield (file, block) of up to BLOCK bytes, limit bytes in all, empty files skipped."""
+    left = limit
+    for path in files:
+        if left <= 0:
+            return
+        try:
+            with open(path, "rb") as f:
+                while left > 0:
+                    block = f.read(min(BLOCK, left))
+                    if not block:
+                        break
+                    left -= len(block)
+                    yield block
+        except OSError as e:
+            raise DataError(f"data: cannot read {path} ({e.strerror or e})") from None
+
+
+def _split_stream(blocks, train_bytes: int):
+    """Re-cut a byte stream into ('train'|'val', block) pieces at the train/val boundary."""
+    pos = 0
+    for block in blocks:
+        end = pos + len(block)
+        if end <= train_bytes:
+            yield "train", block
+        elif pos >= train_bytes:
+            yield "val", block
+        else:
+            cut = train_bytes - pos
+            yield "train", block[:cut]
+            yield "val", block[cut:]
+        pos = end
+
+
+def _line_chunks(blocks, size: int = 1 << 18):
+    """Regroup blocks into chunks of about size bytes that end at a newline where one exists,
+    so BPE never sees a word cut in two (a chunk with no newline is cut where it is)."""
+    carry = b""
+    for block in blocks:
+        buf = carry + block
+        start = 0
+        while len(buf) - start >= size:
+            cut = buf.rfind(b"\n", start, start + size)
+            cut = start + size if cut < 0 else cut + 1
+            yield buf[start:cut]
+            start = cut
+        carry = buf[start:]
+    if carry:
+        yield carry
+
+
+class _Progress:
+    def __init__(self, callback, cancelled, total: int, phase: str):
+        self.callback, self.cancelled = callback, cancelled
+        self.total, self.phase, self.done = total, phase, 0
+
+    def advance(self, n: int) -> None:
+        self.done += n
+        if self.cancelled is not None and self.cancelled():
+            raise PrepareCancelled("data: preparation stopped; nothing was cached")
+        if self.callback is not None:
+            self.callback(self.phase, self.done, self.total)
+
+
+def _bpe_sample(sources: Sources, train_bytes: int):
+    limit = min(train_bytes, BPE_SAMPLE_BYTES)
+    return _line_chunks(_read_blocks(sources.files, limit))
+
+
+def _write_tokens(f, tok: Tokenizer, pieces, progress: _Progress, hasher) -> dict:
+    """Tokenize the split stream into f; returns token and byte counts per split."""
+    counts = {"train_tokens": 0, "val_tokens": 0, "train_bytes": 0, "val_bytes": 0}
+    batch, batch_split = [], None
+
+    def flush():
+        nonlocal batch
+        if not batch:
+            return
+        if tok.kind == "bytes":  # id == byte value: the text is its own token file
+            for chunk in batch:
+                f.write(chunk)
+                counts[f"{batch_split}_tokens"] += len(chunk)
+            batch = []
+            return
+        for ids in tok.encode_many(batch):
+            f.write(ids.astype(tok.dtype).tobytes())
+            counts[f"{batch_split}_tokens"] += len(ids)
+        batch = []
+
+    def chunks_of(split_pieces):
+        # BPE: regroup each split at line ends; bytes: pass blocks as they come.
+        current, buf = None, []
+        for split, block in split_pieces:
+            if split != current and buf:
+                yield from ((current, c) for c in _line_chunks(buf))
+                buf = []
+            current = split
+            buf.append(block)
+        if buf:
+            yield from ((current, c) for c in _line_chunks(buf))
+
+    source = chunks_of(pieces) if tok.kind == "bpe" else pieces
+    for split, chunk in source:
+        hasher.update(chunk)
+        counts[f"{split}_bytes"] += len(chunk)
+        if split != batch_split:
+            flush()
+            batch_split = split
+        batch.append(chunk)
+        if tok.kind == "bytes" or sum(map(len, batch)) >= 16 * (1 << 18):
+            flush()
+        progress.advance(len(chunk))
+    flush()
+    return counts
+
+
+def _build(spec: DataSpec, listing, target: Path, tokenizer, progress_cb, cancelled, log):
+    sizes = [f["size"] for f in listing]
+    total = sum(sizes)
+    used = total if spec.sources.cap is None else min(total, spec.sources.cap)
+    val_bytes = int(used * spec.val_fraction)
+    train_bytes = used - val_bytes
+    if tokenizer is None and spec.tokenizer == "bpe":
+        sample = min(train_bytes, BPE_SAMPLE_BYTES)
+        note = "" if sample == train_bytes else f" (a sample: the first {sample:,} bytes)"
+        log(f"data: learning a {spec.vocab_size}-token BPE from {sample:,} bytes{note}")
+        progress = _Progress(progress_cb, cancelled, sample, "learning BPE")
+
+        def counted(chunks):
+            for c in chunks:
+                progress.advance(len(c))
+                yield c
+
+        tokenizer = train_bpe(counted(_bpe_sample(spec.sources, train_bytes)), spec.vocab_size)
+    tokenizer = tokenizer or bytes_tokenizer()
+    tmp = target.parent / f".tmp-{target.name}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    tmp.mkdir(parents=True)
+    try:
+        progress = _Progress(progress_cb, cancelled, used, "tokenizing")
+        hasher = hashlib.blake2b(digest_size=16)
+        t0 = time.perf_counter()
+        with open(tmp / "tokens.bin", "wb") as f:
+            pieces = _split_stream(_read_blocks(spec.sources.files, used), train_bytes)
+            counts = _write_tokens(f, tokenizer, pieces, progress, hasher)
+            f.flush()
+            os.fsync(f.fileno())
+        seconds = time.perf_counter() - t0
+        tokenizer.save(tmp / "tokenizer.json")
+        content = hasher.hexdigest()
+        manifest = {
+            "format": CACHE_FORMAT,
+            "source": spec.sources.description,
+            "files": listing,
+            "empty_files": sum(1 for s in sizes if s == 0),
+            "total_bytes": total,
+            "source_bytes": used,
+            "tokenizer": tokenizer.kind,
+            "vocab_size": tokenizer.vocab_size,
+            "dtype": np.dtype(tokenizer.dtype).name,
+            **counts,
+            "val_fraction": spec.val_fraction,
+            "content_fingerprint": content,
+            "tokenizer_fingerprint": tokenizer.fingerprint(),
+            "fingerprint": hashlib.blake2b(
+                f"{content}:{tokenizer.fingerprint()}".encode(), digest_size=12
+            ).hexdigest(),
+            "prepare_seconds": round(seconds, 3),
+            "created": time.time(),
+        }
+        write_text(tmp / "manifest.json", json.dumps(manifest, indent=1))
+        fsync_dir(tmp)
+        try:
+            os.replace(tmp, target)  # the one step that makes the cache entry trusted
+        except OSError:
+            if not (target / "manifest.json").is_file():  # not a concurrent twin: a real error
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+        fsync_dir(target.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return manifest
+
+
+def _read_manifest(folder: Path) -> dict | None:
+    """The manifest if the entry is whole and consistent, else None."""
+    try:
+        m = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+        expected = (m["train_tokens"] + m["val_tokens"]) * np.dtype(m["dtype"]).itemsize
+        if m["format"] != CACHE_FORMAT or (folder / "tokens.bin").stat().st_size != expected:
+            return None
+        if not (folder / "tokenizer.json").is_file():
+            return None
+        return m
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _clean_stale(cache: Path) -> None:
+    """Remove temp folders of preparations whose process is gone (a crash or kill)."""
+    import psutil
+
+    for tmp in cache.glob(".tmp-*"):
+        try:
+            pid = int(tmp.name.split("-")[-2])
+        except (ValueError, IndexError):
+            continue
+        if not psutil.pid_exists(pid) or pid == os.getpid():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def prepare(
+    spec: DataSpec,
+    cache_dir: Path | None = None,
+    tokenizer: Tokenizer | None = None,
+    progress=None,
+    cancelled=None,
+    log=print,
+) -> tuple[Path, dict]:
+    """Return (cache entry folder, manifest), preparing the entry unless a whole one exists.
+
+    tokenizer: encode with this one (a resumed run's) instead of building one.
+    progress(phase, done_bytes, total_bytes) is called as it goes; cancelled() -> True stops.
+    """
+    cache = Path(cache_dir) if cache_dir else default_cache_dir()
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DataError(f"data cache: cannot create {cache} ({e.strerror})") from None
+    listing = spec.sources.listing()
+    if not any(f["size"] for f in listing):
+        raise DataError(f"data: {spec.sources.description} holds no text (every file is empty)")
+    key = spec.key(listing)
+    if tokenizer is not None and tokenizer.kind == "bpe":
+        key = f"{key}-{tokenizer.fingerprint()}"  # the run's own BPE, not a fresh one
+    target = cache / key
+    _clean_stale(cache)
+    if target.exists():
+        manifest = _read_manifest(target)
+        if manifest is not None:
+            return target, manifest
+        log(f"data cache: {target} is damaged; rebuilding it")
+        shutil.rmtree(target, ignore_errors=True)
+    return target, _build(spec, listing, target, tokenizer, progress, cancelled, log)
+
+
+# -- training windows ----------------------------------------------------------------------
+
+
+class TokenData:
+    """The memory-mapped token file of a cache entry: train/validation split and sampler."""
+
+    def __init__(self, folder: Path, manifest: dict, seq_len: int, seed: int):
+        self.folder = Path(folder)
+        self.manifest = manifest
+        self.tokenizer = Tokenizer.load(self.folder / "tokenizer.json")
+        self.source = manifest["source"]
         self.seq_len = seq_len
+        n_train = manifest["train_tokens"]
+        need = seq_len + 2
+        if n_train < need or manifest["val_tokens"] < need:
+            raise DataError(
+                f"data: {self.source} gives {n_train} training and {manifest['val_tokens']} "
+                f"validation tokens; seq_len {seq_len} needs at least {need} of each "
+                "(lower seq_len, raise val_fraction or add text)"
+            )
+        tokens = np.memmap(self.folder / "tokens.bin", dtype=manifest["dtype"], mode="r")
+        self.train = tokens[:n_train]
+        self.val = tokens[n_train:]
         self.generator = torch.Generator().manual_seed(seed)
+        self._offsets = np.arange(seq_len + 1)
 
     @property
     def train_tokens(self) -> int:
         return len(self.train)
 
-    def _windows(self, stream: torch.Tensor, starts: torch.Tensor):
-        offsets = torch.arange(self.seq_len + 1)
-        chunk = stream[starts[:, None] + offsets].long()
+    @property
+    def val_bytes_per_token(self) -> float:
+        return self.manifest["val_bytes"] / max(1, self.manifest["val_tokens"])
+
+    def _windows(self, stream: np.ndarray, starts: torch.Tensor):
+        chunk = torch.from_numpy(stream[starts.numpy()[:, None] + self._offsets].astype(np.int64))
         return chunk[:, :-1], chunk[:, 1:]
 
     def sample_starts(self, n: int) -> torch.Tensor:
@@ -108,8 +440,33 @@ class ByteData:
         for chunk in starts.split(batch_size):
             yield self._windows(self.val, chunk)
 
+    def prompt(self, n: int = 16) -> torch.Tensor:
+        return torch.from_numpy(np.asarray(self.val[:n]).astype(np.int64))
+
     def state_dict(self) -> dict:
         return {"generator": self.generator.get_state()}
 
     def load_state_dict(self, state: dict) -> None:
         self.generator.set_state(state["generator"])
+
+    def summary(self) -> dict:
+        """data.json: what this run trains on."""
+        m = self.manifest
+        return {
+            "source": m["source"],
+            "source_bytes": m["source_bytes"],
+            "total_bytes": m["total_bytes"],
+            "files": len(m["files"]),
+            "empty_files": m["empty_files"],
+            "train_tokens": m["train_tokens"],
+            "val_tokens": m["val_tokens"],
+            "train_bytes": m["train_bytes"],
+            "val_bytes": m["val_bytes"],
+            "tokenizer": m["tokenizer"],
+            "vocab_size": m["vocab_size"],
+            "bytes_per_token": round(
+                m["source_bytes"] / max(1, m["train_tokens"] + m["val_tokens"]), 4
+            ),
+            "fingerprint": m["fingerprint"],
+            "cache": str(self.folder),
+        }

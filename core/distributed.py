@@ -88,6 +88,9 @@ class SilentFolder(RunFolder):
     def append_metric(self, record: dict) -> None:
         pass
 
+    def write_data_info(self, summary: dict, tokenizer) -> None:
+        pass
+
     def append_sample(self, step: int, text: str) -> None:
         pass
 

@@ -34,7 +34,8 @@ def param_count(hidden: int, layers: int, seq_len: int, vocab: int = VOCAB_SIZE)
 
 def flops_per_token(cfg: TrainConfig) -> int:
     """Training FLOPs per token (forward + backward): 6N + 12 L d T, as in nanoGPT/PaLM."""
-    n = param_count(cfg.hidden_dim, cfg.n_layers, cfg.seq_len) - cfg.seq_len * cfg.hidden_dim
+    n = param_count(cfg.hidden_dim, cfg.n_layers, cfg.seq_len, cfg.model_vocab)
+    n -= cfg.seq_len * cfg.hidden_dim
     return 6 * n + 12 * cfg.n_layers * cfg.hidden_dim * cfg.seq_len
 
 
@@ -114,7 +115,7 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
     if precision is None:
         auto = "bf16" if on_gpu else "fp32"  # what resolve_precision picks on a modern GPU / CPU
         precision = auto if cfg.precision == "auto" else cfg.precision
-    n = param_count(cfg.hidden_dim, cfg.n_layers, cfg.seq_len)
+    n = param_count(cfg.hidden_dim, cfg.n_layers, cfg.seq_len, cfg.model_vocab)
     tokens = cfg.batch_size * cfg.seq_len
     per_layer = _saved_bytes_per_token_layer(cfg, precision) * tokens
     if cfg.grad_checkpointing:
@@ -128,7 +129,7 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
     if not on_gpu:  # the CPU math attention kernel materialises the T x T scores
         activations += cfg.n_layers * cfg.batch_size * cfg.n_heads * cfg.seq_len**2 * 4 * 2
     e = _act_bytes(precision)
-    logits = tokens * VOCAB_SIZE * (e + 4 + 4)  # logits, their fp32 copy, and its gradient
+    logits = tokens * cfg.model_vocab * (e + 4 + 4)  # logits, their fp32 copy, and its gradient
     mixed = precision in ("bf16", "fp16")
     weight_casts = 2 * (n - cfg.seq_len * cfg.hidden_dim) if mixed else 0
     live = 4 * n * 3 + 4 * n + weight_casts + int(activations) + logits

@@ -15,6 +15,9 @@ class TrainEvents:
     def on_train_start(self, info: dict) -> None:
         """run_dir, start_step, max_steps, n_params, device, precision, config, ..."""
 
+    def on_prepare(self, phase: str, done_bytes: int, total_bytes: int) -> None:
+        """Data preparation progress (reading, learning BPE, tokenizing)."""
+
     def on_train_batch_end(self, record: dict) -> None:
         """One optimizer step's metrics: step, loss, lr, tokens_per_s, memory fields."""
 
@@ -107,6 +110,10 @@ class TrainControl:
 
     @property
     def stop_requested(self) -> bool:
+        return self._stop.is_set()
+
+    def stop_set(self) -> bool:
+        """The raw stop flag, for work that runs before the first step (data preparation)."""
         return self._stop.is_set()
 
     def take_save_request(self) -> bool:

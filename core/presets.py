@@ -8,6 +8,7 @@ from pathlib import Path
 import platformdirs
 import yaml
 
+from .atomic import write_text
 from .config import TrainConfig, from_dict, validate
 from .errors import ConfigError
 
@@ -112,7 +113,5 @@ def save_user_preset(name: str, cfg: TrainConfig, description: str = "") -> Path
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.yaml"
     body = {"description": description or f"User preset {name}", **values}
-    tmp = path.with_suffix(".yaml.tmp")
-    tmp.write_text(yaml.safe_dump(body, sort_keys=False), encoding="utf-8")
-    tmp.replace(path)
+    write_text(path, yaml.safe_dump(body, sort_keys=False))
     return path

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import time
 from pathlib import Path
 
 import torch
 import yaml
 
+from .atomic import write_text
 from .config import TrainConfig, from_dict, validate
 from .errors import CheckpointError, ConfigError
 
@@ -26,6 +26,8 @@ class RunFolder:
         self.samples_file = self.path / "samples.txt"
         self.log_file = self.path / "train.log"
         self.status_file = self.path / "status.json"
+        self.data_file = self.path / "data.json"
+        self.tokenizer_file = self.path / "tokenizer.json"
         self._metrics = None
 
     @property
@@ -52,9 +54,12 @@ class RunFolder:
             stale.unlink(missing_ok=True)
 
     def write_config(self, cfg: TrainConfig) -> None:
-        tmp = self.config_file.with_suffix(".yaml.tmp")
-        tmp.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False), encoding="utf-8")
-        os.replace(tmp, self.config_file)
+        write_text(self.config_file, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+
+    def write_data_info(self, summary: dict, tokenizer) -> None:
+        """data.json (what the run trains on) and the run's own copy of its tokenizer."""
+        write_text(self.data_file, json.dumps(summary, indent=1))
+        tokenizer.save(self.tokenizer_file)
 
     def read_config(self) -> TrainConfig:
         data = yaml.safe_load(self.config_file.read_text(encoding="utf-8"))
@@ -75,9 +80,7 @@ class RunFolder:
                 dropped += 1
             else:
                 kept.append(line)
-        tmp = self.metrics_file.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(k + "\n" for k in kept), encoding="utf-8")
-        os.replace(tmp, self.metrics_file)
+        write_text(self.metrics_file, "".join(k + "\n" for k in kept))
         return dropped
 
     def append_metric(self, record: dict) -> None:
@@ -98,9 +101,8 @@ class RunFolder:
     def write_status(self, state: str, step: int, max_steps: int, **extra) -> None:
         body = {"state": state, "step": step, "max_steps": max_steps, "updated": time.time()}
         body.update(extra)
-        tmp = self.status_file.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(body), encoding="utf-8")
-        os.replace(tmp, self.status_file)
+        # Not fsynced: status is advisory and written often.
+        write_text(self.status_file, json.dumps(body), durable=False)
 
     def read_status(self) -> dict:
         try:

@@ -25,7 +25,8 @@ FIELD_FLAGS = {
     "batch_size": int, "hidden_dim": int, "n_layers": int, "n_heads": int, "seq_len": int,
     "grad_accum": int, "lr": float, "max_steps": int, "max_epochs": float, "precision": str,
     "device": str, "data": str, "seed": int, "eval_every": int, "ckpt_every": int,
-    "log_every": int, "dropout": float,
+    "log_every": int, "dropout": float, "tokenizer": str, "vocab_size": int,
+    "max_data_bytes": int,
 }  # fmt: skip
 
 
@@ -34,6 +35,8 @@ FLAG_HELP = {
     "device": "auto | cpu | cuda | cuda:N",
     "data": "a text file or a folder of them (default: the embedded corpus)",
     "max_epochs": "passes over the training data (overrides --max-steps)",
+    "tokenizer": "bytes (256 tokens, default) | bpe (a byte-level BPE learned from your data)",
+    "max_data_bytes": "use only the first N bytes of --data (default: all of it)",
 }
 
 
@@ -57,11 +60,25 @@ def build_parser() -> argparse.ArgumentParser:
     for name, kind in FIELD_FLAGS.items():
         flag = "--" + name.replace("_", "-")
         help_text = FLAG_HELP.get(name) or f"{LIMITS[name][3]} ({describe_limit(name)})"
-        metavar = {"precision": "P", "device": "DEV", "data": "PATH"}.get(name, "N")
+        metavar = {"precision": "P", "device": "DEV", "data": "PATH", "tokenizer": "KIND"}.get(
+            name, "N"
+        )
         p.add_argument(flag, type=kind, default=None, metavar=metavar, help=help_text)
     p.add_argument(
         "--data-extensions", metavar="EXTS",
         help="file endings read from a --data folder, comma separated (default .txt,.md)",
+    )  # fmt: skip
+    p.add_argument(
+        "--data-cache", metavar="DIR",
+        help="where prepared token files are kept (default: your user cache folder)",
+    )  # fmt: skip
+    p.add_argument(
+        "--allow-data-change", action="store_true",
+        help="resume even though the data changed since the checkpoint (logged)",
+    )  # fmt: skip
+    p.add_argument(
+        "--prepare-only", action="store_true",
+        help="prepare (tokenize and cache) the data, print its figures and exit",
     )  # fmt: skip
     p.add_argument("--no-mixed-precision", action="store_true", help="same as --precision fp32")
     p.add_argument("--out", help="run folder (default runs/<preset>-<time>)")
@@ -132,8 +149,22 @@ class CliEvents(TrainEvents):
 
     def __init__(self):
         self.bar = None
+        self.prep_bar = None
+
+    def on_prepare(self, phase, done, total):
+        bar = self.prep_bar
+        if bar is None or bar.desc != phase:
+            if bar is not None:
+                bar.close()
+            bar = self.prep_bar = tqdm(
+                total=total, desc=phase, unit="B", unit_scale=True, dynamic_ncols=True
+            )
+        bar.update(done - bar.n)
 
     def on_train_start(self, info):
+        if self.prep_bar is not None:
+            self.prep_bar.close()
+            self.prep_bar = None
         print(f"Run folder: {info['run_dir']}")
         self.bar = tqdm(
             total=info["max_steps"], initial=info["start_step"], unit="step", dynamic_ncols=True
@@ -185,6 +216,33 @@ def print_estimate(cfg: TrainConfig) -> None:
         print(f"{found[0]['name']}: {free / 1024**3:.1f} GiB free - {verdict} (10% margin kept)")
 
 
+def prepare_only(cfg: TrainConfig, cache_dir: str | None) -> int:
+    import time
+
+    from .data import DataSpec, find_sources, prepare
+
+    sources = find_sources(cfg.data, cfg.data_extensions, cfg.corpus_max_bytes, cfg.max_data_bytes)
+    spec = DataSpec(sources, cfg.tokenizer, cfg.vocab_size, cfg.val_fraction)
+    events = CliEvents()
+    t0 = time.perf_counter()
+    folder, m = prepare(spec, Path(cache_dir) if cache_dir else None, progress=events.on_prepare)
+    seconds = time.perf_counter() - t0
+    if events.prep_bar is not None:
+        events.prep_bar.close()
+    tokens = m["train_tokens"] + m["val_tokens"]
+    reused = " (reused from the cache)" if seconds < 0.5 * m["prepare_seconds"] else ""
+    print(f"Data: {m['source']}")
+    print(f"Bytes: {m['source_bytes']:,} of {m['total_bytes']:,}")
+    print(
+        f"Tokens: {tokens:,} ({m['train_tokens']:,} train, {m['val_tokens']:,} validation), "
+        f"{m['tokenizer']} tokenizer, vocab {m['vocab_size']:,}"
+    )
+    print(f"Bytes per token: {m['source_bytes'] / max(1, tokens):.3f}")
+    print(f"Time: {seconds:.2f} s{reused}")
+    print(f"Cache: {folder}")
+    return EXIT_OK
+
+
 def _install_sigint(control: TrainControl) -> None:
     def first(signum, frame):
         tqdm.write("Stopping after this step and saving a checkpoint (Ctrl+C again aborts)...")
@@ -208,16 +266,27 @@ def run_cli(argv: list[str] | None = None) -> int:
     if args.estimate:
         print_estimate(cfg)
         return EXIT_OK
+    if args.prepare_only:
+        return prepare_only(cfg, args.data_cache)
     control = TrainControl()
     _install_sigint(control)
     main_process = World.from_env().main  # under torchrun only rank 0 reports
     events = CliEvents() if main_process else TrainEvents()
     if args.tensorboard and main_process:
         events = FanOut(events, TensorBoardEvents())
-    trainer = Trainer(cfg, run_dir, resume_from=resume_file)
+    trainer = Trainer(
+        cfg,
+        run_dir,
+        resume_from=resume_file,
+        data_cache=args.data_cache,
+        allow_data_change=args.allow_data_change,
+    )
     result = trainer.run(events, control)
     if not main_process:
         return EXIT_OK
+    if result["status"] == "cancelled":
+        print("Data preparation stopped; nothing was cached and no run was started.")
+        return EXIT_INTERRUPTED
     print(f"{result['status'].capitalize()} at step {result['step']}. Run folder: {run_dir}")
     if result["status"] == "stopped":
         print(f"Resume with: python -m core.train --resume {run_dir}")

@@ -17,13 +17,14 @@ from torch.nn.parallel import DistributedDataParallel
 
 from . import checkpoint as ckpt
 from .config import TrainConfig, compare_for_resume, from_dict, validate
-from .data import ByteData, load_bytes
+from .data import DataSpec, PrepareCancelled, TokenData, data_changes, find_sources, prepare
 from .distributed import SilentFolder, World
 from .errors import CheckpointError, ConfigError, UserError
 from .events import TrainControl, TrainEvents
 from .hardware import memory_stats
 from .model import GPT, GPTConfig
 from .runs import RunFolder
+from .tokenizer import Tokenizer
 
 OOM_ADVICE = (
     "lower batch_size first, then hidden_dim, then n_layers, or train on the CPU (--device cpu)"
@@ -107,6 +108,8 @@ class Trainer:
         run_dir: str | Path,
         resume_from: str | Path | None = None,
         fault=None,
+        data_cache: str | Path | None = None,
+        allow_data_change: bool = False,
     ):
         self.cfg = validate(cfg)
         self.world = World.from_env()
@@ -114,8 +117,11 @@ class Trainer:
         self.folder = folder_kind(Path(run_dir))
         self.resume_from = Path(resume_from) if resume_from else None
         self.fault = fault  # tests: fault(step, micro_index) may raise, e.g. an OOM
+        self.data_cache = Path(data_cache) if data_cache else None
+        self.allow_data_change = allow_data_change
         self.events = TrainEvents()
         self.control = TrainControl()
+        self._early_logs: list[str] = []
         self.step = 0
         self.best_val = float("inf")
         self.last_loss = None
@@ -148,10 +154,12 @@ class Trainer:
         self.device = resolve_device(self.world.device_name(cfg.device))
         self._owns_group = self.world.init(self.device)
         self.precision = resolve_precision(cfg.precision, self.device)
-        raw, source = load_bytes(cfg.data, cfg.data_extensions, cfg.corpus_max_bytes)
-        self.data = ByteData(raw, source, cfg.seq_len, cfg.val_fraction, cfg.seed)
+        self.data = self._prepare_data(resume_state)
         # Only now, with the input known good, does a new run get its folder.
         self.folder.create(resuming=resume_state is not None)
+        self.folder.write_data_info(self.data.summary(), self.data.tokenizer)
+        for message in self._early_logs:
+            self.folder.log(message)
 
         if cfg.deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -170,7 +178,7 @@ class Trainer:
 
         gcfg = GPTConfig(
             cfg.hidden_dim, cfg.n_layers, cfg.n_heads, cfg.seq_len, cfg.dropout,
-            grad_checkpointing=cfg.grad_checkpointing,
+            vocab_size=cfg.model_vocab, grad_checkpointing=cfg.grad_checkpointing,
         )  # fmt: skip
         self.model = GPT(gcfg).to(self.device)
         self.optimizer = self._make_optimizer()
@@ -185,6 +193,61 @@ class Trainer:
         else:
             self.folder.write_config(cfg)
         self.folder.write_status("running", self.step, self.max_steps)
+
+    def _prepare_data(self, resume_state: dict | None) -> TokenData:
+        """Prepare (or reuse) the cached token file; on resume, check the data is the same."""
+        cfg = self.cfg
+        sources = find_sources(
+            cfg.data, cfg.data_extensions, cfg.corpus_max_bytes, cfg.max_data_bytes
+        )
+        spec = DataSpec(sources, cfg.tokenizer, cfg.vocab_size, cfg.val_fraction)
+        saved = (resume_state or {}).get("data_info")
+        tokenizer = Tokenizer.from_json(saved["tokenizer_json"]) if saved else None
+        changes = data_changes(saved["files"], sources.listing()) if saved else []
+
+        def progress(phase, done, total):
+            self.events.on_prepare(phase, done, total)
+
+        folder, manifest = prepare(
+            spec,
+            self.data_cache,
+            tokenizer,
+            progress,
+            self.control.stop_set,
+            self._log_early,
+        )
+        data = TokenData(folder, manifest, cfg.seq_len, cfg.seed)
+        if saved and manifest["fingerprint"] != saved["fingerprint"]:
+            what = "; ".join(changes[:5]) or "the content"
+            if len(changes) > 5:
+                what += f"; and {len(changes) - 5} more"
+            if not self.allow_data_change:
+                raise CheckpointError(
+                    f"resume: the data changed since the checkpoint ({what}); restore it, or "
+                    "pass --allow-data-change to go on with the new data"
+                )
+            self._log_early(f"resume: data changed ({what}); going on as allowed")
+        used, total = manifest["source_bytes"], manifest["total_bytes"]
+        if used < total:
+            self._log_early(f"data: using {used:,} of {total:,} bytes")
+        if manifest["empty_files"]:
+            self._log_early(f"data: skipped {manifest['empty_files']} empty file(s)")
+        return data
+
+    def _log_early(self, message: str) -> None:
+        """Before the run folder exists, messages go to the events and wait for the log."""
+        self._early_logs.append(message)
+        self.events.on_log(message)
+
+    def _data_info(self) -> dict:
+        m = self.data.manifest
+        return {
+            "fingerprint": m["fingerprint"],
+            "files": m["files"],
+            "source": m["source"],
+            "tokenizer": m["tokenizer"],
+            "tokenizer_json": self.data.tokenizer.hf_json(),
+        }
 
     def _make_optimizer(self) -> torch.optim.Optimizer:
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -228,6 +291,7 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else {},
             "data": self.data.state_dict(),
+            "data_info": self._data_info(),
             "rng": ckpt.rng_state(),
             "config": self.cfg.to_dict(),
             "meta": {
@@ -397,6 +461,10 @@ class Trainer:
         self.model.train()
         return val
 
+    def bits_per_byte(self, val_loss: float) -> float:
+        """Nats per token -> bits per byte of the held-out text: comparable across tokenizers."""
+        return val_loss / math.log(2) / self.data.val_bytes_per_token
+
     @torch.inference_mode()
     def sample(self) -> str:
         """Generate text with its own generator: sampling never moves the training RNG."""
@@ -404,19 +472,19 @@ class Trainer:
             return ""
         self.model.eval()
         gen = torch.Generator(device=self.device).manual_seed(self.cfg.seed + self.step)
-        prompt = self.data.val[:16].long()[None].to(self.device)
+        prompt = self.data.prompt()[None].to(self.device)
         with self._autocast():
             out = self.model.generate(prompt, self.cfg.sample_tokens, gen)
         self.model.train()
-        return bytes(out[0].tolist()).decode("utf-8", errors="replace")
+        return self.data.tokenizer.decode(out[0].tolist())
 
     def _eval_and_sample(self) -> None:
         self._flush()
         val = self.evaluate()
-        record = {"step": self.step, "val_loss": val}
+        record = {"step": self.step, "val_loss": val, "val_bpb": self.bits_per_byte(val)}
         self.folder.append_metric(record)
         self.events.on_eval(record)
-        self._log(f"step {self.step}: val_loss {val:.4f}")
+        self._log(f"step {self.step}: val_loss {val:.4f}, {record['val_bpb']:.4f} bits/byte")
         text = self.sample() if self.world.main else ""
         if text:
             self.folder.append_sample(self.step, text)
@@ -436,6 +504,9 @@ class Trainer:
             self._setup()
             self._loop()
             status = "stopped" if self.step < self.max_steps else "finished"
+            return self._end(status)
+        except PrepareCancelled:
+            status = "cancelled"  # stopped before the first step: nothing to save
             return self._end(status)
         except (UserError, TrainingError) as e:
             error = str(e)
@@ -478,13 +549,15 @@ class Trainer:
                 "tokens_per_step": cfg.tokens_per_step,
                 "train_tokens": self.data.train_tokens,
                 "data_source": self.data.source,
+                "data": self.data.summary(),
                 "config": cfg.to_dict(),
                 "resumed": self.resume_from is not None,
             }
         )
         self._log(
             f"training {self.model.num_params():,} parameters on {self.device} ({self.precision}), "
-            f"data {self.data.source}, {self.data.train_tokens:,} train bytes, "
+            f"data {self.data.source}, {self.data.train_tokens:,} train tokens "
+            f"({self.data.tokenizer.kind}), "
             f"steps {self.step}->{self.max_steps}"
         )
         self._saved_step = self.step if self.folder.latest.exists() else -1

@@ -7,6 +7,7 @@ and the field named in a ConfigError is flagged under its widget.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QValidator
@@ -27,7 +28,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from core.config import LIMITS, PRECISIONS, TrainConfig, describe_limit, validate
+from core.config import LIMITS, PRECISIONS, TOKENIZERS, TrainConfig, describe_limit, validate
 from core.errors import ConfigError
 
 INT_MAX = 2**31 - 1  # QSpinBox holds a C int
@@ -61,6 +62,8 @@ LABELS = {
     "corpus_max_bytes": "Corpus cap (bytes)",
     "deterministic": "Deterministic",
     "data_extensions": "File endings",
+    "tokenizer": "Tokenizer",
+    "vocab_size": "BPE vocab",
 }
 EXTRA_HELP = {
     "precision": "auto: bf16 where the GPU supports it, else fp16; fp32 on the CPU",
@@ -70,6 +73,8 @@ EXTRA_HELP = {
     "deterministic": "deterministic kernels: exact reruns, somewhat slower",
     "data_extensions": "file endings read from a data folder, comma separated",
     "limit": "stop after a number of optimizer steps or of passes over the training data",
+    "tokenizer": "bytes: 256 tokens, nothing to learn; bpe: a byte-level BPE learned from your "
+    "data once (Hugging Face tokenizers), fewer tokens per byte",
 }
 MAIN_GROUPS = [
     ("Model", ["hidden_dim", "n_layers", "n_heads", "seq_len"]),
@@ -243,6 +248,23 @@ class DataChooser(QWidget):
         self.edit.setText(path or "")
 
 
+def describe_data(cfg: TrainConfig) -> str:
+    if cfg.data is None:
+        return f"Embedded corpus: the first {cfg.corpus_max_bytes / 1e6:.1f} MB of Python's stdlib"
+    path = Path(cfg.data).expanduser()
+    try:
+        if path.is_file():
+            return f"{path.stat().st_size / 1e6:,.1f} MB, used whole"
+        if path.is_dir():
+            exts = {e.lower() for e in cfg.data_extensions}
+            files = [p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in exts]
+            size = sum(p.stat().st_size for p in files)
+            return f"{len(files):,} files, {size / 1e6:,.1f} MB, used whole"
+    except OSError as e:
+        return f"cannot read {path} ({e.strerror})"
+    return "not found"
+
+
 class ConfigForm(QWidget):
     """Edits a TrainConfig. `changed` fires on every edit, after the flags are updated."""
 
@@ -261,9 +283,15 @@ class ConfigForm(QWidget):
         layout.setContentsMargins(0, 0, 0, 0)
         self.data = DataChooser()
         self.data.changed.connect(self._edited)
-        data_box = QGroupBox("Data")
-        QVBoxLayout(data_box).addWidget(self.data)
-        layout.addWidget(data_box)
+        self.data_info = QLabel()
+        self.data_info.setStyleSheet("color: #555;")
+        self._data_info_key = None
+        top = QWidget()
+        top_layout = QVBoxLayout(top)
+        top_layout.setContentsMargins(0, 0, 0, 0)
+        top_layout.addWidget(self.data)
+        top_layout.addWidget(self.data_info)
+        layout.addWidget(self._group("Data", ["tokenizer", "vocab_size"], devices, top=top))
         for title, names in MAIN_GROUPS:
             layout.addWidget(self._group(title, names, devices))
         self.advanced_toggle = QToolButton()
@@ -299,6 +327,9 @@ class ConfigForm(QWidget):
         elif name == "precision":
             w = Combo(PRECISIONS)
             w.currentTextChanged.connect(self._edited)
+        elif name == "tokenizer":
+            w = Combo(TOKENIZERS)
+            w.currentTextChanged.connect(self._edited)
         elif name == "device":
             w = Combo(devices)
             w.currentTextChanged.connect(self._edited)
@@ -315,14 +346,16 @@ class ConfigForm(QWidget):
         w.setObjectName(name)
         return w
 
-    def _group(self, title: str, names: list[str], devices: list[str]) -> QGroupBox:
+    def _group(self, title: str, names: list[str], devices: list[str], top=None) -> QGroupBox:
         """Two label/field pairs per row; each field's error shows right under it."""
         box = QGroupBox(title)
         grid = QGridLayout(box)
         grid.setHorizontalSpacing(8)
         grid.setVerticalSpacing(2)
+        if top is not None:
+            grid.addWidget(top, 0, 0, 1, 4)
         for i, name in enumerate(names):
-            row, col = (i // 2) * 2, (i % 2) * 2
+            row, col = (i // 2) * 2 + (top is not None), (i % 2) * 2
             w = self._make_widget(name, devices)
             self.widgets[name] = w
             self.errors[name] = self._error_label()
@@ -408,8 +441,19 @@ class ConfigForm(QWidget):
     def _edited(self, *_):
         if self._loading:
             return
+        self.widgets["vocab_size"].setEnabled(self.widgets["tokenizer"].currentText() == "bpe")
+        self._describe_data()
         self.check()
         self.changed.emit()
+
+    def _describe_data(self) -> None:
+        """Size of the chosen data, so the user sees what a run will read (whole)."""
+        cfg = self.config()
+        key = (cfg.data, tuple(cfg.data_extensions), cfg.corpus_max_bytes)
+        if key == self._data_info_key:
+            return
+        self._data_info_key = key
+        self.data_info.setText(describe_data(cfg))
 
     def check(self) -> str | None:
         """Validate with core and flag the named field; returns the message or None."""

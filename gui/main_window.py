@@ -81,6 +81,23 @@ def fmt_duration(seconds: float | None) -> str:
     return f"{h}:{rest // 60:02d}:{rest % 60:02d}"
 
 
+def describe_run_data(info: dict) -> str:
+    """'<source>, 11.2 MB, 3.1M tokens (bpe), 2.4 passes' for the status line."""
+    data = info.get("data") or {}
+    if not data:
+        return info.get("data_source", "")
+    steps = info["max_steps"] - info["start_step"]
+    passes = info["max_steps"] * info["tokens_per_step"] / max(1, data["train_tokens"])
+    used = f"{data['source_bytes'] / 1e6:,.1f} MB"
+    if data["source_bytes"] < data["total_bytes"]:
+        used = f"using {data['source_bytes'] / 1e6:,.1f} of {data['total_bytes'] / 1e6:,.1f} MB"
+    tokens = data["train_tokens"] + data["val_tokens"]
+    return (
+        f"{data['source']}, {used}, {tokens:,} tokens ({data['tokenizer']}), "
+        f"{passes:.2f} passes over the training data ({steps:,} steps to go)"
+    )
+
+
 class MainWindow(QMainWindow):
     run_ended = Signal(dict)  # the run's result, once its thread has finished
 
@@ -454,6 +471,7 @@ class MainWindow(QMainWindow):
         self.setWindowTitle(f"TrainDeck — {self.run_dir.name}")
         worker = TrainThread(cfg, self.run_dir, resume_from, self)
         worker.train_started.connect(self._on_train_started)
+        worker.preparing.connect(self._on_preparing)
         worker.batch_end.connect(self._on_batch)
         worker.evaluated.connect(self._on_eval)
         worker.checkpoint_saved.connect(self._on_checkpoint)
@@ -506,6 +524,19 @@ class MainWindow(QMainWindow):
 
     # -- events from the training thread -------------------------------------------------
 
+    def _on_preparing(self, phase: str, done: float, total: float) -> None:
+        """Data preparation before the first step: a progress bar in MB with its speed."""
+        now = time.monotonic()
+        if self._prepare_started is None or self._prepare_started[0] != phase:
+            self._prepare_started = (phase, now)
+        rate = done / 1e6 / max(now - self._prepare_started[1], 1e-3)
+        self.progress.setRange(0, 1000)
+        self.progress.setValue(int(1000 * done / max(total, 1)))
+        self.progress.setFormat(
+            f"preparing data: {phase} {done / 1e6:,.0f} / {total / 1e6:,.0f} MB "
+            f"({rate:,.0f} MB/s) — Stop cancels"
+        )
+
     def _on_train_started(self, info: dict) -> None:
         self._max_steps = info["max_steps"]
         self._start_step = info["start_step"]
@@ -524,7 +555,7 @@ class MainWindow(QMainWindow):
             self._set_state(
                 "running",
                 f"Running on {info['device']} ({info['precision']}), "
-                f"{info['n_params']:,} parameters, data: {info['data_source']}",
+                f"{info['n_params']:,} parameters, data: {describe_run_data(info)}",
             )
 
     def _refill_plots(self, run_dir: Path, start_step: int) -> None:
@@ -584,7 +615,12 @@ class MainWindow(QMainWindow):
         self._refresh_progress()
         self.plots.redraw()
         status, step = result.get("status"), result.get("step")
-        if status == "finished":
+        if status == "cancelled":
+            self._set_state("stopped", "Data preparation cancelled; nothing was started.")
+            self.progress.setRange(0, 1)
+            self.progress.setValue(0)
+            self.progress.setFormat("no run yet")
+        elif status == "finished":
             self._set_state("finished", f"Finished at step {step}. Run folder: {self.run_dir}")
         elif status == "stopped":
             self._set_state(
@@ -603,6 +639,7 @@ class MainWindow(QMainWindow):
     # -- progress, status, log -----------------------------------------------------------
 
     def _reset_progress(self) -> None:
+        self._prepare_started = None
         self._max_steps = None
         self._start_step = 0
         self._first: tuple[int, float] | None = None

@@ -112,6 +112,16 @@ class CurveSpec:
 CURVES = [
     CurveSpec("loss", "loss", "train loss", "#1f77b4", 1.0),
     CurveSpec("val_loss", "loss", "validation loss", "#d62728", 2.0, symbol="o", antialias=True),
+    CurveSpec(
+        "val_bpb",
+        "loss",
+        "validation bits/byte (right axis)",
+        "#9467bd",
+        1.5,
+        symbol="t",
+        right_axis=True,
+        antialias=True,
+    ),  # fmt: skip
     CurveSpec("mem_allocated_mb", "memory", "allocated", "#1f77b4"),
     CurveSpec("mem_reserved_mb", "memory", "reserved", "#ff7f0e"),
     CurveSpec("mem_peak_mb", "memory", "peak", "#d62728"),
@@ -125,12 +135,13 @@ CURVES = [
 ]
 PLOTS = {
     "loss": ("Loss", "loss"),
-    "memory": ("Memory", "MiB"),
+    "memory": ("VRAM / RAM", "MiB"),
     "throughput": ("Throughput", "tokens/s"),
     "lr": ("Learning rate", "lr"),
     "gpu": ("GPU (NVML)", "% / °C"),
 }
 SMOOTH_KEY = "loss_smooth"
+EVAL_KEYS = ("val_loss", "val_bpb")
 
 
 class PlotPanel(QWidget):
@@ -167,7 +178,11 @@ class PlotPanel(QWidget):
         options.addWidget(self.points_label)
 
         self.plots = {name: self._make_plot(title, unit) for name, (title, unit) in PLOTS.items()}
-        self._power_view = self._add_right_axis(self.plots["gpu"], "power", "W")
+        self._right_views = {
+            "gpu": self._add_right_axis(self.plots["gpu"], "power", "W"),
+            # bits per byte compare across tokenizers; nats per token do not
+            "loss": self._add_right_axis(self.plots["loss"], "bits/byte", ""),
+        }
         self.grid = QGridLayout()
         self.grid.setSpacing(4)
         self._place_plots()
@@ -249,7 +264,7 @@ class PlotPanel(QWidget):
             curve = pg.PlotDataItem(**kwargs)
             curve.setClipToView(True)
             curve.setDownsampling(auto=True, method="peak")
-            self._power_view.addItem(curve)
+            self._right_views[spec.plot].addItem(curve)
             legend = self.plots[spec.plot].getPlotItem().legend
             if legend is not None:
                 legend.addItem(curve, spec.label)
@@ -264,21 +279,22 @@ class PlotPanel(QWidget):
         step = record["step"]
         for key, series in self.series.items():
             value = record.get(key)
-            if value is not None and key != "val_loss":
+            if value is not None and key not in EVAL_KEYS:
                 series.append(step, value)
         total = record.get("nvml_total_mb")
         if total and self._total_line is None:
             self.set_device_total(total)
 
     def add_eval(self, record: dict) -> None:
-        if record.get("val_loss") is not None:
-            self.series["val_loss"].append(record["step"], record["val_loss"])
+        for key in EVAL_KEYS:
+            if record.get(key) is not None:
+                self.series[key].append(record["step"], record[key])
 
     def load_history(self, train: list[dict], evals: list[dict]) -> None:
         """Refill from a run's metrics.jsonl so a resumed run's curves continue."""
         self.clear()
         for key, series in self.series.items():
-            source = evals if key == "val_loss" else train
+            source = evals if key in EVAL_KEYS else train
             pairs = [(r["step"], r[key]) for r in source if r.get(key) is not None]
             if pairs:
                 xs, ys = zip(*pairs, strict=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import io
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -59,9 +60,17 @@ class _SignalEvents(TrainEvents):
 
     def __init__(self, thread: TrainThread):
         self.thread = thread
+        self._last_prepare = 0.0
 
     def on_train_start(self, info):
         self.thread.train_started.emit(info)
+
+    def on_prepare(self, phase, done, total):
+        now = time.monotonic()
+        if done < total and now - self._last_prepare < 0.1:  # at most 10 updates a second
+            return
+        self._last_prepare = now
+        self.thread.preparing.emit(phase, float(done), float(total))
 
     def on_train_batch_end(self, record):
         self.thread.batch_end.emit(record)
@@ -89,6 +98,7 @@ class TrainThread(QThread):
     """Runs `Trainer(cfg, run_dir, resume_from).run(...)`; errors become `failed`."""
 
     train_started = Signal(dict)
+    preparing = Signal(str, float, float)  # phase, bytes done, bytes in all
     batch_end = Signal(dict)
     evaluated = Signal(dict)
     checkpoint_saved = Signal(str, int)

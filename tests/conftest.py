@@ -9,6 +9,14 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")  # before anything imports
 import pytest  # noqa: E402
 
 
+@pytest.fixture(autouse=True, scope="session")
+def data_cache(tmp_path_factory):
+    """Prepared token files go to a temp folder, never the user's cache."""
+    path = tmp_path_factory.mktemp("data-cache")
+    os.environ["TRAINDECK_CACHE"] = str(path)
+    return path
+
+
 @pytest.fixture
 def gui_env(tmp_path, monkeypatch):
     """Keep user presets and QSettings inside tmp_path, never in the real user folders."""

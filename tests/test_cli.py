@@ -60,6 +60,8 @@ def test_bad_input_is_one_line_without_traceback_and_exit_2():
         (["--resume", "nowhere"], ["resume: nowhere is not a run folder"]),
         (["--resume", "latest"], ["no run with a checkpoint found"]),
         (["--frobnicate"], ["unrecognized arguments: --frobnicate"]),
+        (["--tokenizer", "bpe", "--vocab-size", "100"], ["vocab_size", "from 512 to 65536"]),
+        (["--tokenizer", "words"], ["tokenizer", "bytes, bpe"]),
     ],
 )
 def test_bad_flags_name_the_field(capsys, args, needles):
@@ -186,3 +188,20 @@ def test_data_folder_with_chosen_extensions(capsys, tmp_path):
     capsys.readouterr()
     assert main([*args, "--data-extensions", ".rst", "--out", "none"]) == 2
     one_line_error(capsys, "holds no files ending in .rst")
+
+
+def test_prepare_only_prints_the_figures_then_reuses_the_cache(capsys, tmp_path):
+    text = tmp_path / "book.txt"
+    text.write_text("Call me Ishmael. Some years ago, never mind how long precisely.\n" * 3000)
+    args = ["--prepare-only", "--data", str(text), "--tokenizer", "bpe", "--vocab-size", "512"]
+    args += ["--data-cache", str(tmp_path / "cache")]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    size = text.stat().st_size
+    assert f"Bytes: {size:,} of {size:,}" in out
+    assert "bpe tokenizer" in out and "Bytes per token:" in out
+    cache_line = [line for line in out.splitlines() if line.startswith("Cache: ")][0]
+    assert Path(cache_line[7:]).parent == tmp_path / "cache"
+    assert not (tmp_path / "runs").exists()  # preparing is not training
+    assert main(args) == 0
+    assert "reused from the cache" in capsys.readouterr().out

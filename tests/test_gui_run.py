@@ -238,3 +238,66 @@ def test_autostart_resume_latest_and_resume_from_the_command_line(make_window, q
     train, _ = read_metrics(RunFolder(first["run_dir"]).metrics_file)
     assert [r["step"] for r in train] == list(range(1, 21))
     assert window.plots.curve_points("loss") == 20
+
+
+def test_tokenizer_field_bpe_run_shows_preparation_data_and_bits_per_byte(
+    make_window, qtbot, gui_env
+):
+    text = gui_env / "book.txt"
+    text.write_text("It was the best of times, it was the worst of times.\n" * 4000)
+    window = tiny_window(make_window, max_steps=10, eval_every=5)
+    form = window.form
+    assert not form.widgets["vocab_size"].isEnabled()  # bytes: nothing to size
+    form.data.set_value(str(text))
+    assert "MB, used whole" in form.data_info.text()
+    form.widgets["tokenizer"].set_text("bpe")
+    assert form.widgets["vocab_size"].isEnabled()
+    form.widgets["vocab_size"].setValue(512)
+    cfg = form.validated()
+    assert (cfg.tokenizer, cfg.vocab_size) == ("bpe", 512)
+    formats = []
+    window.out_edit.setText(str(gui_env / "bpe run"))
+    with qtbot.waitSignal(window.run_ended, timeout=RUN_TIMEOUT_MS) as blocker:
+        window.start()
+        window.worker.preparing.connect(lambda *a: formats.append(window.progress.format()))
+    assert blocker.args[0]["status"] == "finished"
+    assert any(f.startswith("preparing data:") and "MB/s" in f for f in formats)
+    log = window.log_view.toPlainText()
+    assert "512-token BPE" in log
+    info = json.loads((gui_env / "bpe run" / "data.json").read_text())
+    assert info["tokenizer"] == "bpe" and info["source_bytes"] == text.stat().st_size
+    assert window.plots.curve_points("val_bpb") == 2
+
+
+def test_stop_during_data_preparation_cancels_and_caches_nothing(
+    make_window, qtbot, gui_env, monkeypatch
+):
+    from core import data as data_mod
+
+    text = gui_env / "big.txt"
+    text.write_text("lorem ipsum dolor sit amet\n" * 40_000)
+    monkeypatch.setattr(data_mod, "BLOCK", 4096)  # many progress reports: time to press Stop
+    advance = data_mod._Progress.advance
+
+    def slow_advance(self, n):
+        time.sleep(0.005)  # a slow disk: preparation outlasts the click
+        advance(self, n)
+
+    monkeypatch.setattr(data_mod._Progress, "advance", slow_advance)
+    window = tiny_window(make_window, max_steps=5)
+    window.form.data.set_value(str(text))
+    window.out_edit.setText(str(gui_env / "cancelled"))
+
+    def stop_on_first_progress(*_):
+        if window.state != "stopping":
+            window.stop()
+
+    with qtbot.waitSignal(window.run_ended, timeout=RUN_TIMEOUT_MS) as blocker:
+        window.start()
+        window.worker.preparing.connect(stop_on_first_progress)
+    assert blocker.args[0]["status"] == "cancelled"
+    assert "cancelled" in window.status_label.text()
+    assert not (gui_env / "cancelled").exists()
+    cache = data_mod.default_cache_dir()
+    assert not any(str(text) in p.read_text() for p in cache.glob("*/manifest.json"))
+    assert window.start_button.isEnabled()
