@@ -292,3 +292,14 @@ def test_windows_are_shifted_by_one_and_validation_never_moves_the_sampler(tmp_p
     a = d.sample_starts(8)
     d.load_state_dict(state)
     assert torch.equal(a, d.sample_starts(8))
+
+
+def test_fast_encoder_gives_the_hugging_face_tokenizers_ids():
+    """Training data is encoded with tiktoken over the same ranks; exports use the HF file."""
+    rng = np.random.default_rng(3)
+    corpus = [TEXT * 30, "def f(x):\n    return x + 1  # 42\n" * 30, "  spaces\t\ttabs\n\n" * 20]
+    tok = train_bpe(corpus, 700)
+    words = np.array((TEXT + " don't we'll 12345 x=y+1; \n\n  \t").split(" "))
+    for _ in range(30):
+        text = " ".join(rng.choice(words, 60)) + rng.choice(["", " ", "\n", "  \n "])
+        assert tok.encode(text) == tok.to_hf_tokenizer().encode(text).ids
