@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import sysconfig
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -390,6 +391,27 @@ def prepare(
 # -- training windows ----------------------------------------------------------------------
 
 
+class _WindowReader:
+    """Reads token windows with plain file reads. A memory map would do, but on kernels that
+    cache files in large folios each touched window maps megabytes of the file into the
+    process (measured: +300 MB RSS for 800 windows of a 300 MB file; file reads: +0.1 MB)."""
+
+    def __init__(self, path: Path, dtype):
+        self.file = open(path, "rb")  # noqa: SIM115 (open for the data's lifetime)
+        self.dtype = np.dtype(dtype)
+        self.lock = threading.Lock()
+
+    def read(self, start: int, n: int) -> np.ndarray:
+        size, offset = n * self.dtype.itemsize, start * self.dtype.itemsize
+        if hasattr(os, "pread"):
+            raw = os.pread(self.file.fileno(), size, offset)
+        else:  # Windows: no pread; seek and read under a lock
+            with self.lock:
+                self.file.seek(offset)
+                raw = self.file.read(size)
+        return np.frombuffer(raw, dtype=self.dtype)
+
+
 class TokenData:
     """The memory-mapped token file of a cache entry: train/validation split and sampler."""
 
@@ -407,11 +429,12 @@ class TokenData:
                 f"validation tokens; seq_len {seq_len} needs at least {need} of each "
                 "(lower seq_len, raise val_fraction or add text)"
             )
+        # The memory map serves whole-file access; training windows use plain reads.
         tokens = np.memmap(self.folder / "tokens.bin", dtype=manifest["dtype"], mode="r")
+        self._reader = _WindowReader(self.folder / "tokens.bin", manifest["dtype"])
         self.train = tokens[:n_train]
         self.val = tokens[n_train:]
         self.generator = torch.Generator().manual_seed(seed)
-        self._offsets = np.arange(seq_len + 1)
 
     @property
     def train_tokens(self) -> int:
@@ -421,8 +444,10 @@ class TokenData:
     def val_bytes_per_token(self) -> float:
         return self.manifest["val_bytes"] / max(1, self.manifest["val_tokens"])
 
-    def _windows(self, stream: np.ndarray, starts: torch.Tensor):
-        chunk = torch.from_numpy(stream[starts.numpy()[:, None] + self._offsets].astype(np.int64))
+    def _windows(self, base: int, starts: torch.Tensor):
+        n = self.seq_len + 1
+        rows = [self._reader.read(base + int(s), n) for s in starts]
+        chunk = torch.from_numpy(np.stack(rows).astype(np.int64))
         return chunk[:, :-1], chunk[:, 1:]
 
     def sample_starts(self, n: int) -> torch.Tensor:
@@ -431,17 +456,17 @@ class TokenData:
         return torch.randint(0, high + 1, (n,), generator=self.generator)
 
     def train_batch(self, starts: torch.Tensor):
-        return self._windows(self.train, starts)
+        return self._windows(0, starts)
 
     def val_batches(self, n_windows: int, batch_size: int):
         """Fixed, evenly spaced validation windows, the same every evaluation, in chunks."""
         high = len(self.val) - self.seq_len - 1
         starts = torch.linspace(0, high, n_windows).long()
         for chunk in starts.split(batch_size):
-            yield self._windows(self.val, chunk)
+            yield self._windows(len(self.train), chunk)
 
     def prompt(self, n: int = 16) -> torch.Tensor:
-        return torch.from_numpy(np.asarray(self.val[:n]).astype(np.int64))
+        return torch.from_numpy(self._reader.read(len(self.train), n).astype(np.int64))
 
     def state_dict(self) -> dict:
         return {"generator": self.generator.get_state()}

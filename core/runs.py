@@ -29,6 +29,7 @@ class RunFolder:
         self.data_file = self.path / "data.json"
         self.tokenizer_file = self.path / "tokenizer.json"
         self._metrics = None
+        self.resume_note: str | None = None  # why resume picked an older checkpoint
 
     @property
     def latest(self) -> Path:
@@ -158,18 +159,44 @@ def resolve_resume(spec: str, root: Path = DEFAULT_RUNS_ROOT) -> tuple[Path, Run
         runs = list_runs(root)
         if not runs:
             raise CheckpointError(f"resume: no run with a checkpoint found under {root}/")
-        return runs[0].latest, runs[0]
+        return newest_intact(runs[0]), runs[0]
     path = Path(spec)
     if path.is_dir():
         run = RunFolder(path)
-        if not run.latest.is_file():
+        if not run.latest.is_file() and not any(run.ckpt_dir.glob("*.pt")):
             raise CheckpointError(f"resume: {path} has no checkpoints/latest.pt")
-        return run.latest, run
+        return newest_intact(run), run
     if path.is_file():
         parent = path.parent
         run_dir = parent.parent if parent.name == "checkpoints" else parent
         return path, RunFolder(run_dir)
     raise CheckpointError(f"resume: {spec} is not a run folder, a checkpoint file or 'latest'")
+
+
+def newest_intact(run: RunFolder) -> Path:
+    """latest.pt, else the newest step file, else best.pt: the first that loads whole.
+    Sets run.resume_note when it had to pass over a damaged file."""
+    from .checkpoint import load
+
+    candidates = [run.latest, *sorted(run.ckpt_dir.glob("step-*.pt"), reverse=True), run.best]
+    tried = []
+    for path in candidates:
+        if not path.is_file():
+            continue
+        try:
+            step = load(path)["step"]
+        except CheckpointError as e:
+            tried.append(f"{path.name} ({str(e).split(' is ', 1)[-1]})")
+            continue
+        if tried:
+            run.resume_note = (
+                f"resume: {'; '.join(tried)}; continuing from {path.name} (step {step}), "
+                "the newest intact checkpoint"
+            )
+        return path
+    raise CheckpointError(
+        f"resume: no intact checkpoint in {run.ckpt_dir}; tried {'; '.join(tried) or 'nothing'}"
+    )
 
 
 def checkpoint_summary(path: Path) -> dict:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import math
 import os
 import random
+import shutil
 import time
 import traceback
 from pathlib import Path
@@ -23,6 +25,7 @@ from .errors import CheckpointError, ConfigError, UserError
 from .events import TrainControl, TrainEvents
 from .hardware import memory_stats
 from .model import GPT, GPTConfig
+from .runlock import RunLock
 from .runs import RunFolder
 from .tokenizer import Tokenizer
 
@@ -39,6 +42,10 @@ def is_oom(err: BaseException) -> bool:
     return isinstance(err, torch.OutOfMemoryError) or (
         isinstance(err, RuntimeError) and "out of memory" in str(err)
     )
+
+
+def is_disk_full(err: BaseException) -> bool:
+    return isinstance(err, OSError) and err.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1))
 
 
 def resolve_device(name: str) -> torch.device:
@@ -122,6 +129,7 @@ class Trainer:
         self.events = TrainEvents()
         self.control = TrainControl()
         self._early_logs: list[str] = []
+        self.lock = RunLock(self.folder.path)
         self.step = 0
         self.best_val = float("inf")
         self.last_loss = None
@@ -150,6 +158,8 @@ class Trainer:
 
     def _setup(self) -> None:
         cfg = self.cfg
+        if self.resume_from and self.world.main:  # before reading: another may be writing
+            self.lock.acquire()
         resume_state = self._load_resume_state() if self.resume_from else None
         self.device = resolve_device(self.world.device_name(cfg.device))
         self._owns_group = self.world.init(self.device)
@@ -157,6 +167,8 @@ class Trainer:
         self.data = self._prepare_data(resume_state)
         # Only now, with the input known good, does a new run get its folder.
         self.folder.create(resuming=resume_state is not None)
+        if self.world.main and not self.lock.held:
+            self.lock.acquire()
         self.folder.write_data_info(self.data.summary(), self.data.tokenizer)
         for message in self._early_logs:
             self.folder.log(message)
@@ -512,6 +524,9 @@ class Trainer:
             error = str(e)
             raise
         except Exception as e:
+            if is_disk_full(e):
+                error = self._disk_full_message(e)
+                raise TrainingError(error) from None
             error = f"{type(e).__name__}: {e}"
             if self.folder.path.is_dir():
                 self.folder.log(traceback.format_exc())
@@ -520,16 +535,40 @@ class Trainer:
             if status == "failed":
                 self._end("failed", error)
 
+    def _disk_full_message(self, err: OSError) -> str:
+        """One line: the disk is full, where, how much is free, what is safe, how to go on."""
+        where = Path(err.filename) if getattr(err, "filename", None) else self.folder.path
+        probe = where if where.is_dir() else where.parent
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        free = shutil.disk_usage(probe).free
+        if self._saved_step >= 0 and self.folder.latest.is_file():
+            good = (
+                f"the last good checkpoint is step {self._saved_step} ({self.folder.latest}); "
+                f"free some space, then resume with: python -m core.train --resume "
+                f"{self.folder.path}"
+            )
+        else:
+            good = "no checkpoint was saved yet; free some space and start again"
+        where = f"the device holding {where} ({free / 1e6:,.0f} MB free)"
+        return f"disk full: no space left on {where}; {good}"
+
     def _end(self, status: str, error: str | None = None) -> dict:
         step = self.step
         max_steps = getattr(self, "max_steps", None)
         result = {"status": status, "step": step, "run_dir": str(self.folder.path)}
         if error:
             result["error"] = error
-        if self.folder.path.is_dir() and max_steps is not None:
-            self.folder.write_status(status, step, max_steps, **({"error": error} if error else {}))
-            self._log(f"{status} at step {step}" + (f": {error}" if error else ""))
-        self.folder.close()
+        try:
+            if self.folder.path.is_dir() and max_steps is not None:
+                extra = {"error": error} if error else {}
+                self.folder.write_status(status, step, max_steps, **extra)
+                self._log(f"{status} at step {step}" + (f": {error}" if error else ""))
+            self.folder.close()
+        except OSError as e:  # a full disk must not hide the error that ended the run
+            if not is_disk_full(e):
+                raise
+        self.lock.release()
         if getattr(self, "_owns_group", False):
             torch.distributed.destroy_process_group()
         self.events.on_train_end(result)
