@@ -26,11 +26,14 @@ sys.path.insert(0, str(ROOT))
 
 from core.data import DataSpec, find_sources, prepare  # noqa: E402
 
-WORDS = (
-    "the of and to in a is that for it as was with be by on not he I this are or his from "
-    "at which but have an they you were her she there been one all we their has would when "
-    "model training loss gradient token layer attention über café naïve 東京 данные"
-).split()
+WORDS = " ".join(
+    [
+        "the of and to in a is that for it as was with be by on not he I this are or his",
+        "from at which but have an they you were her she there been one all we their has",
+        "would when model training loss gradient token layer attention über café naïve",
+        "東京 данные",
+    ]
+).split(" ")
 
 
 def make_corpus(path: Path, size: int) -> None:
@@ -122,7 +125,9 @@ def main() -> None:
             ("training peak RSS (MB)", rss, 1000, False),
         ]
         for name, value, target, higher in rows:
-            ratio = "" if target is None else f"{(value / target if higher else target / value):.2f}x"
+            ratio = (
+                "" if target is None else f"{(value / target if higher else target / value):.2f}x"
+            )
             shown = "" if target is None else f"{'>=' if higher else '<'} {target:,}"
             print(f"{name:<34}{value:>14,.1f}{shown:>12}{ratio:>8}")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pickle
 import random
+import zlib
 import shutil
 from pathlib import Path
 
@@ -16,7 +17,23 @@ from .errors import CheckpointError
 FORMAT_VERSION = 1
 
 
+def tensor_checksum(obj, crc: int = 0) -> int:
+    """CRC32 over every tensor's bytes, in order. Bytes overwritten inside tensor data do not
+    stop torch.load, so a checkpoint carries this to prove its weights are the ones saved."""
+    if isinstance(obj, torch.Tensor):
+        flat = obj.detach().reshape(-1).contiguous().cpu()
+        return zlib.crc32(flat.view(torch.uint8).numpy(), crc)
+    if isinstance(obj, dict):
+        for value in obj.values():
+            crc = tensor_checksum(value, crc)
+    elif isinstance(obj, (list, tuple)):
+        for value in obj:
+            crc = tensor_checksum(value, crc)
+    return crc
+
+
 def save(state: dict, path: Path) -> None:
+    state = {**state, "checksum": tensor_checksum(state)}
     atomic_write(Path(path), lambda f: torch.save(state, f))
 
 
@@ -51,6 +68,9 @@ def load(path: Path) -> dict:
         ) from None
     if not isinstance(state, dict) or "format_version" not in state:
         raise CheckpointError(f"checkpoint: {path} is not a TrainDeck checkpoint")
+    saved_sum = state.pop("checksum", None)  # checkpoints from before it have none
+    if saved_sum is not None and tensor_checksum(state) != saved_sum:
+        raise CheckpointError(f"checkpoint: {path} is damaged (its tensors fail the checksum)")
     if state["format_version"] > FORMAT_VERSION:
         raise CheckpointError(
             f"checkpoint: {path} has format {state['format_version']}; this TrainDeck reads "

@@ -135,6 +135,9 @@ def build_config(args) -> tuple[TrainConfig, Path, Path | None]:
     root = Path(args.runs_root)
     if args.resume:
         cfg, resume_file, run = resume_config(args.resume, root, args.preset, _overrides(args))
+        if run.resume_note:
+            print(run.resume_note)
+            run.log(run.resume_note)
         if args.out and Path(args.out).resolve() != run.path.resolve():
             raise UsageError(f"--out: a resumed run stays in its own folder {run.path}")
         return cfg, run.path, resume_file

@@ -11,8 +11,9 @@ from pathlib import Path
 
 from core.errors import UserError
 from core.runs import DEFAULT_RUNS_ROOT
+from gui.platform_check import xcb_problem
 
-EXIT_BAD_INPUT = 2
+EXIT_FAIL, EXIT_BAD_INPUT = 1, 2
 
 
 def positive_int(text: str) -> int:
@@ -106,6 +107,10 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_BAD_INPUT
+    problem = xcb_problem()
+    if problem:
+        print(problem, file=sys.stderr)
+        return EXIT_FAIL
 
     from PySide6.QtCore import QSettings, QTimer
     from PySide6.QtWidgets import QApplication

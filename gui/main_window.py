@@ -453,6 +453,8 @@ class MainWindow(QMainWindow):
             return False
         try:
             cfg, ckpt, run = resume_config(spec, self.runs_root, preset, changes)
+            if run.resume_note:
+                self.log(run.resume_note)
         except UserError as e:
             self.show_error("Cannot resume", str(e))
             return False

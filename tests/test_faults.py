@@ -1,0 +1,163 @@
+"""Faults a user meets: a full disk, a damaged checkpoint, two trainers on one run, no xcb."""
+
+import errno
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from core import checkpoint as ckpt
+from core.errors import CheckpointError
+from core.runlock import LOCK_NAME, RunLock, RunLocked
+from core.runs import resolve_resume
+from core.train import main
+from core.trainer import Trainer, TrainingError
+from gui.platform_check import xcb_problem
+from tiny import tiny_config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# -- a full disk ---------------------------------------------------------------------------
+
+
+def test_disk_full_while_saving_stops_with_one_clear_line_and_keeps_the_good_checkpoint(
+    tmp_path, monkeypatch, capsys
+):
+    run = tmp_path / "run"
+    real_save = torch.save
+    saves = []
+
+    def save(obj, f, *args, **kwargs):
+        saves.append(1)
+        if len(saves) > 2:  # the checkpoints at steps 10 and 20 fit, the one at 30 does not
+            f.write(b"partial")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save)
+    args = ["--preset", "cpu-tiny", "--seq-len", "32", "--hidden-dim", "32", "--max-steps", "30"]
+    args += ["--eval-every", "10", "--ckpt-every", "10", "--out", str(run)]
+    assert main(args) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # after the progress bars
+    assert err.startswith("error: disk full: no space left on the device holding")
+    assert "MB free" in err and "the last good checkpoint is step 20" in err
+    assert f"python -m core.train --resume {run}" in err
+    monkeypatch.setattr(torch, "save", real_save)
+    assert ckpt.load(run / "checkpoints" / "latest.pt")["step"] == 20
+    assert not list(run.rglob("*.tmp")), "temporary files were left behind"
+    assert not (run / LOCK_NAME).exists()
+    assert main(["--resume", str(run)]) == 0  # the printed command works once space is back
+
+
+# -- a damaged checkpoint ------------------------------------------------------------------
+
+
+@pytest.fixture
+def trained_run(tmp_path):
+    run = tmp_path / "run"
+    Trainer(tiny_config(max_steps=20, ckpt_every=10, eval_every=10), run).run()
+    return run
+
+
+def damage(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 3 : len(data) // 3 + 2000] = os.urandom(2000)
+    path.write_bytes(bytes(data))
+
+
+def test_damaged_latest_falls_back_to_the_newest_intact_checkpoint(trained_run, capsys):
+    ckpts = trained_run / "checkpoints"
+    damage(ckpts / "latest.pt")
+    path, run = resolve_resume(str(trained_run))
+    assert path == ckpts / "step-000020.pt"
+    assert "latest.pt (damaged" in run.resume_note and "step-000020.pt (step 20)" in run.resume_note
+    damage(ckpts / "step-000020.pt")
+    path, run = resolve_resume(str(trained_run))
+    assert path == ckpts / "step-000010.pt" and "step-000020.pt (damaged" in run.resume_note
+    assert main(["--resume", str(trained_run), "--max-steps", "22"]) == 0
+    out = capsys.readouterr().out
+    assert "continuing from step-000010.pt (step 10)" in out
+    assert ckpt.load(ckpts / "latest.pt")["step"] == 22
+
+
+def test_no_intact_checkpoint_lists_what_was_tried_and_a_named_file_is_refused(trained_run, capsys):
+    ckpts = trained_run / "checkpoints"
+    for p in ckpts.glob("*.pt"):
+        damage(p)
+    with pytest.raises(CheckpointError, match=r"no intact checkpoint .*latest\.pt.*best\.pt"):
+        resolve_resume(str(trained_run))
+    assert main(["--resume", str(ckpts / "latest.pt")]) == 2
+    assert "latest.pt is damaged" in capsys.readouterr().err
+
+
+# -- two processes, one run ----------------------------------------------------------------
+
+HOLDER = """
+import sys, time
+from core.runlock import RunLock
+lock = RunLock(sys.argv[1]); lock.acquire()
+print("locked", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_run_in_use_by_another_process_is_refused_naming_its_pid(trained_run, capsys):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(trained_run)], stdout=subprocess.PIPE, env=env
+    )
+    try:
+        assert holder.stdout.readline().strip() == b"locked"
+        assert main(["--resume", str(trained_run), "--max-steps", "25"]) == 2
+        err = capsys.readouterr().err
+        assert f"in use by process {holder.pid}" in err
+    finally:
+        holder.kill()
+        holder.wait()
+    # the holder died without unlocking: its lock is stale and is taken over
+    assert (trained_run / LOCK_NAME).exists()
+    assert main(["--resume", str(trained_run), "--max-steps", "25"]) == 0
+    assert not (trained_run / LOCK_NAME).exists()
+
+
+def test_lock_is_exclusive_within_a_process_too(tmp_path):
+    first, second = RunLock(tmp_path), RunLock(tmp_path)
+    first.acquire()
+    with pytest.raises(RunLocked, match=f"process {os.getpid()}"):
+        second.acquire()
+    first.release()
+    second.acquire()
+    second.release()
+    assert not (tmp_path / LOCK_NAME).exists()
+
+
+# -- Linux without Qt's xcb libraries ------------------------------------------------------
+
+
+def test_missing_xcb_libraries_give_one_apt_line(monkeypatch):
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setenv("DISPLAY", ":0")
+    monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
+    monkeypatch.delenv("QT_QPA_PLATFORM", raising=False)
+    problem = xcb_problem(lambda lib: ["libxcb-cursor.so.0", "libxkbcommon-x11.so.0"])
+    assert problem is not None and len(problem.splitlines()) == 1
+    assert "libxcb-cursor.so.0" in problem
+    assert "sudo apt install libxcb-cursor0 libxkbcommon-x11-0" in problem
+    assert "train headless" in problem
+    assert xcb_problem(lambda lib: []) is None
+    monkeypatch.setenv("QT_QPA_PLATFORM", "offscreen")  # another platform: xcb is not used
+    assert xcb_problem(lambda lib: ["libxcb-cursor.so.0"]) is None
+
+
+def test_the_app_exits_1_with_the_hint_before_creating_qt(monkeypatch, capsys):
+    import gui.__main__ as app
+
+    monkeypatch.setattr(app, "xcb_problem", lambda: "error: the window cannot start: x")
+    monkeypatch.setattr(app, "no_display", lambda: False)
+    assert app.main([]) == 1
+    assert capsys.readouterr().err.strip() == "error: the window cannot start: x"
