@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pickle
 import random
-import zlib
 import shutil
+import zlib
 from pathlib import Path
 
 import numpy as np

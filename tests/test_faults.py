@@ -4,7 +4,6 @@ import errno
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ from core.errors import CheckpointError
 from core.runlock import LOCK_NAME, RunLock, RunLocked
 from core.runs import resolve_resume
 from core.train import main
-from core.trainer import Trainer, TrainingError
+from core.trainer import Trainer
 from gui.platform_check import xcb_problem
 from tiny import tiny_config
 
