@@ -1,0 +1,293 @@
+"""Take a trained model to other tools:
+
+    python -m core.export RUN_DIR|CHECKPOINT --format hf|gguf|safetensors --out DIR
+
+hf: a GPT-2 folder that transformers loads with no custom code (config.json, model.safetensors,
+tokenizer files, a model card). gguf: a GPT-2 GGUF file with the tokenizer inside, for
+llama.cpp and the apps built on it. safetensors: the weights under TrainDeck's own names plus
+the config as JSON. The folder is written beside --out and renamed into place when complete.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import uuid
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .errors import UserError
+from .generate import Loaded, load
+
+FORMATS = ("hf", "gguf", "safetensors")
+EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT = 0, 1, 2
+LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which the model uses
+
+
+class ExportError(UserError):
+    pass
+
+
+def _need(module: str):
+    try:
+        return __import__(module, fromlist=["_"])
+    except ImportError:
+        raise ExportError(
+            f"export: this format needs the '{module}' package: pip install -e .[export]"
+        ) from None
+
+
+def _weights(model) -> dict[str, torch.Tensor]:
+    return {k: v.detach().float().cpu().contiguous() for k, v in model.state_dict().items()}
+
+
+# -- Hugging Face --------------------------------------------------------------------------
+
+
+def hf_state_dict(model) -> dict[str, torch.Tensor]:
+    """The weights under GPT-2's names. GPT-2 keeps its linear layers as Conv1D, whose
+    weights are the transpose of torch.nn.Linear's; lm_head is tied to wte."""
+    w = _weights(model)
+    out = {
+        "transformer.wte.weight": w["tok_emb.weight"],
+        "transformer.wpe.weight": w["pos_emb.weight"],
+        "transformer.ln_f.weight": w["ln_f.weight"],
+        "transformer.ln_f.bias": w["ln_f.bias"],
+    }
+    pairs = [
+        ("ln_1", "ln1", False), ("attn.c_attn", "attn.qkv", True),
+        ("attn.c_proj", "attn.proj", True), ("ln_2", "ln2", False),
+        ("mlp.c_fc", "mlp.fc", True), ("mlp.c_proj", "mlp.proj", True),
+    ]  # fmt: skip
+    for i in range(model.config.n_layers):
+        for hf, ours, linear in pairs:
+            weight = w[f"blocks.{i}.{ours}.weight"]
+            out[f"transformer.h.{i}.{hf}.weight"] = weight.t().contiguous() if linear else weight
+            bias = w.get(f"blocks.{i}.{ours}.bias")
+            if bias is None:  # a bias-free layer is a zero bias for GPT-2
+                bias = torch.zeros(weight.shape[0])
+            out[f"transformer.h.{i}.{hf}.bias"] = bias
+    return out
+
+
+def hf_config(loaded: Loaded) -> dict:
+    c = loaded.model.config
+    return {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "vocab_size": c.vocab_size,
+        "n_positions": c.seq_len,
+        "n_ctx": c.seq_len,
+        "n_embd": c.hidden_dim,
+        "n_layer": c.n_layers,
+        "n_head": c.n_heads,
+        "n_inner": None,
+        "activation_function": "gelu",  # exact erf GELU, as torch.nn.functional.gelu
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        "attn_pdrop": 0.0,
+        "layer_norm_epsilon": LAYER_NORM_EPS,
+        "initializer_range": 0.02,
+        "scale_attn_weights": True,
+        "tie_word_embeddings": True,
+        "use_cache": True,
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "torch_dtype": "float32",
+    }
+
+
+def model_card(loaded: Loaded) -> str:
+    cfg, c = loaded.config, loaded.model.config
+    val = f"{loaded.val_loss:.4f}" if loaded.val_loss is not None else "not measured"
+    return f"""# TrainDeck model
+
+A GPT-2-architecture language model trained with TrainDeck.
+
+- Data: {cfg.data or "embedded corpus (Python standard library sources)"}
+- Tokenizer: {loaded.tokenizer.kind} ({loaded.tokenizer.vocab_size} tokens; model vocab {c.vocab_size})
+- Size: {loaded.model.num_params():,} parameters; {c.n_layers} layers, {c.n_heads} heads,
+  width {c.hidden_dim}, context {c.seq_len}
+- Trained: {loaded.step} optimizer steps, batch {cfg.batch_size} x {cfg.grad_accum} x
+  {cfg.seq_len} tokens, AdamW, peak lr {cfg.lr}, precision {cfg.precision}
+- Validation loss at export: {val} (nats per token)
+- Checkpoint: {loaded.checkpoint.name}
+
+```python
+from transformers import AutoModelForCausalLM, AutoTokenizer
+tok = AutoTokenizer.from_pretrained("THIS_FOLDER")
+model = AutoModelForCausalLM.from_pretrained("THIS_FOLDER")
+print(tok.decode(model.generate(**tok("def ", return_tensors="pt"), max_new_tokens=50)[0]))
+```
+"""
+
+
+def write_tokenizer_files(loaded: Loaded, folder: Path) -> None:
+    (folder / "tokenizer.json").write_text(loaded.tokenizer.hf_json(), encoding="utf-8")
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": loaded.model.config.seq_len,
+        "clean_up_tokenization_spaces": False,
+    }
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
+
+
+def export_hf(loaded: Loaded, folder: Path) -> None:
+    from safetensors.torch import save_file
+
+    save_file(hf_state_dict(loaded.model), str(folder / "model.safetensors"), {"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(hf_config(loaded), indent=1), encoding="utf-8")
+    write_tokenizer_files(loaded, folder)
+    (folder / "README.md").write_text(model_card(loaded), encoding="utf-8")
+
+
+# -- safetensors -----------------------------------------------------------------------------
+
+
+def export_safetensors(loaded: Loaded, folder: Path) -> None:
+    from safetensors.torch import save_file
+
+    weights = _weights(loaded.model)
+    weights.pop("head.weight")  # tied to tok_emb.weight
+    save_file(weights, str(folder / "model.safetensors"), {"format": "traindeck"})
+    config = {
+        "format": "traindeck",
+        "note": "head.weight is tied to tok_emb.weight",
+        "vocab_size": loaded.model.config.vocab_size,
+        "tokenizer": loaded.tokenizer.kind,
+        "step": loaded.step,
+        "train_config": loaded.config.to_dict(),
+    }
+    (folder / "config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
+    (folder / "tokenizer.json").write_text(loaded.tokenizer.hf_json(), encoding="utf-8")
+
+
+# -- GGUF -----------------------------------------------------------------------------------
+
+
+def gguf_tensors(model) -> dict[str, np.ndarray]:
+    """llama.cpp's GPT-2 tensor names; its weights keep torch.nn.Linear's (out, in) layout."""
+    import gguf
+
+    t = gguf.MODEL_TENSOR
+    name = gguf.TENSOR_NAMES
+    w = _weights(model)
+    out = {
+        name[t.TOKEN_EMBD] + ".weight": w["tok_emb.weight"],
+        name[t.POS_EMBD] + ".weight": w["pos_emb.weight"],
+        name[t.OUTPUT_NORM] + ".weight": w["ln_f.weight"],
+        name[t.OUTPUT_NORM] + ".bias": w["ln_f.bias"],
+        name[t.OUTPUT] + ".weight": w["tok_emb.weight"],  # tied head, written out
+    }
+    parts = [
+        (t.ATTN_NORM, "ln1"), (t.ATTN_QKV, "attn.qkv"), (t.ATTN_OUT, "attn.proj"),
+        (t.FFN_NORM, "ln2"), (t.FFN_UP, "mlp.fc"), (t.FFN_DOWN, "mlp.proj"),
+    ]  # fmt: skip
+    for i in range(model.config.n_layers):
+        for kind, ours in parts:
+            base = name[kind].format(bid=i)
+            weight = w[f"blocks.{i}.{ours}.weight"]
+            out[base + ".weight"] = weight
+            out[base + ".bias"] = w.get(f"blocks.{i}.{ours}.bias", torch.zeros(weight.shape[0]))
+    return {k: v.numpy() for k, v in out.items()}
+
+
+def gguf_vocab(loaded: Loaded) -> tuple[list[str], list[int], list[str]]:
+    """Tokens (GPT-2 byte-level strings) padded to the model's vocab, their types, merges."""
+    import gguf
+
+    model = json.loads(loaded.tokenizer.hf_json())["model"]
+    by_id = {i: tok for tok, i in model["vocab"].items()}
+    n = loaded.model.config.vocab_size
+    tokens = [by_id.get(i, f"[PAD{i}]") for i in range(n)]
+    types = [gguf.TokenType.NORMAL if i in by_id else gguf.TokenType.UNUSED for i in range(n)]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges") or []]
+    return tokens, [int(x) for x in types], merges
+
+
+def export_gguf(loaded: Loaded, folder: Path) -> None:
+    import gguf
+
+    c = loaded.model.config
+    writer = gguf.GGUFWriter(str(folder / "model.gguf"), "gpt2")
+    writer.add_name("TrainDeck model")
+    writer.add_context_length(c.seq_len)
+    writer.add_embedding_length(c.hidden_dim)
+    writer.add_feed_forward_length(4 * c.hidden_dim)
+    writer.add_block_count(c.n_layers)
+    writer.add_head_count(c.n_heads)
+    writer.add_layer_norm_eps(LAYER_NORM_EPS)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    tokens, types, merges = gguf_vocab(loaded)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("gpt-2")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    if merges:
+        writer.add_token_merges(merges)
+    writer.add_add_bos_token(False)
+    for tensor_name, data in gguf_tensors(loaded.model).items():
+        writer.add_tensor(tensor_name, data)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+WRITERS = {"hf": export_hf, "gguf": export_gguf, "safetensors": export_safetensors}
+NEEDS = {"hf": ["safetensors"], "gguf": ["gguf"], "safetensors": ["safetensors"]}
+
+
+def export(target: str | Path, fmt: str, out: str | Path, which: str = "best") -> Path:
+    """Write the export into out (a new or empty folder); nothing is left on failure."""
+    if fmt not in FORMATS:
+        raise ExportError(f"format: expected one of {', '.join(FORMATS)}, got {fmt!r}")
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ExportError(f"out: {out} exists and is not an empty folder; choose a new one")
+    for module in NEEDS[fmt]:
+        _need(module)
+    loaded = load(target, which)
+    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:6]}"
+    tmp.mkdir(parents=True)
+    try:
+        WRITERS[fmt](loaded, tmp)
+        if out.exists():
+            out.rmdir()
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise ExportError(message)
+
+
+def main(argv=None) -> int:
+    p = Parser(prog="python -m core.export", description="Export a trained run.")
+    p.add_argument("target", help="a run folder or a checkpoint file")
+    p.add_argument("--format", required=True, choices=FORMATS)
+    p.add_argument("--out", required=True, help="a new (or empty) folder")
+    p.add_argument("--checkpoint", choices=("best", "latest"), default="best")
+    try:
+        args = p.parse_args(argv)
+        out = export(args.target, args.format, args.out, args.checkpoint)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except Exception as e:
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        return EXIT_FAIL
+    print(f"Exported {args.format} to {out}")
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

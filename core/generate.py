@@ -1,0 +1,251 @@
+"""Use a trained model: python -m core.generate RUN_DIR|CHECKPOINT --prompt TEXT.
+
+Streams the prompt, then the continuation, to stdout. Deterministic for a given seed.
+Generation keeps a key/value cache, so n new tokens cost O(n) forward work; past the
+context length the window slides forward by half a context and the cache is rebuilt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import codecs
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from . import checkpoint as ckpt
+from .config import TrainConfig, from_dict, validate
+from .errors import CheckpointError, UserError
+from .model import GPT, GPTConfig
+from .tokenizer import Tokenizer, bytes_tokenizer
+
+EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT = 0, 1, 2
+
+
+@dataclass
+class Loaded:
+    model: GPT
+    tokenizer: Tokenizer
+    config: TrainConfig
+    checkpoint: Path
+    step: int
+    val_loss: float | None
+
+
+def checkpoint_path(target: str | Path, which: str = "best") -> Path:
+    """A checkpoint file as given, or a run folder's best.pt / latest.pt."""
+    path = Path(target)
+    if path.is_file():
+        return path
+    if path.is_dir():
+        folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+        order = ["best.pt", "latest.pt"] if which == "best" else ["latest.pt", "best.pt"]
+        for name in order:
+            if (folder / name).is_file():
+                return folder / name
+        raise CheckpointError(f"checkpoint: {path} holds no best.pt or latest.pt")
+    raise CheckpointError(f"checkpoint: {target} is neither a run folder nor a checkpoint file")
+
+
+def run_tokenizer(state: dict, ckpt_file: Path) -> Tokenizer:
+    """The tokenizer the model was trained with: in the checkpoint, else beside it, else bytes
+    (checkpoints from before tokenizers were recorded were all byte-level)."""
+    info = state.get("data_info") or {}
+    if info.get("tokenizer_json"):
+        return Tokenizer.from_json(info["tokenizer_json"])
+    for folder in (ckpt_file.parent, ckpt_file.parent.parent):
+        if (folder / "tokenizer.json").is_file():
+            return Tokenizer.load(folder / "tokenizer.json")
+    return bytes_tokenizer()
+
+
+def model_config(cfg: TrainConfig) -> GPTConfig:
+    return GPTConfig(
+        hidden_dim=cfg.hidden_dim,
+        n_layers=cfg.n_layers,
+        n_heads=cfg.n_heads,
+        seq_len=cfg.seq_len,
+        dropout=0.0,
+        vocab_size=cfg.model_vocab,
+    )
+
+
+def load(target: str | Path, which: str = "best", device: str = "cpu") -> Loaded:
+    """Model (eval mode, fp32, on device) and tokenizer of a run folder or checkpoint."""
+    path = checkpoint_path(target, which)
+    state = ckpt.load(path)
+    cfg = validate(from_dict(state["config"], source=str(path)))
+    model = GPT(model_config(cfg))
+    try:
+        model.load_state_dict(state["model"])
+    except (RuntimeError, KeyError) as e:
+        raise CheckpointError(f"checkpoint: {path} does not hold this model's weights ({e})")
+    model.to(device).eval()
+    meta = state.get("meta") or {}
+    return Loaded(
+        model, run_tokenizer(state, path), cfg, path, int(state["step"]), meta.get("val_loss")
+    )
+
+
+def pick(logits: torch.Tensor, temperature: float, top_k, top_p, gen: torch.Generator) -> int:
+    """The next token from one row of logits: greedy at temperature 0, else sampled after
+    top-k and nucleus (top-p) filtering."""
+    logits = logits.float().cpu()
+    if temperature <= 0:
+        return int(torch.argmax(logits))
+    logits = logits / temperature
+    if top_k:
+        kth = torch.topk(logits, min(top_k, logits.numel())).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        order = torch.argsort(logits, descending=True)
+        probs = torch.softmax(logits[order], dim=-1)
+        drop = torch.cumsum(probs, dim=-1) - probs >= top_p  # keep the first token always
+        logits[order[drop]] = float("-inf")
+    return int(torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=gen))
+
+
+def generate_ids(
+    model: GPT,
+    prompt: list[int],
+    n_new: int,
+    temperature: float = 0.8,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int = 0,
+    use_cache: bool = True,
+    should_stop: Callable[[], bool] | None = None,
+) -> Iterator[int]:
+    """Yield n_new token ids after prompt. The window over which the model looks is the same
+    with and without the cache: once it is full it moves forward by half a context."""
+    context = model.config.seq_len
+    device = next(model.parameters()).device
+    gen = torch.Generator().manual_seed(seed)
+    tokens = list(prompt)
+    start = max(0, len(tokens) - context)
+    cache, cache_start = None, None
+    for _ in range(n_new):
+        if should_stop is not None and should_stop():
+            return
+        if len(tokens) - start > context:
+            start = len(tokens) - context // 2
+        window = tokens[start:]
+        with torch.no_grad():
+            if not use_cache:
+                logits, _ = model(torch.tensor([window], device=device))
+            elif cache is None or cache_start != start:
+                logits, cache = model.forward_cached(torch.tensor([window], device=device), None)
+                cache_start = start
+            else:
+                last = torch.tensor([[window[-1]]], device=device)
+                logits, cache = model.forward_cached(last, cache, len(window) - 1)
+        nxt = pick(logits[0, -1], temperature, top_k, top_p, gen)
+        tokens.append(nxt)
+        yield nxt
+
+
+def stream_text(tokenizer: Tokenizer, ids: Iterator[int]) -> Iterator[str]:
+    """Decoded text as it is produced; a character split across tokens waits for its end."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    for i in ids:
+        text = decoder.decode(tokenizer.token_bytes(i))
+        if text:
+            yield text
+    tail = decoder.decode(b"", final=True)
+    if tail:
+        yield tail
+
+
+# -- command line ---------------------------------------------------------------------------
+
+
+class UsageError(UserError):
+    pass
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(message)
+
+
+def _non_negative(kind):
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+        return value
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(prog="python -m core.generate", description="Generate text with a trained run.")
+    p.add_argument("target", help="a run folder or a checkpoint file")
+    p.add_argument("--prompt", default=None, help="text to continue (default: a newline)")
+    p.add_argument("--prompt-file", help="read the prompt from this file")
+    p.add_argument("--max-new-tokens", type=_non_negative(int), default=200, metavar="N")
+    p.add_argument(
+        "--temperature", type=_non_negative(float), default=0.8, metavar="T", help="0: greedy"
+    )
+    p.add_argument("--top-k", type=_non_negative(int), default=None, metavar="K")
+    p.add_argument("--top-p", type=_non_negative(float), default=None, metavar="P")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--checkpoint", choices=("best", "latest"), default="best")
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
+    p.add_argument("--no-cache", action="store_true", help="recompute the whole window each token")
+    return p
+
+
+def read_prompt(args) -> str:
+    if args.prompt_file:
+        try:
+            return Path(args.prompt_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise UsageError(f"--prompt-file: cannot read {args.prompt_file} ({e})") from None
+    return args.prompt if args.prompt is not None else "\n"
+
+
+def run_cli(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.top_p is not None and not 0 < args.top_p <= 1:
+        raise UsageError(f"--top-p: expected a number in (0, 1], got {args.top_p}")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError(f"--device: {args.device} requested but CUDA is not available")
+    prompt = read_prompt(args)
+    loaded = load(args.target, args.checkpoint, args.device)
+    ids = loaded.tokenizer.encode(prompt) or loaded.tokenizer.encode("\n")
+    out = sys.stdout
+    out.write(prompt)
+    out.flush()
+    new = generate_ids(
+        loaded.model, ids, args.max_new_tokens, args.temperature, args.top_k or None,
+        args.top_p, args.seed, use_cache=not args.no_cache,
+    )  # fmt: skip
+    for text in stream_text(loaded.tokenizer, new):
+        out.write(text)
+        out.flush()
+    out.write("\n")
+    return EXIT_OK
+
+
+def main(argv=None) -> int:
+    try:
+        return run_cli(argv)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        return EXIT_FAIL
+
+
+if __name__ == "__main__":
+    sys.exit(main())
