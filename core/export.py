@@ -102,14 +102,14 @@ def hf_config(loaded: Loaded) -> dict:
 
 
 def model_card(loaded: Loaded) -> str:
-    cfg, c = loaded.config, loaded.model.config
+    cfg, c, tok = loaded.config, loaded.model.config, loaded.tokenizer
     val = f"{loaded.val_loss:.4f}" if loaded.val_loss is not None else "not measured"
     return f"""# TrainDeck model
 
 A GPT-2-architecture language model trained with TrainDeck.
 
 - Data: {cfg.data or "embedded corpus (Python standard library sources)"}
-- Tokenizer: {loaded.tokenizer.kind} ({loaded.tokenizer.vocab_size} tokens; model vocab {c.vocab_size})
+- Tokenizer: {tok.kind} ({tok.vocab_size} tokens; model vocab {c.vocab_size})
 - Size: {loaded.model.num_params():,} parameters; {c.n_layers} layers, {c.n_heads} heads,
   width {c.hidden_dim}, context {c.seq_len}
 - Trained: {loaded.step} optimizer steps, batch {cfg.batch_size} x {cfg.grad_accum} x

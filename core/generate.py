@@ -82,7 +82,8 @@ def load(target: str | Path, which: str = "best", device: str = "cpu") -> Loaded
     try:
         model.load_state_dict(state["model"])
     except (RuntimeError, KeyError) as e:
-        raise CheckpointError(f"checkpoint: {path} does not hold this model's weights ({e})")
+        msg = f"checkpoint: {path} does not hold this model's weights ({e})"
+        raise CheckpointError(msg) from None
     model.to(device).eval()
     meta = state.get("meta") or {}
     return Loaded(
