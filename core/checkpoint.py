@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import copy as copy_module
+import os
 import pickle
 import random
 import shutil
+import threading
+import uuid
 import zlib
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from .atomic import atomic_write
+from .atomic import atomic_write, fsync_dir
 from .errors import CheckpointError
 
 FORMAT_VERSION = 1
@@ -35,6 +39,66 @@ def tensor_checksum(obj, crc: int = 0) -> int:
 def save(state: dict, path: Path) -> None:
     state = {**state, "checksum": tensor_checksum(state)}
     atomic_write(Path(path), lambda f: torch.save(state, f))
+
+
+def link(src: Path, dst: Path) -> None:
+    """Make dst the same file as src: a hard link (no second copy on disk) where the file
+    system allows, else an atomic copy. Either way dst is whole at every instant."""
+    src, dst = Path(src), Path(dst)
+    tmp = dst.with_name(f".{dst.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        os.link(src, tmp)
+    except OSError:  # FAT/exFAT, some network shares: no hard links
+        copy(src, dst)
+        return
+    try:
+        os.replace(tmp, dst)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(dst.parent)
+
+
+def snapshot(obj):
+    """A copy of a state on the CPU that later training steps cannot change: taken on the
+    training thread, so the background writer saves exactly this step."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: snapshot(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [snapshot(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(snapshot(v) for v in obj)
+    return copy_module.deepcopy(obj)
+
+
+class BackgroundWriter:
+    """Runs one write at a time off the training thread. A new write first waits for the
+    previous one; an error in a write is raised on the training thread at the next wait."""
+
+    def __init__(self):
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def submit(self, write) -> None:
+        self.wait()
+        self._thread = threading.Thread(target=self._run, args=(write,), name="checkpoint")
+        self._thread.start()
+
+    def _run(self, write) -> None:
+        try:
+            write()
+        except BaseException as e:  # handed to the training thread
+            self._error = e
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
 
 
 def copy(src: Path, dst: Path) -> None:

@@ -136,6 +136,10 @@ class Trainer:
         self._saved_step = -1
         self._elapsed_before = 0.0
         self._pending: list[tuple[int, torch.Tensor, float]] = []
+        self._paused_s = 0.0  # time in eval/sample/checkpoint since the last metrics read
+        self._writer = ckpt.BackgroundWriter()
+        self._written_step = -1  # the newest checkpoint known to be whole on disk
+        self._pause_depth = 0
 
     # -- setup ---------------------------------------------------------------------------
 
@@ -316,21 +320,45 @@ class Trainer:
             },
         }
 
+    @contextlib.contextmanager
+    def _not_training(self):
+        """Time spent inside is left out of tokens_per_s (nested uses count once)."""
+        self._pause_depth += 1
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._pause_depth -= 1
+            if self._pause_depth == 0:
+                self._paused_s += time.perf_counter() - t0
+
     def save_checkpoint(self, best: bool = False) -> Path:
         self._flush()
+        with self._not_training():
+            return self._save_checkpoint(best)
+
+    def _save_checkpoint(self, best: bool) -> Path:
         if not self.world.main:  # every rank holds the same weights; one writes them
             self._saved_step = self.step
             return self.folder.latest
-        ckpt.save(self._state(), self.folder.latest)
-        if best:
-            ckpt.copy(self.folder.latest, self.folder.best)
-        if self.cfg.keep_checkpoints:
-            ckpt.copy(self.folder.latest, self.folder.ckpt_dir / f"step-{self.step:06d}.pt")
-            for old in sorted(self.folder.ckpt_dir.glob("step-*.pt"))[: -self.cfg.keep_checkpoints]:
-                old.unlink(missing_ok=True)
-        self.folder.write_status("running", self.step, self.max_steps)
-        self._saved_step = self.step
-        self.events.on_checkpoint(str(self.folder.latest), self.step)
+        # The only stall: copying the state to CPU memory. The writer thread does the rest.
+        state, step, keep = ckpt.snapshot(self._state()), self.step, self.cfg.keep_checkpoints
+        folder = self.folder
+
+        def write():
+            ckpt.save(state, folder.latest)
+            if best:
+                ckpt.link(folder.latest, folder.best)
+            if keep:
+                ckpt.link(folder.latest, folder.ckpt_dir / f"step-{step:06d}.pt")
+                for old in sorted(folder.ckpt_dir.glob("step-*.pt"))[:-keep]:
+                    old.unlink(missing_ok=True)
+            folder.write_status("running", step, self.max_steps)
+            self._written_step = step
+            self.events.on_checkpoint(str(folder.latest), step)
+
+        self._writer.submit(write)
+        self._saved_step = step
         return self.folder.latest
 
     # -- one optimizer step --------------------------------------------------------------
@@ -426,8 +454,10 @@ class Trainer:
         now = time.perf_counter()
         n = len(self._pending)
         tokens = n * self.cfg.tokens_per_step * self.world.size
-        tokens_per_s = tokens / max(now - self._window_start, 1e-9)
-        self._window_start = now
+        # Training time only: evaluation, sampling and checkpoint writes are not throughput.
+        training_s = now - self._window_start - self._paused_s
+        tokens_per_s = tokens / max(training_s, 1e-9)
+        self._window_start, self._paused_s = now, 0.0
         memory = memory_stats(self.device)
         elapsed = self._elapsed()
         for (step, _, lr), loss in zip(self._pending, losses, strict=True):
@@ -492,6 +522,10 @@ class Trainer:
 
     def _eval_and_sample(self) -> None:
         self._flush()
+        with self._not_training():
+            self._evaluate_and_record()
+
+    def _evaluate_and_record(self) -> None:
         val = self.evaluate()
         record = {"step": self.step, "val_loss": val, "val_bpb": self.bits_per_byte(val)}
         self.folder.append_metric(record)
@@ -515,15 +549,18 @@ class Trainer:
         try:
             self._setup()
             self._loop()
+            self._writer.wait()  # the last checkpoint is on disk before the run reports its end
             status = "stopped" if self.step < self.max_steps else "finished"
             return self._end(status)
         except PrepareCancelled:
             status = "cancelled"  # stopped before the first step: nothing to save
             return self._end(status)
         except (UserError, TrainingError) as e:
+            self._settle_writer(e)
             error = str(e)
             raise
         except Exception as e:
+            e = self._settle_writer(e)
             if is_disk_full(e):
                 error = self._disk_full_message(e)
                 raise TrainingError(error) from None
@@ -535,6 +572,15 @@ class Trainer:
             if status == "failed":
                 self._end("failed", error)
 
+    def _settle_writer(self, err: Exception) -> Exception:
+        """Let an in-flight checkpoint write finish; a full disk there explains a later error."""
+        try:
+            self._writer.wait()
+        except Exception as write_error:
+            if is_disk_full(write_error):
+                return write_error
+        return err
+
     def _disk_full_message(self, err: OSError) -> str:
         """One line: the disk is full, where, how much is free, what is safe, how to go on."""
         where = Path(err.filename) if getattr(err, "filename", None) else self.folder.path
@@ -542,9 +588,9 @@ class Trainer:
         while not probe.exists() and probe != probe.parent:
             probe = probe.parent
         free = shutil.disk_usage(probe).free
-        if self._saved_step >= 0 and self.folder.latest.is_file():
+        if self._written_step >= 0 and self.folder.latest.is_file():
             good = (
-                f"the last good checkpoint is step {self._saved_step} ({self.folder.latest}); "
+                f"the last good checkpoint is step {self._written_step} ({self.folder.latest}); "
                 f"free some space, then resume with: python -m core.train --resume "
                 f"{self.folder.path}"
             )
@@ -600,6 +646,7 @@ class Trainer:
             f"steps {self.step}->{self.max_steps}"
         )
         self._saved_step = self.step if self.folder.latest.exists() else -1
+        self._written_step = self._saved_step
         while self.step < self.max_steps:
             stop, save = self.world.flags_from_main(
                 self.control.stop_requested, self.control.take_save_request()

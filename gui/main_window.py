@@ -48,6 +48,7 @@ from core.runs import (
     read_metrics,
     resume_config,
 )
+from gui.playground import Playground
 
 from .estimate_panel import EstimatePanel, judge
 from .form import ConfigForm
@@ -263,6 +264,8 @@ class MainWindow(QMainWindow):
         self.tabs = QTabWidget()
         self.tabs.addTab(self.log_view, "Log")
         self.tabs.addTab(self.sample_view, "Latest sample")
+        self.playground = Playground(self.runs_root, training_active=lambda: self.running)
+        self.tabs.addTab(self.playground, "Playground")
 
         lower = QSplitter(Qt.Orientation.Vertical)
         lower.addWidget(self.plots)
@@ -614,6 +617,7 @@ class MainWindow(QMainWindow):
         result.setdefault("run_dir", str(self.run_dir))
         self.last_result = result
         worker.deleteLater()
+        self.playground.refresh_runs(self.run_dir)
         self._refresh_progress()
         self.plots.redraw()
         status, step = result.get("status"), result.get("step")

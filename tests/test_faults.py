@@ -71,17 +71,31 @@ def damage(path: Path) -> None:
 
 def test_damaged_latest_falls_back_to_the_newest_intact_checkpoint(trained_run, capsys):
     ckpts = trained_run / "checkpoints"
+    # step-000020.pt is a hard link to latest.pt (one file on disk): damage hits both names
+    assert os.path.samefile(ckpts / "latest.pt", ckpts / "step-000020.pt")
     damage(ckpts / "latest.pt")
     path, run = resolve_resume(str(trained_run))
-    assert path == ckpts / "step-000020.pt"
-    assert "latest.pt (damaged" in run.resume_note and "step-000020.pt (step 20)" in run.resume_note
-    damage(ckpts / "step-000020.pt")
-    path, run = resolve_resume(str(trained_run))
-    assert path == ckpts / "step-000010.pt" and "step-000020.pt (damaged" in run.resume_note
+    assert path == ckpts / "step-000010.pt"
+    assert "latest.pt (damaged" in run.resume_note and "step-000020.pt (damaged" in run.resume_note
+    assert "continuing from step-000010.pt (step 10)" in run.resume_note
     assert main(["--resume", str(trained_run), "--max-steps", "22"]) == 0
-    out = capsys.readouterr().out
-    assert "continuing from step-000010.pt (step 10)" in out
+    assert "continuing from step-000010.pt (step 10)" in capsys.readouterr().out
     assert ckpt.load(ckpts / "latest.pt")["step"] == 22
+
+
+def test_without_hard_links_a_damaged_latest_falls_back_to_its_intact_copy(tmp_path, monkeypatch):
+    def no_links(src, dst):
+        raise OSError(errno.EPERM, "hard links not supported")
+
+    monkeypatch.setattr(os, "link", no_links)  # e.g. exFAT: step files are copies
+    run = tmp_path / "run"
+    Trainer(tiny_config(max_steps=20, ckpt_every=10, eval_every=10), run).run()
+    ckpts = run / "checkpoints"
+    assert not os.path.samefile(ckpts / "latest.pt", ckpts / "step-000020.pt")
+    damage(ckpts / "latest.pt")
+    path, folder = resolve_resume(str(run))
+    assert path == ckpts / "step-000020.pt"
+    assert "continuing from step-000020.pt (step 20)" in folder.resume_note
 
 
 def test_no_intact_checkpoint_lists_what_was_tried_and_a_named_file_is_refused(trained_run, capsys):

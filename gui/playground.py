@@ -1,0 +1,262 @@
+"""The Playground tab: try prompts on a run's model, and export it, while the window lives.
+
+Generation runs in its own QThread and streams text back through a queued signal, so the
+window never waits on it. Its model copy lives on the CPU while a run is training (the run
+keeps the GPU and its memory to itself) and on the GPU when the window is idle and one exists.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import torch
+from PySide6.QtCore import QThread, Signal
+from PySide6.QtGui import QFontDatabase
+from PySide6.QtWidgets import (
+    QComboBox,
+    QDoubleSpinBox,
+    QFileDialog,
+    QGridLayout,
+    QHBoxLayout,
+    QInputDialog,
+    QLabel,
+    QMessageBox,
+    QPlainTextEdit,
+    QPushButton,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from core.errors import UserError
+from core.export import FORMATS, export
+from core.generate import generate_ids, load, stream_text
+from core.runs import list_runs
+
+
+class GenerateThread(QThread):
+    """Loads the checkpoint and streams the continuation of a prompt."""
+
+    loaded = Signal(str)  # a line describing the model
+    text = Signal(str)
+    failed = Signal(str)
+
+    def __init__(self, target: str, which: str, device: str, prompt: str, options: dict):
+        super().__init__()
+        self.target, self.which, self.device = target, which, device
+        self.prompt, self.options = prompt, options
+        self._stop = threading.Event()
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    @property
+    def stop_requested(self) -> bool:
+        return self._stop.is_set()
+
+    def run(self) -> None:
+        try:
+            model = load(self.target, self.which, self.device)
+            self.loaded.emit(
+                f"{model.checkpoint.name}, step {model.step}, {model.model.num_params():,} "
+                f"parameters, {model.tokenizer.kind} tokenizer, on {self.device}"
+            )
+            ids = model.tokenizer.encode(self.prompt) or model.tokenizer.encode("\n")
+            new = generate_ids(model.model, ids, should_stop=self._stop.is_set, **self.options)
+            for piece in stream_text(model.tokenizer, new):
+                self.text.emit(piece)
+        except UserError as e:
+            self.failed.emit(str(e))
+        except Exception as e:  # the thread must never die silently
+            self.failed.emit(f"{type(e).__name__}: {e}")
+
+
+class Playground(QWidget):
+    """Run and checkpoint pickers, a prompt, sampling controls, Generate / Stop, Export."""
+
+    generation_done = Signal()
+
+    def __init__(self, runs_root: Path, training_active=lambda: False, parent=None):
+        super().__init__(parent)
+        self.runs_root = Path(runs_root)
+        self.training_active = training_active
+        self.thread: GenerateThread | None = None
+
+        self.run_combo = QComboBox()
+        self.run_combo.setEditable(True)
+        self.run_combo.setToolTip("A run folder or a checkpoint file")
+        self.run_combo.lineEdit().setPlaceholderText("a run folder or a checkpoint file")
+        browse = QPushButton("Browse…")
+        browse.clicked.connect(self._browse)
+        self.which = QComboBox()
+        self.which.addItems(["best", "latest"])
+        self.which.setToolTip("best.pt (lowest validation loss) or latest.pt")
+        self.export_button = QPushButton("Export…")
+        self.export_button.setToolTip("Write this run's model as hf, gguf or safetensors")
+        self.export_button.clicked.connect(self.export_clicked)
+
+        self.prompt = QPlainTextEdit()
+        self.prompt.setPlaceholderText("Prompt (empty: start from a newline)")
+        self.prompt.setMaximumHeight(70)
+        self.temperature = self._float(0.0, 5.0, 0.8, 0.1, "0 = greedy (always the likeliest)")
+        self.top_k = self._int(0, 65536, 0, "keep the k likeliest tokens; 0 = off")
+        self.top_p = self._float(0.01, 1.0, 1.0, 0.05, "nucleus sampling; 1 = off")
+        self.length = self._int(1, 100_000, 200, "tokens to generate")
+        self.seed = self._int(0, 2**31 - 1, 0, "same seed, same settings: same text")
+        self.generate_button = QPushButton("Generate")
+        self.generate_button.setStyleSheet("font-weight: bold;")
+        self.generate_button.clicked.connect(self.generate)
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.setEnabled(False)
+        self.stop_button.clicked.connect(self.stop)
+        self.status = QLabel("Pick a run and press Generate.")
+        self.status.setStyleSheet("color: #555;")
+        self.output = QPlainTextEdit()
+        self.output.setReadOnly(True)
+        self.output.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
+
+        top = QHBoxLayout()
+        top.addWidget(QLabel("Run"))
+        top.addWidget(self.run_combo, 1)
+        top.addWidget(browse)
+        top.addWidget(self.which)
+        top.addWidget(self.export_button)
+        knobs = QGridLayout()
+        for col, (label, w) in enumerate(
+            [
+                ("Temperature", self.temperature),
+                ("Top-k", self.top_k),
+                ("Top-p", self.top_p),
+                ("Length", self.length),
+                ("Seed", self.seed),
+            ]
+        ):
+            knobs.addWidget(QLabel(label), 0, col)
+            knobs.addWidget(w, 1, col)
+        knobs.addWidget(self.generate_button, 1, 5)
+        knobs.addWidget(self.stop_button, 1, 6)
+        layout = QVBoxLayout(self)
+        layout.addLayout(top)
+        layout.addWidget(self.prompt)
+        layout.addLayout(knobs)
+        layout.addWidget(self.status)
+        layout.addWidget(self.output, 1)
+        self.refresh_runs()
+
+    @staticmethod
+    def _float(low, high, value, step, tip) -> QDoubleSpinBox:
+        w = QDoubleSpinBox()
+        w.setRange(low, high)
+        w.setSingleStep(step)
+        w.setDecimals(2)
+        w.setValue(value)
+        w.setToolTip(tip)
+        return w
+
+    @staticmethod
+    def _int(low, high, value, tip) -> QSpinBox:
+        w = QSpinBox()
+        w.setRange(low, high)
+        w.setValue(value)
+        w.setToolTip(tip)
+        return w
+
+    # -- runs ----------------------------------------------------------------------------
+
+    def refresh_runs(self, current: str | Path | None = None) -> None:
+        """List the runs with checkpoints, newest first; select current (or keep the text)."""
+        keep = str(current) if current else self.run_combo.currentText()
+        self.run_combo.clear()
+        self.run_combo.addItems([str(r.path) for r in list_runs(self.runs_root)])
+        if keep:
+            self.run_combo.setCurrentText(keep)
+
+    def _browse(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "Run folder", str(self.runs_root))
+        if folder:
+            self.run_combo.setCurrentText(folder)
+
+    def target(self) -> str:
+        return self.run_combo.currentText().strip()
+
+    # -- generation ----------------------------------------------------------------------
+
+    def device(self) -> str:
+        return "cuda" if torch.cuda.is_available() and not self.training_active() else "cpu"
+
+    def generate(self) -> bool:
+        if self.thread is not None:
+            return False
+        if not self.target():
+            QMessageBox.warning(self, "Playground", "Choose a run folder or a checkpoint first.")
+            return False
+        options = {
+            "n_new": self.length.value(),
+            "temperature": self.temperature.value(),
+            "top_k": self.top_k.value() or None,
+            "top_p": self.top_p.value() if self.top_p.value() < 1.0 else None,
+            "seed": self.seed.value(),
+        }
+        prompt = self.prompt.toPlainText()
+        self.output.setPlainText(prompt)
+        which = self.which.currentText()
+        thread = GenerateThread(self.target(), which, self.device(), prompt, options)
+        thread.loaded.connect(lambda line: self.status.setText(f"Generating with {line}…"))
+        thread.text.connect(self._append)
+        thread.failed.connect(self._failed)
+        thread.finished.connect(self._done)
+        self.thread = thread
+        self.status.setText("Loading the model…")
+        self.generate_button.setEnabled(False)
+        self.stop_button.setEnabled(True)
+        thread.start()
+        return True
+
+    def stop(self) -> None:
+        if self.thread is not None:
+            self.thread.request_stop()
+
+    def _append(self, text: str) -> None:
+        cursor = self.output.textCursor()
+        cursor.movePosition(cursor.MoveOperation.End)
+        cursor.insertText(text)
+
+    def _failed(self, message: str) -> None:
+        self.status.setText(f"Failed: {message}")
+        QMessageBox.critical(self, "Playground", message)
+
+    def _done(self) -> None:
+        thread, self.thread = self.thread, None
+        text = self.status.text()
+        if text.startswith("Generating"):
+            word = "Stopped" if thread.stop_requested else "Done"
+            self.status.setText(word + text.removeprefix("Generating").rstrip("…"))
+        thread.deleteLater()
+        self.generate_button.setEnabled(True)
+        self.stop_button.setEnabled(False)
+        self.generation_done.emit()
+
+    # -- export --------------------------------------------------------------------------
+
+    def export_clicked(self) -> Path | None:
+        if not self.target():
+            QMessageBox.warning(self, "Export", "Choose a run folder or a checkpoint first.")
+            return None
+        fmt, ok = QInputDialog.getItem(
+            self, "Export", "Format (hf: transformers; gguf: llama.cpp, Ollama, LM Studio)",
+            list(FORMATS), 0, False,
+        )  # fmt: skip
+        if not ok:
+            return None
+        default = str(Path(self.target()).with_name(Path(self.target()).name + f"-{fmt}"))
+        out, _ = QFileDialog.getSaveFileName(self, "Export to a new folder", default)
+        if not out:
+            return None
+        try:
+            path = export(self.target(), fmt, out, self.which.currentText())
+        except UserError as e:
+            QMessageBox.critical(self, "Export", str(e))
+            return None
+        self.status.setText(f"Exported {fmt} to {path}")
+        return path
