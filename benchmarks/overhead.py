@@ -1,0 +1,123 @@
+"""The engine against a bare PyTorch loop: what does everything around the step cost?
+
+    python benchmarks/overhead.py [--steps 300] [--rounds 3] [--sizes tiny,small]
+
+The bare loop is written here: the same core.model.GPT, batch, device, precision and AdamW
+settings, random windows from an in-memory tensor, forward, backward, clip, step. The engine
+is core.trainer.Trainer with evaluation and checkpoints pushed past the end, so both do the
+same training work. They alternate in one process (rounds), and the medians are compared.
+Target: engine / bare >= 0.98.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from core.config import TrainConfig, validate  # noqa: E402
+from core.events import TrainEvents  # noqa: E402
+from core.generate import model_config  # noqa: E402
+from core.model import GPT  # noqa: E402
+from core.trainer import Trainer, lr_at  # noqa: E402
+
+SIZES = {
+    "tiny": dict(hidden_dim=64, n_layers=2, n_heads=4, seq_len=64, batch_size=8),
+    "small": dict(hidden_dim=256, n_layers=4, n_heads=4, seq_len=128, batch_size=8),
+}
+
+
+def config(size: str, steps: int, device: str) -> TrainConfig:
+    return validate(
+        TrainConfig(
+            **SIZES[size], max_steps=steps, eval_every=10**9, ckpt_every=10**9,
+            keep_checkpoints=0, sample_tokens=0, log_every=50, precision="fp32",
+            device=device, corpus_max_bytes=2_000_000, dropout=0.0,
+        )
+    )  # fmt: skip
+
+
+class Clock(TrainEvents):
+    """Times the steps after the first log window (warm-up) until the end."""
+
+    def __init__(self, warmup: int):
+        self.warmup, self.t0, self.t1, self.step0, self.step1 = warmup, None, None, 0, 0
+
+    def on_train_batch_end(self, record):
+        if record["step"] == self.warmup:
+            self.t0, self.step0 = time.perf_counter(), record["step"]
+        self.t1, self.step1 = time.perf_counter(), record["step"]
+
+
+def engine_steps_per_s(cfg: TrainConfig, tmp: Path) -> tuple[float, torch.Tensor]:
+    trainer = Trainer(cfg, tmp / f"run-{time.monotonic_ns()}", data_cache=tmp / "cache")
+    clock = Clock(warmup=cfg.log_every)
+    trainer.run(clock)
+    data = torch.from_numpy(__import__("numpy").asarray(trainer.data.train).copy())
+    return (clock.step1 - clock.step0) / (clock.t1 - clock.t0), data
+
+
+def bare_steps_per_s(cfg: TrainConfig, data: torch.Tensor) -> float:
+    device = torch.device(cfg.device)
+    torch.manual_seed(cfg.seed)
+    model = GPT(model_config(cfg)).to(device)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0}],
+        lr=cfg.lr, betas=(0.9, 0.95), fused=device.type == "cuda",
+    )  # fmt: skip
+    gen = torch.Generator().manual_seed(0)
+    offsets = torch.arange(cfg.seq_len + 1)
+    warmup = cfg.log_every
+    for step in range(cfg.max_steps):
+        if step == warmup:
+            t0 = time.perf_counter()
+        starts = torch.randint(0, len(data) - cfg.seq_len - 1, (cfg.batch_size,), generator=gen)
+        chunk = data[starts[:, None] + offsets].long().to(device)
+        logits, _ = model(chunk[:, :-1])
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), chunk[:, 1:].reshape(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, cfg, cfg.max_steps)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if step % cfg.log_every == 0:
+            loss.item()  # the engine also reads its losses once per log window
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return (cfg.max_steps - warmup) / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--sizes", default="tiny,small")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = ap.parse_args()
+    print(f"device {args.device}, torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(f"{'size':<8}{'engine steps/s':>16}{'bare steps/s':>14}{'engine/bare':>13}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for size in args.sizes.split(","):
+            cfg = config(size, args.steps, args.device)
+            engine, bare = [], []
+            for _ in range(args.rounds):
+                rate, data = engine_steps_per_s(cfg, Path(tmp))
+                engine.append(rate)
+                bare.append(bare_steps_per_s(cfg, data))
+            e, b = statistics.median(engine), statistics.median(bare)
+            print(f"{size:<8}{e:>16.1f}{b:>14.1f}{e / b:>13.3f}")
+
+
+if __name__ == "__main__":
+    main()
