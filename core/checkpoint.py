@@ -162,6 +162,21 @@ def rng_state() -> dict:
     return state
 
 
+def step_rng_state() -> dict:
+    """The RNG a training step draws from (dropout): torch's, on the CPU and CUDA. Cheap
+    enough to take every step, so an out-of-memory retry redraws the same dropout masks."""
+    state = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_step_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state:
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
 def set_rng_state(state: dict) -> None:
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))

@@ -14,7 +14,7 @@ from .errors import ConfigError
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 
 # Changing these changes tensor shapes: a checkpoint cannot be loaded into them.
-ARCH_FIELDS = ("hidden_dim", "n_layers", "n_heads", "seq_len", "tokenizer", "vocab_size")
+ARCH_FIELDS = ("hidden_dim", "n_layers", "n_heads", "seq_len", "tokenizer", "vocab_size", "bias")
 # Changing these changes which tokens are drawn: the resumed run would not be the same run.
 STREAM_FIELDS = (
     "data",
@@ -43,6 +43,8 @@ class TrainConfig:
     min_lr_ratio: float = 0.1
     warmup_steps: int = 20
     weight_decay: float = 0.1
+    beta1: float = 0.9  # AdamW betas
+    beta2: float = 0.95
     grad_clip: float = 1.0
     max_steps: int | None = 500
     max_epochs: float | None = None
@@ -51,6 +53,7 @@ class TrainConfig:
     device: str = "auto"
     compile: bool = False
     grad_checkpointing: bool = False
+    bias: bool = True  # Linear and LayerNorm biases; false is nanoGPT's faster default
     deterministic: bool = False
     seed: int = 1337
     # data: None means the embedded default corpus
@@ -98,6 +101,8 @@ LIMITS: dict[str, tuple[type, float | None, float | None, str]] = {
     "min_lr_ratio": (float, 0.0, 1.0, "final lr as a fraction of the peak"),
     "warmup_steps": (int, 0, None, "linear warmup steps"),
     "weight_decay": (float, 0.0, 1.0, "AdamW weight decay"),
+    "beta1": (float, 0.0, 0.9999, "AdamW beta1 (momentum)"),
+    "beta2": (float, 0.0, 0.99999, "AdamW beta2 (0.99 suits small models and data)"),
     "grad_clip": (float, 0.0, None, "max gradient norm; 0 disables clipping"),
     "max_steps": (int, 1, None, "optimizer steps to train"),
     "max_epochs": (float, 0.001, None, "passes over the training tokens"),
@@ -118,7 +123,7 @@ LIMITS: dict[str, tuple[type, float | None, float | None, str]] = {
     "keep_checkpoints": (int, 0, 1000, "step-NNNNNN.pt files kept"),
     "sample_tokens": (int, 0, 100_000, "bytes of text generated at each evaluation"),
 }
-BOOL_FIELDS = ("compile", "grad_checkpointing", "deterministic")
+BOOL_FIELDS = ("compile", "grad_checkpointing", "deterministic", "bias")
 
 
 def describe_limit(name: str) -> str:

@@ -18,23 +18,25 @@ FRAGMENTATION = 1.10  # caching-allocator slack on top of the live peak
 SAFETY_MARGIN = 0.10  # keep 10% of free VRAM unused when recommending
 
 
-def param_count(hidden: int, layers: int, seq_len: int, vocab: int = VOCAB_SIZE) -> int:
+def param_count(
+    hidden: int, layers: int, seq_len: int, vocab: int = VOCAB_SIZE, bias: bool = True
+) -> int:
     """Exact parameter count of core.model.GPT (the output head is tied to the embedding)."""
-    d = hidden
+    d, b = hidden, int(bias)
     per_block = (
-        2 * d  # ln1
-        + 3 * d * d + 3 * d  # qkv
-        + d * d + d  # attention projection
-        + 2 * d  # ln2
-        + 4 * d * d + 4 * d  # mlp fc
-        + 4 * d * d + d  # mlp projection
+        d + b * d  # ln1
+        + 3 * d * d + b * 3 * d  # qkv
+        + d * d + b * d  # attention projection
+        + d + b * d  # ln2
+        + 4 * d * d + b * 4 * d  # mlp fc
+        + 4 * d * d + b * d  # mlp projection
     )  # fmt: skip
-    return vocab * d + seq_len * d + layers * per_block + 2 * d
+    return vocab * d + seq_len * d + layers * per_block + d + b * d
 
 
 def flops_per_token(cfg: TrainConfig) -> int:
     """Training FLOPs per token (forward + backward): 6N + 12 L d T, as in nanoGPT/PaLM."""
-    n = param_count(cfg.hidden_dim, cfg.n_layers, cfg.seq_len, cfg.model_vocab)
+    n = param_count(cfg.hidden_dim, cfg.n_layers, cfg.seq_len, cfg.model_vocab, cfg.bias)
     n -= cfg.seq_len * cfg.hidden_dim
     return 6 * n + 12 * cfg.n_layers * cfg.hidden_dim * cfg.seq_len
 
@@ -115,7 +117,7 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
     if precision is None:
         auto = "bf16" if on_gpu else "fp32"  # what resolve_precision picks on a modern GPU / CPU
         precision = auto if cfg.precision == "auto" else cfg.precision
-    n = param_count(cfg.hidden_dim, cfg.n_layers, cfg.seq_len, cfg.model_vocab)
+    n = param_count(cfg.hidden_dim, cfg.n_layers, cfg.seq_len, cfg.model_vocab, cfg.bias)
     tokens = cfg.batch_size * cfg.seq_len
     per_layer = _saved_bytes_per_token_layer(cfg, precision) * tokens
     if cfg.grad_checkpointing:

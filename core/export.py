@@ -56,7 +56,7 @@ def hf_state_dict(model) -> dict[str, torch.Tensor]:
         "transformer.wte.weight": w["tok_emb.weight"],
         "transformer.wpe.weight": w["pos_emb.weight"],
         "transformer.ln_f.weight": w["ln_f.weight"],
-        "transformer.ln_f.bias": w["ln_f.bias"],
+        "transformer.ln_f.bias": w.get("ln_f.bias", torch.zeros_like(w["ln_f.weight"])),
     }
     pairs = [
         ("ln_1", "ln1", False), ("attn.c_attn", "attn.qkv", True),
@@ -180,7 +180,7 @@ def gguf_tensors(model) -> dict[str, np.ndarray]:
         name[t.TOKEN_EMBD] + ".weight": w["tok_emb.weight"],
         name[t.POS_EMBD] + ".weight": w["pos_emb.weight"],
         name[t.OUTPUT_NORM] + ".weight": w["ln_f.weight"],
-        name[t.OUTPUT_NORM] + ".bias": w["ln_f.bias"],
+        name[t.OUTPUT_NORM] + ".bias": w.get("ln_f.bias", torch.zeros_like(w["ln_f.weight"])),
         name[t.OUTPUT] + ".weight": w["tok_emb.weight"],  # tied head, written out
     }
     parts = [

@@ -70,6 +70,7 @@ def model_config(cfg: TrainConfig) -> GPTConfig:
         seq_len=cfg.seq_len,
         dropout=0.0,
         vocab_size=cfg.model_vocab,
+        bias=cfg.bias,
     )
 
 

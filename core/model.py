@@ -22,14 +22,15 @@ class GPTConfig:
     dropout: float = 0.0
     vocab_size: int = VOCAB_SIZE
     grad_checkpointing: bool = False
+    bias: bool = True  # biases in Linear and LayerNorm (nanoGPT's bias=False drops them)
 
 
 class SelfAttention(nn.Module):
     def __init__(self, c: GPTConfig):
         super().__init__()
         self.n_heads = c.n_heads
-        self.qkv = nn.Linear(c.hidden_dim, 3 * c.hidden_dim)
-        self.proj = nn.Linear(c.hidden_dim, c.hidden_dim)
+        self.qkv = nn.Linear(c.hidden_dim, 3 * c.hidden_dim, bias=c.bias)
+        self.proj = nn.Linear(c.hidden_dim, c.hidden_dim, bias=c.bias)
         self.dropout = c.dropout
         self.resid_drop = nn.Dropout(c.dropout)
 
@@ -60,8 +61,8 @@ class SelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, c: GPTConfig):
         super().__init__()
-        self.fc = nn.Linear(c.hidden_dim, 4 * c.hidden_dim)
-        self.proj = nn.Linear(4 * c.hidden_dim, c.hidden_dim)
+        self.fc = nn.Linear(c.hidden_dim, 4 * c.hidden_dim, bias=c.bias)
+        self.proj = nn.Linear(4 * c.hidden_dim, c.hidden_dim, bias=c.bias)
         self.drop = nn.Dropout(c.dropout)
 
     def forward(self, x):
@@ -71,9 +72,9 @@ class MLP(nn.Module):
 class Block(nn.Module):
     def __init__(self, c: GPTConfig):
         super().__init__()
-        self.ln1 = nn.LayerNorm(c.hidden_dim)
+        self.ln1 = nn.LayerNorm(c.hidden_dim, bias=c.bias)
         self.attn = SelfAttention(c)
-        self.ln2 = nn.LayerNorm(c.hidden_dim)
+        self.ln2 = nn.LayerNorm(c.hidden_dim, bias=c.bias)
         self.mlp = MLP(c)
 
     def forward(self, x):
@@ -94,7 +95,7 @@ class GPT(nn.Module):
         self.pos_emb = nn.Embedding(c.seq_len, c.hidden_dim)
         self.drop = nn.Dropout(c.dropout)
         self.blocks = nn.ModuleList(Block(c) for _ in range(c.n_layers))
-        self.ln_f = nn.LayerNorm(c.hidden_dim)
+        self.ln_f = nn.LayerNorm(c.hidden_dim, bias=c.bias)
         self.head = nn.Linear(c.hidden_dim, c.vocab_size, bias=False)
         self.head.weight = self.tok_emb.weight  # tied output head
         self.apply(self._init_weights)

@@ -26,7 +26,7 @@ FIELD_FLAGS = {
     "grad_accum": int, "lr": float, "max_steps": int, "max_epochs": float, "precision": str,
     "device": str, "data": str, "seed": int, "eval_every": int, "ckpt_every": int,
     "log_every": int, "dropout": float, "tokenizer": str, "vocab_size": int,
-    "max_data_bytes": int,
+    "max_data_bytes": int, "beta1": float, "beta2": float, "weight_decay": float,
 }  # fmt: skip
 
 
@@ -80,6 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--prepare-only", action="store_true",
         help="prepare (tokenize and cache) the data, print its figures and exit",
     )  # fmt: skip
+    p.add_argument(
+        "--no-bias", action="store_true",
+        help="no biases in Linear and LayerNorm layers (as nanoGPT's bias=False): a bit faster",
+    )  # fmt: skip
     p.add_argument("--no-mixed-precision", action="store_true", help="same as --precision fp32")
     p.add_argument("--out", help="run folder (default runs/<preset>-<time>)")
     p.add_argument("--resume", help="RUN_DIR, CHECKPOINT file, or 'latest'")
@@ -114,6 +118,8 @@ def _overrides(args) -> dict:
     for name in ("compile", "grad_checkpointing", "deterministic"):
         if getattr(args, name):
             values[name] = True
+    if args.no_bias:
+        values["bias"] = False
     if args.no_mixed_precision:
         values["precision"] = "fp32"
     # The limit the user typed wins over the one the preset carries.

@@ -61,6 +61,9 @@ LABELS = {
     "val_fraction": "Validation share",
     "corpus_max_bytes": "Corpus cap (bytes)",
     "deterministic": "Deterministic",
+    "bias": "Biases",
+    "beta1": "AdamW beta1",
+    "beta2": "AdamW beta2",
     "data_extensions": "File endings",
     "tokenizer": "Tokenizer",
     "vocab_size": "BPE vocab",
@@ -71,6 +74,7 @@ EXTRA_HELP = {
     "compile": "torch.compile the model: faster steps on a GPU after a slow first step",
     "grad_checkpointing": "recompute activations in the backward pass: less memory, slower",
     "deterministic": "deterministic kernels: exact reruns, somewhat slower",
+    "bias": "biases in Linear and LayerNorm layers; off (as nanoGPT's bias=False) is a bit faster",
     "data_extensions": "file endings read from a data folder, comma separated",
     "limit": "stop after a number of optimizer steps or of passes over the training data",
     "tokenizer": "bytes: 256 tokens, nothing to learn; bpe: a byte-level BPE learned from your "
@@ -85,7 +89,7 @@ MAIN_GROUPS = [
 ADVANCED = [
     "dropout", "min_lr_ratio", "weight_decay", "grad_clip", "seed", "eval_batches",
     "sample_tokens", "keep_checkpoints", "val_fraction", "corpus_max_bytes",
-    "data_extensions", "deterministic",
+    "data_extensions", "beta1", "beta2", "deterministic", "bias",
 ]  # fmt: skip
 LOG_STEP_FIELDS = ("lr", "max_epochs")  # these step by a factor, not by a fixed amount
 
@@ -321,7 +325,7 @@ class ConfigForm(QWidget):
         if name == "limit":
             w = LimitField()
             w.changed.connect(self._edited)
-        elif name in ("compile", "grad_checkpointing", "deterministic"):
+        elif name in ("compile", "grad_checkpointing", "deterministic", "bias"):
             w = QCheckBox(LABELS[name])
             w.toggled.connect(self._edited)
         elif name == "precision":

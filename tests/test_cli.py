@@ -205,3 +205,13 @@ def test_prepare_only_prints_the_figures_then_reuses_the_cache(capsys, tmp_path)
     assert not (tmp_path / "runs").exists()  # preparing is not training
     assert main(args) == 0
     assert "reused from the cache" in capsys.readouterr().out
+
+
+def test_optimizer_betas_and_bias_free_layers_are_flags(capsys, tmp_path):
+    from core.train import build_config, build_parser
+
+    args = build_parser().parse_args([*TINY, "--beta2", "0.99", "--no-bias"])
+    cfg, _, _ = build_config(args)
+    assert (cfg.beta1, cfg.beta2, cfg.bias) == (0.9, 0.99, False)
+    assert main([*TINY, "--beta2", "1.5"]) == 2
+    one_line_error(capsys, "beta2", "0.0 to 0.99999")

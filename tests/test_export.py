@@ -18,13 +18,15 @@ gguf = pytest.importorskip("gguf")
 TEXT = "def add(a, b):\n    return a + b  # sum of two numbers, ünïcode ok\n"
 
 
-@pytest.fixture(scope="module", params=["bytes", "bpe"])
+@pytest.fixture(scope="module", params=["bytes", "bpe", "bytes-nobias"])
 def run(request, tmp_path_factory):
+    """Byte-level and BPE runs, and one without biases (GPT-2 gets zero biases)."""
     root = tmp_path_factory.mktemp(f"export-{request.param}")
+    tokenizer, _, nobias = request.param.partition("-")
     data = root / "code.txt"
     data.write_text(TEXT * 3000, encoding="utf-8")
     cfg = tiny_config(
-        data=str(data), tokenizer=request.param, vocab_size=512, max_steps=150, lr=1e-2,
+        data=str(data), tokenizer=tokenizer, bias=not nobias, vocab_size=512, max_steps=150, lr=1e-2,
         dropout=0.0, eval_every=50, ckpt_every=50, seq_len=48,
     )  # fmt: skip
     Trainer(cfg, root / "run").run()
@@ -39,7 +41,7 @@ def test_hf_export_loads_in_transformers_with_equal_logits_and_greedy_text(run, 
     model = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     tok = transformers.AutoTokenizer.from_pretrained(out)
     ours = load(run)
-    prompt = "def add(a, b):\n "
+    prompt = "def add(a, b):\n    ret"
     ids = ours.tokenizer.encode(prompt)
     assert tok(prompt)["input_ids"] == ids
     with torch.no_grad():
@@ -66,7 +68,8 @@ def test_gguf_export_reads_back_with_the_weights_and_tokenizer(run, tmp_path):
     w = {k: v.numpy() for k, v in model.state_dict().items()}
     assert np.array_equal(tensors["token_embd.weight"], w["tok_emb.weight"])
     assert np.array_equal(tensors["blk.1.attn_qkv.weight"], w["blocks.1.attn.qkv.weight"])
-    assert np.array_equal(tensors["blk.0.ffn_down.bias"], w["blocks.0.mlp.proj.bias"])
+    bias = w.get("blocks.0.mlp.proj.bias", np.zeros(model.config.hidden_dim, np.float32))
+    assert np.array_equal(tensors["blk.0.ffn_down.bias"], bias)  # zeros for a bias-free model
     assert len(tensors) == 5 + 12 * model.config.n_layers
     arch = reader.fields["general.architecture"]
     assert bytes(arch.parts[arch.data[0]]).decode() == "gpt2"

@@ -41,6 +41,9 @@ def test_param_count_formula_is_exact_for_several_sizes():
     for hidden, layers, heads, seq in [(8, 1, 1, 8), (64, 3, 4, 32), (96, 2, 6, 100)]:
         model = GPT(GPTConfig(hidden_dim=hidden, n_layers=layers, n_heads=heads, seq_len=seq))
         assert model.num_params() == param_count(hidden, layers, seq)
+        c = GPTConfig(hidden_dim=hidden, n_layers=layers, n_heads=heads, seq_len=seq, bias=False)
+        assert GPT(c).num_params() == param_count(hidden, layers, seq, bias=False)
+        assert not any(name.endswith("bias") for name, _ in GPT(c).named_parameters())
 
 
 def test_gradient_checkpointing_gives_the_same_loss_and_gradients():
