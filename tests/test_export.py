@@ -26,8 +26,8 @@ def run(request, tmp_path_factory):
     data = root / "code.txt"
     data.write_text(TEXT * 3000, encoding="utf-8")
     cfg = tiny_config(
-        data=str(data), tokenizer=tokenizer, bias=not nobias, vocab_size=512, max_steps=150, lr=1e-2,
-        dropout=0.0, eval_every=50, ckpt_every=50, seq_len=48,
+        data=str(data), tokenizer=tokenizer, bias=not nobias, vocab_size=512, max_steps=150,
+        lr=1e-2, dropout=0.0, eval_every=50, ckpt_every=50, seq_len=48,
     )  # fmt: skip
     Trainer(cfg, root / "run").run()
     return root / "run"
