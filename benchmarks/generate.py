@@ -38,7 +38,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=400)
     args = ap.parse_args()
     torch.manual_seed(0)
-    cfg = GPTConfig(args.hidden, args.layers, args.heads, args.context)
+    cfg = GPTConfig(
+        hidden_dim=args.hidden, n_layers=args.layers, n_heads=args.heads, seq_len=args.context
+    )
     model = GPT(cfg).eval()
     tokens_per_s(model, 8, True)  # warm-up
     cached = tokens_per_s(model, args.tokens, True)

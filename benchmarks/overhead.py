@@ -73,7 +73,7 @@ def bare_steps_per_s(cfg: TrainConfig, data: torch.Tensor) -> float:
     rest = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0}],
-        lr=cfg.lr, betas=(0.9, 0.95), fused=device.type == "cuda",
+        lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=True,
     )  # fmt: skip
     gen = torch.Generator().manual_seed(0)
     offsets = torch.arange(cfg.seq_len + 1)

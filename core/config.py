@@ -7,75 +7,281 @@ allowed range in every message.
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass, field, fields
 
 from .errors import ConfigError
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
-
-# Changing these changes tensor shapes: a checkpoint cannot be loaded into them.
-ARCH_FIELDS = ("hidden_dim", "n_layers", "n_heads", "seq_len", "tokenizer", "vocab_size", "bias")
-# Changing these changes which tokens are drawn: the resumed run would not be the same run.
-STREAM_FIELDS = (
-    "data",
-    "data_extensions",
-    "val_fraction",
-    "corpus_max_bytes",
-    "max_data_bytes",
-    "seed",
-)
 TOKENIZERS = ("bytes", "bpe")
+CONFIG_VERSION = (
+    2  # bump with a MIGRATIONS entry whenever a field is renamed or its meaning changes
+)
+
+
+@dataclass(frozen=True)
+class Spec:
+    """Everything said about one config field: CLI flag, form widget and validation read it."""
+
+    help: str
+    label: str = ""  # the form's label; empty: the field has no widget in the form
+    group: str | None = None  # the form's group box
+    low: float | None = None  # inclusive bounds for numbers; None: unbounded
+    high: float | None = None
+    choices: tuple[str, ...] = ()
+    optional: bool = False  # None is allowed (and means "not set")
+    arch: bool = False  # changes tensor shapes: a checkpoint cannot be loaded into another value
+    stream: bool = False  # changes which tokens are drawn: a resumed run would be another run
+    cli: bool = True  # has a --flag of its own (booleans that default to true get --no-flag)
+    widget: str = ""  # a special form widget: "limit", "device", "text"
+
+
+def spec(default, help: str, **kw):
+    """A dataclass field carrying its Spec; a list default is copied per instance."""
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"spec": Spec(help, **kw)})
+    return field(default=default, metadata={"spec": Spec(help, **kw)})
+
+
+MODEL, BATCH, EXECUTION, INTERVALS, DATA, ADVANCED = (
+    "Model", "Batch and schedule", "Execution", "Intervals (steps)", "Data", "Advanced",
+)  # fmt: skip
 
 
 @dataclass
 class TrainConfig:
     # model
-    hidden_dim: int = 128
-    n_layers: int = 2
-    n_heads: int = 4
-    seq_len: int = 128
-    dropout: float = 0.0
-    # batch
-    batch_size: int = 8
-    grad_accum: int = 1
-    # optimisation
-    lr: float = 1e-3
-    min_lr_ratio: float = 0.1
-    warmup_steps: int = 20
-    weight_decay: float = 0.1
-    beta1: float = 0.9  # AdamW betas
-    beta2: float = 0.95
-    grad_clip: float = 1.0
-    max_steps: int | None = 500
-    max_epochs: float | None = None
+    hidden_dim: int = spec(
+        128,
+        "model width; must divide by n_heads",
+        label="Hidden dim",
+        group=MODEL,
+        low=8,
+        high=16384,
+        arch=True,
+    )
+    n_layers: int = spec(
+        2, "transformer blocks", label="Layers", group=MODEL, low=1, high=256, arch=True
+    )
+    n_heads: int = spec(
+        4,
+        "attention heads; hidden_dim / n_heads is the head size",
+        label="Heads",
+        group=MODEL,
+        low=1,
+        high=256,
+        arch=True,
+    )
+    seq_len: int = spec(
+        128,
+        "context length in tokens",
+        label="Context length",
+        group=MODEL,
+        low=8,
+        high=65536,
+        arch=True,
+    )
+    dropout: float = spec(
+        0.0, "dropout probability", label="Dropout", group=ADVANCED, low=0.0, high=0.9
+    )
+    bias: bool = spec(
+        True,
+        "biases in Linear and LayerNorm layers (without, as nanoGPT's bias=False: a bit faster)",
+        label="Biases",
+        group=ADVANCED,
+        arch=True,
+    )
+    # batch and schedule
+    batch_size: int = spec(
+        8, "sequences per micro-batch", label="Batch size", group=BATCH, low=1, high=65536
+    )
+    grad_accum: int = spec(
+        1,
+        "micro-batches per optimizer step",
+        label="Grad accumulation",
+        group=BATCH,
+        low=1,
+        high=65536,
+    )
+    lr: float = spec(
+        1e-3, "peak learning rate", label="Learning rate", group=BATCH, low=1e-8, high=1.0
+    )
+    warmup_steps: int = spec(20, "linear warmup steps", label="Warmup steps", group=BATCH, low=0)
+    max_steps: int | None = spec(
+        500,
+        "optimizer steps to train",
+        label="Train for",
+        group=BATCH,
+        low=1,
+        optional=True,
+        widget="limit",
+    )
+    max_epochs: float | None = spec(
+        None, "passes over the training tokens (overrides --max-steps)", low=0.001, optional=True
+    )
+    min_lr_ratio: float = spec(
+        0.1,
+        "final lr as a fraction of the peak",
+        label="Min lr ratio",
+        group=ADVANCED,
+        low=0.0,
+        high=1.0,
+    )
+    weight_decay: float = spec(
+        0.1, "AdamW weight decay", label="Weight decay", group=ADVANCED, low=0.0, high=1.0
+    )
+    beta1: float = spec(
+        0.9, "AdamW beta1 (momentum)", label="AdamW beta1", group=ADVANCED, low=0.0, high=0.9999
+    )
+    beta2: float = spec(
+        0.95,
+        "AdamW beta2 (0.99 suits small models and data)",
+        label="AdamW beta2",
+        group=ADVANCED,
+        low=0.0,
+        high=0.99999,
+    )
+    grad_clip: float = spec(
+        1.0, "max gradient norm; 0 disables clipping", label="Grad clip", group=ADVANCED, low=0.0
+    )
     # execution
-    precision: str = "auto"
-    device: str = "auto"
-    compile: bool = False
-    grad_checkpointing: bool = False
-    bias: bool = True  # Linear and LayerNorm biases; false is nanoGPT's faster default
-    deterministic: bool = False
-    seed: int = 1337
+    precision: str = spec(
+        "auto",
+        "auto: bf16 where the GPU supports it, else fp16; fp32 on the CPU",
+        label="Precision",
+        group=EXECUTION,
+        choices=PRECISIONS,
+    )
+    device: str = spec(
+        "auto",
+        "auto | cpu | cuda | cuda:N (auto: the first CUDA GPU if there is one, else the CPU)",
+        label="Device",
+        group=EXECUTION,
+        widget="device",
+    )
+    compile: bool = spec(
+        False,
+        "torch.compile the model: faster steps on a GPU after a slow first step",
+        label="torch.compile",
+        group=EXECUTION,
+    )
+    grad_checkpointing: bool = spec(
+        False,
+        "recompute activations in the backward pass: less memory, about 30% slower",
+        label="Gradient checkpointing",
+        group=EXECUTION,
+    )
+    deterministic: bool = spec(
+        False,
+        "deterministic kernels, so CUDA runs repeat bit for bit (slower)",
+        label="Deterministic",
+        group=ADVANCED,
+    )
+    seed: int = spec(
+        1337,
+        "random seed",
+        label="Seed",
+        group=ADVANCED,
+        low=0,
+        high=2**63 - 1,
+        stream=True,
+        widget="text",
+    )
     # data: None means the embedded default corpus
-    data: str | None = None
-    data_extensions: list[str] = field(default_factory=lambda: [".txt", ".md"])
-    val_fraction: float = 0.05
-    corpus_max_bytes: int = 4_000_000  # the embedded corpus only; a user's data is used whole
-    max_data_bytes: int | None = None  # optional cap on a user's data
-    tokenizer: str = "bytes"
-    vocab_size: int = 8192  # BPE only; bytes always have 256
-    # cadence
-    log_every: int = 10
-    eval_every: int = 100
-    eval_batches: int = 8
-    ckpt_every: int = 200
-    keep_checkpoints: int = 3
-    sample_tokens: int = 200
+    data: str | None = spec(
+        None,
+        "a text file or a folder of them (default: the embedded corpus)",
+        optional=True,
+        stream=True,
+    )
+    tokenizer: str = spec(
+        "bytes",
+        "bytes: 256 tokens, nothing to learn; bpe: a byte-level BPE learned from your data "
+        "once (Hugging Face tokenizers), fewer tokens per byte",
+        label="Tokenizer",
+        group=DATA,
+        choices=TOKENIZERS,
+        arch=True,
+    )
+    vocab_size: int = spec(
+        8192,
+        "BPE vocabulary size (with tokenizer bpe; bytes always have 256)",
+        label="BPE vocab",
+        group=DATA,
+        low=512,
+        high=65536,
+        arch=True,
+    )
+    data_extensions: list[str] = spec(
+        [".txt", ".md"],
+        "file endings read from a data folder, comma separated",
+        label="File endings",
+        group=ADVANCED,
+        stream=True,
+        widget="text",
+    )
+    val_fraction: float = spec(
+        0.05,
+        "share of the data held out for validation",
+        label="Validation share",
+        group=ADVANCED,
+        low=0.001,
+        high=0.5,
+        stream=True,
+    )
+    corpus_max_bytes: int = spec(
+        4_000_000,
+        "bytes of the embedded corpus used (your own data is used whole)",
+        label="Corpus cap (bytes)",
+        group=ADVANCED,
+        low=10_000,
+        stream=True,
+    )
+    max_data_bytes: int | None = spec(
+        None,
+        "use only the first N bytes of your data (default: all of it)",
+        low=1000,
+        optional=True,
+        stream=True,
+    )
+    # intervals
+    eval_every: int = spec(
+        100, "steps between validation runs", label="Eval every", group=INTERVALS, low=1
+    )
+    ckpt_every: int = spec(
+        200, "steps between checkpoints", label="Checkpoint every", group=INTERVALS, low=1
+    )
+    log_every: int = spec(
+        10,
+        "steps between metric reads (each read syncs the GPU)",
+        label="Log every",
+        group=INTERVALS,
+        low=1,
+    )
+    eval_batches: int = spec(
+        8,
+        "validation batches (optimizer-step sized) per eval",
+        label="Eval batches",
+        group=ADVANCED,
+        low=1,
+        high=10_000,
+    )
+    keep_checkpoints: int = spec(
+        3, "step-NNNNNN.pt files kept", label="Keep checkpoints", group=ADVANCED, low=0, high=1000
+    )
+    sample_tokens: int = spec(
+        200,
+        "tokens of text generated at each evaluation",
+        label="Sample tokens",
+        group=ADVANCED,
+        low=0,
+        high=100_000,
+    )
     # informational: which preset filled this in
-    preset: str | None = None
+    preset: str | None = spec(None, "the preset this config came from", optional=True, cli=False)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        return {**dataclasses.asdict(self), "config_version": CONFIG_VERSION}
 
     @property
     def model_vocab(self) -> int:
@@ -88,42 +294,24 @@ class TrainConfig:
         return self.batch_size * self.grad_accum * self.seq_len
 
 
-# name -> (kind, low, high, help). Bounds are inclusive; None means unbounded.
+def _kind(hint) -> type:
+    """int for `int | None`, list for `list[str]`."""
+    if typing.get_origin(hint) is list:
+        return list
+    return ([t for t in typing.get_args(hint) if t is not type(None)] or [hint])[0]
+
+
+_HINTS = typing.get_type_hints(TrainConfig)
+SPECS: dict[str, Spec] = {f.name: f.metadata["spec"] for f in fields(TrainConfig)}
+KINDS: dict[str, type] = {name: _kind(_HINTS[name]) for name in SPECS}
+DEFAULTS: dict[str, object] = TrainConfig().to_dict()
+BOOL_FIELDS = tuple(n for n, k in KINDS.items() if k is bool)
+ARCH_FIELDS = tuple(n for n, s in SPECS.items() if s.arch)
+STREAM_FIELDS = tuple(n for n, s in SPECS.items() if s.stream)
+# name -> (kind, low, high, help) for the numeric fields
 LIMITS: dict[str, tuple[type, float | None, float | None, str]] = {
-    "hidden_dim": (int, 8, 16384, "model width; must divide by n_heads"),
-    "n_layers": (int, 1, 256, "transformer blocks"),
-    "n_heads": (int, 1, 256, "attention heads; hidden_dim / n_heads is the head size"),
-    "seq_len": (int, 8, 65536, "context length in bytes"),
-    "dropout": (float, 0.0, 0.9, "dropout probability"),
-    "batch_size": (int, 1, 65536, "sequences per micro-batch"),
-    "grad_accum": (int, 1, 65536, "micro-batches per optimizer step"),
-    "lr": (float, 1e-8, 1.0, "peak learning rate"),
-    "min_lr_ratio": (float, 0.0, 1.0, "final lr as a fraction of the peak"),
-    "warmup_steps": (int, 0, None, "linear warmup steps"),
-    "weight_decay": (float, 0.0, 1.0, "AdamW weight decay"),
-    "beta1": (float, 0.0, 0.9999, "AdamW beta1 (momentum)"),
-    "beta2": (float, 0.0, 0.99999, "AdamW beta2 (0.99 suits small models and data)"),
-    "grad_clip": (float, 0.0, None, "max gradient norm; 0 disables clipping"),
-    "max_steps": (int, 1, None, "optimizer steps to train"),
-    "max_epochs": (float, 0.001, None, "passes over the training tokens"),
-    "seed": (int, 0, 2**63 - 1, "random seed"),
-    "val_fraction": (float, 0.001, 0.5, "share of the data held out for validation"),
-    "corpus_max_bytes": (int, 10_000, None, "bytes of the embedded corpus used"),
-    "max_data_bytes": (int, 1000, None, "use only the first N bytes of your data"),
-    "vocab_size": (int, 512, 65536, "BPE vocabulary size (with --tokenizer bpe)"),
-    "log_every": (int, 1, None, "steps between metric reads (each read syncs the GPU)"),
-    "eval_every": (int, 1, None, "steps between validation runs"),
-    "eval_batches": (
-        int,
-        1,
-        10_000,
-        "validation batches (optimizer-step sized) per eval",
-    ),
-    "ckpt_every": (int, 1, None, "steps between checkpoints"),
-    "keep_checkpoints": (int, 0, 1000, "step-NNNNNN.pt files kept"),
-    "sample_tokens": (int, 0, 100_000, "bytes of text generated at each evaluation"),
+    n: (KINDS[n], s.low, s.high, s.help) for n, s in SPECS.items() if KINDS[n] in (int, float)
 }
-BOOL_FIELDS = ("compile", "grad_checkpointing", "deterministic", "bias")
 
 
 def describe_limit(name: str) -> str:
@@ -142,7 +330,7 @@ def _coerce(name: str, value):
         raise ConfigError(f"{name}: expected true or false, got {value!r}")
     if name in LIMITS:
         kind, low, high, _ = LIMITS[name]
-        if value is None and name in ("max_steps", "max_epochs", "max_data_bytes"):
+        if value is None and SPECS[name].optional:
             return None
         if isinstance(value, bool) or value is None:
             raise ConfigError(f"{name}: expected {describe_limit(name)}, got {value!r}")
@@ -163,14 +351,11 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     values = {}
     for f in fields(cfg):
         values[f.name] = _coerce(f.name, getattr(cfg, f.name))
-    if values["precision"] not in PRECISIONS:
-        raise ConfigError(
-            f"precision: expected one of {', '.join(PRECISIONS)}, got {values['precision']!r}"
-        )
-    if values["tokenizer"] not in TOKENIZERS:
-        raise ConfigError(
-            f"tokenizer: expected one of {', '.join(TOKENIZERS)}, got {values['tokenizer']!r}"
-        )
+    for name, s in SPECS.items():
+        if s.choices and values[name] not in s.choices:
+            raise ConfigError(
+                f"{name}: expected one of {', '.join(s.choices)}, got {values[name]!r}"
+            )
     device = values["device"]
     if not isinstance(device, str) or not (
         device in ("auto", "cpu", "cuda") or (device.startswith("cuda:") and device[5:].isdigit())
@@ -195,15 +380,43 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     return TrainConfig(**values)
 
 
+def _from_v1(d: dict) -> dict:
+    """Version 1 (no config_version key) had no betas or bias fields: it trained with
+    biases and betas (0.9, 0.95). Spelled out here so a later default cannot change it."""
+    return {"bias": True, "beta1": 0.9, "beta2": 0.95, **d}
+
+
+# version N -> a function turning an N mapping into an N+1 mapping (renames go here too)
+MIGRATIONS = {1: _from_v1}
+
+
+def migrate(d: dict, source: str = "config") -> dict:
+    """A saved mapping (checkpoint, run config, preset, settings) brought to CONFIG_VERSION."""
+    d = dict(d)
+    version = d.pop("config_version", 1)
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise ConfigError(
+            f"{source}: config_version: expected a whole number >= 1, got {version!r}"
+        )
+    if version > CONFIG_VERSION:
+        raise ConfigError(
+            f"{source}: config_version {version} is newer than this TrainDeck understands "
+            f"({CONFIG_VERSION}); update TrainDeck"
+        )
+    for v in range(version, CONFIG_VERSION):
+        d = MIGRATIONS[v](d)
+    return d
+
+
 def from_dict(d: dict, base: TrainConfig | None = None, source: str = "config") -> TrainConfig:
     """Fill a config from a mapping; unknown keys are an error naming them and the source."""
     if not isinstance(d, dict):
         raise ConfigError(f"{source}: expected a mapping of field: value")
-    known = {f.name for f in fields(TrainConfig)}
-    unknown = sorted(set(d) - known)
+    d = migrate(d, source)
+    unknown = sorted(set(d) - set(SPECS))
     if unknown:
         raise ConfigError(
-            f"{source}: unknown field {unknown[0]!r}; allowed fields: {', '.join(sorted(known))}"
+            f"{source}: unknown field {unknown[0]!r}; allowed fields: {', '.join(sorted(SPECS))}"
         )
     base = base or TrainConfig()
     return dataclasses.replace(base, **d)

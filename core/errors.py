@@ -1,4 +1,4 @@
-"""Errors that mean "the user gave us something we cannot use" (CLI exit code 2)."""
+"""What can go wrong, sorted the same way for the CLI (exit codes) and the window (dialogs)."""
 
 
 class UserError(Exception):
@@ -15,3 +15,24 @@ class DataError(UserError):
 
 class CheckpointError(UserError):
     pass
+
+
+class TrainingError(Exception):
+    """Training could not go on (diverged, out of memory at micro-batch 1)."""
+
+
+def failure_kind(err: BaseException) -> str:
+    """ "input" (bad settings, data or checkpoint), "training" (diverged, OOM at micro-batch 1)
+    or "crash" (a bug or an unexpected failure)."""
+    if isinstance(err, UserError):
+        return "input"
+    if isinstance(err, TrainingError):
+        return "training"
+    return "crash"
+
+
+def failure_message(err: BaseException) -> str:
+    """core's own text for input and training failures; a crash also names its type."""
+    if failure_kind(err) == "crash":
+        return f"{type(err).__name__}: {err}"
+    return str(err)

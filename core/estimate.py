@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .config import TrainConfig
+from .device import pick_precision
 from .model import VOCAB_SIZE
 
 GB = 1024**3
@@ -115,8 +116,7 @@ class Estimate:
 def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True) -> Estimate:
     """Peak memory of one micro-batch's forward/backward plus the optimizer step."""
     if precision is None:
-        auto = "bf16" if on_gpu else "fp32"  # what resolve_precision picks on a modern GPU / CPU
-        precision = auto if cfg.precision == "auto" else cfg.precision
+        precision = pick_precision(cfg.precision, on_gpu)  # a modern GPU's choice
     n = param_count(cfg.hidden_dim, cfg.n_layers, cfg.seq_len, cfg.model_vocab, cfg.bias)
     tokens = cfg.batch_size * cfg.seq_len
     per_layer = _saved_bytes_per_token_layer(cfg, precision) * tokens

@@ -18,6 +18,7 @@ import torch
 
 from . import checkpoint as ckpt
 from .config import TrainConfig, from_dict, validate
+from .device import resolve_device
 from .errors import CheckpointError, UserError
 from .model import GPT, GPTConfig
 from .tokenizer import Tokenizer, bytes_tokenizer
@@ -63,15 +64,7 @@ def run_tokenizer(state: dict, ckpt_file: Path) -> Tokenizer:
 
 
 def model_config(cfg: TrainConfig) -> GPTConfig:
-    return GPTConfig(
-        hidden_dim=cfg.hidden_dim,
-        n_layers=cfg.n_layers,
-        n_heads=cfg.n_heads,
-        seq_len=cfg.seq_len,
-        dropout=0.0,
-        vocab_size=cfg.model_vocab,
-        bias=cfg.bias,
-    )
+    return GPTConfig.from_train(cfg, training=False)
 
 
 def load(target: str | Path, which: str = "best", device: str = "cpu") -> Loaded:
@@ -217,10 +210,9 @@ def run_cli(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.top_p is not None and not 0 < args.top_p <= 1:
         raise UsageError(f"--top-p: expected a number in (0, 1], got {args.top_p}")
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise UsageError(f"--device: {args.device} requested but CUDA is not available")
+    device = str(resolve_device(args.device))  # a missing GPU is a one-line error
     prompt = read_prompt(args)
-    loaded = load(args.target, args.checkpoint, args.device)
+    loaded = load(args.target, args.checkpoint, device)
     ids = loaded.tokenizer.encode(prompt) or loaded.tokenizer.encode("\n")
     out = sys.stdout
     out.write(prompt)

@@ -10,19 +10,38 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from .config import TrainConfig
+
 VOCAB_SIZE = 256  # bytes: no tokenizer to download
 
 
-@dataclass
+@dataclass(kw_only=True)
 class GPTConfig:
-    hidden_dim: int = 128
-    n_layers: int = 2
-    n_heads: int = 4
-    seq_len: int = 128
+    """The network's shape. Its defaults and ranges live in core.config.TrainConfig:
+    build it with `from_train` (tests may build small ones by hand)."""
+
+    hidden_dim: int
+    n_layers: int
+    n_heads: int
+    seq_len: int
     dropout: float = 0.0
     vocab_size: int = VOCAB_SIZE
     grad_checkpointing: bool = False
-    bias: bool = True  # biases in Linear and LayerNorm (nanoGPT's bias=False drops them)
+    bias: bool = True
+
+    @classmethod
+    def from_train(cls, cfg: TrainConfig, training: bool = True) -> GPTConfig:
+        """For training, or (training=False) for inference: no dropout or checkpointing."""
+        return cls(
+            hidden_dim=cfg.hidden_dim,
+            n_layers=cfg.n_layers,
+            n_heads=cfg.n_heads,
+            seq_len=cfg.seq_len,
+            dropout=cfg.dropout if training else 0.0,
+            vocab_size=cfg.model_vocab,
+            grad_checkpointing=cfg.grad_checkpointing and training,
+            bias=cfg.bias,
+        )
 
 
 class SelfAttention(nn.Module):

@@ -20,8 +20,9 @@ from torch.nn.parallel import DistributedDataParallel
 from . import checkpoint as ckpt
 from .config import TrainConfig, compare_for_resume, from_dict, validate
 from .data import DataSpec, PrepareCancelled, TokenData, data_changes, find_sources, prepare
+from .device import is_oom, resolve_device, resolve_precision
 from .distributed import SilentFolder, World
-from .errors import CheckpointError, ConfigError, UserError
+from .errors import CheckpointError, TrainingError, UserError
 from .events import TrainControl, TrainEvents
 from .hardware import memory_stats
 from .model import GPT, GPTConfig
@@ -34,51 +35,8 @@ OOM_ADVICE = (
 )
 
 
-class TrainingError(Exception):
-    """Training could not go on (diverged, out of memory at micro-batch 1)."""
-
-
-def is_oom(err: BaseException) -> bool:
-    return isinstance(err, torch.OutOfMemoryError) or (
-        isinstance(err, RuntimeError) and "out of memory" in str(err)
-    )
-
-
 def is_disk_full(err: BaseException) -> bool:
     return isinstance(err, OSError) and err.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1))
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda"):
-        if not torch.cuda.is_available():
-            build = "a CPU-only build" if torch.version.cuda is None else "no usable GPU"
-            raise ConfigError(
-                f"device: {name} requested but CUDA is not available (torch {torch.__version__}, "
-                f"{build}); use --device cpu or install a CUDA build of torch"
-            )
-        dev = torch.device(name)
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ConfigError(
-                f"device: {name} does not exist; this machine has "
-                f"{torch.cuda.device_count()} GPU(s): cuda:0..cuda:{torch.cuda.device_count() - 1}"
-            )
-        return dev
-    return torch.device("cpu")
-
-
-def resolve_precision(precision: str, device: torch.device) -> str:
-    if device.type == "cuda":
-        if precision == "auto":
-            return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-        if precision == "bf16" and not torch.cuda.is_bf16_supported():
-            raise ConfigError("precision: bf16 is not supported by this GPU; use fp16 or auto")
-        return precision
-    if precision == "fp16":
-        raise ConfigError("precision: fp16 needs a CUDA GPU; on the CPU use fp32 (or auto)")
-    # auto never picks bf16 on a CPU: on many CPUs bf16 matmuls are hundreds of times slower.
-    return "fp32" if precision == "auto" else precision
 
 
 def lr_at(step: int, cfg: TrainConfig, max_steps: int) -> float:
@@ -192,11 +150,7 @@ class Trainer:
 
         self.max_steps = max_steps_for(cfg, self.data.train_tokens)
 
-        gcfg = GPTConfig(
-            cfg.hidden_dim, cfg.n_layers, cfg.n_heads, cfg.seq_len, cfg.dropout,
-            vocab_size=cfg.model_vocab, grad_checkpointing=cfg.grad_checkpointing, bias=cfg.bias,
-        )  # fmt: skip
-        self.model = GPT(gcfg).to(self.device)
+        self.model = GPT(GPTConfig.from_train(cfg)).to(self.device)
         self.optimizer = self._make_optimizer()
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.precision == "fp16")
         self.forward = torch.compile(self.model) if cfg.compile else self.model

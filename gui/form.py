@@ -28,76 +28,43 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from core.config import LIMITS, PRECISIONS, TOKENIZERS, TrainConfig, describe_limit, validate
+from core.config import (
+    ADVANCED,
+    BATCH,
+    DATA,
+    EXECUTION,
+    INTERVALS,
+    KINDS,
+    LIMITS,
+    MODEL,
+    SPECS,
+    TrainConfig,
+    describe_limit,
+    validate,
+)
 from core.errors import ConfigError
 
 INT_MAX = 2**31 - 1  # QSpinBox holds a C int
 
-LABELS = {
-    "hidden_dim": "Hidden dim",
-    "n_layers": "Layers",
-    "n_heads": "Heads",
-    "seq_len": "Context length",
-    "batch_size": "Batch size",
-    "grad_accum": "Grad accumulation",
-    "lr": "Learning rate",
-    "warmup_steps": "Warmup steps",
-    "limit": "Train for",
-    "precision": "Precision",
-    "device": "Device",
-    "compile": "torch.compile",
-    "grad_checkpointing": "Gradient checkpointing",
-    "eval_every": "Eval every",
-    "ckpt_every": "Checkpoint every",
-    "log_every": "Log every",
-    "dropout": "Dropout",
-    "min_lr_ratio": "Min lr ratio",
-    "weight_decay": "Weight decay",
-    "grad_clip": "Grad clip",
-    "seed": "Seed",
-    "eval_batches": "Eval batches",
-    "sample_tokens": "Sample bytes",
-    "keep_checkpoints": "Keep checkpoints",
-    "val_fraction": "Validation share",
-    "corpus_max_bytes": "Corpus cap (bytes)",
-    "deterministic": "Deterministic",
-    "bias": "Biases",
-    "beta1": "AdamW beta1",
-    "beta2": "AdamW beta2",
-    "data_extensions": "File endings",
-    "tokenizer": "Tokenizer",
-    "vocab_size": "BPE vocab",
-}
-EXTRA_HELP = {
-    "precision": "auto: bf16 where the GPU supports it, else fp16; fp32 on the CPU",
-    "device": "auto: the first CUDA GPU if there is one, else the CPU",
-    "compile": "torch.compile the model: faster steps on a GPU after a slow first step",
-    "grad_checkpointing": "recompute activations in the backward pass: less memory, slower",
-    "deterministic": "deterministic kernels: exact reruns, somewhat slower",
-    "bias": "biases in Linear and LayerNorm layers; off (as nanoGPT's bias=False) is a bit faster",
-    "data_extensions": "file endings read from a data folder, comma separated",
-    "limit": "stop after a number of optimizer steps or of passes over the training data",
-    "tokenizer": "bytes: 256 tokens, nothing to learn; bpe: a byte-level BPE learned from your "
-    "data once (Hugging Face tokenizers), fewer tokens per byte",
-}
-MAIN_GROUPS = [
-    ("Model", ["hidden_dim", "n_layers", "n_heads", "seq_len"]),
-    ("Batch and schedule", ["batch_size", "grad_accum", "lr", "warmup_steps", "limit"]),
-    ("Execution", ["precision", "device", "compile", "grad_checkpointing"]),
-    ("Intervals (steps)", ["eval_every", "ckpt_every", "log_every"]),
-]
-ADVANCED = [
-    "dropout", "min_lr_ratio", "weight_decay", "grad_clip", "seed", "eval_batches",
-    "sample_tokens", "keep_checkpoints", "val_fraction", "corpus_max_bytes",
-    "data_extensions", "beta1", "beta2", "deterministic", "bias",
-]  # fmt: skip
+# Box order in the form; each field names its box (core.config's Spec.group).
+GROUP_ORDER = (DATA, MODEL, BATCH, EXECUTION, INTERVALS)
+LABELS = {name: spec.label for name, spec in SPECS.items() if spec.label}
+ADVANCED_FIELDS = [name for name, spec in SPECS.items() if spec.group == ADVANCED and spec.label]
 LOG_STEP_FIELDS = ("lr", "max_epochs")  # these step by a factor, not by a fixed amount
 
 
 def tooltip(name: str) -> str:
+    text = f"{name}: {SPECS[name].help}."
     if name in LIMITS:
-        return f"{name}: {LIMITS[name][3]}.\nAllowed: {describe_limit(name)}."
-    return f"{name}: {EXTRA_HELP.get(name, '')}"
+        text += f"\nAllowed: {describe_limit(name)}."
+    elif SPECS[name].choices:
+        text += f"\nAllowed: {', '.join(SPECS[name].choices)}."
+    return text
+
+
+def group_fields(group: str) -> list[str]:
+    """The fields shown in one box, in declaration order."""
+    return [n for n, s in SPECS.items() if s.group == group and s.label]
 
 
 class _NoWheelUnlessFocused:
@@ -295,9 +262,9 @@ class ConfigForm(QWidget):
         top_layout.setContentsMargins(0, 0, 0, 0)
         top_layout.addWidget(self.data)
         top_layout.addWidget(self.data_info)
-        layout.addWidget(self._group("Data", ["tokenizer", "vocab_size"], devices, top=top))
-        for title, names in MAIN_GROUPS:
-            layout.addWidget(self._group(title, names, devices))
+        for group in GROUP_ORDER:
+            top_widget = top if group == DATA else None
+            layout.addWidget(self._group(group, group_fields(group), devices, top=top_widget))
         self.advanced_toggle = QToolButton()
         self.advanced_toggle.setText("Advanced settings")
         self.advanced_toggle.setCheckable(True)
@@ -305,7 +272,7 @@ class ConfigForm(QWidget):
         self.advanced_toggle.setArrowType(Qt.ArrowType.RightArrow)
         self.advanced_toggle.toggled.connect(self._toggle_advanced)
         layout.addWidget(self.advanced_toggle)
-        self.advanced = self._group("Advanced", ADVANCED, devices)
+        self.advanced = self._group(ADVANCED, ADVANCED_FIELDS, devices)
         self.advanced.setVisible(False)
         layout.addWidget(self.advanced)
         self.general_error = self._error_label()
@@ -322,25 +289,20 @@ class ConfigForm(QWidget):
         return label
 
     def _make_widget(self, name: str, devices: list[str]) -> QWidget:
-        if name == "limit":
+        spec = SPECS[name]
+        if spec.widget == "limit":
             w = LimitField()
             w.changed.connect(self._edited)
-        elif name in ("compile", "grad_checkpointing", "deterministic", "bias"):
+        elif KINDS[name] is bool:
             w = QCheckBox(LABELS[name])
             w.toggled.connect(self._edited)
-        elif name == "precision":
-            w = Combo(PRECISIONS)
+        elif spec.choices or spec.widget == "device":
+            w = Combo(spec.choices or devices)
             w.currentTextChanged.connect(self._edited)
-        elif name == "tokenizer":
-            w = Combo(TOKENIZERS)
-            w.currentTextChanged.connect(self._edited)
-        elif name == "device":
-            w = Combo(devices)
-            w.currentTextChanged.connect(self._edited)
-        elif name in ("seed", "data_extensions"):
-            w = QLineEdit()  # seed goes past a C int; endings are free text
+        elif spec.widget == "text":
+            w = QLineEdit()  # e.g. a seed past a C int, or free text
             w.textChanged.connect(self._edited)
-        elif LIMITS[name][0] is int:
+        elif KINDS[name] is int:
             w = IntSpin(name)
             w.valueChanged.connect(self._edited)
         else:
@@ -361,8 +323,9 @@ class ConfigForm(QWidget):
         for i, name in enumerate(names):
             row, col = (i // 2) * 2 + (top is not None), (i % 2) * 2
             w = self._make_widget(name, devices)
-            self.widgets[name] = w
-            self.errors[name] = self._error_label()
+            key = "limit" if SPECS[name].widget == "limit" else name  # max_steps or max_epochs
+            self.widgets[key] = w
+            self.errors[key] = self._error_label()
             if isinstance(w, QCheckBox):
                 grid.addWidget(w, row, col, 1, 2)
             else:
@@ -371,7 +334,7 @@ class ConfigForm(QWidget):
                 label.setBuddy(w)
                 grid.addWidget(label, row, col)
                 grid.addWidget(w, row, col + 1)
-            grid.addWidget(self.errors[name], row + 1, col, 1, 2)
+            grid.addWidget(self.errors[key], row + 1, col, 1, 2)
         grid.setColumnStretch(1, 1)
         grid.setColumnStretch(3, 1)
         return box
@@ -486,7 +449,7 @@ class ConfigForm(QWidget):
         if name in self.widgets:
             self.widgets[name].setProperty("invalid", True)
             self.widgets[name].setStyleSheet("background: #ffebee;")
-        if name in ADVANCED and not self.advanced_toggle.isChecked():
+        if name in ADVANCED_FIELDS and not self.advanced_toggle.isChecked():
             self.advanced_toggle.setChecked(True)
 
     @property

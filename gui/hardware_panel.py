@@ -19,6 +19,7 @@ from PySide6.QtWidgets import (
 )
 
 from core import hardware
+from core.device import gpu_index
 
 GiB = 1024**3
 
@@ -30,9 +31,9 @@ class HardwareInfo:
 
     def gpu_for(self, device: str) -> dict | None:
         """The GPU a config's device setting trains on; None means the CPU."""
-        if device == "cpu" or not self.gpus:
+        index = gpu_index(device, len(self.gpus))
+        if index is None:
             return None
-        index = int(device.split(":")[1]) if ":" in device else 0
         return next((g for g in self.gpus if g["index"] == index), None)
 
 

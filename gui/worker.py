@@ -16,9 +16,10 @@ import torch
 from PySide6.QtCore import QThread, Signal
 
 from core.config import TrainConfig
-from core.errors import UserError
+from core.device import gpu_index
+from core.errors import failure_kind, failure_message
 from core.events import TrainControl, TrainEvents
-from core.trainer import Trainer, TrainingError
+from core.trainer import Trainer
 
 
 def warm_up() -> None:
@@ -140,18 +141,14 @@ class TrainThread(QThread):
         try:
             trainer = Trainer(self.cfg, self.run_dir, resume_from=self.resume_from)
             self.result = trainer.run(_SignalEvents(self), self.control)
-        except UserError as e:
-            self._fail("input", str(e))
-        except TrainingError as e:
-            self._fail("training", str(e))
         except Exception as e:  # the thread must never die silently
-            self._fail("crash", f"{type(e).__name__}: {e}")
+            self._fail(failure_kind(e), failure_message(e))
         finally:
             torch.set_num_threads(threads)
 
     def _on_cpu(self) -> bool:
-        device = self.cfg.device
-        return device == "cpu" or (device == "auto" and not torch.cuda.is_available())
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        return gpu_index(self.cfg.device, count) is None
 
     def _fail(self, kind: str, message: str) -> None:
         self.result = {"status": "failed", "error": message, "run_dir": str(self.run_dir)}

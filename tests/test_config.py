@@ -112,3 +112,48 @@ def test_resume_comparison_refuses_architecture_and_allows_schedule_changes():
     other_effective = dataclasses.replace(saved, batch_size=4)
     assert "effective batch changes" in compare_for_resume(saved, other_effective)[0][0]
     assert "data stream" in compare_for_resume(saved, dataclasses.replace(saved, seed=1))[0][0]
+
+
+def test_a_config_saved_before_versions_keeps_its_meaning():
+    """Version 1 mappings (no config_version) trained with biases and betas (0.9, 0.95)."""
+    old = {"hidden_dim": 64, "n_heads": 4, "max_steps": 10}
+    base = TrainConfig(bias=False, beta1=0.8, beta2=0.99)  # later defaults must not leak in
+    cfg = from_dict(old, base, source="old.yaml")
+    assert (cfg.bias, cfg.beta1, cfg.beta2) == (True, 0.9, 0.95)
+    saved = TrainConfig(bias=False).to_dict()
+    assert saved["config_version"] >= 2
+    assert from_dict(saved, base).bias is False  # a current mapping is taken as written
+
+
+def test_a_config_from_a_newer_traindeck_is_refused_by_name():
+    with pytest.raises(ConfigError, match=r"^new\.yaml: config_version 99 is newer"):
+        from_dict({"config_version": 99}, source="new.yaml")
+    with pytest.raises(ConfigError, match=r"config_version: expected a whole number"):
+        from_dict({"config_version": "two"}, source="x.yaml")
+
+
+def test_user_presets_carry_the_config_version(tmp_path):
+    path = presets.save_user_preset("mine", TrainConfig(bias=False, max_steps=7))
+    assert "config_version: " in path.read_text()
+    cfg = presets.to_config(presets.load_preset("mine"))
+    assert cfg.bias is False and cfg.max_steps == 7
+
+
+def test_every_field_is_declared_once_and_reaches_the_cli():
+    """The CLI flags, ranges and bool/choice handling all come from the field declarations."""
+    from core.cli import _overrides, build_parser
+    from core.config import KINDS, LIMITS, SPECS
+
+    parser = build_parser()
+    flags = {o for a in parser._actions for o in a.option_strings}
+    for name, spec in SPECS.items():
+        if not spec.cli:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if KINDS[name] is bool and getattr(TrainConfig(), name):
+            flag = "--no-" + flag[2:]
+        assert flag in flags, name
+        if name in LIMITS:
+            assert (LIMITS[name][1], LIMITS[name][2]) == (spec.low, spec.high)
+    args = parser.parse_args(["--min-lr-ratio", "0.2", "--no-bias", "--compile"])
+    assert _overrides(args) == {"min_lr_ratio": 0.2, "bias": False, "compile": True}

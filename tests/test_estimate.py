@@ -21,7 +21,7 @@ def cfg(**kw):
 
 def test_optimizer_state_bytes_are_exact():
     c = cfg(hidden_dim=48, n_layers=2, n_heads=4, seq_len=32)
-    model = GPT(GPTConfig(48, 2, 4, 32))
+    model = GPT(GPTConfig(hidden_dim=48, n_layers=2, n_heads=4, seq_len=32))
     opt = torch.optim.AdamW(model.parameters())
     model(torch.zeros(1, 8, dtype=torch.long), torch.zeros(1, 8, dtype=torch.long))[1].backward()
     opt.step()

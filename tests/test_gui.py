@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -146,6 +147,15 @@ def test_fields_carry_ranges_and_tooltips_from_core(make_window):
     lr.interpretText()
     assert window.form.validated().lr == pytest.approx(3e-4)
     assert lr.text() == "0.0003"
+    # Every field declared with a label in core.config has its widget, and it round-trips.
+    from core.config import SPECS
+
+    for name, spec in SPECS.items():
+        if spec.label:
+            assert ("limit" if spec.widget == "limit" else name) in window.form.widgets, name
+    changed = dataclasses.replace(window.form.validated(), beta2=0.99, bias=False, grad_clip=0.5)
+    window.form.set_config(changed)
+    assert window.form.validated() == changed
 
 
 def test_invalid_field_is_flagged_and_blocks_start(make_window, dialogs):

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from core import hardware
+from core.device import gpu_index, pick_precision, resolve_device, resolve_precision
 from core.errors import ConfigError
-from core.trainer import resolve_device, resolve_precision
 
 
 def fake_pynvml(used_mb=3000, total_mb=8192):
@@ -79,6 +79,14 @@ def test_precision_choice(monkeypatch):
     assert resolve_precision("auto", cuda) == "fp16"  # Turing and older: fp16 + GradScaler
     with pytest.raises(ConfigError, match="bf16 is not supported by this GPU"):
         resolve_precision("bf16", cuda)
+
+
+def test_one_rule_for_which_gpu_a_device_setting_means():
+    assert gpu_index("auto", 0) is None and gpu_index("cpu", 2) is None
+    assert gpu_index("auto", 2) == 0 and gpu_index("cuda", 1) == 0 and gpu_index("cuda:3", 4) == 3
+    assert pick_precision("auto", on_gpu=False) == "fp32"
+    assert pick_precision("auto", on_gpu=True, bf16_ok=False) == "fp16"
+    assert pick_precision("fp16", on_gpu=False) == "fp16"  # mapping only; resolve_precision refuses
 
 
 def test_device_choice(monkeypatch):

@@ -2,8 +2,9 @@ import pytest
 import torch
 
 from core import checkpoint as ckpt
+from core.errors import TrainingError
 from core.runs import RunFolder, read_metrics
-from core.trainer import Trainer, TrainingError, smaller_micro_batch
+from core.trainer import Trainer, smaller_micro_batch
 from tiny import Recorder, StopAfter, tiny_config
 
 
