@@ -12,6 +12,7 @@ Target: engine / bare >= 0.98.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import tempfile
@@ -98,6 +99,31 @@ def bare_steps_per_s(cfg: TrainConfig, data: torch.Tensor) -> float:
     return (cfg.max_steps - warmup) / (time.perf_counter() - t0)
 
 
+def save_costs(size: str, device: str, tmp: Path, saves: int = 10) -> tuple[float, float, float]:
+    """(median ms the training thread stalls per save, MB of one checkpoint, MB the run folder
+    takes on disk) for a run that saves every 10 steps and keeps 3 step files plus best.pt."""
+    cfg = dataclasses.replace(
+        config(size, 10 * saves, device), ckpt_every=10, eval_every=10, keep_checkpoints=3
+    )
+    run_dir = tmp / f"saves-{size}"
+    trainer = Trainer(cfg, run_dir, data_cache=tmp / "cache")
+    stalls = []
+    inner = trainer._save_checkpoint
+
+    def timed(best):
+        t = time.perf_counter()
+        path = inner(best)
+        stalls.append(time.perf_counter() - t)
+        return path
+
+    trainer._save_checkpoint = timed
+    trainer.run()
+    files = [p for p in run_dir.rglob("*.pt")]
+    one = files[0].stat().st_size / 1e6
+    inodes = {p.stat().st_ino: p.stat().st_size for p in run_dir.rglob("*") if p.is_file()}
+    return statistics.median(stalls) * 1000, one, sum(inodes.values()) / 1e6
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=300)
@@ -117,6 +143,13 @@ def main() -> None:
                 bare.append(bare_steps_per_s(cfg, data))
             e, b = statistics.median(engine), statistics.median(bare)
             print(f"{size:<8}{e:>16.1f}{b:>14.1f}{e / b:>13.3f}")
+        for size in args.sizes.split(","):
+            stall, one, disk = save_costs(size, args.device, Path(tmp))
+            print(
+                f"{size}: training stall per save {stall:.1f} ms (the rest is written in the "
+                f"background); one checkpoint {one:.2f} MB; run folder on disk {disk:.2f} MB "
+                f"with latest + best + 3 step files ({disk / one:.1f} checkpoints' worth)"
+            )
 
 
 if __name__ == "__main__":

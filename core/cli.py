@@ -20,7 +20,7 @@ from .device import gpu_index
 from .distributed import World
 from .errors import UserError, failure_kind, failure_message
 from .events import FanOut, TensorBoardEvents, TrainControl, TrainEvents
-from .runs import DEFAULT_RUNS_ROOT, new_run_dir, resume_config
+from .runs import DEFAULT_RUNS_ROOT, check_resume_out, new_run_dir, resume_config
 from .trainer import Trainer
 
 EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -132,8 +132,7 @@ def build_config(args) -> tuple[TrainConfig, Path, Path | None]:
         if run.resume_note:
             print(run.resume_note)
             run.log(run.resume_note)
-        if args.out and Path(args.out).resolve() != run.path.resolve():
-            raise UsageError(f"--out: a resumed run stays in its own folder {run.path}")
+        check_resume_out(run, args.out)
         return cfg, run.path, resume_file
     base = preset_lib.to_config(preset_lib.load_preset(args.preset or default_preset_name()))
     cfg = validate(dataclasses.replace(base, **_overrides(args)))

@@ -224,6 +224,12 @@ def new_run_dir(root: Path, preset: str | None) -> Path:
     return path
 
 
+def check_resume_out(run: RunFolder, out: str | Path | None) -> None:
+    """A resumed run stays in its own folder: an --out elsewhere is refused, not obeyed."""
+    if out and Path(out).resolve() != run.path.resolve():
+        raise ConfigError(f"--out: a resumed run stays in its own folder {run.path}")
+
+
 def resume_config(
     spec: str, root: Path, preset: str | None = None, changes: dict | None = None
 ) -> tuple[TrainConfig, Path, RunFolder]:

@@ -98,6 +98,18 @@ class Trainer:
         self._writer = ckpt.BackgroundWriter()
         self._written_step = -1  # the newest checkpoint known to be whole on disk
         self._pause_depth = 0
+        # Made by _setup once the input is known good; None until then.
+        self.device: torch.device | None = None
+        self.precision: str | None = None
+        self.data: TokenData | None = None
+        self.max_steps: int | None = None
+        self.model: GPT | None = None
+        self.train_model = None  # the model as trained: compiled and/or DDP-wrapped
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scaler: torch.amp.GradScaler | None = None
+        self._owns_group = False  # this trainer created the process group
+        self._t0: float | None = None  # perf_counter at the start of this session's steps
+        self._window_start = 0.0  # start of the current metrics window
 
     # -- setup ---------------------------------------------------------------------------
 
@@ -153,10 +165,10 @@ class Trainer:
         self.model = GPT(GPTConfig.from_train(cfg)).to(self.device)
         self.optimizer = self._make_optimizer()
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.precision == "fp16")
-        self.forward = torch.compile(self.model) if cfg.compile else self.model
+        self.train_model = torch.compile(self.model) if cfg.compile else self.model
         if self.world.enabled:
             ids = [self.device.index] if self.device.type == "cuda" else None
-            self.forward = DistributedDataParallel(self.forward, device_ids=ids)
+            self.train_model = DistributedDataParallel(self.train_model, device_ids=ids)
 
         if resume_state is not None:
             self._restore(resume_state)
@@ -288,7 +300,7 @@ class Trainer:
                 self._paused_s += time.perf_counter() - t0
 
     def save_checkpoint(self, best: bool = False) -> Path:
-        self._flush()
+        self._emit_metrics()
         with self._not_training():
             return self._save_checkpoint(best)
 
@@ -332,7 +344,7 @@ class Trainer:
     def _grad_sync(self, last: bool):
         """DDP averages gradients across processes once a step, after the last micro-batch."""
         if self.world.enabled and not last:
-            return self.forward.no_sync()
+            return self.train_model.no_sync()
         return contextlib.nullcontext()
 
     def _train_step(self, starts: torch.Tensor, lr: float) -> torch.Tensor:
@@ -347,7 +359,7 @@ class Trainer:
                 self.fault(self.step + 1, i)
             with self._grad_sync(last=i == len(chunks) - 1):
                 with self._autocast():
-                    _, loss = self.forward(x, y)
+                    _, loss = self.train_model(x, y)
                 loss = loss / self.cfg.grad_accum
                 self.scaler.scale(loss).backward()
             total += loss.detach()
@@ -401,8 +413,9 @@ class Trainer:
 
     # -- metrics, eval, samples ----------------------------------------------------------
 
-    def _flush(self) -> None:
-        """Read the pending step losses in one host-device sync and emit their records."""
+    def _emit_metrics(self) -> None:
+        """Read the pending step losses in one host-device sync and emit their records.
+        Raises TrainingError when a loss is not finite: this is where divergence is seen."""
         if not self._pending:
             return
         losses = self.world.mean(torch.stack([loss for _, loss, _ in self._pending])).tolist()
@@ -439,7 +452,7 @@ class Trainer:
         self._pending = []
 
     def _elapsed(self) -> float:
-        t0 = getattr(self, "_t0", None)
+        t0 = self._t0
         return round(self._elapsed_before + (time.perf_counter() - t0 if t0 else 0.0), 3)
 
     @torch.no_grad()
@@ -452,7 +465,7 @@ class Trainer:
         windows = cfg.eval_batches * cfg.batch_size * cfg.grad_accum * self.world.size
         for x, y in self.data.val_batches(windows, cfg.batch_size):
             with self._autocast():
-                _, loss = self.forward(self._to_device(x), self._to_device(y))
+                _, loss = self.train_model(self._to_device(x), self._to_device(y))
             losses.append(loss.float())
         val = torch.stack(losses).mean().item()
         self.model.train()
@@ -476,7 +489,7 @@ class Trainer:
         return self.data.tokenizer.decode(out[0].tolist())
 
     def _eval_and_sample(self) -> None:
-        self._flush()
+        self._emit_metrics()
         with self._not_training():
             self._evaluate_and_record()
 
@@ -556,7 +569,7 @@ class Trainer:
 
     def _end(self, status: str, error: str | None = None) -> dict:
         step = self.step
-        max_steps = getattr(self, "max_steps", None)
+        max_steps = self.max_steps
         result = {"status": status, "step": step, "run_dir": str(self.folder.path)}
         if error:
             result["error"] = error
@@ -570,7 +583,7 @@ class Trainer:
             if not is_disk_full(e):
                 raise
         self.lock.release()
-        if getattr(self, "_owns_group", False):
+        if self._owns_group:
             torch.distributed.destroy_process_group()
         self.events.on_train_end(result)
         return result
@@ -615,11 +628,11 @@ class Trainer:
             self.step += 1
             self._pending.append((self.step, loss, lr))
             if self.step % self.cfg.log_every == 0:
-                self._flush()
+                self._emit_metrics()
             if self.step % self.cfg.eval_every == 0 or self.step == self.max_steps:
                 self._eval_and_sample()
             if self.step % self.cfg.ckpt_every == 0 and self._saved_step != self.step:
                 self.save_checkpoint()
-        self._flush()
+        self._emit_metrics()
         if self._saved_step != self.step:
             self.save_checkpoint()

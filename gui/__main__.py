@@ -49,14 +49,13 @@ def build_parser() -> argparse.ArgumentParser:
 def check_args(args) -> None:
     """Reject a bad preset or resume target before any window opens (UserError)."""
     from core import presets as preset_lib
-    from core.runs import resolve_resume
+    from core.runs import check_resume_out, resolve_resume
 
     if args.preset:
         preset_lib.load_preset(args.preset)
     if args.resume:
         _, run = resolve_resume(args.resume, Path(args.runs_root))
-        if args.out and Path(args.out).resolve() != run.path.resolve():
-            raise UserError(f"--out: a resumed run stays in its own folder {run.path}")
+        check_resume_out(run, args.out)
 
 
 def launch(window, args) -> None:

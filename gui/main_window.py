@@ -1,102 +1,60 @@
 """The TrainDeck window: settings on the left, live plots and progress on the right.
 
-Everything here is presentation and wiring. Training happens in `TrainThread`, which owns
-core's Trainer; its events arrive as queued signals and land in buffers that timers draw.
+Layout and wiring only. The run's lifecycle is `RunSession`, its progress arithmetic
+`core.progress.Progress`, presets `PresetBox`, persistence `SettingsStore`; training
+happens in `TrainThread`, whose events arrive as queued signals and land in buffers that
+timers draw.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import html
-import json
-import time
 from pathlib import Path
 
-from PySide6.QtCore import QSettings, Qt, QTimer, Signal
-from PySide6.QtGui import QFontDatabase
+from PySide6.QtCore import QSettings, Qt, Signal
 from PySide6.QtWidgets import (
-    QComboBox,
     QFileDialog,
     QGridLayout,
     QGroupBox,
     QHBoxLayout,
-    QInputDialog,
     QLabel,
     QLineEdit,
     QMainWindow,
     QMessageBox,
-    QPlainTextEdit,
-    QProgressBar,
     QPushButton,
     QScrollArea,
     QSplitter,
-    QTabWidget,
     QVBoxLayout,
     QWidget,
 )
 
 from core import presets as preset_lib
-from core.config import TrainConfig, from_dict, validate
+from core.config import TrainConfig
 from core.errors import ConfigError, UserError
-from core.estimate import fit_micro_batch, recommend_preset
+from core.estimate import fit_micro_batch
 from core.runs import (
     DEFAULT_RUNS_ROOT,
-    RunFolder,
     interrupted_run,
     list_runs,
     new_run_dir,
-    read_metrics,
     resume_config,
 )
-from gui.playground import Playground
 
 from .estimate_panel import EstimatePanel, judge
 from .form import ConfigForm
 from .hardware_panel import HardwareInfo, HardwarePanel, detect
-from .plots import PlotPanel, fixed_label
+from .preset_box import PresetBox
 from .resume_dialog import ResumeDialog
-from .worker import TrainThread, settle_heap, warm_up
+from .run_session import RunSession, RunState
+from .run_view import RunView
+from .settings_store import SettingsStore
+from .worker import settle_heap, warm_up
 
-STATUS_COLORS = {
-    "ready": "#444",
-    "starting": "#1565c0",
-    "running": "#1565c0",
-    "stopping": "#ef6c00",
-    "stopped": "#ef6c00",
-    "finished": "#2e7d32",
-    "failed": "#c62828",
-}
 FAILURE_TITLES = {
     "input": "Cannot train with these settings",
     "training": "Training stopped",
     "crash": "Training failed",
 }
-PROGRESS_MS = 250  # labels (elapsed, ETA) refresh rate
-
-
-def fmt_duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "—"
-    seconds = int(seconds)
-    h, rest = divmod(seconds, 3600)
-    return f"{h}:{rest // 60:02d}:{rest % 60:02d}"
-
-
-def describe_run_data(info: dict) -> str:
-    """'<source>, 11.2 MB, 3.1M tokens (bpe), 2.4 passes' for the status line."""
-    data = info.get("data") or {}
-    if not data:
-        return info.get("data_source", "")
-    steps = info["max_steps"] - info["start_step"]
-    passes = info["max_steps"] * info["tokens_per_step"] / max(1, data["train_tokens"])
-    used = f"{data['source_bytes'] / 1e6:,.1f} MB"
-    if data["source_bytes"] < data["total_bytes"]:
-        used = f"using {data['source_bytes'] / 1e6:,.1f} of {data['total_bytes'] / 1e6:,.1f} MB"
-    tokens = data["train_tokens"] + data["val_tokens"]
-    return (
-        f"{data['source']}, {used}, {tokens:,} tokens ({data['tokenizer']}), "
-        f"{passes:.2f} passes over the training data ({steps:,} steps to go)"
-    )
 
 
 class MainWindow(QMainWindow):
@@ -110,30 +68,54 @@ class MainWindow(QMainWindow):
     ):
         super().__init__()
         warm_up()
-        self.settings = settings if settings is not None else QSettings("TrainDeck", "TrainDeck")
+        self.store = SettingsStore(settings)
         self.runs_root = Path(runs_root) if runs_root else DEFAULT_RUNS_ROOT
         self.info = hardware_info or detect()
-        self.worker: TrainThread | None = None
-        self.state = "ready"
-        self.run_dir: Path | None = None
-        self.presets: list[preset_lib.Preset] = []
-        self.recommended: str | None = None
+        self.session = RunSession(self)
+        self.session.failed.connect(self._on_failed)
+        self.session.ended.connect(self._on_run_ended)
         self.resume_dialog: ResumeDialog | None = None
-        self.last_result: dict | None = None
         self._close_when_done = False
-        self._reset_progress()
 
         self.setWindowTitle("TrainDeck")
         self._build()
-        self._load_presets()
-        self._restore_settings()
+        self.preset_box.reload()
+        self.store.restore(self)
         self._form_changed()
-
-        self.progress_timer = QTimer(self)
-        self.progress_timer.setInterval(PROGRESS_MS)
-        self.progress_timer.timeout.connect(self._refresh_progress)
-        self.progress_timer.start()
         settle_heap()
+
+    # The run's state lives in the session; these read it.
+    @property
+    def worker(self):
+        return self.session.worker
+
+    @property
+    def state(self) -> RunState:
+        return self.session.state
+
+    @property
+    def running(self) -> bool:
+        return self.session.running
+
+    @property
+    def run_dir(self) -> Path | None:
+        return self.session.run_dir
+
+    @property
+    def last_result(self) -> dict | None:
+        return self.session.result
+
+    @property
+    def recommended(self) -> str | None:
+        return self.preset_box.recommended
+
+    @property
+    def preset_combo(self):
+        return self.preset_box.combo
+
+    @property
+    def preset_info(self) -> QLabel:
+        return self.preset_box.info_label
 
     # -- layout --------------------------------------------------------------------------
 
@@ -148,7 +130,11 @@ class MainWindow(QMainWindow):
         settings_column = QWidget()
         column = QVBoxLayout(settings_column)
         column.addWidget(self.hardware)
-        column.addWidget(self._preset_box())
+        self.preset_box = PresetBox(self.info)
+        self.preset_box.applied.connect(self._preset_applied)
+        self.preset_box.save_requested.connect(self.save_preset_as)
+        self.preset_box.problem.connect(self.show_error)
+        column.addWidget(self.preset_box)
         column.addWidget(self.form)
         column.addWidget(self._output_box())
         column.addWidget(self.estimate)
@@ -167,28 +153,12 @@ class MainWindow(QMainWindow):
 
         self.splitter = QSplitter(Qt.Orientation.Horizontal)
         self.splitter.addWidget(left)
-        self.splitter.addWidget(self._run_view())
+        self.run_view = RunView(self.session, self.runs_root, lambda: self.info)
+        self.plots, self.playground = self.run_view.plots, self.run_view.playground
+        self.splitter.addWidget(self.run_view)
         self.splitter.setStretchFactor(1, 1)
         self.setCentralWidget(self.splitter)
         self.resize(1500, 950)
-
-    def _preset_box(self) -> QGroupBox:
-        box = QGroupBox("Preset")
-        self.preset_combo = _combo()
-        self.preset_combo.currentIndexChanged.connect(self._preset_chosen)
-        self.save_preset_button = QPushButton("Save as preset…")
-        self.save_preset_button.setToolTip("Save the current settings as a user preset")
-        self.save_preset_button.clicked.connect(self._save_preset_clicked)
-        self.preset_info = QLabel()
-        self.preset_info.setWordWrap(True)
-        self.preset_info.setStyleSheet("color: #555;")
-        row = QHBoxLayout()
-        row.addWidget(self.preset_combo, 1)
-        row.addWidget(self.save_preset_button)
-        layout = QVBoxLayout(box)
-        layout.addLayout(row)
-        layout.addWidget(self.preset_info)
-        return box
 
     def _output_box(self) -> QGroupBox:
         box = QGroupBox("Run folder")
@@ -230,134 +200,14 @@ class MainWindow(QMainWindow):
         grid.addWidget(self.resume_latest_button, 1, 1)
         return box
 
-    def _run_view(self) -> QWidget:
-        self.status_label = QLabel()
-        self.status_label.setWordWrap(True)
-        self.notice = QLabel()
-        self.notice.setWordWrap(True)
-        self.notice.setStyleSheet(
-            "background: #fff3e0; border: 1px solid #ffb74d; padding: 4px; color: #e65100;"
-        )
-        self.notice.setVisible(False)
-        self.progress = QProgressBar()
-        self.progress.setFormat("no run yet")
-        self.progress.setRange(0, 1)
-        self.progress.setValue(0)
-        self.timing_label = fixed_label(
-            "loss 10.0000    val 10.0000    99,999,999 tok/s    elapsed 999:59:59    ETA 999:59:59"
-        )
-        self.timing_label.setAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter)
-        timing_row = QHBoxLayout()
-        timing_row.addWidget(self.timing_label)
-        timing_row.addStretch(1)
-
-        self.plots = PlotPanel()
-        fixed = QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont)
-        self.log_view = QPlainTextEdit()
-        self.log_view.setReadOnly(True)
-        self.log_view.setMaximumBlockCount(10_000)
-        self.log_view.setFont(fixed)
-        self.sample_view = QPlainTextEdit()
-        self.sample_view.setReadOnly(True)
-        self.sample_view.setFont(fixed)
-        self.sample_view.setPlaceholderText("Text generated at each evaluation appears here.")
-        self.tabs = QTabWidget()
-        self.tabs.addTab(self.log_view, "Log")
-        self.tabs.addTab(self.sample_view, "Latest sample")
-        self.playground = Playground(self.runs_root, training_active=lambda: self.running)
-        self.tabs.addTab(self.playground, "Playground")
-
-        lower = QSplitter(Qt.Orientation.Vertical)
-        lower.addWidget(self.plots)
-        lower.addWidget(self.tabs)
-        lower.setStretchFactor(0, 4)
-        lower.setStretchFactor(1, 1)
-        self.lower_splitter = lower
-
-        view = QWidget()
-        layout = QVBoxLayout(view)
-        layout.setContentsMargins(4, 0, 6, 0)
-        layout.addWidget(self.status_label)
-        layout.addWidget(self.notice)
-        layout.addWidget(self.progress)
-        layout.addLayout(timing_row)
-        layout.addWidget(lower, 1)
-        self._set_state("ready", "Ready. Choose a preset and press Start.")
-        return view
-
     # -- presets -------------------------------------------------------------------------
 
-    def _load_presets(self) -> None:
-        try:
-            self.presets = preset_lib.list_presets()
-            self.recommended = self._recommend().name
-        except UserError as e:
-            self.show_error("Presets", str(e))
-        self.preset_combo.blockSignals(True)
-        self.preset_combo.clear()
-        for p in self.presets:
-            text = p.name
-            if p.name == self.recommended:
-                text += "  ★ recommended"
-            if not p.builtin:
-                text += "  (user)"
-            self.preset_combo.addItem(text, p.name)
-            self.preset_combo.setItemData(
-                self.preset_combo.count() - 1, p.description, Qt.ItemDataRole.ToolTipRole
-            )
-        self.preset_combo.blockSignals(False)
-
-    def _recommend(self) -> preset_lib.Preset:
-        if self.info.gpus:
-            g = self.info.gpus[0]
-            return recommend_preset(g["total_bytes"], g["free_bytes"], presets=self.presets)
-        return recommend_preset(presets=self.presets)
-
     def select_preset(self, name: str, apply: bool = True) -> bool:
-        """Select a preset by name; with apply, its values fill the form."""
-        index = self.preset_combo.findData(name)
-        if index < 0:
-            return False
-        if not apply:
-            self.preset_combo.blockSignals(True)
-        self.preset_combo.setCurrentIndex(index)
-        self.preset_combo.blockSignals(False)
-        if apply:
-            self._preset_chosen(index)
-        self._show_preset_info(name)
-        return True
+        return self.preset_box.select(name, apply)
 
-    def _preset_chosen(self, index: int) -> None:
-        if index < 0 or index >= len(self.presets):
-            return
-        preset = self.presets[index]
-        try:
-            cfg = preset_lib.to_config(preset)
-        except ConfigError as e:
-            self.show_error("Preset", str(e))
-            return
+    def _preset_applied(self, cfg: TrainConfig) -> None:
         cfg.data = self.form.data.value()  # the data choice is the user's, not the preset's
         self.form.set_config(cfg)
-        self._show_preset_info(preset.name)
-
-    def _show_preset_info(self, name: str) -> None:
-        preset = next((p for p in self.presets if p.name == name), None)
-        if preset is None:
-            self.preset_info.clear()
-            return
-        parts = [preset.description]
-        if preset.hardware:
-            parts.append(f"For: {preset.hardware}.")
-        if preset.name == self.recommended:
-            parts.append("Recommended for this machine.")
-        self.preset_info.setText(" ".join(p for p in parts if p))
-
-    def _save_preset_clicked(self) -> None:
-        name, ok = QInputDialog.getText(
-            self, "Save as preset", "Preset name (letters, digits, - and _):"
-        )
-        if ok and name.strip():
-            self.save_preset_as(name.strip())
 
     def save_preset_as(self, name: str, description: str = "") -> Path | None:
         """Write the form as a user preset and select it."""
@@ -368,7 +218,7 @@ class MainWindow(QMainWindow):
             self.show_error("Cannot save preset", str(e))
             return None
         data = self.form.data.value()
-        self._load_presets()
+        self.preset_box.reload()
         self.select_preset(name, apply=False)
         cfg = dataclasses.replace(cfg, preset=name, data=data)
         self.form.set_config(cfg)
@@ -383,6 +233,7 @@ class MainWindow(QMainWindow):
 
     def _hardware_changed(self, info: HardwareInfo) -> None:
         self.info = info
+        self.preset_box.info = info
         self.estimate.set_info(info)
         self._form_changed()
 
@@ -417,10 +268,6 @@ class MainWindow(QMainWindow):
             self.out_edit.setText(path)
 
     # -- starting and controlling a run --------------------------------------------------
-
-    @property
-    def running(self) -> bool:
-        return self.worker is not None
 
     def start(self) -> bool:
         """Start a new run from the form; returns False when nothing was started."""
@@ -469,41 +316,24 @@ class MainWindow(QMainWindow):
 
     def _launch(self, cfg: TrainConfig, run_dir: Path, resume_from: Path | None) -> None:
         self.save_settings()
-        self.notice.setVisible(False)
-        self._reset_progress()
-        self.last_result = None
-        self.run_dir = Path(run_dir)
-        self.setWindowTitle(f"TrainDeck — {self.run_dir.name}")
-        worker = TrainThread(cfg, self.run_dir, resume_from, self)
-        worker.train_started.connect(self._on_train_started)
-        worker.preparing.connect(self._on_preparing)
-        worker.batch_end.connect(self._on_batch)
-        worker.evaluated.connect(self._on_eval)
-        worker.checkpoint_saved.connect(self._on_checkpoint)
-        worker.sampled.connect(self._on_sample)
-        worker.logged.connect(self.log)
+        worker = self.session.launch(cfg, run_dir, resume_from)
+        self.run_view.attach(worker)
         worker.oom.connect(self._on_oom)
-        worker.train_ended.connect(self._on_train_ended)
-        worker.failed.connect(self._on_failed)
-        worker.finished.connect(self._on_worker_finished)
-        self.worker = worker
+        self.setWindowTitle(f"TrainDeck — {self.run_dir.name}")
         verb = "Resuming" if resume_from else "Starting"
-        self._set_state("starting", f"{verb} — loading data and building the model…")
+        self.run_view.show_status(f"{verb} — loading data and building the model…")
         source = f" from {resume_from}" if resume_from else ""
         self.log(f"{verb.lower()} run in {self.run_dir}{source}")
-        settle_heap()
-        worker.start()
+        self.session.begin()
         self._update_controls()
 
     def stop(self) -> None:
-        if self.worker is not None:
-            self.worker.request_stop()
-            self._set_state("stopping", "Stopping — finishing the step and saving a checkpoint…")
+        if self.session.stop():
+            self.run_view.show_status("Stopping — finishing the step and saving a checkpoint…")
             self._update_controls()
 
     def save_now(self) -> None:
-        if self.worker is not None:
-            self.worker.request_save()
+        if self.session.save_now():
             self.log("checkpoint requested: saving after this step")
 
     def _update_controls(self) -> None:
@@ -521,121 +351,43 @@ class MainWindow(QMainWindow):
             self.resume_button,
             self.resume_latest_button,
             self.form,
-            self.preset_combo,
-            self.save_preset_button,
+            self.preset_box,
             self.out_edit,
         ):
             w.setEnabled(idle)
 
     # -- events from the training thread -------------------------------------------------
 
-    def _on_preparing(self, phase: str, done: float, total: float) -> None:
-        """Data preparation before the first step: a progress bar in MB with its speed."""
-        now = time.monotonic()
-        if self._prepare_started is None or self._prepare_started[0] != phase:
-            self._prepare_started = (phase, now)
-        rate = done / 1e6 / max(now - self._prepare_started[1], 1e-3)
-        self.progress.setRange(0, 1000)
-        self.progress.setValue(int(1000 * done / max(total, 1)))
-        self.progress.setFormat(
-            f"preparing data: {phase} {done / 1e6:,.0f} / {total / 1e6:,.0f} MB "
-            f"({rate:,.0f} MB/s) — Stop cancels"
-        )
-
-    def _on_train_started(self, info: dict) -> None:
-        self._max_steps = info["max_steps"]
-        self._start_step = info["start_step"]
-        self.progress.setRange(0, max(1, self._max_steps))
-        self.progress.setFormat("step %v / %m (%p%)")
-        self.progress.setValue(self._start_step)
-        # Cleared only now: a run refused at setup leaves the last run's curves on screen.
-        if info.get("resumed"):
-            self._refill_plots(Path(info["run_dir"]), info["start_step"])
-        else:
-            self.plots.clear()
-        gpu = self.info.gpu_for(info["device"]) if info["device"] != "cpu" else None
-        if gpu is not None:
-            self.plots.set_device_total(gpu["total_bytes"] / 1024**2)
-        if self.state != "stopping":
-            self._set_state(
-                "running",
-                f"Running on {info['device']} ({info['precision']}), "
-                f"{info['n_params']:,} parameters, data: {describe_run_data(info)}",
-            )
-
-    def _refill_plots(self, run_dir: Path, start_step: int) -> None:
-        """Curves continue from the history; records past the checkpoint are not history."""
-        train, evals = read_metrics(RunFolder(run_dir).metrics_file)
-        train = [r for r in train if r.get("step", 0) <= start_step]
-        evals = [r for r in evals if r.get("step", 0) <= start_step]
-        self.plots.load_history(train, evals)
-        self.plots.redraw()
-        self.log(f"plots refilled with {len(train)} steps from {run_dir.name}/metrics.jsonl")
-
-    def _on_batch(self, record: dict) -> None:
-        self.plots.add_train(record)  # drawn by the plot timer, not here
-        now = time.monotonic()
-        if self._first is None:
-            self._first = (record["step"], now)
-        self._last, self._last_at = record, now
-
-    def _on_eval(self, record: dict) -> None:
-        self.plots.add_eval(record)
-        self._last_val = record.get("val_loss")
-
-    def _on_checkpoint(self, path: str, step: int) -> None:
-        self.log(f"checkpoint saved at step {step}: {path}")
-
-    def _on_sample(self, step: int, text: str) -> None:
-        self.sample_view.setPlainText(f"--- step {step} ---\n{text}")
-
     def _on_oom(self, info: dict) -> None:
-        message = (
-            f"Out of memory at step {info['step']}: the micro-batch was halved to "
-            f"batch_size {info['batch_size']} x grad_accum {info['grad_accum']} "
-            "(same effective batch) and training goes on."
-        )
-        self.notice.setText("⚠ " + message)
-        self.notice.setVisible(True)
+        """The trainer halved the micro-batch: the form shows what now runs."""
         self.form.set_values(batch_size=info["batch_size"], grad_accum=info["grad_accum"])
-        self.log(message)
-
-    def _on_train_ended(self, result: dict) -> None:
-        self.last_result = result
 
     def _on_failed(self, kind: str, message: str) -> None:
-        self.last_result = {"status": "failed", "error": message, "kind": kind}
-        self._set_state("failed", f"Failed: {message}")
+        self.run_view.show_status(f"Failed: {message}")
         text = message
         if kind == "crash" and self.run_dir is not None:
             text += f"\n\nDetails are in {self.run_dir / 'train.log'}."
         self.show_error(FAILURE_TITLES.get(kind, "Training failed"), text)
 
-    def _on_worker_finished(self) -> None:
-        worker, self.worker = self.worker, None
-        result = dict(self.last_result or worker.result or {"status": "failed"})
-        result.setdefault("run_dir", str(self.run_dir))
-        self.last_result = result
-        worker.deleteLater()
+    def _on_run_ended(self, result: dict) -> None:
         self.playground.refresh_runs(self.run_dir)
-        self._refresh_progress()
+        self.run_view.refresh_progress()
         self.plots.redraw()
         status, step = result.get("status"), result.get("step")
         if status == "cancelled":
-            self._set_state("stopped", "Data preparation cancelled; nothing was started.")
-            self.progress.setRange(0, 1)
-            self.progress.setValue(0)
-            self.progress.setFormat("no run yet")
+            self.run_view.show_status("Data preparation cancelled; nothing was started.")
+            self.run_view.progress.setRange(0, 1)
+            self.run_view.progress.setValue(0)
+            self.run_view.progress.setFormat("no run yet")
         elif status == "finished":
-            self._set_state("finished", f"Finished at step {step}. Run folder: {self.run_dir}")
+            self.run_view.show_status(f"Finished at step {step}. Run folder: {self.run_dir}")
         elif status == "stopped":
-            self._set_state(
-                "stopped",
+            self.run_view.show_status(
                 f"Stopped at step {step}; checkpoint saved. Resume continues it. "
-                f"Run folder: {self.run_dir}",
+                f"Run folder: {self.run_dir}"
             )
-        elif self.state != "failed":
-            self._set_state("failed", f"Failed: {result.get('error', 'unknown error')}")
+        elif "kind" not in result:  # a failure not already shown by _on_failed
+            self.run_view.show_status(f"Failed: {result.get('error', 'unknown error')}")
         self._update_controls()
         self.save_settings()
         self.run_ended.emit(result)
@@ -644,50 +396,10 @@ class MainWindow(QMainWindow):
 
     # -- progress, status, log -----------------------------------------------------------
 
-    def _reset_progress(self) -> None:
-        self._prepare_started = None
-        self._max_steps = None
-        self._start_step = 0
-        self._first: tuple[int, float] | None = None
-        self._last: dict | None = None
-        self._last_at = 0.0
-        self._last_val = None
-
-    def _refresh_progress(self) -> None:
-        last = self._last
-        if last is None:
-            self.timing_label.setText("")
-            return
-        step = last["step"]
-        self.progress.setValue(min(step, self.progress.maximum()))
-        elapsed = last.get("elapsed_s")
-        eta = None
-        if self.running and elapsed is not None:
-            elapsed += time.monotonic() - self._last_at
-        if self._first is not None and self._max_steps and step > self._first[0]:
-            rate = (step - self._first[0]) / max(self._last_at - self._first[1], 1e-6)
-            eta = (self._max_steps - step) / rate if self.running else 0.0
-        parts = [
-            f"loss {last['loss']:.4f}",
-            f"val {self._last_val:.4f}" if self._last_val is not None else None,
-            f"{last.get('tokens_per_s', 0):,.0f} tok/s",
-            f"elapsed {fmt_duration(elapsed)}",
-            f"ETA {fmt_duration(eta)}",
-        ]
-        self.timing_label.setText("    ".join(p for p in parts if p))
-
-    def _set_state(self, state: str, text: str) -> None:
-        self.state = state
-        color = STATUS_COLORS.get(state, "#444")
-        self.status_label.setText(
-            f"<span style='color:{color}; font-weight:bold; font-size:13pt'>"
-            f"{state.capitalize()}</span>&nbsp;&nbsp;{html.escape(text)}"
-        )
+    # -- dialogs (tests patch QMessageBox's static functions) ----------------------------
 
     def log(self, message: str) -> None:
-        self.log_view.appendPlainText(f"{time.strftime('%H:%M:%S')}  {message}")
-
-    # -- dialogs (tests patch QMessageBox's static functions) ----------------------------
+        self.run_view.log(message)
 
     def show_error(self, title: str, message: str) -> None:
         self.log(f"error: {message}")
@@ -768,44 +480,7 @@ class MainWindow(QMainWindow):
     # -- settings ------------------------------------------------------------------------
 
     def save_settings(self) -> None:
-        s = self.settings
-        s.setValue("window/geometry", self.saveGeometry())
-        s.setValue("window/splitter", self.splitter.saveState())
-        s.setValue("window/lower_splitter", self.lower_splitter.saveState())
-        s.setValue("preset", self.preset_combo.currentData() or "")
-        s.setValue("config", json.dumps(self.form.config().to_dict()))
-        s.setValue("plots/smooth", self.plots.smooth.isChecked())
-        s.setValue("plots/smooth_window", self.plots.smooth_window.value())
-        s.setValue("plots/log", self.plots.log_scale.isChecked())
-        s.sync()
-
-    def _restore_settings(self) -> None:
-        s = self.settings
-        if s.value("window/geometry"):
-            self.restoreGeometry(s.value("window/geometry"))
-        if s.value("window/splitter"):
-            self.splitter.restoreState(s.value("window/splitter"))
-        if s.value("window/lower_splitter"):
-            self.lower_splitter.restoreState(s.value("window/lower_splitter"))
-        self.plots.smooth.setChecked(_as_bool(s.value("plots/smooth", False)))
-        self.plots.smooth_window.setValue(int(s.value("plots/smooth_window", 25)))
-        self.plots.log_scale.setChecked(_as_bool(s.value("plots/log", False)))
-        # The last-used preset, else the recommended one (a saved user preset may be gone).
-        names = [s.value("preset"), self.recommended] + [p.name for p in self.presets[:1]]
-        next((n for n in names if n and self.select_preset(n)), None)
-        saved = self._saved_config()
-        if saved is not None:
-            self.form.set_config(saved)
-
-    def _saved_config(self) -> TrainConfig | None:
-        """The last-used settings, or None if missing or no longer valid for core."""
-        text = self.settings.value("config")
-        if not text:
-            return None
-        try:
-            return validate(from_dict(json.loads(text), source="saved settings"))
-        except (UserError, ValueError, TypeError):
-            return None
+        self.store.save(self)
 
     def closeEvent(self, event) -> None:  # noqa: N802 (Qt override)
         if self.running:
@@ -818,13 +493,11 @@ class MainWindow(QMainWindow):
             event.ignore()
             return
         self.save_settings()
-        self.plots.timer.stop()  # a closed window has nothing to draw
-        self.progress_timer.stop()
+        self.run_view.set_timers(False)
         super().closeEvent(event)
 
     def showEvent(self, event) -> None:  # noqa: N802 (Qt override)
-        self.plots.timer.start()
-        self.progress_timer.start()
+        self.run_view.set_timers(True)
         super().showEvent(event)
 
     def request_quit(self) -> None:
@@ -834,14 +507,3 @@ class MainWindow(QMainWindow):
             self.stop()
         else:
             self.close()
-
-
-def _combo() -> QComboBox:
-    combo = QComboBox()
-    combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
-    return combo
-
-
-def _as_bool(value) -> bool:
-    # QSettings' INI backend hands booleans back as the strings "true"/"false".
-    return value is True or str(value).lower() == "true"

@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from helpers import Recorder, StopAfter, tiny_config
 
 from core import data as data_mod
 from core.data import (
@@ -21,7 +22,6 @@ from core.errors import CheckpointError, DataError
 from core.runs import read_metrics
 from core.tokenizer import Tokenizer, bytes_tokenizer, train_bpe
 from core.trainer import Trainer
-from tiny import Recorder, StopAfter, tiny_config
 
 TEXT = "The quick brown fox jumps over the lazy dog. Ünïcödé: 日本語 ça va? 🙂\n"
 

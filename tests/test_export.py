@@ -5,12 +5,12 @@ import json
 import numpy as np
 import pytest
 import torch
+from helpers import tiny_config
 
 from core.export import export, main
 from core.generate import generate_ids, load
 from core.generate import main as generate_main
 from core.trainer import Trainer
-from tiny import tiny_config
 
 transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")

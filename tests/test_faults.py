@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import tiny_config
 
 from core import checkpoint as ckpt
 from core.errors import CheckpointError
@@ -16,7 +17,6 @@ from core.runs import resolve_resume
 from core.train import main
 from core.trainer import Trainer
 from gui.platform_check import xcb_problem
-from tiny import tiny_config
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -2,11 +2,11 @@
 
 import pytest
 import torch
+from helpers import tiny_config
 
 from core.generate import generate_ids, load, main, pick
 from core.model import GPT, GPTConfig
 from core.trainer import Trainer
-from tiny import tiny_config
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 import torch
-from PySide6.QtCore import Qt, QTimer
+from PySide6.QtCore import Qt
 
 from core import checkpoint as ckpt_lib
 from core.runs import RunFolder, checkpoint_summary, read_metrics
@@ -45,7 +45,7 @@ def test_run_from_the_window_updates_plots_progress_and_run_folder(make_window, 
 
     result = run_to_end(qtbot, window, click_start)
     assert result["status"] == "finished" and result["step"] == 30
-    assert window.state == "finished" and "Finished" in window.status_label.text()
+    assert window.state == "finished" and "Finished" in window.run_view.status_label.text()
     # plots: every step drawn, evaluations at 25 and 30
     assert window.plots.curve_points("loss") == 30
     assert window.plots.curve_points("val_loss") == 2
@@ -53,10 +53,11 @@ def test_run_from_the_window_updates_plots_progress_and_run_folder(make_window, 
     assert window.plots.curve_points("rss_mb") == 30
     assert window.plots.curve_points("lr") == 30
     # progress
-    assert (window.progress.value(), window.progress.maximum()) == (30, 30)
-    assert "tok/s" in window.timing_label.text() and "elapsed" in window.timing_label.text()
-    assert window.sample_view.toPlainText().startswith("--- step 30 ---")
-    assert "finished at step 30" in window.log_view.toPlainText()
+    assert (window.run_view.progress.value(), window.run_view.progress.maximum()) == (30, 30)
+    timing = window.run_view.timing_label.text()
+    assert "tok/s" in timing and "elapsed" in timing
+    assert window.run_view.sample_view.toPlainText().startswith("--- step 30 ---")
+    assert "finished at step 30" in window.run_view.log_view.toPlainText()
     # run folder
     folder = RunFolder(run_dir)
     assert folder.read_status()["state"] == "finished"
@@ -70,7 +71,8 @@ def test_run_from_the_window_updates_plots_progress_and_run_folder(make_window, 
 def test_stop_leaves_a_checkpoint_and_resume_continues_the_curve(make_window, qtbot, dialogs):
     window = tiny_window(make_window, max_steps=5000, ckpt_every=1000, eval_every=10)
     assert window.start()
-    qtbot.waitUntil(lambda: window._last is not None and window._last["step"] >= 15, timeout=60_000)
+    progress = window.run_view.run_progress
+    qtbot.waitUntil(lambda: (progress.step or 0) >= 15, timeout=60_000)
     with qtbot.waitSignal(window.run_ended, timeout=RUN_TIMEOUT_MS) as blocker:
         qtbot.mouseClick(window.stop_button, Qt.MouseButton.LeftButton)
         assert window.state == "stopping" and not window.stop_button.isEnabled()
@@ -102,7 +104,7 @@ def test_stop_leaves_a_checkpoint_and_resume_continues_the_curve(make_window, qt
     xs = second.plots.series["loss"].x
     assert np.array_equal(xs, np.arange(1, stopped_at + 21))
     assert second.plots.curve_points("loss") == stopped_at + 20
-    assert "plots refilled with" in second.log_view.toPlainText()
+    assert "plots refilled with" in second.run_view.log_view.toPlainText()
     train, _ = read_metrics(run.metrics_file)
     assert [r["step"] for r in train] == list(range(1, stopped_at + 21))
     assert second.form.validated().max_steps == stopped_at + 20
@@ -126,7 +128,7 @@ def test_core_errors_show_a_dialog_and_leave_the_window_usable(
     title, text = dialogs.named("critical")[-1]
     assert title == "Cannot train with these settings"
     assert text.startswith("data:") and "neither a file nor a folder" in text
-    assert window.state == "failed" and "Failed" in window.status_label.text()
+    assert window.state == "failed" and "Failed" in window.run_view.status_label.text()
     # nothing lost: the settings are still there and the window takes the next run
     assert window.form.validated().data == str(missing)
     assert window.start_button.isEnabled() and window.form.isEnabled()
@@ -169,38 +171,18 @@ def test_out_of_memory_notice_updates_the_form_then_fails_at_batch_1(
     window = tiny_window(make_window, max_steps=6)
     result = run_to_end(qtbot, window, window.start)
     assert result["status"] == "finished"
-    assert not window.notice.isHidden() and "batch_size 4 x grad_accum 2" in window.notice.text()
+    notice = window.run_view.notice
+    assert not notice.isHidden() and "batch_size 4 x grad_accum 2" in notice.text()
     cfg = window.form.validated()
     assert (cfg.batch_size, cfg.grad_accum) == (4, 2)
     assert dialogs.named("critical") == []
 
     result = run_to_end(qtbot, window, window.start)  # OOM all the way down to batch 1
     assert result["status"] == "failed"
-    assert window.notice.isHidden() is False
+    assert window.run_view.notice.isHidden() is False
     assert (window.form.validated().batch_size, window.form.validated().grad_accum) == (1, 8)
     title, text = dialogs.named("critical")[-1]
     assert title == "Training stopped" and "out of memory" in text and "batch_size 1" in text
-
-
-def test_event_loop_never_stalls_during_a_run(make_window, qtbot, record_property):
-    """Longest gap between 20 ms timer ticks, from Start to the end of a real run."""
-    window = tiny_window(make_window, max_steps=60, eval_every=20, ckpt_every=20)
-    ticks = []
-    timer = QTimer()
-    timer.setInterval(20)
-    timer.timeout.connect(lambda: ticks.append(time.perf_counter()))
-    timer.start()
-    qtbot.wait(100)
-    result = run_to_end(qtbot, window, window.start)
-    timer.stop()
-    assert result["status"] == "finished" and result["step"] == 60
-    gaps = np.diff(ticks)
-    worst_ms = float(gaps.max() * 1000)
-    record_property("max_event_loop_gap_ms", round(worst_ms, 1))
-    print(f"\nevent loop: {len(ticks)} ticks, max gap {worst_ms:.1f} ms, "
-          f"median {np.median(gaps) * 1000:.1f} ms")  # fmt: skip
-    assert len(ticks) > 10
-    assert worst_ms < 200, f"event loop stalled for {worst_ms:.0f} ms"
 
 
 def test_autostart_resume_latest_and_resume_from_the_command_line(make_window, qtbot, gui_env):
@@ -259,10 +241,11 @@ def test_tokenizer_field_bpe_run_shows_preparation_data_and_bits_per_byte(
     window.out_edit.setText(str(gui_env / "bpe run"))
     with qtbot.waitSignal(window.run_ended, timeout=RUN_TIMEOUT_MS) as blocker:
         window.start()
-        window.worker.preparing.connect(lambda *a: formats.append(window.progress.format()))
+        bar = window.run_view.progress
+        window.worker.preparing.connect(lambda *a: formats.append(bar.format()))
     assert blocker.args[0]["status"] == "finished"
     assert any(f.startswith("preparing data:") and "MB/s" in f for f in formats)
-    log = window.log_view.toPlainText()
+    log = window.run_view.log_view.toPlainText()
     assert "512-token BPE" in log
     info = json.loads((gui_env / "bpe run" / "data.json").read_text())
     assert info["tokenizer"] == "bpe" and info["source_bytes"] == text.stat().st_size
@@ -296,7 +279,7 @@ def test_stop_during_data_preparation_cancels_and_caches_nothing(
         window.start()
         window.worker.preparing.connect(stop_on_first_progress)
     assert blocker.args[0]["status"] == "cancelled"
-    assert "cancelled" in window.status_label.text()
+    assert "cancelled" in window.run_view.status_label.text()
     assert not (gui_env / "cancelled").exists()
     cache = data_mod.default_cache_dir()
     assert not any(str(text) in p.read_text() for p in cache.glob("*/manifest.json"))

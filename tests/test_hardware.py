@@ -102,9 +102,10 @@ def test_device_choice(monkeypatch):
 
 
 def test_bf16_autocast_path_trains_on_the_cpu(tmp_path):
+    from helpers import tiny_config
+
     from core.runs import read_metrics
     from core.trainer import Trainer
-    from tiny import tiny_config
 
     result = Trainer(tiny_config(precision="bf16", max_steps=3), tmp_path / "r").run()
     assert result["status"] == "finished"

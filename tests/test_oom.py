@@ -1,11 +1,11 @@
 import pytest
 import torch
+from helpers import Recorder, StopAfter, tiny_config
 
 from core import checkpoint as ckpt
 from core.errors import TrainingError
 from core.runs import RunFolder, read_metrics
 from core.trainer import Trainer, smaller_micro_batch
-from tiny import Recorder, StopAfter, tiny_config
 
 
 def oom_at(step, micro):

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from helpers import tiny_config
 from PySide6.QtWidgets import QFileDialog, QInputDialog
 
 from core.generate import generate_ids, load, stream_text
 from core.trainer import Trainer
-from tiny import tiny_config
 
 
 @pytest.fixture
@@ -20,7 +20,7 @@ def trained(gui_env):
 def test_playground_lists_runs_and_streams_the_same_text_as_core(make_window, qtbot, trained):
     window = make_window()
     pg = window.playground
-    assert window.tabs.tabText(window.tabs.indexOf(pg)) == "Playground"
+    assert window.run_view.tabs.tabText(window.run_view.tabs.indexOf(pg)) == "Playground"
     pg.refresh_runs()
     assert pg.target() == str(trained)
     pg.prompt.setPlainText("import ")

@@ -1,11 +1,11 @@
 import pytest
+from helpers import Recorder, StopAfter, tiny_config
 
 from core import checkpoint as ckpt
 from core.errors import CheckpointError, ConfigError
 from core.events import TrainControl
 from core.runs import RunFolder, interrupted_run, read_metrics, resolve_resume
 from core.trainer import Trainer
-from tiny import Recorder, StopAfter, tiny_config
 
 
 def losses(run_dir):

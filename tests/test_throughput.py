@@ -2,9 +2,10 @@
 
 import statistics
 
+from helpers import tiny_config
+
 from core.runs import read_metrics
 from core.trainer import Trainer
-from tiny import tiny_config
 
 
 def test_evaluation_time_is_not_counted_as_training_time(tmp_path, monkeypatch):

@@ -1,0 +1,118 @@
+"""TrainDeck against karpathy/nanoGPT's own CPU recipe, on the same text, same machine.
+
+    python benchmarks/vs_nanogpt.py NANOGPT_DIR [--iters 2000] [--text FILE]
+
+Prepares a character-level dataset for nanoGPT from 1 MB of ASCII text (default: your
+Python's standard library sources, the same corpus TrainDeck embeds), runs nanoGPT's
+train.py with the shakespeare_char recipe scaled for a CPU (4 layers, 4 heads, 128 wide,
+block 64, batch 12, lr 1e-3, beta2 0.99, bias False, dropout 0), then TrainDeck with the same
+settings (--no-bias --beta2 0.99) on the same text and the same 90/10 split. Prints median
+ms per iteration (nanoGPT's own figure; TrainDeck's from its training-only tokens/s) and the
+final validation loss of each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pickle
+import re
+import statistics
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+RECIPE = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12, lr=1e-3)
+
+
+def stdlib_text(limit: int = 1_000_000) -> str:
+    parts, size = [], 0
+    for p in sorted(Path(sysconfig.get_paths()["stdlib"]).rglob("*.py")):
+        try:
+            parts.append(p.read_text(encoding="ascii"))
+        except (UnicodeDecodeError, OSError):
+            continue
+        size += len(parts[-1])
+        if size > limit:
+            break
+    return "".join(parts)[:limit]
+
+
+def prepare_nanogpt(text: str, folder: Path) -> None:
+    chars = sorted(set(text))
+    stoi = {c: i for i, c in enumerate(chars)}
+    ids = np.array([stoi[c] for c in text], dtype=np.uint16)
+    split = int(len(ids) * 0.9)
+    folder.mkdir(parents=True, exist_ok=True)
+    ids[:split].tofile(folder / "train.bin")
+    ids[split:].tofile(folder / "val.bin")
+    meta = {"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": stoi}
+    (folder / "meta.pkl").write_bytes(pickle.dumps(meta))
+
+
+def run_nanogpt(nano: Path, iters: int, out: Path) -> tuple[float, float]:
+    r = RECIPE
+    cmd = [
+        sys.executable, "train.py", "config/train_shakespeare_char.py", "--dataset=traindeck",
+        "--device=cpu", "--compile=False", "--dtype=float32", f"--max_iters={iters}",
+        f"--lr_decay_iters={iters}", f"--n_layer={r['n_layer']}", f"--n_head={r['n_head']}",
+        f"--n_embd={r['n_embd']}", f"--block_size={r['block_size']}",
+        f"--batch_size={r['batch_size']}", f"--learning_rate={r['lr']}", "--dropout=0.0",
+        "--eval_iters=20", "--log_interval=10", f"--eval_interval={iters}", f"--out_dir={out}",
+    ]  # fmt: skip
+    text = subprocess.run(cmd, cwd=nano, capture_output=True, text=True, check=True).stdout
+    times = [float(t) for t in re.findall(r"iter \d+: loss [\d.]+, time ([\d.]+)ms", text)]
+    vals = re.findall(r"val loss ([\d.]+)", text)
+    return statistics.median(times[len(times) // 10 :]), float(vals[-1])
+
+
+def run_traindeck(data: Path, iters: int, out: Path) -> tuple[float, float]:
+    r = RECIPE
+    cmd = [
+        sys.executable, "-m", "core.train", "--data", str(data), "--out", str(out),
+        "--hidden-dim", str(r["n_embd"]), "--n-layers", str(r["n_layer"]),
+        "--n-heads", str(r["n_head"]), "--seq-len", str(r["block_size"]),
+        "--batch-size", str(r["batch_size"]), "--lr", str(r["lr"]), "--beta2", "0.99",
+        "--no-bias", "--dropout", "0", "--max-steps", str(iters), "--warmup-steps", "100",
+        "--min-lr-ratio", "0.1", "--weight-decay", "0.1", "--grad-clip", "1.0",
+        "--precision", "fp32", "--device", "cpu", "--val-fraction", "0.1",
+        "--eval-every", str(iters), "--eval-batches", "20", "--ckpt-every", str(iters),
+        "--sample-tokens", "0", "--log-every", "10",
+    ]  # fmt: skip
+    subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True)
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if "tokens_per_s" in r]
+    tokens = RECIPE["batch_size"] * RECIPE["block_size"]
+    ms = statistics.median(tokens / r["tokens_per_s"] * 1000 for r in train[len(train) // 10 :])
+    val = [r["val_loss"] for r in records if "val_loss" in r][-1]
+    return ms, val
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("nanogpt", type=Path)
+    ap.add_argument("--iters", type=int, default=2000)
+    ap.add_argument("--text", type=Path)
+    args = ap.parse_args()
+    text = args.text.read_text(encoding="ascii") if args.text else stdlib_text()
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        prepare_nanogpt(text, args.nanogpt / "data" / "traindeck")
+        (tmp / "text.txt").write_text(text, encoding="ascii")
+        nano_ms, nano_val = run_nanogpt(args.nanogpt, args.iters, tmp / "nano-out")
+        td_ms, td_val = run_traindeck(tmp / "text.txt", args.iters, tmp / "td-run")
+    print(f"{len(text):,} bytes of text, {args.iters} iterations, recipe {RECIPE}")
+    print(f"{'':<10}{'ms/iter':>9}{'val loss':>10}")
+    print(f"{'nanoGPT':<10}{nano_ms:>9.2f}{nano_val:>10.4f}")
+    print(f"{'TrainDeck':<10}{td_ms:>9.2f}{td_val:>10.4f}")
+    print(f"TrainDeck speed / nanoGPT speed: {nano_ms / td_ms:.3f}; val loss difference "
+          f"{td_val - nano_val:+.4f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
