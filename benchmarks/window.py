@@ -3,12 +3,12 @@
     python benchmarks/window.py [--steps 1500] [--rounds 2] [--preset cpu-tiny]
 
 Runs the same config headless (a Trainer in this process) and from a real MainWindow
-(Start pressed, plots drawing), alternating, at the same torch thread count (the one the
-window's training thread uses). Throughput is the median `tokens_per_s` of the run's
-metrics.jsonl, which counts training time only. Also prints the longest event-loop gap
-during the window run, the time the GUI thread spent in plot redraws, and the cost of
-redrawing and painting 150k points. Target: window / headless >= 0.95.
-Runs offscreen unless a display is set (QT_QPA_PLATFORM).
+(Start pressed: the trainer in its child process, the plots drawing), alternating, at the
+same torch thread count (the one the window gives its training process). Throughput is
+the median `tokens_per_s` of the run's metrics.jsonl, which counts training time only.
+Also prints the longest event-loop gap during the window run, the time the GUI thread
+spent in plot redraws, and the cost of redrawing and painting 150k points.
+Target: window / headless >= 0.95. Runs offscreen unless a display is set (QT_QPA_PLATFORM).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def median_tps(run_dir: Path) -> float:
 
 
 def window_threads() -> int:
-    return max(1, (os.cpu_count() or 1) - 1)  # what TrainThread leaves to the GUI
+    return max(1, (os.cpu_count() or 1) - 1)  # TrainThread leaves a core to the GUI
 
 
 def headless(cfg, run_dir: Path) -> float:

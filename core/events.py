@@ -98,27 +98,29 @@ class TensorBoardEvents(TrainEvents):
 class TrainControl:
     """Thread-safe requests from a front end, read by the trainer once per step."""
 
-    def __init__(self):
-        self._stop = threading.Event()
-        self._save = threading.Event()
+    def __init__(self, stop_event=None, save_event=None):
+        # Any objects with set/is_set/clear: multiprocessing Events let a window in another
+        # process steer a trainer (core.child_process).
+        self.stop_event = stop_event or threading.Event()
+        self.save_event = save_event or threading.Event()
 
     def request_stop(self) -> None:
-        self._stop.set()
+        self.stop_event.set()
 
     def request_save(self) -> None:
-        self._save.set()
+        self.save_event.set()
 
     @property
     def stop_requested(self) -> bool:
-        return self._stop.is_set()
+        return self.stop_event.is_set()
 
     def stop_set(self) -> bool:
         """The raw stop flag, for work that runs before the first step (data preparation)."""
-        return self._stop.is_set()
+        return self.stop_event.is_set()
 
     def take_save_request(self) -> bool:
         """True once per request_save call."""
-        if self._save.is_set():
-            self._save.clear()
+        if self.save_event.is_set():
+            self.save_event.clear()
             return True
         return False

@@ -48,7 +48,7 @@ from .resume_dialog import ResumeDialog
 from .run_session import RunSession, RunState
 from .run_view import RunView
 from .settings_store import SettingsStore
-from .worker import settle_heap, warm_up
+from .worker import settle_heap
 
 FAILURE_TITLES = {
     "input": "Cannot train with these settings",
@@ -67,7 +67,6 @@ class MainWindow(QMainWindow):
         hardware_info: HardwareInfo | None = None,
     ):
         super().__init__()
-        warm_up()
         self.store = SettingsStore(settings)
         self.runs_root = Path(runs_root) if runs_root else DEFAULT_RUNS_ROOT
         self.info = hardware_info or detect()

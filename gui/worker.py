@@ -1,13 +1,14 @@
-"""The training thread: owns one Trainer and turns core events into Qt signals.
+"""The training thread: supervises one training run and turns its events into Qt signals.
 
-Signals carry plain data (dicts, strings, ints) and are queued to the GUI thread, so no
-widget is ever touched from here. Stop and save-now go through core's TrainControl.
+The Trainer runs in a child process (core.child_process) whose events this thread reads
+from a pipe; Stop and save-now go to it through core's TrainControl. Signals carry plain
+data (dicts, strings, ints) and are queued to the GUI thread, so no widget is ever
+touched from here.
 """
 
 from __future__ import annotations
 
 import gc
-import io
 import os
 import sys
 import time
@@ -16,35 +17,18 @@ from pathlib import Path
 import torch
 from PySide6.QtCore import QThread, Signal
 
+from core.child_process import FAILED, RESULT, ChildRun, child_control
 from core.config import TrainConfig
 from core.device import gpu_index
 from core.errors import failure_kind, failure_message
 from core.events import TrainControl, TrainEvents
 from core.trainer import Trainer
 
+# Train in a child process (core.child_process): the window's repaints then cost the
+# trainer nothing, and a crash there leaves the window up. Tests that patch the trainer
+# in this process turn it off.
+TRAIN_IN_CHILD = True
 TRAINING_SWITCH_S = 0.0001
-
-
-def warm_up() -> None:
-    """Run, once and in the GUI thread at start-up, what a first training step does lazily.
-
-    The first optimizer imports torch._dynamo (and sympy); the first torch.save builds
-    pickling tables. In the training thread both hold the GIL for 100+ ms at a time and
-    freeze the window; here, before the window shows, nobody notices.
-    """
-    import numpy.random  # noqa: F401
-
-    from core.checkpoint import rng_state
-
-    try:
-        model = torch.nn.Linear(2, 2)
-        optimizer = torch.optim.AdamW(model.parameters())
-        model(torch.zeros(1, 2)).sum().backward()
-        optimizer.step()
-        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
-        torch.save({**state, "rng": rng_state()}, io.BytesIO())
-    except Exception:  # only an optimisation: a real problem shows up in the real run
-        pass
 
 
 def settle_heap() -> None:
@@ -125,8 +109,10 @@ class TrainThread(QThread):
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.resume_from = resume_from
-        self.control = TrainControl()
+        self.in_child = TRAIN_IN_CHILD
+        self.control = child_control() if self.in_child else TrainControl()
         self.result: dict | None = None
+        self.child: ChildRun | None = None  # the training process, once started
 
     def request_stop(self) -> None:
         self.control.request_stop()
@@ -135,16 +121,49 @@ class TrainThread(QThread):
         self.control.request_save()
 
     def run(self) -> None:
+        if self.in_child:
+            self._run_in_child()
+        else:
+            self._run_here()
+
+    def _threads(self) -> int | None:
+        # On the CPU leave a core to the window: OpenMP workers spin-wait at every barrier,
+        # and one of them descheduled by a repaint stalls a whole step (measured 10x slower
+        # with 2 threads on 2 cores while the plots redraw).
+        return max(1, (os.cpu_count() or 1) - 1) if self._on_cpu() else None
+
+    def _run_in_child(self) -> None:
+        child = self.child = ChildRun(
+            self.cfg, self.run_dir, self.resume_from, self.control, self._threads()
+        )
+        events = _SignalEvents(self)
+        try:
+            child.start()
+        except Exception as e:  # e.g. no memory for a new process
+            self._fail("crash", f"could not start the training process: {e}")
+            return
+        for name, args in child.messages():
+            if name == RESULT:
+                self.result = args[0]
+            elif name == FAILED:
+                self._fail(*args)
+            else:
+                getattr(events, name)(*args)
+        if self.result is None:
+            self._fail(
+                "crash",
+                f"the training process ended without a result ({child.exit_description()}); "
+                f"Resume continues from the last checkpoint in {self.run_dir}",
+            )
+
+    def _run_here(self) -> None:
+        """In this process (tests that patch the trainer): slower, the GIL is shared."""
         threads, switch = torch.get_num_threads(), sys.getswitchinterval()
         # The trainer re-takes the GIL after every torch op; while the GUI thread runs
         # Python (a repaint), each re-take waits out the switch interval (5 ms by default).
-        # 0.1 ms measured 0.64 -> 0.9+ of headless tokens/s for cpu-tiny (benchmarks/window.py).
         sys.setswitchinterval(TRAINING_SWITCH_S)
-        if self._on_cpu():
-            # Leave a core to the GUI thread: OpenMP workers spin-wait at every barrier, and
-            # one of them descheduled by the GUI stalls a whole step (measured 10x slower
-            # with 2 threads on 2 cores while the plots redraw).
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) - 1))
+        if self._threads():
+            torch.set_num_threads(self._threads())
         try:
             trainer = Trainer(self.cfg, self.run_dir, resume_from=self.resume_from)
             self.result = trainer.run(_SignalEvents(self), self.control)

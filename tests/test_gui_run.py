@@ -163,6 +163,7 @@ def test_out_of_memory_notice_updates_the_form_then_fails_at_batch_1(
     import gui.worker
 
     faults = [oom_fault(3, 1), oom_fault(3, 99)]
+    monkeypatch.setattr(gui.worker, "TRAIN_IN_CHILD", False)  # the fault lives in this process
     monkeypatch.setattr(
         gui.worker,
         "Trainer",
@@ -267,6 +268,7 @@ def test_stop_during_data_preparation_cancels_and_caches_nothing(
         advance(self, n)
 
     monkeypatch.setattr(data_mod._Progress, "advance", slow_advance)
+    monkeypatch.setattr("gui.worker.TRAIN_IN_CHILD", False)  # the slow disk is patched here
     window = tiny_window(make_window, max_steps=5)
     window.form.data.set_value(str(text))
     window.out_edit.setText(str(gui_env / "cancelled"))
@@ -284,3 +286,34 @@ def test_stop_during_data_preparation_cancels_and_caches_nothing(
     cache = data_mod.default_cache_dir()
     assert not any(str(text) in p.read_text() for p in cache.glob("*/manifest.json"))
     assert window.start_button.isEnabled()
+
+
+def test_a_killed_training_process_leaves_the_window_up_and_resume_continues(
+    make_window, qtbot, dialogs
+):
+    window = tiny_window(make_window, max_steps=5000, ckpt_every=10, eval_every=1000)
+    saved = []
+    assert window.start()
+    window.worker.checkpoint_saved.connect(lambda path, step: saved.append(step))
+    qtbot.waitUntil(lambda: len(saved) >= 2, timeout=60_000)
+    with qtbot.waitSignal(window.run_ended, timeout=RUN_TIMEOUT_MS) as blocker:
+        window.worker.child.process.kill()  # a driver fault, the OOM killer, Task Manager
+    result = blocker.args[0]
+    assert result["status"] == "failed" and window.state == "failed"
+    title, text = dialogs.named("critical")[-1]
+    assert title == "Training failed" and "ended without a result" in text
+    assert "Resume continues from the last checkpoint" in text
+    assert window.start_button.isEnabled() and window.form.isEnabled()
+
+    # The run folder is intact: Resume latest picks it up from its last checkpoint.
+    run = RunFolder(result["run_dir"])
+    last = ckpt_lib.load(run.latest)["step"]
+    assert last >= 20 and last % 10 == 0
+    window.form.set_values(max_steps=last + 5)
+    resumed = run_to_end(
+        qtbot, window, lambda: window.resume_from(str(run.path), {"max_steps": last + 5})
+    )
+    assert resumed["status"] == "finished" and resumed["step"] == last + 5
+    assert resumed["run_dir"] == result["run_dir"]
+    train, _ = read_metrics(run.metrics_file)
+    assert [r["step"] for r in train] == list(range(1, last + 6))
