@@ -77,7 +77,8 @@ def run_traindeck(data: Path, iters: int, out: Path) -> tuple[float, float]:
         sys.executable, "-m", "core.train", "--data", str(data), "--out", str(out),
         "--hidden-dim", str(r["n_embd"]), "--n-layers", str(r["n_layer"]),
         "--n-heads", str(r["n_head"]), "--seq-len", str(r["block_size"]),
-        "--batch-size", str(r["batch_size"]), "--lr", str(r["lr"]), "--beta2", "0.99",
+        "--batch-size", str(r["batch_size"]), "--grad-accum", "1", "--lr", str(r["lr"]),
+        "--beta2", "0.99",
         "--no-bias", "--dropout", "0", "--max-steps", str(iters), "--warmup-steps", "100",
         "--min-lr-ratio", "0.1", "--weight-decay", "0.1", "--grad-clip", "1.0",
         "--precision", "fp32", "--device", "cpu", "--val-fraction", "0.1",
@@ -87,8 +88,9 @@ def run_traindeck(data: Path, iters: int, out: Path) -> tuple[float, float]:
     subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if "tokens_per_s" in r]
-    tokens = RECIPE["batch_size"] * RECIPE["block_size"]
-    ms = statistics.median(tokens / r["tokens_per_s"] * 1000 for r in train[len(train) // 10 :])
+    per_step = RECIPE["block_size"] * 1000  # ms per step = tokens in the step / tokens per ms
+    speeds = [r["batch_size"] * r["grad_accum"] * per_step / r["tokens_per_s"] for r in train]
+    ms = statistics.median(speeds[len(speeds) // 10 :])
     val = [r["val_loss"] for r in records if "val_loss" in r][-1]
     return ms, val
 

@@ -349,7 +349,8 @@ class Trainer:
 
     def _train_step(self, starts: torch.Tensor, lr: float) -> torch.Tensor:
         """Forward/backward over the step's micro-batches, then one optimizer step."""
-        self.model.train()
+        if not self.model.training:  # evaluate() and sample() switch back; this is a guard
+            self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), device=self.device)
         chunks = starts.split(self.cfg.batch_size)
