@@ -463,9 +463,13 @@ class MainWindow(QMainWindow):
         if preset and not self.select_preset(preset):
             # A YAML file path: load it like the CLI does.
             try:
-                self.form.set_config(preset_lib.to_config(preset_lib.load_preset(preset)))
+                loaded = preset_lib.load_preset(preset)
+                cfg = preset_lib.to_config(loaded)
             except UserError as e:
                 self.show_error("Preset", str(e))
+            else:
+                self.preset_box.add_file(loaded)
+                self.form.set_config(cfg)
         changes = {}
         if data:
             changes["data"] = data

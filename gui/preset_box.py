@@ -69,6 +69,18 @@ class PresetBox(QGroupBox):
             self.combo.setItemData(self.combo.count() - 1, p.description, tip)
         self.combo.blockSignals(False)
 
+    def add_file(self, preset: preset_lib.Preset) -> None:
+        """List a preset loaded from a YAML path (python -m gui --preset FILE) and show it."""
+        self.presets.append(preset)
+        self.combo.blockSignals(True)
+        self.combo.addItem(f"{preset.name}  (file)", preset.name)
+        self.combo.setItemData(
+            self.combo.count() - 1, str(preset.path), Qt.ItemDataRole.ToolTipRole
+        )
+        self.combo.setCurrentIndex(self.combo.count() - 1)
+        self.combo.blockSignals(False)
+        self._show_info(preset.name)
+
     def _recommend(self) -> preset_lib.Preset:
         if self.info.gpus:
             g = self.info.gpus[0]

@@ -300,6 +300,19 @@ def test_command_line_prefills_the_window(make_window, gui_env):
         build_parser().parse_args(["--max-steps", "0"])
 
 
+def test_a_preset_file_from_the_command_line_is_named_in_the_preset_box(make_window, gui_env):
+    from gui.__main__ import build_parser, launch
+
+    path = gui_env / "my-bpe.yaml"
+    path.write_text("description: tiny with a BPE\nhidden_dim: 48\ntokenizer: bpe\n")
+    window = make_window()
+    launch(window, build_parser().parse_args(["--preset", str(path)]))
+    cfg = window.form.validated()
+    assert (cfg.hidden_dim, cfg.tokenizer) == (48, "bpe")
+    assert window.preset_combo.currentText() == "my-bpe  (file)"
+    assert window.preset_info.text().startswith("tiny with a BPE")
+
+
 def test_no_display_on_linux_is_a_clear_error_not_a_qt_abort(capsys, monkeypatch):
     from gui.__main__ import main
 
