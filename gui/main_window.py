@@ -393,8 +393,6 @@ class MainWindow(QMainWindow):
         if self._close_when_done:
             self.close()
 
-    # -- progress, status, log -----------------------------------------------------------
-
     # -- dialogs (tests patch QMessageBox's static functions) ----------------------------
 
     def log(self, message: str) -> None:
