@@ -31,6 +31,7 @@ import torch  # noqa: E402
 from core import presets  # noqa: E402
 from core.runs import read_metrics  # noqa: E402
 from core.trainer import Trainer  # noqa: E402
+from gui.worker import cpu_training_threads  # noqa: E402
 
 
 def median_tps(run_dir: Path) -> float:
@@ -39,13 +40,9 @@ def median_tps(run_dir: Path) -> float:
     return statistics.median(values)
 
 
-def window_threads() -> int:
-    return max(1, (os.cpu_count() or 1) - 1)  # TrainThread leaves a core to the GUI
-
-
 def headless(cfg, run_dir: Path) -> float:
     before = torch.get_num_threads()
-    torch.set_num_threads(window_threads())
+    torch.set_num_threads(cpu_training_threads())
     try:
         Trainer(cfg, run_dir).run()
     finally:
@@ -144,7 +141,7 @@ def main() -> None:
     )
     print(
         f"preset {args.preset}, {args.steps} steps, torch {torch.__version__}, "
-        f"{window_threads()} training thread(s) of {os.cpu_count()} cores, "
+        f"{cpu_training_threads()} training thread(s) of {os.cpu_count()} cores, "
         f"Qt platform {os.environ['QT_QPA_PLATFORM']}"
     )
     with tempfile.TemporaryDirectory() as tmp_name:

@@ -64,19 +64,18 @@ class PresetBox(QGroupBox):
                 text += "  ★ recommended"
             if not p.builtin:
                 text += "  (user)"
-            self.combo.addItem(text, p.name)
-            tip = Qt.ItemDataRole.ToolTipRole
-            self.combo.setItemData(self.combo.count() - 1, p.description, tip)
+            self._add_item(text, p.name, p.description)
         self.combo.blockSignals(False)
+
+    def _add_item(self, text: str, name: str, tip: str) -> None:
+        self.combo.addItem(text, name)
+        self.combo.setItemData(self.combo.count() - 1, tip, Qt.ItemDataRole.ToolTipRole)
 
     def add_file(self, preset: preset_lib.Preset) -> None:
         """List a preset loaded from a YAML path (python -m gui --preset FILE) and show it."""
         self.presets.append(preset)
         self.combo.blockSignals(True)
-        self.combo.addItem(f"{preset.name}  (file)", preset.name)
-        self.combo.setItemData(
-            self.combo.count() - 1, str(preset.path), Qt.ItemDataRole.ToolTipRole
-        )
+        self._add_item(f"{preset.name}  (file)", preset.name, str(preset.path))
         self.combo.setCurrentIndex(self.combo.count() - 1)
         self.combo.blockSignals(False)
         self._show_info(preset.name)

@@ -31,6 +31,16 @@ TRAIN_IN_CHILD = True
 TRAINING_SWITCH_S = 0.0001
 
 
+def cpu_training_threads() -> int:
+    """Torch threads for a CPU run started from the window: all cores but one.
+
+    The core left over is the window's: OpenMP workers spin-wait at every barrier, and one
+    of them descheduled by a repaint stalls a whole step (measured 10x slower with 2
+    threads on 2 cores while the plots redraw).
+    """
+    return max(1, (os.cpu_count() or 1) - 1)
+
+
 def settle_heap() -> None:
     """Collect garbage, then take every live object out of the cyclic collector's sight.
 
@@ -127,10 +137,7 @@ class TrainThread(QThread):
             self._run_here()
 
     def _threads(self) -> int | None:
-        # On the CPU leave a core to the window: OpenMP workers spin-wait at every barrier,
-        # and one of them descheduled by a repaint stalls a whole step (measured 10x slower
-        # with 2 threads on 2 cores while the plots redraw).
-        return max(1, (os.cpu_count() or 1) - 1) if self._on_cpu() else None
+        return cpu_training_threads() if self._on_cpu() else None
 
     def _run_in_child(self) -> None:
         child = self.child = ChildRun(
@@ -162,8 +169,8 @@ class TrainThread(QThread):
         # The trainer re-takes the GIL after every torch op; while the GUI thread runs
         # Python (a repaint), each re-take waits out the switch interval (5 ms by default).
         sys.setswitchinterval(TRAINING_SWITCH_S)
-        if self._threads():
-            torch.set_num_threads(self._threads())
+        if wanted := self._threads():
+            torch.set_num_threads(wanted)
         try:
             trainer = Trainer(self.cfg, self.run_dir, resume_from=self.resume_from)
             self.result = trainer.run(_SignalEvents(self), self.control)
