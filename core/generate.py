@@ -1,4 +1,7 @@
-"""Use a trained model: python -m core.generate RUN_DIR|CHECKPOINT --prompt TEXT.
+"""Use a model: python -m core.generate RUN_DIR|CHECKPOINT|MODEL_FOLDER|HUB_ID --prompt TEXT.
+
+--chat treats the prompt as a user message in the model's chat template and stops at its
+end-of-turn token.
 
 Streams the prompt, then the continuation, to stdout. Deterministic for a given seed.
 Generation keeps a key/value cache, so n new tokens cost O(n) forward work; past the
@@ -16,73 +19,14 @@ from pathlib import Path
 
 import torch
 
-from . import checkpoint as ckpt
-from .config import TrainConfig, from_dict, validate
+from .chat import chat_ids
 from .device import resolve_device
-from .errors import CheckpointError, UserError
-from .model import GPT, GPTConfig
-from .tokenizer import Tokenizer, bytes_tokenizer
+from .errors import UserError
+from .loader import Loaded, checkpoint_path, load  # noqa: F401 (the loader's API, here too)
+from .model import GPT
+from .tokenizer import Tokenizer
 
 EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT = 0, 1, 2
-
-
-@dataclass
-class Loaded:
-    model: GPT
-    tokenizer: Tokenizer
-    config: TrainConfig
-    checkpoint: Path
-    step: int
-    val_loss: float | None
-
-
-def checkpoint_path(target: str | Path, which: str = "best") -> Path:
-    """A checkpoint file as given, or a run folder's best.pt / latest.pt."""
-    path = Path(target)
-    if path.is_file():
-        return path
-    if path.is_dir():
-        folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
-        order = ["best.pt", "latest.pt"] if which == "best" else ["latest.pt", "best.pt"]
-        for name in order:
-            if (folder / name).is_file():
-                return folder / name
-        raise CheckpointError(f"checkpoint: {path} holds no best.pt or latest.pt")
-    raise CheckpointError(f"checkpoint: {target} is neither a run folder nor a checkpoint file")
-
-
-def run_tokenizer(state: dict, ckpt_file: Path) -> Tokenizer:
-    """The tokenizer the model was trained with: in the checkpoint, else beside it, else bytes
-    (checkpoints from before tokenizers were recorded were all byte-level)."""
-    info = state.get("data_info") or {}
-    if info.get("tokenizer_json"):
-        return Tokenizer.from_json(info["tokenizer_json"])
-    for folder in (ckpt_file.parent, ckpt_file.parent.parent):
-        if (folder / "tokenizer.json").is_file():
-            return Tokenizer.load(folder / "tokenizer.json")
-    return bytes_tokenizer()
-
-
-def model_config(cfg: TrainConfig) -> GPTConfig:
-    return GPTConfig.from_train(cfg, training=False)
-
-
-def load(target: str | Path, which: str = "best", device: str = "cpu") -> Loaded:
-    """Model (eval mode, fp32, on device) and tokenizer of a run folder or checkpoint."""
-    path = checkpoint_path(target, which)
-    state = ckpt.load(path)
-    cfg = validate(from_dict(state["config"], source=str(path)))
-    model = GPT(model_config(cfg))
-    try:
-        model.load_state_dict(state["model"])
-    except (RuntimeError, KeyError) as e:
-        msg = f"checkpoint: {path} does not hold this model's weights ({e})"
-        raise CheckpointError(msg) from None
-    model.to(device).eval()
-    meta = state.get("meta") or {}
-    return Loaded(
-        model, run_tokenizer(state, path), cfg, path, int(state["step"]), meta.get("val_loss")
-    )
 
 
 def pick(logits: torch.Tensor, temperature: float, top_k, top_p, gen: torch.Generator) -> int:
@@ -113,6 +57,7 @@ def generate_ids(
     seed: int = 0,
     use_cache: bool = True,
     should_stop: Callable[[], bool] | None = None,
+    stop_ids: list[int] | tuple = (),
 ) -> Iterator[int]:
     """Yield n_new token ids after prompt. The window over which the model looks is the same
     with and without the cache: once it is full it moves forward by half a context."""
@@ -140,12 +85,17 @@ def generate_ids(
         nxt = pick(logits[0, -1], temperature, top_k, top_p, gen)
         tokens.append(nxt)
         yield nxt
+        if nxt in stop_ids:  # the end of an answer: yielded, so callers see why it stopped
+            return
 
 
-def stream_text(tokenizer: Tokenizer, ids: Iterator[int]) -> Iterator[str]:
-    """Decoded text as it is produced; a character split across tokens waits for its end."""
+def stream_text(tokenizer: Tokenizer, ids: Iterator[int], hide=()) -> Iterator[str]:
+    """Decoded text as it is produced; a character split across tokens waits for its end.
+    Ids in hide (an end-of-turn token) are not shown."""
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     for i in ids:
+        if i in hide:
+            continue
         text = decoder.decode(tokenizer.token_bytes(i))
         if text:
             yield text
@@ -180,8 +130,15 @@ def _non_negative(kind):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = Parser(prog="python -m core.generate", description="Generate text with a trained run.")
-    p.add_argument("target", help="a run folder or a checkpoint file")
+    p = Parser(prog="python -m core.generate", description="Generate text with a model.")
+    p.add_argument(
+        "target", help="a run folder, a checkpoint file, a Hugging Face model folder or hub id"
+    )
+    p.add_argument(
+        "--chat", action="store_true",
+        help="the prompt is a user message: apply the model's chat template, stop at end of turn",
+    )  # fmt: skip
+    p.add_argument("--system", help="with --chat: a system message first")
     p.add_argument("--prompt", default=None, help="text to continue (default: a newline)")
     p.add_argument("--prompt-file", help="read the prompt from this file")
     p.add_argument("--max-new-tokens", type=_non_negative(int), default=200, metavar="N")
@@ -206,6 +163,14 @@ def read_prompt(args) -> str:
     return args.prompt if args.prompt is not None else "\n"
 
 
+def prompt_ids(tok: Tokenizer, prompt: str) -> list[int]:
+    """A plain prompt's ids, with BOS first where the model's tokenizer adds one."""
+    ids = tok.encode(prompt) or tok.encode("\n")
+    if tok.add_bos:
+        ids = [tok.bos_id, *ids]
+    return ids
+
+
 def run_cli(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.top_p is not None and not 0 < args.top_p <= 1:
@@ -213,15 +178,21 @@ def run_cli(argv=None) -> int:
     device = str(resolve_device(args.device))  # a missing GPU is a one-line error
     prompt = read_prompt(args)
     loaded = load(args.target, args.checkpoint, device)
-    ids = loaded.tokenizer.encode(prompt) or loaded.tokenizer.encode("\n")
+    tok = loaded.tokenizer
     out = sys.stdout
-    out.write(prompt)
-    out.flush()
+    if args.chat:
+        messages = [{"role": "system", "content": args.system}] if args.system else []
+        ids = chat_ids(tok, [*messages, {"role": "user", "content": prompt}])
+    else:
+        ids = prompt_ids(tok, prompt)
+        out.write(prompt)
+        out.flush()
+    stops = tok.stop_ids if args.chat else ()
     new = generate_ids(
         loaded.model, ids, args.max_new_tokens, args.temperature, args.top_k or None,
-        args.top_p, args.seed, use_cache=not args.no_cache,
+        args.top_p, args.seed, use_cache=not args.no_cache, stop_ids=stops,
     )  # fmt: skip
-    for text in stream_text(loaded.tokenizer, new):
+    for text in stream_text(tok, new, hide=stops):
         out.write(text)
         out.flush()
     out.write("\n")

@@ -1,0 +1,100 @@
+"""Tiny random Hugging Face models of each family, built with transformers' own config
+classes and saved as a model folder with a small tokenizer: what --init-from reads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
+    "message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+LLAMA_CHAT = (
+    "{{ bos_token }}{% for message in messages %}{{ '<|start|>' + message['role'] + "
+    "'<|sep|>' + message['content'] | trim + '<|eot|>' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start|>assistant<|sep|>' }}{% endif %}"
+)
+TEXT = (
+    "The quick brown fox jumps over the lazy dog. def add(a, b):\n    return a + b\n"
+    "Hello world, hello model. Numbers: 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14.\n"
+    "Ünïcödé and emoji \u2603 stay whole.\n"
+) * 20
+FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "qwen3")
+
+
+def make_tokenizer(folder: Path, family: str):
+    """A byte-level BPE with special tokens; the llama one adds BOS, as Llama 3's does."""
+    from tokenizers import processors
+    from transformers import PreTrainedTokenizerFast
+
+    from core.tokenizer import train_bpe
+
+    hf = train_bpe([TEXT], 512).hf
+    if family in ("llama", "mistral"):
+        specials = ["<|begin|>", "<|end|>", "<|start|>", "<|sep|>", "<|eot|>"]
+        hf.add_special_tokens(specials)
+        bos = hf.token_to_id("<|begin|>")
+        hf.post_processor = processors.TemplateProcessing(
+            single="<|begin|> $A", pair="<|begin|> $A <|begin|> $B",
+            special_tokens=[("<|begin|>", bos)],
+        )  # fmt: skip
+        kw = {"bos_token": "<|begin|>", "eos_token": "<|end|>", "chat_template": LLAMA_CHAT}
+    else:
+        hf.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+        eos = "<|im_end|>" if family.startswith("qwen") else "<|endoftext|>"
+        kw = {"eos_token": eos, "chat_template": CHATML}
+        if family == "gpt2":
+            kw = {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>"}
+    tok = PreTrainedTokenizerFast(tokenizer_object=hf, **kw)
+    tok.save_pretrained(folder)
+    return tok
+
+
+def make_config(family: str, vocab: int, **extra):
+    import transformers as t
+
+    common = {"vocab_size": vocab, "initializer_range": 0.3}
+    if family == "gpt2":
+        return t.GPT2Config(n_positions=64, n_embd=32, n_layer=2, n_head=4, **common, **extra)
+    shape = {
+        "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64,
+    }  # fmt: skip
+    if family == "llama":
+        scaling = {
+            "rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 16, "rope_theta": 500000.0,
+        }  # fmt: skip
+        return t.LlamaConfig(**shape, rope_scaling=scaling, rope_theta=500000.0, **common, **extra)
+    if family == "mistral":
+        return t.MistralConfig(**shape, sliding_window=None, **common, **extra)
+    if family == "qwen2":
+        return t.Qwen2Config(**shape, tie_word_embeddings=True, **common, **extra)
+    return t.Qwen3Config(**shape, head_dim=16, **common, **extra)  # head_dim != 32 / 4
+
+
+def make_model(folder: Path, family: str, seed: int = 0, **extra):
+    """Save a tiny random model of the family (and its tokenizer) in folder; return the
+    transformers model (eval, fp32) and tokenizer."""
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = make_tokenizer(folder, family)
+    ids = {"eos_token_id": tok.eos_token_id}
+    if tok.bos_token_id is not None:
+        ids["bos_token_id"] = tok.bos_token_id
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(make_config(family, len(tok) + 5, **ids, **extra))
+    model = model.float().eval()
+    stops = [tok.eos_token_id]
+    if family in ("llama", "mistral"):
+        stops.append(tok.convert_tokens_to_ids("<|eot|>"))
+    model.generation_config = GenerationConfig(eos_token_id=stops, **{
+        k: v for k, v in ids.items() if k == "bos_token_id"
+    })  # fmt: skip
+    model.save_pretrained(folder)
+    return model, tok
