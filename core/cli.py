@@ -135,7 +135,15 @@ def build_config(args) -> tuple[TrainConfig, Path, Path | None]:
         check_resume_out(run, args.out)
         return cfg, run.path, resume_file
     base = preset_lib.to_config(preset_lib.load_preset(args.preset or default_preset_name()))
-    cfg = validate(dataclasses.replace(base, **_overrides(args)))
+    overrides = _overrides(args)
+    cfg = dataclasses.replace(base, **overrides)
+    if cfg.init_from:  # the model's shape and tokenizer; flags that contradict it are refused
+        from .loader import apply_pretrained, info_line, open_pretrained
+
+        pre = open_pretrained(cfg.init_from)
+        print(f"Pretrained model: {pre.name}: {info_line(pre.info())}")
+        cfg = apply_pretrained(cfg, pre, explicit=set(overrides))
+    cfg = validate(cfg)
     run_dir = Path(args.out) if args.out else new_run_dir(root, cfg.preset)
     return cfg, run_dir, None
 
@@ -219,9 +227,15 @@ def prepare_only(cfg: TrainConfig, cache_dir: str | None) -> int:
 
     sources = find_sources(cfg.data, cfg.data_extensions, cfg.corpus_max_bytes, cfg.max_data_bytes)
     spec = DataSpec(sources, cfg.tokenizer, cfg.vocab_size, cfg.val_fraction)
+    tokenizer = None
+    if cfg.init_from:
+        from .loader import open_pretrained
+
+        tokenizer = open_pretrained(cfg.init_from).tokenizer
     events = CliEvents()
     t0 = time.perf_counter()
-    folder, m = prepare(spec, Path(cache_dir) if cache_dir else None, progress=events.on_prepare)
+    cache = Path(cache_dir) if cache_dir else None
+    folder, m = prepare(spec, cache, tokenizer, progress=events.on_prepare)
     seconds = time.perf_counter() - t0
     if events.prep_bar is not None:
         events.prep_bar.close()

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from .errors import ConfigError
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
-TOKENIZERS = ("bytes", "bpe")
+TOKENIZERS = ("bytes", "bpe", "model")  # model: the pretrained model's own (init_from)
 CONFIG_VERSION = (
     2  # bump with a MIGRATIONS entry whenever a field is renamed or its meaning changes
 )
@@ -51,6 +51,13 @@ MODEL, BATCH, EXECUTION, INTERVALS, DATA, ADVANCED = (
 @dataclass
 class TrainConfig:
     # model
+    init_from: str | None = spec(
+        None,
+        "start from a pretrained model: a Hugging Face model folder or hub id "
+        "(GPT-2, Llama, Mistral, Qwen2, Qwen3 families); default: a new model",
+        optional=True,
+        arch=True,
+    )
     hidden_dim: int = spec(
         128,
         "model width; must divide by n_heads",
@@ -197,7 +204,8 @@ class TrainConfig:
     tokenizer: str = spec(
         "bytes",
         "bytes: 256 tokens, nothing to learn; bpe: a byte-level BPE learned from your data "
-        "once (Hugging Face tokenizers), fewer tokens per byte",
+        "once (Hugging Face tokenizers), fewer tokens per byte; model: a pretrained "
+        "model's own (set by init_from)",
         label="Tokenizer",
         group=DATA,
         choices=TOKENIZERS,
@@ -287,7 +295,7 @@ class TrainConfig:
     def model_vocab(self) -> int:
         """Rows of the embedding: 256 for bytes, vocab_size for BPE (a BPE learned from
         little text may use fewer; the spare rows are never trained)."""
-        return 256 if self.tokenizer == "bytes" else self.vocab_size
+        return 256 if self.tokenizer == "bytes" else self.vocab_size  # "model": see init_from
 
     @property
     def tokens_per_step(self) -> int:
@@ -377,6 +385,16 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise ConfigError(f"data: expected a file or folder path, got {values['data']!r}")
     if values["data"] == "":
         values["data"] = None
+    for name in ("data", "init_from"):
+        if values[name] is not None and not isinstance(values[name], str):
+            raise ConfigError(f"{name}: expected a path, got {values[name]!r}")
+        if values[name] == "":
+            values[name] = None
+    if (values["tokenizer"] == "model") != (values["init_from"] is not None):
+        raise ConfigError(
+            "tokenizer: 'model' is the pretrained model's own tokenizer and goes with init_from "
+            "alone; a pretrained model cannot use bytes or bpe"
+        )
     return TrainConfig(**values)
 
 
@@ -429,8 +447,8 @@ def compare_for_resume(saved: TrainConfig, requested: TrainConfig) -> tuple[list
         old, new = getattr(saved, f.name), getattr(requested, f.name)
         if old == new or f.name == "preset":
             continue
-        if f.name == "vocab_size" and saved.tokenizer == requested.tokenizer == "bytes":
-            continue  # bytes have 256 tokens whatever vocab_size says
+        if f.name == "vocab_size" and saved.tokenizer == requested.tokenizer != "bpe":
+            continue  # bytes have 256 tokens, a pretrained model its own, whatever it says
         change = f"{f.name} {old!r} -> {new!r}"
         if f.name in ARCH_FIELDS:
             refused.append(f"{change} (architecture)")

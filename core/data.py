@@ -142,12 +142,17 @@ class DataSpec:
         return hashlib.blake2b(json.dumps(body).encode(), digest_size=12).hexdigest()
 
 
-def _read_blocks(files: list[Path], limit: int):
-    """Yield (file, block) of up to BLOCK bytes, limit bytes in all, empty files skipped."""
+DOC_END = object()  # a marker between documents (files), where a pretrained model's EOS goes
+
+
+def _read_blocks(files: list[Path], limit: int, doc_ends: bool = False):
+    """Yield blocks of up to BLOCK bytes, limit bytes in all, empty files skipped; with
+    doc_ends, DOC_END after each file that was read."""
     left = limit
     for path in files:
         if left <= 0:
             return
+        read = 0
         try:
             with open(path, "rb") as f:
                 while left > 0:
@@ -155,15 +160,21 @@ def _read_blocks(files: list[Path], limit: int):
                     if not block:
                         break
                     left -= len(block)
+                    read += len(block)
                     yield block
         except OSError as e:
             raise DataError(f"data: cannot read {path} ({e.strerror or e})") from None
+        if doc_ends and read:
+            yield DOC_END
 
 
 def _split_stream(blocks, train_bytes: int):
     """Re-cut a byte stream into ('train'|'val', block) pieces at the train/val boundary."""
     pos = 0
     for block in blocks:
+        if block is DOC_END:  # belongs with the byte before it
+            yield ("train" if pos <= train_bytes else "val"), block
+            continue
         end = pos + len(block)
         if end <= train_bytes:
             yield "train", block
@@ -181,6 +192,12 @@ def _line_chunks(blocks, size: int = 1 << 18):
     so BPE never sees a word cut in two (a chunk with no newline is cut where it is)."""
     carry = b""
     for block in blocks:
+        if block is DOC_END:
+            if carry:
+                yield carry
+            carry = b""
+            yield DOC_END
+            continue
         buf = carry + block
         start = 0
         while len(buf) - start >= size:
@@ -235,6 +252,11 @@ def _write_tokens(f, tok: Tokenizer, pieces, progress: _Progress, hasher) -> dic
         # BPE: regroup each split at line ends; bytes: pass blocks as they come.
         current, buf = None, []
         for split, block in split_pieces:
+            if block is DOC_END:
+                yield from ((current, c) for c in _line_chunks(buf))
+                buf = []
+                yield split, DOC_END
+                continue
             if split != current and buf:
                 yield from ((current, c) for c in _line_chunks(buf))
                 buf = []
@@ -243,8 +265,25 @@ def _write_tokens(f, tok: Tokenizer, pieces, progress: _Progress, hasher) -> dic
         if buf:
             yield from ((current, c) for c in _line_chunks(buf))
 
-    source = chunks_of(pieces) if tok.kind == "bpe" else pieces
+    def special(split, token_id):
+        flush()
+        f.write(np.array([token_id], dtype=tok.dtype).tobytes())
+        counts[f"{split}_tokens"] += 1
+
+    # A pretrained model sees documents as it was trained to: BOS (if its tokenizer adds
+    # one) before each, EOS after each.
+    bos = tok.bos_id if tok.add_bos else None
+    doc_start = True
+    source = chunks_of(pieces) if tok.kind != "bytes" else pieces
     for split, chunk in source:
+        if chunk is DOC_END:
+            if tok.eos_id is not None:
+                special(split, tok.eos_id)
+            doc_start = True
+            continue
+        if doc_start and bos is not None:
+            special(split, bos)
+        doc_start = False
         hasher.update(chunk)
         counts[f"{split}_bytes"] += len(chunk)
         if split != batch_split:
@@ -284,7 +323,8 @@ def _build(spec: DataSpec, listing, target: Path, tokenizer, progress_cb, cancel
         hasher = hashlib.blake2b(digest_size=16)
         t0 = time.perf_counter()
         with open(tmp / "tokens.bin", "wb") as f:
-            pieces = _split_stream(_read_blocks(spec.sources.files, used), train_bytes)
+            blocks = _read_blocks(spec.sources.files, used, doc_ends=tokenizer.kind == "model")
+            pieces = _split_stream(blocks, train_bytes)
             counts = _write_tokens(f, tokenizer, pieces, progress, hasher)
             f.flush()
             os.fsync(f.fileno())
@@ -299,6 +339,7 @@ def _build(spec: DataSpec, listing, target: Path, tokenizer, progress_cb, cancel
             "total_bytes": total,
             "source_bytes": used,
             "tokenizer": tokenizer.kind,
+            "tokenizer_meta": tokenizer.meta or None,
             "vocab_size": tokenizer.vocab_size,
             "dtype": np.dtype(tokenizer.dtype).name,
             **counts,
@@ -375,8 +416,8 @@ def prepare(
     if not any(f["size"] for f in listing):
         raise DataError(f"data: {spec.sources.description} holds no text (every file is empty)")
     key = spec.key(listing)
-    if tokenizer is not None and tokenizer.kind == "bpe":
-        key = f"{key}-{tokenizer.fingerprint()}"  # the run's own BPE, not a fresh one
+    if tokenizer is not None and tokenizer.kind != "bytes":
+        key = f"{key}-{tokenizer.fingerprint()}"  # the run's own BPE or the model's, not a fresh one
     target = cache / key
     _clean_stale(cache)
     if target.exists():
@@ -418,7 +459,7 @@ class TokenData:
     def __init__(self, folder: Path, manifest: dict, seq_len: int, seed: int):
         self.folder = Path(folder)
         self.manifest = manifest
-        self.tokenizer = Tokenizer.load(self.folder / "tokenizer.json")
+        self.tokenizer = Tokenizer.load(self.folder / "tokenizer.json", manifest.get("tokenizer_meta"))
         self.source = manifest["source"]
         self.seq_len = seq_len
         n_train = manifest["train_tokens"]

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from .config import TrainConfig
 from .device import pick_precision
-from .model import VOCAB_SIZE
+from .model import VOCAB_SIZE, GPTConfig
 
 GB = 1024**3
 MB = 1024**2
@@ -35,25 +35,52 @@ def param_count(
     return vocab * d + seq_len * d + layers * per_block + d + b * d
 
 
-def flops_per_token(cfg: TrainConfig) -> int:
+def model_shape(cfg: TrainConfig) -> GPTConfig:
+    """The network a config trains: its own shape, or its pretrained model's."""
+    if cfg.init_from:
+        from .loader import pretrained_shape
+
+        return pretrained_shape(cfg.init_from)
+    return GPTConfig.from_train(cfg)
+
+
+def shape_params(c: GPTConfig) -> int:
+    """Exact parameter count of core.model.GPT with this shape (counted on the meta device)."""
+    import torch
+
+    from .model import GPT
+
+    with torch.device("meta"):
+        return GPT(c).num_params()
+
+
+def _position_params(c: GPTConfig) -> int:
+    return c.seq_len * c.hidden_dim if c.positions == "learned" else 0
+
+
+def flops_per_token(cfg: TrainConfig, c: GPTConfig | None = None) -> int:
     """Training FLOPs per token (forward + backward): 6N + 12 L d T, as in nanoGPT/PaLM."""
-    n = param_count(cfg.hidden_dim, cfg.n_layers, cfg.seq_len, cfg.model_vocab, cfg.bias)
-    n -= cfg.seq_len * cfg.hidden_dim
-    return 6 * n + 12 * cfg.n_layers * cfg.hidden_dim * cfg.seq_len
+    c = c or model_shape(cfg)
+    n = shape_params(c) - _position_params(c)
+    return 6 * n + 12 * c.n_layers * c.n_heads * c.head_dim * cfg.seq_len
 
 
 def _act_bytes(precision: str) -> int:
     return 4 if precision == "fp32" else 2
 
 
-def _saved_bytes_per_token_layer(cfg: TrainConfig, precision: str) -> float:
+def _saved_bytes_per_token_layer(c: GPTConfig, dropout: float, precision: str) -> float:
     """Bytes autograd keeps per token per block for the backward pass."""
-    d, e = cfg.hidden_dim, _act_bytes(precision)
-    fp32_residual = 2 * 4 * d  # LayerNorm inputs: the residual stream stays fp32 under autocast
-    matmul_inputs = e * (d + d + 4 * d)  # qkv, attn proj and mlp fc inputs
-    attention = e * (3 * d + d)  # q, k, v and the attention output (flash: no T x T matrix)
-    mlp = e * (4 * d + 4 * d)  # GELU input and the mlp projection's input
-    dropout_masks = 3 * d if cfg.dropout > 0 else 0  # one byte per element
+    d, e = c.hidden_dim, _act_bytes(precision)
+    q, kv, ffn = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.ffn_dim
+    fp32_residual = 2 * 4 * d  # norm inputs: the residual stream stays fp32 under autocast
+    matmul_inputs = e * (d + q + ffn)  # qkv, attn proj and mlp fc inputs
+    attention = e * (q + 2 * kv + q)  # q, k, v and the attention output (flash: no T x T)
+    if c.qk_norm:
+        attention += e * (q + kv)
+    # GELU: its input and the projection's input; SwiGLU: gate and up, silu(gate), product
+    mlp = e * (2 * ffn if c.mlp != "swiglu" else 4 * ffn)
+    dropout_masks = 3 * d if dropout > 0 else 0  # one byte per element
     return fp32_residual + matmul_inputs + attention + mlp + dropout_masks
 
 
@@ -117,23 +144,25 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
     """Peak memory of one micro-batch's forward/backward plus the optimizer step."""
     if precision is None:
         precision = pick_precision(cfg.precision, on_gpu)  # a modern GPU's choice
-    n = param_count(cfg.hidden_dim, cfg.n_layers, cfg.seq_len, cfg.model_vocab, cfg.bias)
+    c = model_shape(cfg)
+    n = shape_params(c)
     tokens = cfg.batch_size * cfg.seq_len
-    per_layer = _saved_bytes_per_token_layer(cfg, precision) * tokens
+    d = c.hidden_dim
+    per_layer = _saved_bytes_per_token_layer(c, cfg.dropout, precision) * tokens
     if cfg.grad_checkpointing:
         # Only each block's fp32 input is kept; one block is recomputed at a time.
-        activations = cfg.n_layers * 4 * cfg.hidden_dim * tokens + per_layer
+        activations = c.n_layers * 4 * d * tokens + per_layer
     else:
-        activations = cfg.n_layers * per_layer
+        activations = c.n_layers * per_layer
     # Embedding sum, ln_f input (fp32) and the head's input; backward needs about one
     # more block's worth of activation gradients at a time.
-    activations += 3 * 4 * cfg.hidden_dim * tokens + per_layer
+    activations += 3 * 4 * d * tokens + per_layer
     if not on_gpu:  # the CPU math attention kernel materialises the T x T scores
-        activations += cfg.n_layers * cfg.batch_size * cfg.n_heads * cfg.seq_len**2 * 4 * 2
+        activations += c.n_layers * cfg.batch_size * c.n_heads * cfg.seq_len**2 * 4 * 2
     e = _act_bytes(precision)
-    logits = tokens * cfg.model_vocab * (e + 4 + 4)  # logits, their fp32 copy, and its gradient
+    logits = tokens * c.vocab_size * (e + 4 + 4)  # logits, their fp32 copy, and its gradient
     mixed = precision in ("bf16", "fp16")
-    weight_casts = 2 * (n - cfg.seq_len * cfg.hidden_dim) if mixed else 0
+    weight_casts = 2 * (n - _position_params(c)) if mixed else 0
     live = 4 * n * 3 + 4 * n + weight_casts + int(activations) + logits
     return Estimate(
         n_params=n,
@@ -146,7 +175,7 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
         fragmentation=int((FRAGMENTATION - 1) * live) if on_gpu else 0,
         cuda_context=CUDA_CONTEXT_BYTES if on_gpu else 0,
         tokens_per_step=cfg.tokens_per_step,
-        flops_per_token=flops_per_token(cfg),
+        flops_per_token=flops_per_token(cfg, c),
     )
 
 

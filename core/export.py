@@ -20,8 +20,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from . import families
 from .errors import UserError
-from .generate import Loaded, load
+from .loader import Loaded, load
 
 FORMATS = ("hf", "gguf", "safetensors")
 EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT = 0, 1, 2
@@ -48,65 +49,32 @@ def _weights(model) -> dict[str, torch.Tensor]:
 # -- Hugging Face --------------------------------------------------------------------------
 
 
-def hf_state_dict(model) -> dict[str, torch.Tensor]:
-    """The weights under GPT-2's names. GPT-2 keeps its linear layers as Conv1D, whose
-    weights are the transpose of torch.nn.Linear's; lm_head is tied to wte."""
-    w = _weights(model)
-    out = {
-        "transformer.wte.weight": w["tok_emb.weight"],
-        "transformer.wpe.weight": w["pos_emb.weight"],
-        "transformer.ln_f.weight": w["ln_f.weight"],
-        "transformer.ln_f.bias": w.get("ln_f.bias", torch.zeros_like(w["ln_f.weight"])),
-    }
-    pairs = [
-        ("ln_1", "ln1", False), ("attn.c_attn", "attn.qkv", True),
-        ("attn.c_proj", "attn.proj", True), ("ln_2", "ln2", False),
-        ("mlp.c_fc", "mlp.fc", True), ("mlp.c_proj", "mlp.proj", True),
-    ]  # fmt: skip
-    for i in range(model.config.n_layers):
-        for hf, ours, linear in pairs:
-            weight = w[f"blocks.{i}.{ours}.weight"]
-            out[f"transformer.h.{i}.{hf}.weight"] = weight.t().contiguous() if linear else weight
-            bias = w.get(f"blocks.{i}.{ours}.bias")
-            if bias is None:  # a bias-free layer is a zero bias for GPT-2
-                bias = torch.zeros(weight.shape[0])
-            out[f"transformer.h.{i}.{hf}.bias"] = bias
-    return out
+def hf_state_dict(loaded: Loaded) -> dict[str, torch.Tensor]:
+    """The weights under the source family's Hugging Face names (GPT-2 for new models)."""
+    return families.export_weights(loaded.family, loaded.model.config, loaded.model.state_dict())
 
 
 def hf_config(loaded: Loaded) -> dict:
-    c = loaded.model.config
-    return {
-        "architectures": ["GPT2LMHeadModel"],
-        "model_type": "gpt2",
-        "vocab_size": c.vocab_size,
-        "n_positions": c.seq_len,
-        "n_ctx": c.seq_len,
-        "n_embd": c.hidden_dim,
-        "n_layer": c.n_layers,
-        "n_head": c.n_heads,
-        "n_inner": None,
-        "activation_function": "gelu",  # exact erf GELU, as torch.nn.functional.gelu
-        "resid_pdrop": 0.0,
-        "embd_pdrop": 0.0,
-        "attn_pdrop": 0.0,
-        "layer_norm_epsilon": LAYER_NORM_EPS,
-        "initializer_range": 0.02,
-        "scale_attn_weights": True,
-        "tie_word_embeddings": True,
-        "use_cache": True,
-        "bos_token_id": None,
-        "eos_token_id": None,
-        "torch_dtype": "float32",
-    }
+    """A fine-tune keeps its base model's config.json; a new model gets GPT-2's."""
+    if loaded.base is None:
+        return families.new_model_hf_config(loaded.model.config)
+    config = dict(loaded.base["hf_config"])
+    config["architectures"] = [families.HF_ARCH[loaded.family]]
+    config.pop("dtype", None)
+    config["torch_dtype"] = "float32"
+    return config
 
 
 def model_card(loaded: Loaded) -> str:
     cfg, c, tok = loaded.config, loaded.model.config, loaded.tokenizer
     val = f"{loaded.val_loss:.4f}" if loaded.val_loss is not None else "not measured"
+    arch = families.HF_ARCH[loaded.family]
+    origin = f"fine-tuned from {loaded.base['init_from']}" if loaded.base else "trained from scratch"
+    if cfg is None:
+        return f"# {arch} model\n\nWritten by TrainDeck from {loaded.checkpoint}.\n"
     return f"""# TrainDeck model
 
-A GPT-2-architecture language model trained with TrainDeck.
+A {arch} language model {origin} with TrainDeck.
 
 - Data: {cfg.data or "embedded corpus (Python standard library sources)"}
 - Tokenizer: {tok.kind} ({tok.vocab_size} tokens; model vocab {c.vocab_size})
@@ -128,6 +96,11 @@ print(tok.decode(model.generate(**tok("def ", return_tensors="pt"), max_new_toke
 
 def write_tokenizer_files(loaded: Loaded, folder: Path) -> None:
     (folder / "tokenizer.json").write_text(loaded.tokenizer.hf_json(), encoding="utf-8")
+    if loaded.base is not None:  # the base model's own tokenizer settings and chat template
+        for name, text in loaded.base["files"].items():
+            if name != "config.json":
+                (folder / name).write_text(text, encoding="utf-8")
+        return
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "model_max_length": loaded.model.config.seq_len,
@@ -139,7 +112,7 @@ def write_tokenizer_files(loaded: Loaded, folder: Path) -> None:
 def export_hf(loaded: Loaded, folder: Path) -> None:
     from safetensors.torch import save_file
 
-    save_file(hf_state_dict(loaded.model), str(folder / "model.safetensors"), {"format": "pt"})
+    save_file(hf_state_dict(loaded), str(folder / "model.safetensors"), {"format": "pt"})
     (folder / "config.json").write_text(json.dumps(hf_config(loaded), indent=1), encoding="utf-8")
     write_tokenizer_files(loaded, folder)
     (folder / "README.md").write_text(model_card(loaded), encoding="utf-8")

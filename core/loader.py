@@ -8,6 +8,7 @@ that only has pytorch_model.bin, with torch.load(weights_only=True)), configs as
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -207,6 +208,46 @@ def info_line(info: dict) -> str:
         f"{info['context']:,}, vocab {info['vocab']:,}, chat template: "
         f"{'yes' if info['chat_template'] else 'no'}"
     )
+
+
+def pretrained_shape(source: str | Path) -> GPTConfig:
+    """A pretrained model's shape from its config.json alone (for estimates)."""
+    folder = resolve_folder(source)
+    return families.model_config(read_json(folder / "config.json"), str(folder))[1]
+
+
+def apply_pretrained(cfg: TrainConfig, pre: Pretrained, explicit=()) -> TrainConfig:
+    """The config with the pretrained model's shape filled in. A field in explicit (set by
+    the user) that contradicts the model is refused, naming it; seq_len defaults to the
+    smaller of the config's and the model's maximum."""
+    c = pre.config
+    shape = {
+        "hidden_dim": c.hidden_dim,
+        "n_layers": c.n_layers,
+        "n_heads": c.n_heads,
+        "bias": c.bias,
+        "tokenizer": "model",
+    }
+    for name, value in shape.items():
+        if name in explicit and getattr(cfg, name) != value:
+            raise ModelSourceError(
+                f"{name}: {getattr(cfg, name)!r} contradicts the pretrained model {pre.name} "
+                f"({value!r}); leave it out with init_from"
+            )
+    if "vocab_size" in explicit and cfg.vocab_size != c.vocab_size:
+        raise ModelSourceError(
+            f"vocab_size: {cfg.vocab_size} contradicts the pretrained model {pre.name} "
+            f"({c.vocab_size} tokens); leave it out with init_from"
+        )
+    seq_len = min(cfg.seq_len, c.seq_len)
+    if "seq_len" in explicit:
+        if cfg.seq_len > c.seq_len:
+            raise ModelSourceError(
+                f"seq_len: {cfg.seq_len} is longer than the pretrained model's context "
+                f"({c.seq_len})"
+            )
+        seq_len = cfg.seq_len
+    return dataclasses.replace(cfg, **shape, seq_len=seq_len)
 
 
 def open_pretrained(source: str | Path) -> Pretrained:

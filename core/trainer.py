@@ -25,6 +25,7 @@ from .distributed import SilentFolder, World
 from .errors import CheckpointError, TrainingError, UserError
 from .events import TrainControl, TrainEvents
 from .hardware import memory_stats
+from .loader import Pretrained, apply_pretrained, open_pretrained
 from .model import GPT, GPTConfig
 from .runlock import RunLock
 from .runs import RunFolder
@@ -76,7 +77,13 @@ class Trainer:
         data_cache: str | Path | None = None,
         allow_data_change: bool = False,
     ):
+        # A pretrained start: the model's shape and tokenizer fill the config in.
+        self.pretrained: Pretrained | None = None
+        if cfg.init_from:
+            self.pretrained = open_pretrained(cfg.init_from)
+            cfg = apply_pretrained(cfg, self.pretrained)
         self.cfg = validate(cfg)
+        self.base: dict | None = None  # the pretrained base a checkpoint names
         self.world = World.from_env()
         folder_kind = RunFolder if self.world.main else SilentFolder
         self.folder = folder_kind(Path(run_dir))
@@ -128,7 +135,21 @@ class Trainer:
             )
         for change in allowed:
             self._log(f"resume: allowed change {change}")
+        self._check_base(state)
         return state
+
+    def _check_base(self, state: dict) -> None:
+        """A fine-tune resumes only on the base model it started from."""
+        saved = state.get("base")
+        if self.pretrained is None or saved is None:
+            return
+        now = self.pretrained.base_record()
+        if saved["fingerprint"] != now["fingerprint"]:
+            raise CheckpointError(
+                f"resume: {self.resume_from} was fine-tuned from {saved['init_from']} (weights "
+                f"{saved['fingerprint']}), but {now['init_from']} now holds other weights "
+                f"({now['fingerprint']}); point init_from at the original base model"
+            )
 
     def _setup(self) -> None:
         cfg = self.cfg
@@ -162,7 +183,7 @@ class Trainer:
 
         self.max_steps = max_steps_for(cfg, self.data.train_tokens)
 
-        self.model = GPT(GPTConfig.from_train(cfg)).to(self.device)
+        self.model = self._build_model().to(self.device)
         self.optimizer = self._make_optimizer()
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.precision == "fp16")
         self.train_model = torch.compile(self.model) if cfg.compile else self.model
@@ -176,6 +197,18 @@ class Trainer:
             self.folder.write_config(cfg)
         self.folder.write_status("running", self.step, self.max_steps)
 
+    def _build_model(self) -> GPT:
+        if self.pretrained is None:
+            return GPT(GPTConfig.from_train(self.cfg))
+        self.base = self.pretrained.base_record()
+        model = self.pretrained.load_model(GPTConfig.from_train(self.cfg, base=self.pretrained.config))
+        self._log(f"starting from {self.pretrained.name} ({self.pretrained.family})")
+        return model
+
+    def _inference_shape(self) -> dict:
+        base = self.pretrained.config if self.pretrained else None
+        return GPTConfig.from_train(self.cfg, training=False, base=base).to_dict()
+
     def _prepare_data(self, resume_state: dict | None) -> TokenData:
         """Prepare (or reuse) the cached token file; on resume, check the data is the same."""
         cfg = self.cfg
@@ -184,7 +217,10 @@ class Trainer:
         )
         spec = DataSpec(sources, cfg.tokenizer, cfg.vocab_size, cfg.val_fraction)
         saved = (resume_state or {}).get("data_info")
-        tokenizer = Tokenizer.from_json(saved["tokenizer_json"]) if saved else None
+        if saved:
+            tokenizer = Tokenizer.from_json(saved["tokenizer_json"], saved.get("tokenizer_meta"))
+        else:
+            tokenizer = self.pretrained.tokenizer if self.pretrained else None
         changes = data_changes(saved["files"], sources.listing()) if saved else []
 
         def progress(phase, done, total):
@@ -229,6 +265,7 @@ class Trainer:
             "source": m["source"],
             "tokenizer": m["tokenizer"],
             "tokenizer_json": self.data.tokenizer.hf_json(),
+            "tokenizer_meta": self.data.tokenizer.meta or None,
         }
 
     def _make_optimizer(self) -> torch.optim.Optimizer:
@@ -277,6 +314,8 @@ class Trainer:
             "data_info": self._data_info(),
             "rng": ckpt.rng_state(),
             "config": self.cfg.to_dict(),
+            "model_config": self._inference_shape(),
+            "base": self.base,
             "meta": {
                 "saved_at": time.time(),
                 "loss": self.last_loss,

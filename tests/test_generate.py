@@ -79,7 +79,7 @@ def test_cli_bad_input_is_one_line_exit_2(run, capsys, args, needle):
 
 def test_missing_or_damaged_checkpoint_exit_2(tmp_path, capsys):
     assert main([str(tmp_path / "nowhere")]) == 2
-    assert "neither a run folder nor a checkpoint" in capsys.readouterr().err
+    assert "is neither a run folder" in capsys.readouterr().err
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"not a checkpoint")
     assert main([str(bad)]) == 2
