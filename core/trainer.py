@@ -533,6 +533,15 @@ class Trainer:
         with self._not_training():
             self._evaluate_and_record()
 
+    def _base_eval(self) -> None:
+        """The pretrained model's own validation loss at step 0: where a fine-tune starts."""
+        with self._not_training():
+            val = self.evaluate()
+        record = {"step": 0, "val_loss": val, "val_bpb": self.bits_per_byte(val)}
+        self.folder.append_metric(record)
+        self.events.on_eval(record)
+        self._log(f"base model: val_loss {val:.4f}, {record['val_bpb']:.4f} bits/byte")
+
     def _evaluate_and_record(self) -> None:
         val = self.evaluate()
         record = {"step": self.step, "val_loss": val, "val_bpb": self.bits_per_byte(val)}
@@ -655,6 +664,8 @@ class Trainer:
         )
         self._saved_step = self.step if self.folder.latest.exists() else -1
         self._written_step = self._saved_step
+        if self.pretrained is not None and self.step == 0:
+            self._base_eval()
         while self.step < self.max_steps:
             stop, save = self.world.flags_from_main(
                 self.control.stop_requested, self.control.take_save_request()
