@@ -24,7 +24,9 @@ def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=F
     )
 
 
-def render(template: str, messages: list[dict], add_generation_prompt: bool = True, **tokens) -> str:
+def render(
+    template: str, messages: list[dict], add_generation_prompt: bool = True, **tokens
+) -> str:
     """The text of a conversation; tokens: bos_token, eos_token and the like."""
     import jinja2
     from jinja2.ext import loopcontrols

@@ -417,7 +417,9 @@ def prepare(
         raise DataError(f"data: {spec.sources.description} holds no text (every file is empty)")
     key = spec.key(listing)
     if tokenizer is not None and tokenizer.kind != "bytes":
-        key = f"{key}-{tokenizer.fingerprint()}"  # the run's own BPE or the model's, not a fresh one
+        key = (
+            f"{key}-{tokenizer.fingerprint()}"  # the run's own BPE or the model's, not a fresh one
+        )
     target = cache / key
     _clean_stale(cache)
     if target.exists():
@@ -459,7 +461,9 @@ class TokenData:
     def __init__(self, folder: Path, manifest: dict, seq_len: int, seed: int):
         self.folder = Path(folder)
         self.manifest = manifest
-        self.tokenizer = Tokenizer.load(self.folder / "tokenizer.json", manifest.get("tokenizer_meta"))
+        self.tokenizer = Tokenizer.load(
+            self.folder / "tokenizer.json", manifest.get("tokenizer_meta")
+        )
         self.source = manifest["source"]
         self.seq_len = seq_len
         n_train = manifest["train_tokens"]

@@ -16,7 +16,13 @@ from .model import GPTConfig
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
 SUPPORTED = ("gpt2", *LLAMA_LIKE)
 # llama.cpp's architecture for each family's GGUF file.
-GGUF_ARCH = {"gpt2": "gpt2", "llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+GGUF_ARCH = {
+    "gpt2": "gpt2",
+    "llama": "llama",
+    "mistral": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+}
 HF_ARCH = {
     "gpt2": "GPT2LMHeadModel",
     "llama": "LlamaForCausalLM",
@@ -176,7 +182,9 @@ def _llama_table(c: GPTConfig) -> list[tuple[str, list[str], bool]]:
         for kind in ("weight", "bias"):
             qkv = [a + f"{x}_proj.{kind}" for x in "qkv"]
             rows.append((b + f"attn.qkv.{kind}", qkv, False))
-            rows.append((b + f"mlp.fc.{kind}", [m + f"gate_proj.{kind}", m + f"up_proj.{kind}"], False))
+            rows.append(
+                (b + f"mlp.fc.{kind}", [m + f"gate_proj.{kind}", m + f"up_proj.{kind}"], False)
+            )
     if not c.tie_embeddings:
         rows.append(("head.weight", ["lm_head.weight"], False))
     return rows

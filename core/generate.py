@@ -14,7 +14,6 @@ import argparse
 import codecs
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch

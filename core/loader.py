@@ -263,7 +263,9 @@ def open_pretrained(source: str | Path) -> Pretrained:
             f"init_from: the tokenizer has {tokenizer.vocab_size} tokens but the model only "
             f"{config.vocab_size} embedding rows"
         )
-    files = {n: (folder / n).read_text(encoding="utf-8") for n in TEXT_FILES if (folder / n).is_file()}
+    files = {
+        n: (folder / n).read_text(encoding="utf-8") for n in TEXT_FILES if (folder / n).is_file()
+    }
     return Pretrained(str(source), folder, family, config, hf_config, tokenizer, files)
 
 
@@ -339,7 +341,9 @@ def load_checkpoint(target: str | Path, which: str = "best", device: str = "cpu"
 
 def is_model_folder(target: str | Path) -> bool:
     path = Path(target)
-    return path.is_dir() and (path / "config.json").is_file() and not (path / "checkpoints").is_dir()
+    return (
+        path.is_dir() and (path / "config.json").is_file() and not (path / "checkpoints").is_dir()
+    )
 
 
 def load(target: str | Path, which: str = "best", device: str = "cpu") -> Loaded:
@@ -355,5 +359,10 @@ def load(target: str | Path, which: str = "best", device: str = "cpu") -> Loaded
         )
     pre = open_pretrained(target)
     model = pre.load_model().to(device).eval()
-    base = {"init_from": pre.name, "family": pre.family, "hf_config": pre.hf_config, "files": pre.files}
+    base = {
+        "init_from": pre.name,
+        "family": pre.family,
+        "hf_config": pre.hf_config,
+        "files": pre.files,
+    }
     return Loaded(model, pre.tokenizer, None, pre.folder, 0, None, pre.family, base)

@@ -123,7 +123,9 @@ class Tokenizer:
     def encode_many(self, chunks: list[bytes | str]) -> list[np.ndarray]:
         """Encode several chunks at once (the BPE runs them in parallel)."""
         if self.kind == "model":
-            texts = [c if isinstance(c, str) else bytes(c).decode("utf-8", "replace") for c in chunks]
+            texts = [
+                c if isinstance(c, str) else bytes(c).decode("utf-8", "replace") for c in chunks
+            ]
             encoded = self.hf.encode_batch(texts, add_special_tokens=False)
             return [np.asarray(e.ids, dtype=np.int64) for e in encoded]
         raw = [c.encode("utf-8") if isinstance(c, str) else bytes(c) for c in chunks]

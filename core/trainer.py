@@ -201,7 +201,9 @@ class Trainer:
         if self.pretrained is None:
             return GPT(GPTConfig.from_train(self.cfg))
         self.base = self.pretrained.base_record()
-        model = self.pretrained.load_model(GPTConfig.from_train(self.cfg, base=self.pretrained.config))
+        model = self.pretrained.load_model(
+            GPTConfig.from_train(self.cfg, base=self.pretrained.config)
+        )
         self._log(f"starting from {self.pretrained.name} ({self.pretrained.family})")
         return model
 

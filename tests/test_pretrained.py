@@ -90,12 +90,14 @@ def test_fine_tune_lowers_val_loss_and_hf_export_matches(models, data_file, tmp_
 
     export(run, "hf", tmp_path / "hf", which="latest")
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
-    assert type(exported).__name__ == json.loads((folder / "config.json").read_text())[
-        "architectures"
-    ][0]
-    assert AutoTokenizer.from_pretrained(tmp_path / "hf")("hello world")["input_ids"] == tok(
-        "hello world"
-    )["input_ids"]
+    assert (
+        type(exported).__name__
+        == json.loads((folder / "config.json").read_text())["architectures"][0]
+    )
+    assert (
+        AutoTokenizer.from_pretrained(tmp_path / "hf")("hello world")["input_ids"]
+        == tok("hello world")["input_ids"]
+    )
     ours = load(run, which="latest")
     ids = torch.tensor([tok("def add(a, b): return a")["input_ids"]])
     with torch.no_grad():
