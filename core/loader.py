@@ -20,7 +20,7 @@ import torch
 from . import checkpoint as ckpt
 from . import families
 from .config import TrainConfig, from_dict, validate
-from .errors import CheckpointError, UserError
+from .errors import CheckpointError, ConfigError, UserError
 from .model import GPT, GPTConfig
 from .tokenizer import Tokenizer, bytes_tokenizer, pretrained_tokenizer
 
@@ -35,7 +35,7 @@ TEXT_FILES = (
 )
 
 
-class ModelSourceError(UserError):
+class ModelSourceError(ConfigError):
     pass
 
 

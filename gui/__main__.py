@@ -34,6 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", help="preset name or YAML file to preselect")
     p.add_argument("--data", help="text file or folder to train on (default: embedded corpus)")
     p.add_argument("--out", metavar="RUN_DIR", help="run folder for the next run")
+    p.add_argument(
+        "--init-from", metavar="FOLDER|HUB_ID", help="start from a pretrained model (fine-tune)"
+    )
     p.add_argument("--resume", metavar="PATH|latest", help="run folder or checkpoint to continue")
     p.add_argument("--autostart", action="store_true", help="start training right away")
     p.add_argument("--max-steps", type=positive_int, metavar="N", help="override max_steps")
@@ -78,7 +81,7 @@ def launch(window, args) -> None:
                 ),
             )
         return
-    window.apply_launch(args.preset, args.data, args.out, args.max_steps)
+    window.apply_launch(args.preset, args.data, args.out, args.max_steps, args.init_from)
     if args.autostart:
         QTimer.singleShot(0, window.start)
     else:

@@ -43,6 +43,7 @@ from core.config import (
     validate,
 )
 from core.errors import ConfigError
+from core.loader import apply_pretrained
 
 INT_MAX = 2**31 - 1  # QSpinBox holds a C int
 
@@ -51,6 +52,10 @@ GROUP_ORDER = (DATA, MODEL, BATCH, EXECUTION, INTERVALS)
 LABELS = {name: spec.label for name, spec in SPECS.items() if spec.label}
 ADVANCED_FIELDS = [name for name, spec in SPECS.items() if spec.group == ADVANCED and spec.label]
 LOG_STEP_FIELDS = ("lr", "max_epochs")  # these step by a factor, not by a fixed amount
+
+
+# What a pretrained model decides: shown, not edited.
+PRETRAINED_FIXED = ("hidden_dim", "n_layers", "n_heads", "bias", "tokenizer")
 
 
 def tooltip(name: str) -> str:
@@ -244,6 +249,7 @@ class ConfigForm(QWidget):
     def __init__(self, gpu_count: int = 0, parent=None):
         super().__init__(parent)
         self._base = TrainConfig()
+        self._pretrained = None  # core.loader.Pretrained of a pretrained start
         self._loading = False
         self.error: str | None = None
         self.widgets: dict[str, QWidget] = {}
@@ -382,6 +388,18 @@ class ConfigForm(QWidget):
             return w.text().strip()
         return w.value()
 
+    def set_pretrained(self, pre) -> None:
+        """A pretrained start (core.loader.Pretrained) fixes the shape and the tokenizer;
+        None goes back to a new model."""
+        self._pretrained = pre
+        cfg = self.config()
+        if pre is None:
+            tokenizer = "bytes" if cfg.tokenizer == "model" else cfg.tokenizer
+            cfg = dataclasses.replace(cfg, init_from=None, tokenizer=tokenizer)
+        else:
+            cfg = apply_pretrained(dataclasses.replace(cfg, init_from=pre.name), pre)
+        self.set_config(cfg)
+
     def set_values(self, **values) -> None:
         """Change some fields, e.g. batch_size and grad_accum after an OOM or a fit."""
         self.set_config(dataclasses.replace(self.config(), **values))
@@ -401,7 +419,10 @@ class ConfigForm(QWidget):
 
     def validated(self) -> TrainConfig:
         """The form's config checked by core; raises ConfigError naming the field."""
-        return validate(self.config())
+        cfg = self.config()
+        if self._pretrained is not None:  # a context past the model's is named
+            cfg = apply_pretrained(cfg, self._pretrained, explicit={"seq_len"})
+        return validate(cfg)
 
     # -- checking ------------------------------------------------------------------------
 
@@ -409,6 +430,8 @@ class ConfigForm(QWidget):
         if self._loading:
             return
         self.widgets["vocab_size"].setEnabled(self.widgets["tokenizer"].currentText() == "bpe")
+        for name in PRETRAINED_FIXED:
+            self.widgets[name].setEnabled(self._pretrained is None)
         self._describe_data()
         self.check()
         self.changed.emit()

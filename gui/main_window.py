@@ -48,6 +48,7 @@ from .resume_dialog import ResumeDialog
 from .run_session import RunSession, RunState
 from .run_view import RunView
 from .settings_store import SettingsStore
+from .start_from import StartFromBox
 from .worker import settle_heap
 
 FAILURE_TITLES = {
@@ -80,6 +81,7 @@ class MainWindow(QMainWindow):
         self._build()
         self.preset_box.reload()
         self.store.restore(self)
+        self.start_from.set_source(self.form.config().init_from)
         self._form_changed()
         settle_heap()
 
@@ -134,6 +136,9 @@ class MainWindow(QMainWindow):
         self.preset_box.save_requested.connect(self.save_preset_as)
         self.preset_box.problem.connect(self.show_error)
         column.addWidget(self.preset_box)
+        self.start_from = StartFromBox()
+        self.start_from.changed.connect(self._start_from_changed)
+        column.addWidget(self.start_from)
         column.addWidget(self.form)
         column.addWidget(self._output_box())
         column.addWidget(self.estimate)
@@ -207,6 +212,12 @@ class MainWindow(QMainWindow):
     def _preset_applied(self, cfg: TrainConfig) -> None:
         cfg.data = self.form.data.value()  # the data choice is the user's, not the preset's
         self.form.set_config(cfg)
+        if self.start_from.pretrained is not None:  # the preset's batch, the model's shape
+            self.form.set_pretrained(self.start_from.pretrained)
+
+    def _start_from_changed(self, pretrained) -> None:
+        self.form.set_pretrained(pretrained)
+        self._update_controls()
 
     def save_preset_as(self, name: str, description: str = "") -> Path | None:
         """Write the form as a user preset and select it."""
@@ -308,6 +319,7 @@ class MainWindow(QMainWindow):
             self.show_error("Cannot resume", str(e))
             return False
         self.form.set_config(cfg)
+        self.start_from.set_source(cfg.init_from)
         if cfg.preset:
             self.select_preset(cfg.preset, apply=False)
         self._launch(cfg, run.path, ckpt)
@@ -337,11 +349,12 @@ class MainWindow(QMainWindow):
 
     def _update_controls(self) -> None:
         idle = not self.running
-        self.start_button.setEnabled(idle and self.form.is_valid)
+        problem = self.form.error
+        if self.start_from.pretrained_button.isChecked() and self.start_from.pretrained is None:
+            problem = self.start_from.error or "name a pretrained model folder or hub id"
+        self.start_button.setEnabled(idle and problem is None)
         self.start_button.setToolTip(
-            "Start a new run with these settings"
-            if self.form.is_valid
-            else f"Fix this first: {self.form.error}"
+            "Start a new run with these settings" if problem is None else f"Fix this first: {problem}"
         )
         active = self.running and self.state != "stopping"
         self.stop_button.setEnabled(active)
@@ -351,6 +364,7 @@ class MainWindow(QMainWindow):
             self.resume_latest_button,
             self.form,
             self.preset_box,
+            self.start_from,
             self.out_edit,
         ):
             w.setEnabled(idle)
@@ -456,6 +470,7 @@ class MainWindow(QMainWindow):
         data: str | None = None,
         out: str | None = None,
         max_steps: int | None = None,
+        init_from: str | None = None,
     ) -> None:
         """Prefill from `python -m gui` arguments (already checked by __main__)."""
         if preset and not self.select_preset(preset):
@@ -477,6 +492,8 @@ class MainWindow(QMainWindow):
             self.form.set_values(**changes)
         if out:
             self.out_edit.setText(out)
+        if init_from:
+            self.start_from.set_source(init_from)
 
     # -- settings ------------------------------------------------------------------------
 

@@ -1,0 +1,97 @@
+"""Start from: a new model (the preset's shape) or a pretrained one (a Hugging Face model
+folder or hub id), with a line saying what the model is."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import (
+    QButtonGroup,
+    QFileDialog,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QRadioButton,
+    QVBoxLayout,
+)
+
+from core.errors import UserError
+from core.loader import Pretrained, info_line, open_pretrained
+
+
+class StartFromBox(QGroupBox):
+    """`changed` carries the Pretrained model, or None for a new model."""
+
+    changed = Signal(object)
+
+    def __init__(self, parent=None):
+        super().__init__("Start from", parent)
+        self.pretrained: Pretrained | None = None
+        self.error: str | None = None
+        self.new_button = QRadioButton("A new model (preset)")
+        self.pretrained_button = QRadioButton("A pretrained model")
+        group = QButtonGroup(self)
+        for button in (self.new_button, self.pretrained_button):
+            group.addButton(button)
+        self.new_button.setChecked(True)
+        self.source = QLineEdit()
+        self.source.setPlaceholderText(
+            "model folder, or Hugging Face id such as HuggingFaceTB/SmolLM2-135M"
+        )
+        self.source.setToolTip(
+            "A Hugging Face model folder (config.json, model.safetensors, tokenizer.json) or a "
+            "hub id, downloaded once into the Hugging Face cache. GPT-2, Llama, Mistral, Qwen2 "
+            "and Qwen3 families; no code from the model is ever run."
+        )
+        self.choose = QPushButton("Folder…")
+        self.choose.clicked.connect(self._choose)
+        self.info = QLabel()
+        self.info.setWordWrap(True)
+        row = QHBoxLayout()
+        row.addWidget(self.pretrained_button)
+        row.addWidget(self.source, 1)
+        row.addWidget(self.choose)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.new_button)
+        layout.addLayout(row)
+        layout.addWidget(self.info)
+        self.new_button.toggled.connect(self._mode_changed)
+        self.source.editingFinished.connect(self.reload)
+        self._mode_changed()
+
+    def _choose(self) -> None:
+        path = QFileDialog.getExistingDirectory(self, "Pretrained model folder")
+        if path:
+            self.set_source(path)
+
+    def _mode_changed(self, *_) -> None:
+        pretrained = self.pretrained_button.isChecked()
+        self.source.setEnabled(pretrained)
+        self.choose.setEnabled(pretrained)
+        self.reload()
+
+    def set_source(self, text: str | None) -> None:
+        """Select a pretrained start from a folder or hub id (None or empty: a new model)."""
+        self.source.setText(text or "")
+        (self.pretrained_button if text else self.new_button).setChecked(True)
+        self.reload()
+
+    def reload(self) -> None:
+        """Read the model the box names (config and tokenizer; weights load at Start)."""
+        text = self.source.text().strip()
+        if not self.pretrained_button.isChecked() or not text:
+            found, self.error = None, None
+            message = "" if self.new_button.isChecked() else "Name a model folder or hub id."
+        else:
+            try:
+                found, self.error = open_pretrained(text), None
+                message = info_line(found.info())
+            except UserError as e:
+                found, self.error = None, str(e)
+                message = "⚠ " + self.error
+        self.info.setText(message)
+        self.info.setStyleSheet("color: #c62828;" if self.error else "color: #555;")
+        self.info.setVisible(bool(message))
+        self.pretrained = found
+        self.changed.emit(found)

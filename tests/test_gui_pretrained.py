@@ -1,0 +1,69 @@
+"""The window's pretrained start: the model's info line, its shape fixed in the form, a
+fine-tune run from the window, and a clear refusal of a folder that is not a model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hf_models import TEXT, make_model
+from test_gui_run import run_to_end, tiny_window
+
+pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def llama_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("pretrained") / "tiny-llama"
+    make_model(folder, "llama")
+    return folder
+
+
+def test_pretrained_start_shows_the_model_and_fixes_its_shape(make_window, llama_folder, tmp_path):
+    window = tiny_window(make_window, max_steps=6, eval_every=3, sample_tokens=4, seq_len=32)
+    box = window.start_from
+    assert box.new_button.isChecked() and not box.source.isEnabled()
+    box.set_source(str(llama_folder))
+    info = box.info.text()
+    assert "llama" in info and "2 layers" in info and "width 32" in info
+    assert "chat template: yes" in info
+    form = window.form
+    assert not form.widgets["hidden_dim"].isEnabled() and not form.widgets["tokenizer"].isEnabled()
+    cfg = form.validated()
+    assert (cfg.init_from, cfg.tokenizer, cfg.hidden_dim, cfg.n_layers) == (
+        str(llama_folder), "model", 32, 2,
+    )  # fmt: skip
+    # a context longer than the model's is named, and Start waits for a fix
+    form.set_values(seq_len=128)
+    assert "longer than the pretrained model's context" in (form.error or "")
+    assert not window.start_button.isEnabled()
+    form.set_values(seq_len=32)
+
+
+def test_pretrained_run_from_the_window(make_window, llama_folder, tmp_path, qtbot):
+    window = tiny_window(make_window, max_steps=6, eval_every=3, sample_tokens=4, seq_len=32)
+    window.start_from.set_source(str(llama_folder))
+    data = tmp_path / "notes.txt"
+    data.write_text(TEXT * 5, encoding="utf-8")
+    window.form.set_values(data=str(data))
+    window.out_edit.setText(str(tmp_path / "run"))
+    result = run_to_end(qtbot, window, window.start)
+    assert result["status"] == "finished" and result["step"] == 6
+    evals = [
+        json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    ]
+    steps = [r["step"] for r in evals if "val_loss" in r]
+    assert steps == [0, 3, 6]  # step 0: the base model's own loss
+    assert window.plots.curve_points("val_loss") == 3
+
+
+def test_a_folder_that_is_not_a_model_is_refused_in_the_box(make_window, tmp_path):
+    window = tiny_window(make_window)
+    (tmp_path / "notes").mkdir()
+    window.start_from.set_source(str(tmp_path / "notes"))
+    assert "has no config.json" in window.start_from.info.text()
+    assert not window.start_button.isEnabled()
+    assert "config.json" in window.start_button.toolTip()
+    window.start_from.new_button.setChecked(True)  # back to a new model: Start works again
+    assert window.start_button.isEnabled()
+    assert window.form.validated().init_from is None
