@@ -353,9 +353,8 @@ class MainWindow(QMainWindow):
         if self.start_from.pretrained_button.isChecked() and self.start_from.pretrained is None:
             problem = self.start_from.error or "name a pretrained model folder or hub id"
         self.start_button.setEnabled(idle and problem is None)
-        self.start_button.setToolTip(
-            "Start a new run with these settings" if problem is None else f"Fix this first: {problem}"
-        )
+        tip = "Start a new run with these settings"
+        self.start_button.setToolTip(tip if problem is None else f"Fix this first: {problem}")
         active = self.running and self.state != "stopping"
         self.stop_button.setEnabled(active)
         self.save_button.setEnabled(active)
