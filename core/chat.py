@@ -50,7 +50,9 @@ def chat_ids(tokenizer, messages: list[dict], add_generation_prompt: bool = True
     """Token ids of a conversation in the tokenizer's template (as transformers'
     apply_chat_template: the rendered text, encoded with no special tokens added)."""
     if not tokenizer.chat_template:
-        raise TemplateError("chat: this model has no chat template; use a plain --prompt")
+        raise TemplateError(
+            "chat: this model has no chat template; generate from a plain prompt instead"
+        )
     text = render(
         tokenizer.chat_template,
         messages,

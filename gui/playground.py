@@ -14,6 +14,7 @@ import torch
 from PySide6.QtCore import QThread, Signal
 from PySide6.QtGui import QFontDatabase
 from PySide6.QtWidgets import (
+    QCheckBox,
     QComboBox,
     QDoubleSpinBox,
     QFileDialog,
@@ -29,9 +30,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from core.chat import chat_ids
 from core.errors import UserError
 from core.export import FORMATS, export
-from core.generate import generate_ids, load, stream_text
+from core.generate import generate_ids, load, prompt_ids, stream_text
 from core.runs import list_runs
 
 
@@ -42,10 +44,12 @@ class GenerateThread(QThread):
     text = Signal(str)
     failed = Signal(str)
 
-    def __init__(self, target: str, which: str, device: str, prompt: str, options: dict):
+    def __init__(
+        self, target: str, which: str, device: str, prompt: str, options: dict, chat=False
+    ):
         super().__init__()
         self.target, self.which, self.device = target, which, device
-        self.prompt, self.options = prompt, options
+        self.prompt, self.options, self.chat = prompt, options, chat
         self._stop = threading.Event()
 
     def request_stop(self) -> None:
@@ -62,9 +66,15 @@ class GenerateThread(QThread):
                 f"{model.checkpoint.name}, step {model.step}, {model.model.num_params():,} "
                 f"parameters, {model.tokenizer.kind} tokenizer, on {self.device}"
             )
-            ids = model.tokenizer.encode(self.prompt) or model.tokenizer.encode("\n")
-            new = generate_ids(model.model, ids, should_stop=self._stop.is_set, **self.options)
-            for piece in stream_text(model.tokenizer, new):
+            tok, stops = model.tokenizer, ()
+            if self.chat:  # the prompt is a user message; the answer ends at end of turn
+                ids, stops = chat_ids(tok, [{"role": "user", "content": self.prompt}]), tok.stop_ids
+            else:
+                ids = prompt_ids(tok, self.prompt)
+            new = generate_ids(
+                model.model, ids, should_stop=self._stop.is_set, stop_ids=stops, **self.options
+            )
+            for piece in stream_text(tok, new, hide=stops):
                 self.text.emit(piece)
         except UserError as e:
             self.failed.emit(str(e))
@@ -86,7 +96,9 @@ class Playground(QWidget):
         self.run_combo = QComboBox()
         self.run_combo.setEditable(True)
         self.run_combo.setToolTip("A run folder or a checkpoint file")
-        self.run_combo.lineEdit().setPlaceholderText("a run folder or a checkpoint file")
+        self.run_combo.lineEdit().setPlaceholderText(
+            "a run folder, a checkpoint file, or a model folder / hub id"
+        )
         browse = QPushButton("Browse…")
         browse.clicked.connect(self._browse)
         self.which = QComboBox()
@@ -134,6 +146,12 @@ class Playground(QWidget):
         ):
             knobs.addWidget(QLabel(label), 0, col)
             knobs.addWidget(w, 1, col)
+        self.chat = QCheckBox("Chat")
+        self.chat.setToolTip(
+            "The prompt is a user message in the model's own chat template; the answer stops "
+            "at its end-of-turn token (pretrained models that have a template)"
+        )
+        knobs.addWidget(self.chat, 0, 5)
         knobs.addWidget(self.generate_button, 1, 5)
         knobs.addWidget(self.stop_button, 1, 6)
         layout = QVBoxLayout(self)
@@ -199,9 +217,10 @@ class Playground(QWidget):
             "seed": self.seed.value(),
         }
         prompt = self.prompt.toPlainText()
-        self.output.setPlainText(prompt)
+        chat = self.chat.isChecked()
+        self.output.setPlainText("" if chat else prompt)
         which = self.which.currentText()
-        thread = GenerateThread(self.target(), which, self.device(), prompt, options)
+        thread = GenerateThread(self.target(), which, self.device(), prompt, options, chat)
         thread.loaded.connect(lambda line: self.status.setText(f"Generating with {line}…"))
         thread.text.connect(self._append)
         thread.failed.connect(self._failed)

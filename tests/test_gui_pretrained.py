@@ -67,3 +67,25 @@ def test_a_folder_that_is_not_a_model_is_refused_in_the_box(make_window, tmp_pat
     window.start_from.new_button.setChecked(True)  # back to a new model: Start works again
     assert window.start_button.isEnabled()
     assert window.form.validated().init_from is None
+
+
+def test_playground_chat_mode_answers_in_the_models_template(make_window, llama_folder, qtbot):
+    from core.chat import chat_ids
+    from core.generate import generate_ids, stream_text
+    from core.loader import load
+
+    window = make_window()
+    pg = window.playground
+    pg.run_combo.setEditText(str(llama_folder))  # a plain model folder, no run needed
+    pg.prompt.setPlainText("hello")
+    pg.temperature.setValue(0.0)
+    pg.length.setValue(12)
+    pg.chat.setChecked(True)
+    with qtbot.waitSignal(pg.generation_done, timeout=30_000):
+        assert pg.generate()
+    loaded = load(llama_folder)
+    tok = loaded.tokenizer
+    ids = chat_ids(tok, [{"role": "user", "content": "hello"}])
+    new = generate_ids(loaded.model, ids, 12, temperature=0, stop_ids=tok.stop_ids)
+    assert pg.output.toPlainText() == "".join(stream_text(tok, new, hide=tok.stop_ids))
+    assert pg.status.text().startswith("Done")
