@@ -73,5 +73,5 @@ def test_a_missing_run_is_a_dialog_not_a_crash(make_window, qtbot, dialogs, gui_
     pg.run_combo.setCurrentText(str(gui_env / "nothing-here"))
     with qtbot.waitSignal(pg.generation_done, timeout=30_000):
         pg.generate()
-    assert "neither a run folder nor a checkpoint" in dialogs.named("critical")[0][1]
+    assert "is neither a run folder" in dialogs.named("critical")[0][1]
     assert pg.status.text().startswith("Failed")
