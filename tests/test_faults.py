@@ -167,6 +167,18 @@ def test_missing_xcb_libraries_give_one_apt_line(monkeypatch):
     assert xcb_problem(lambda lib: ["libxcb-cursor.so.0"]) is None
 
 
+def test_a_library_ldd_reports_twice_is_listed_once(monkeypatch):
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setenv("QT_QPA_PLATFORM", "xcb")
+    monkeypatch.setattr("gui.platform_check.xcb_plugin", lambda: Path("libqxcb.so"))
+    # libqxcb.so and libxcb-image.so.0 both need these two: ldd prints each once per needer
+    twice = ["libxcb-keysyms.so.1", "libxcb-icccm.so.4", "libxcb-keysyms.so.1"]
+    problem = xcb_problem(lambda lib: twice + ["libxcb-icccm.so.4"])
+    assert "missing libxcb-icccm.so.4, libxcb-keysyms.so.1;" in problem
+    assert "sudo apt install libxcb-icccm4 libxcb-keysyms1 (" in problem
+    assert problem == xcb_problem(lambda lib: ["libxcb-icccm.so.4", "libxcb-keysyms.so.1"] * 2)
+
+
 def test_the_app_exits_1_with_the_hint_before_creating_qt(monkeypatch, capsys):
     import gui.__main__ as app
 
