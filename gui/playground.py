@@ -10,7 +10,6 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-import torch
 from PySide6.QtCore import QThread, Signal
 from PySide6.QtGui import QFontDatabase
 from PySide6.QtWidgets import (
@@ -29,6 +28,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from core.device import inference_device
 from core.errors import UserError
 from core.export import FORMATS, export
 from core.generate import generate_ids, load, stream_text
@@ -183,7 +183,7 @@ class Playground(QWidget):
     # -- generation ----------------------------------------------------------------------
 
     def device(self) -> str:
-        return "cuda" if torch.cuda.is_available() and not self.training_active() else "cpu"
+        return inference_device(busy=self.training_active())
 
     def generate(self) -> bool:
         if self.thread is not None:
