@@ -167,11 +167,19 @@ class CliEvents(TrainEvents):
         )
 
     def on_train_batch_end(self, record):
-        if self.bar is not None:
-            self.bar.update(record["step"] - self.bar.n)
-            self.bar.set_postfix(
-                loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}", refresh=False
-            )
+        if self.bar is None:
+            return
+        postfix = {"loss": f"{record['loss']:.4f}", "tok_s": f"{record['tokens_per_s']:.0f}"}
+        if record["step"] >= self.bar.total:
+            # The last step: draw the final line once, by closing. An update would draw it,
+            # every later message would draw it again, and so would the close at the end.
+            self.bar.n = record["step"]
+            self.bar.set_postfix(postfix, refresh=False)
+            self.bar.close()
+            self.bar = None
+            return
+        self.bar.update(record["step"] - self.bar.n)
+        self.bar.set_postfix(postfix, refresh=False)
 
     def on_log(self, message):
         tqdm.write(message)
@@ -179,6 +187,7 @@ class CliEvents(TrainEvents):
     def on_train_end(self, result):
         if self.bar is not None:
             self.bar.close()
+            self.bar = None
 
 
 def print_presets() -> None:
