@@ -158,9 +158,7 @@ class CliEvents(TrainEvents):
         bar.update(done - bar.n)
 
     def on_train_start(self, info):
-        if self.prep_bar is not None:
-            self.prep_bar.close()
-            self.prep_bar = None
+        self.close_prep_bar()
         print(f"Run folder: {info['run_dir']}")
         self.bar = tqdm(
             total=info["max_steps"], initial=info["start_step"], unit="step", dynamic_ncols=True
@@ -184,7 +182,13 @@ class CliEvents(TrainEvents):
     def on_log(self, message):
         tqdm.write(message)
 
+    def close_prep_bar(self):
+        if self.prep_bar is not None:
+            self.prep_bar.close()
+            self.prep_bar = None
+
     def on_train_end(self, result):
+        self.close_prep_bar()  # preparation failed: the error line comes after the bar
         if self.bar is not None:
             self.bar.close()
             self.bar = None
@@ -230,10 +234,13 @@ def prepare_only(cfg: TrainConfig, cache_dir: str | None) -> int:
     spec = DataSpec(sources, cfg.tokenizer, cfg.vocab_size, cfg.val_fraction)
     events = CliEvents()
     t0 = time.perf_counter()
-    folder, m = prepare(spec, Path(cache_dir) if cache_dir else None, progress=events.on_prepare)
+    try:
+        folder, m = prepare(
+            spec, Path(cache_dir) if cache_dir else None, progress=events.on_prepare
+        )
+    finally:
+        events.close_prep_bar()
     seconds = time.perf_counter() - t0
-    if events.prep_bar is not None:
-        events.prep_bar.close()
     tokens = m["train_tokens"] + m["val_tokens"]
     reused = " (reused from the cache)" if seconds < 0.5 * m["prepare_seconds"] else ""
     print(f"Data: {m['source']}")
