@@ -34,6 +34,14 @@ from core.export import FORMATS, export
 from core.generate import generate_ids, load, stream_text
 from core.runs import list_runs
 
+PROMPT_LINES = 3  # the prompt box's height; the output box takes the rest
+
+
+def text_height(edit: QPlainTextEdit, lines: int) -> int:
+    """The height of a text box that shows `lines` lines of its font."""
+    margins = 2 * (edit.frameWidth() + edit.document().documentMargin())
+    return int(lines * edit.fontMetrics().lineSpacing() + margins)
+
 
 class GenerateThread(QThread):
     """Loads the checkpoint and streams the continuation of a prompt."""
@@ -98,7 +106,7 @@ class Playground(QWidget):
 
         self.prompt = QPlainTextEdit()
         self.prompt.setPlaceholderText("Prompt (empty: start from a newline)")
-        self.prompt.setMaximumHeight(70)
+        self.prompt.setFixedHeight(text_height(self.prompt, PROMPT_LINES))
         self.temperature = self._float(0.0, 5.0, 0.8, 0.1, "0 = greedy (always the likeliest)")
         self.top_k = self._int(0, 65536, 0, "keep the k likeliest tokens; 0 = off")
         self.top_p = self._float(0.01, 1.0, 1.0, 0.05, "nucleus sampling; 1 = off")
@@ -115,6 +123,7 @@ class Playground(QWidget):
         self.output = QPlainTextEdit()
         self.output.setReadOnly(True)
         self.output.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
+        self.output.setMinimumHeight(text_height(self.output, PROMPT_LINES))  # it stretches
 
         top = QHBoxLayout()
         top.addWidget(QLabel("Run"))
