@@ -166,27 +166,40 @@ class CliEvents(TrainEvents):
         bar.update(done - bar.n)
 
     def on_train_start(self, info):
-        if self.prep_bar is not None:
-            self.prep_bar.close()
-            self.prep_bar = None
+        self.close_prep_bar()
         print(f"Run folder: {info['run_dir']}")
         self.bar = tqdm(
             total=info["max_steps"], initial=info["start_step"], unit="step", dynamic_ncols=True
         )
 
     def on_train_batch_end(self, record):
-        if self.bar is not None:
-            self.bar.update(record["step"] - self.bar.n)
-            self.bar.set_postfix(
-                loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}", refresh=False
-            )
+        if self.bar is None:
+            return
+        postfix = {"loss": f"{record['loss']:.4f}", "tok_s": f"{record['tokens_per_s']:.0f}"}
+        if record["step"] >= self.bar.total:
+            # The last step: draw the final line once, by closing. An update would draw it,
+            # every later message would draw it again, and so would the close at the end.
+            self.bar.n = record["step"]
+            self.bar.set_postfix(postfix, refresh=False)
+            self.bar.close()
+            self.bar = None
+            return
+        self.bar.update(record["step"] - self.bar.n)
+        self.bar.set_postfix(postfix, refresh=False)
 
     def on_log(self, message):
         tqdm.write(message)
 
+    def close_prep_bar(self):
+        if self.prep_bar is not None:
+            self.prep_bar.close()
+            self.prep_bar = None
+
     def on_train_end(self, result):
+        self.close_prep_bar()  # preparation failed: the error line comes after the bar
         if self.bar is not None:
             self.bar.close()
+            self.bar = None
 
 
 def print_presets() -> None:
@@ -235,10 +248,11 @@ def prepare_only(cfg: TrainConfig, cache_dir: str | None) -> int:
     events = CliEvents()
     t0 = time.perf_counter()
     cache = Path(cache_dir) if cache_dir else None
-    folder, m = prepare(spec, cache, tokenizer, progress=events.on_prepare)
+    try:
+        folder, m = prepare(spec, cache, tokenizer, progress=events.on_prepare)
+    finally:
+        events.close_prep_bar()
     seconds = time.perf_counter() - t0
-    if events.prep_bar is not None:
-        events.prep_bar.close()
     tokens = m["train_tokens"] + m["val_tokens"]
     reused = " (reused from the cache)" if seconds < 0.5 * m["prepare_seconds"] else ""
     print(f"Data: {m['source']}")

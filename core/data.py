@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .atomic import fsync_dir, write_text
-from .errors import DataError, UserError
+from .atomic import as_disk_full, free_bytes, fsync_dir, is_disk_full, write_text
+from .errors import DataError, DiskFullError, UserError
 from .tokenizer import Tokenizer, bytes_tokenizer, train_bpe
 
 DEFAULT_CORPUS = "embedded: Python standard library sources"
@@ -361,8 +361,11 @@ def _build(spec: DataSpec, listing, target: Path, tokenizer, progress_cb, cancel
                 raise
             shutil.rmtree(tmp, ignore_errors=True)
         fsync_dir(target.parent)
-    except BaseException:
+    except BaseException as e:
+        err = as_disk_full(e, target.parent)  # before the half-written files give space back
         shutil.rmtree(tmp, ignore_errors=True)
+        if err is not e:
+            raise err from e
         raise
     return manifest
 
@@ -428,7 +431,17 @@ def prepare(
             return target, manifest
         log(f"data cache: {target} is damaged; rebuilding it")
         shutil.rmtree(target, ignore_errors=True)
-    return target, _build(spec, listing, target, tokenizer, progress, cancelled, log)
+    try:
+        return target, _build(spec, listing, target, tokenizer, progress, cancelled, log)
+    except OSError as e:
+        if not is_disk_full(e):
+            raise
+        free = free_bytes(cache) or 0
+        raise DiskFullError(
+            f"disk full: no space left on the device holding the data cache {cache} while "
+            f"preparing the data (nothing was cached; {free / 1e6:,.1f} MB free now); free some "
+            "space, or prepare the data on another disk with --data-cache DIR (or TRAINDECK_CACHE)"
+        ) from None
 
 
 # -- training windows ----------------------------------------------------------------------

@@ -14,9 +14,20 @@ def gpu_index(device: str, gpu_count: int) -> int | None:
     return int(device.split(":")[1]) if ":" in device else 0
 
 
+def cuda_device_count() -> int:
+    """How many CUDA GPUs torch can use here (0 without a usable CUDA build or driver)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def inference_device(busy: bool) -> str:
+    """Where the window generates text: the GPU when one exists and no run is training on
+    it (busy), else the CPU, so a training run keeps the GPU and its memory to itself."""
+    return "cuda" if not busy and cuda_device_count() > 0 else "cpu"
+
+
 def resolve_device(name: str) -> torch.device:
     """The torch.device for a config's device setting; a missing GPU is a ConfigError."""
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    count = cuda_device_count()
     index = gpu_index(name, count)
     if index is None:
         return torch.device("cpu")

@@ -21,6 +21,10 @@ class TrainingError(Exception):
     """Training could not go on (diverged, out of memory at micro-batch 1)."""
 
 
+class DiskFullError(TrainingError):
+    """The disk filled up: the message says where, what was kept and how to go on."""
+
+
 def failure_kind(err: BaseException) -> str:
     """ "input" (bad settings, data or checkpoint), "training" (diverged, OOM at micro-batch 1)
     or "crash" (a bug or an unexpected failure)."""

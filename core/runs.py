@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from .atomic import write_text
+from .atomic import disk_full_as_enospc, write_text
 from .config import TrainConfig, from_dict, validate
 from .errors import CheckpointError, ConfigError
 
@@ -88,8 +88,9 @@ class RunFolder:
         if self._metrics is None:
             # Kept open for the run; each record is flushed as it is written.
             self._metrics = open(self.metrics_file, "a", encoding="utf-8")  # noqa: SIM115
-        self._metrics.write(json.dumps(record) + "\n")
-        self._metrics.flush()
+        with disk_full_as_enospc(self.metrics_file):
+            self._metrics.write(json.dumps(record) + "\n")
+            self._metrics.flush()
 
     def append_sample(self, step: int, text: str) -> None:
         with open(self.samples_file, "a", encoding="utf-8") as f:

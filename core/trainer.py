@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import math
 import os
 import random
@@ -18,11 +17,12 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from . import checkpoint as ckpt
+from .atomic import is_disk_full
 from .config import TrainConfig, compare_for_resume, from_dict, validate
 from .data import DataSpec, PrepareCancelled, TokenData, data_changes, find_sources, prepare
 from .device import is_oom, resolve_device, resolve_precision
 from .distributed import SilentFolder, World
-from .errors import CheckpointError, TrainingError, UserError
+from .errors import CheckpointError, DiskFullError, TrainingError, UserError
 from .events import TrainControl, TrainEvents
 from .hardware import memory_stats
 from .loader import Pretrained, apply_pretrained, open_pretrained
@@ -34,10 +34,6 @@ from .tokenizer import Tokenizer
 OOM_ADVICE = (
     "lower batch_size first, then hidden_dim, then n_layers, or train on the CPU (--device cpu)"
 )
-
-
-def is_disk_full(err: BaseException) -> bool:
-    return isinstance(err, OSError) and err.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1))
 
 
 def lr_at(step: int, cfg: TrainConfig, max_steps: int) -> float:
@@ -582,7 +578,7 @@ class Trainer:
             e = self._settle_writer(e)
             if is_disk_full(e):
                 error = self._disk_full_message(e)
-                raise TrainingError(error) from None
+                raise DiskFullError(error) from None
             error = f"{type(e).__name__}: {e}"
             if self.folder.path.is_dir():
                 self.folder.log(traceback.format_exc())

@@ -78,7 +78,8 @@ def xcb_problem(find_missing=ldd_missing) -> str | None:
     plugin = xcb_plugin()
     if plugin is None:
         return None
-    missing = find_missing(plugin)
+    # ldd names a library once per library that needs it: list each (and its package) once
+    missing = sorted(set(find_missing(plugin)))
     if not missing:
         return None
     packages = sorted({PACKAGES.get(lib, lib) for lib in missing})

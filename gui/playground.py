@@ -10,7 +10,6 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-import torch
 from PySide6.QtCore import QThread, Signal
 from PySide6.QtGui import QFontDatabase
 from PySide6.QtWidgets import (
@@ -31,10 +30,19 @@ from PySide6.QtWidgets import (
 )
 
 from core.chat import chat_ids
+from core.device import inference_device
 from core.errors import UserError
 from core.export import FORMATS, export
 from core.generate import generate_ids, load, prompt_ids, stream_text
 from core.runs import list_runs
+
+PROMPT_LINES = 3  # the prompt box's height; the output box takes the rest
+
+
+def text_height(edit: QPlainTextEdit, lines: int) -> int:
+    """The height of a text box that shows `lines` lines of its font."""
+    margins = 2 * (edit.frameWidth() + edit.document().documentMargin())
+    return int(lines * edit.fontMetrics().lineSpacing() + margins)
 
 
 class GenerateThread(QThread):
@@ -110,7 +118,7 @@ class Playground(QWidget):
 
         self.prompt = QPlainTextEdit()
         self.prompt.setPlaceholderText("Prompt (empty: start from a newline)")
-        self.prompt.setMaximumHeight(70)
+        self.prompt.setFixedHeight(text_height(self.prompt, PROMPT_LINES))
         self.temperature = self._float(0.0, 5.0, 0.8, 0.1, "0 = greedy (always the likeliest)")
         self.top_k = self._int(0, 65536, 0, "keep the k likeliest tokens; 0 = off")
         self.top_p = self._float(0.01, 1.0, 1.0, 0.05, "nucleus sampling; 1 = off")
@@ -127,6 +135,7 @@ class Playground(QWidget):
         self.output = QPlainTextEdit()
         self.output.setReadOnly(True)
         self.output.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
+        self.output.setMinimumHeight(text_height(self.output, PROMPT_LINES))  # it stretches
 
         top = QHBoxLayout()
         top.addWidget(QLabel("Run"))
@@ -201,7 +210,7 @@ class Playground(QWidget):
     # -- generation ----------------------------------------------------------------------
 
     def device(self) -> str:
-        return "cuda" if torch.cuda.is_available() and not self.training_active() else "cpu"
+        return inference_device(busy=self.training_active())
 
     def generate(self) -> bool:
         if self.thread is not None:

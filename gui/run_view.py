@@ -38,6 +38,9 @@ STATUS_COLORS = {
     "finished": "#2e7d32",
     "failed": "#c62828",
 }
+# Plots and tabs at the default window size (pixels; another size shares them out in this
+# ratio). The tabs get enough for the Playground's output box to show its text.
+LOWER_SPLIT = [480, 390]
 PROGRESS_MS = 250  # labels (elapsed, ETA) refresh rate
 PROGRESS_MS_TRAINING = 1000  # elapsed time shows whole seconds; a repaint costs the trainer
 
@@ -99,8 +102,11 @@ class RunView(QWidget):
         lower = QSplitter(Qt.Orientation.Vertical)
         lower.addWidget(self.plots)
         lower.addWidget(self.tabs)
-        lower.setStretchFactor(0, 4)
+        lower.setChildrenCollapsible(False)  # dragged to an end, a panel keeps its minimum
+        lower.setHandleWidth(8)
+        lower.setStretchFactor(0, 1)
         lower.setStretchFactor(1, 1)
+        lower.setSizes(LOWER_SPLIT)  # proportions until restored from the settings
         self.lower_splitter = lower
 
         layout = QVBoxLayout(self)

@@ -19,7 +19,7 @@ from PySide6.QtCore import QThread, Signal
 
 from core.child_process import FAILED, RESULT, ChildRun, child_control
 from core.config import TrainConfig
-from core.device import gpu_index
+from core.device import cuda_device_count, gpu_index
 from core.errors import failure_kind, failure_message
 from core.events import TrainControl, TrainEvents
 from core.trainer import Trainer
@@ -181,8 +181,7 @@ class TrainThread(QThread):
             sys.setswitchinterval(switch)
 
     def _on_cpu(self) -> bool:
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        return gpu_index(self.cfg.device, count) is None
+        return gpu_index(self.cfg.device, cuda_device_count()) is None
 
     def _fail(self, kind: str, message: str) -> None:
         self.result = {"status": "failed", "error": message, "run_dir": str(self.run_dir)}

@@ -1,4 +1,5 @@
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -93,6 +94,17 @@ def test_train_then_refuse_overwrite_then_resume_with_changes(capsys, tmp_path):
     assert main(["--resume", "latest", "--max-steps", "9"]) == 0
     train, _ = read_metrics(tmp_path / "runs/first/metrics.jsonl")
     assert [r["step"] for r in train] == list(range(1, 10))
+
+
+def test_the_progress_bar_draws_its_final_line_once(tmp_path):
+    # stderr is a pipe here: every redraw of the bar is kept, split by carriage returns
+    proc = cli(*TINY, "--max-steps", "20", "--eval-every", "10", "--out", str(tmp_path / "run"))
+    assert proc.returncode == 0, proc.stderr
+    finals = [line for line in re.split(r"[\r\n]", proc.stderr) if "| 20/20 [" in line]
+    assert len(finals) == 1, finals
+    assert finals[0].startswith("100%|") and "loss=" in finals[0]
+    assert proc.stderr.endswith(finals[0] + "\n")  # the final line ends the bar's output
+    assert "finished at step 20" in proc.stdout  # messages after the last step still print
 
 
 def test_a_malicious_checkpoint_is_refused(capsys, tmp_path):

@@ -2,6 +2,7 @@
 
 import errno
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,8 @@ import torch
 from helpers import tiny_config
 
 from core import checkpoint as ckpt
-from core.errors import CheckpointError
+from core.errors import CheckpointError, DiskFullError
+from core.events import TrainEvents
 from core.runlock import LOCK_NAME, RunLock, RunLocked
 from core.runs import resolve_resume
 from core.train import main
@@ -51,6 +53,103 @@ def test_disk_full_while_saving_stops_with_one_clear_line_and_keeps_the_good_che
     assert not list(run.rglob("*.tmp")), "temporary files were left behind"
     assert not (run / LOCK_NAME).exists()
     assert main(["--resume", str(run)]) == 0  # the printed command works once space is back
+
+
+# -- a real full disk: a 1 MB tmpfs ---------------------------------------------------------
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 1 MB file system: writes fail there as they do on a full disk."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a small tmpfs needs root on Linux")
+    folder = tmp_path / "small-disk"
+    folder.mkdir()
+    mount = ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(folder)]
+    proc = subprocess.run(mount, capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {proc.stderr.strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], capture_output=True)
+
+
+def fill(folder: Path) -> None:
+    """Take every free byte of folder's file system."""
+    with open(folder / "filler", "ab", buffering=0) as f, pytest.raises(OSError) as full:
+        while True:
+            f.write(bytes(1 << 16))
+    assert full.value.errno == errno.ENOSPC
+
+
+def train_cli(*args):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    tiny = ["--preset", "cpu-tiny", "--seq-len", "32", "--hidden-dim", "32"]
+    return subprocess.run(
+        [sys.executable, "-m", "core.train", *tiny, *args], capture_output=True, text=True, env=env
+    )
+
+
+def test_a_real_full_disk_while_saving_a_checkpoint_gives_the_one_line_message(small_disk):
+    # A checkpoint is some 600 kB: the one at step 10 fits, the one at 20 (a second copy while
+    # step-000010.pt keeps the first) does not, and torch's zip writer fails with
+    # "RuntimeError: [enforce fail at inline_container.cc] unexpected pos", not ENOSPC.
+    run = small_disk / "run"
+    proc = train_cli(
+        "--max-steps", "20", "--eval-every", "10", "--ckpt-every", "10", "--out", str(run)
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr and "enforce fail" not in proc.stderr, proc.stderr
+    err = proc.stderr.strip().splitlines()[-1]  # after the progress bar
+    latest = run / "checkpoints" / "latest.pt"
+    assert err == (
+        f"error: disk full: no space left on the device holding {latest} (0 MB free); "
+        f"the last good checkpoint is step 10 ({latest}); free some space, then resume with: "
+        f"python -m core.train --resume {run}"
+    )
+    assert ckpt.load(latest)["step"] == 10
+    assert not list(run.rglob("*.tmp")), "temporary files were left behind"
+    assert "enforce fail" not in (run / "train.log").read_text()
+
+
+@pytest.mark.parametrize("prepare_only", [True, False], ids=["prepare-only", "training"])
+def test_a_real_full_disk_while_preparing_data_gives_the_one_line_message(small_disk, prepare_only):
+    cache = small_disk / "cache"  # the 1 MB sample of the built-in corpus does not fit
+    args = ["--data-cache", str(cache), "--max-steps", "2", "--out", str(small_disk.parent / "r")]
+    proc = train_cli(*args, *(["--prepare-only"] if prepare_only else []))
+    assert proc.returncode == 1, proc.stderr
+    err = proc.stderr.strip().splitlines()
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert err[-1].startswith(
+        f"error: disk full: no space left on the device holding the data cache {cache} while "
+        "preparing the data (nothing was cached;"
+    )
+    assert err[-1].endswith("--data-cache DIR (or TRAINDECK_CACHE)")
+    assert not [p for p in err if p.startswith("error")][:-1]  # one error line
+    assert os.listdir(cache) == []  # no half-prepared entry is left
+
+
+class FillDiskAtFirstStep(TrainEvents):
+    def __init__(self, folder: Path):
+        self.folder, self.filled = folder, False
+
+    def on_train_batch_end(self, record):
+        if not self.filled:
+            self.filled = True
+            fill(self.folder)
+
+
+def test_a_real_full_disk_while_appending_metrics_names_the_metrics_file(small_disk):
+    run = small_disk / "run"
+    # one record a step; the metrics file's first page holds ~15, the next cannot be had
+    cfg = tiny_config(max_steps=40, log_every=1, eval_every=40, ckpt_every=40)
+    with pytest.raises(DiskFullError) as full:
+        Trainer(cfg, run).run(FillDiskAtFirstStep(small_disk))
+    assert str(full.value) == (
+        f"disk full: no space left on the device holding {run / 'metrics.jsonl'} (0 MB free); "
+        "no checkpoint was saved yet; free some space and start again"
+    )
 
 
 # -- a damaged checkpoint ------------------------------------------------------------------
@@ -165,6 +264,18 @@ def test_missing_xcb_libraries_give_one_apt_line(monkeypatch):
     assert xcb_problem(lambda lib: []) is None
     monkeypatch.setenv("QT_QPA_PLATFORM", "offscreen")  # another platform: xcb is not used
     assert xcb_problem(lambda lib: ["libxcb-cursor.so.0"]) is None
+
+
+def test_a_library_ldd_reports_twice_is_listed_once(monkeypatch):
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setenv("QT_QPA_PLATFORM", "xcb")
+    monkeypatch.setattr("gui.platform_check.xcb_plugin", lambda: Path("libqxcb.so"))
+    # libqxcb.so and libxcb-image.so.0 both need these two: ldd prints each once per needer
+    twice = ["libxcb-keysyms.so.1", "libxcb-icccm.so.4", "libxcb-keysyms.so.1"]
+    problem = xcb_problem(lambda lib: twice + ["libxcb-icccm.so.4"])
+    assert "missing libxcb-icccm.so.4, libxcb-keysyms.so.1;" in problem
+    assert "sudo apt install libxcb-icccm4 libxcb-keysyms1 (" in problem
+    assert problem == xcb_problem(lambda lib: ["libxcb-icccm.so.4", "libxcb-keysyms.so.1"] * 2)
 
 
 def test_the_app_exits_1_with_the_hint_before_creating_qt(monkeypatch, capsys):

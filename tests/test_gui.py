@@ -211,6 +211,55 @@ def test_settings_and_geometry_persist_between_launches(make_window):
     assert second.height() == height and height != 950  # not the default size
 
 
+def drag_handle(splitter, dy: int) -> None:
+    """Drag the handle between a vertical splitter's two panels by dy pixels, as a user does."""
+    from PySide6.QtCore import QPoint, Qt
+    from PySide6.QtTest import QTest
+
+    handle = splitter.handle(1)
+    start = handle.rect().center()
+    end = start + QPoint(0, dy)
+    QTest.mousePress(handle, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier, start)
+    QTest.mouseMove(handle, end)
+    QTest.mouseRelease(handle, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier, end)
+
+
+def test_playground_output_box_gets_the_room_at_the_default_size(make_window, qtbot):
+    window = make_window()
+    window.show()
+    view = window.run_view
+    pg = view.playground
+    view.tabs.setCurrentWidget(pg)
+    qtbot.waitUntil(pg.output.isVisible)
+    assert window.size().toTuple() == (1500, 950)  # the default size (nothing saved yet)
+    lines = pg.prompt.fontMetrics().lineSpacing()
+    assert 3 * lines <= pg.prompt.height() < 5 * lines  # a few lines
+    assert pg.output.height() >= 3 * pg.prompt.height()
+
+
+def test_plots_and_tabs_splitter_drags_both_ways_and_is_remembered(make_window, qtbot, gui_env):
+    from PySide6.QtCore import QSettings
+
+    first = make_window()
+    first.show()
+    qtbot.waitUntil(first.run_view.tabs.isVisible)
+    lower = first.run_view.lower_splitter
+    plots, tabs = lower.sizes()  # at the default size
+    drag_handle(lower, 60)  # tabs smaller
+    assert lower.sizes() == [plots + 60, tabs - 60]
+    drag_handle(lower, -100)  # tabs larger
+    assert lower.sizes() == [plots - 40, tabs + 40]
+    first.close()  # saves the settings
+    # The offscreen screen (800x800) would shrink a restored 1500x950 window: forget the
+    # geometry, so the next window opens at the same default size and only the split is kept.
+    QSettings(str(gui_env / "gui.ini"), QSettings.Format.IniFormat).remove("window/geometry")
+    second = make_window()
+    second.show()
+    qtbot.waitUntil(second.run_view.tabs.isVisible)
+    assert second.size() == first.size()
+    assert second.run_view.lower_splitter.sizes() == [plots - 40, tabs + 40]
+
+
 # -- hardware and the memory estimate ----------------------------------------------------
 
 

@@ -6,7 +6,14 @@ import pytest
 import torch
 
 from core import hardware
-from core.device import gpu_index, pick_precision, resolve_device, resolve_precision
+from core.device import (
+    cuda_device_count,
+    gpu_index,
+    inference_device,
+    pick_precision,
+    resolve_device,
+    resolve_precision,
+)
 from core.errors import ConfigError
 
 
@@ -99,6 +106,38 @@ def test_device_choice(monkeypatch):
     assert resolve_device("auto").type == "cuda"
     with pytest.raises(ConfigError, match=r"cuda:1 does not exist; this machine has 1 GPU"):
         resolve_device("cuda:1")
+
+
+def test_gpu_count_and_inference_device_follow_torch_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)  # a driver without usable CUDA
+    assert cuda_device_count() == 0
+    assert inference_device(busy=False) == "cpu" and inference_device(busy=True) == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert cuda_device_count() == 2
+    assert inference_device(busy=False) == "cuda"
+    assert inference_device(busy=True) == "cpu"  # a training run keeps the GPU to itself
+
+
+def test_window_and_playground_ask_core_device_where_to_run(monkeypatch):
+    from helpers import tiny_config
+
+    from gui.playground import Playground
+    from gui.worker import TrainThread
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # only core.device decides
+    monkeypatch.setattr("gui.worker.cuda_device_count", lambda: 1)
+    monkeypatch.setattr("core.device.cuda_device_count", lambda: 1)
+
+    def on_cpu(device):
+        return TrainThread._on_cpu(types.SimpleNamespace(cfg=tiny_config(device=device)))
+
+    assert not on_cpu("auto") and on_cpu("cpu")
+    busy = []
+    playground = types.SimpleNamespace(training_active=lambda: bool(busy))
+    assert Playground.device(playground) == "cuda"
+    busy.append(1)
+    assert Playground.device(playground) == "cpu"
 
 
 def test_bf16_autocast_path_trains_on_the_cpu(tmp_path):
