@@ -103,7 +103,9 @@ def main() -> None:
         t0 = time.perf_counter()
         build_model(folder)
         print(f"model: Llama {SHAPE} built in {time.perf_counter() - t0:.1f} s")
-        print(f"{'mode':<8} {'params':>12} {'tok/s':>9} {'ms/step':>9} {'peak RSS':>10} {'estimate':>10}")
+        print(
+            f"{'mode':<8} {'params':>12} {'tok/s':>9} {'ms/step':>9} {'peak RSS':>10} {'estimate':>10}"
+        )
         for mode in args.modes.split(","):
             out = subprocess.run(
                 [sys.executable, __file__, "--one", mode, "--model", str(folder),

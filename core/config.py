@@ -13,6 +13,12 @@ from dataclasses import dataclass, field, fields
 from .errors import ConfigError
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+LORA_TARGETS = ("attn", "mlp", "all")
+LORA_TARGET_HELP = (
+    "layers that get LoRA adapters; attn: attention projections (Llama, Mistral, Qwen: "
+    "q_proj, k_proj, v_proj, o_proj; GPT-2: c_attn, attn.c_proj); mlp: feed-forward "
+    "(gate_proj, up_proj, down_proj; GPT-2: c_fc, mlp.c_proj); all: both"
+)
 TOKENIZERS = ("bytes", "bpe", "model")  # model: the pretrained model's own (init_from)
 CONFIG_VERSION = (
     2  # bump with a MIGRATIONS entry whenever a field is renamed or its meaning changes
@@ -90,6 +96,35 @@ class TrainConfig:
     )
     dropout: float = spec(
         0.0, "dropout probability", label="Dropout", group=ADVANCED, low=0.0, high=0.9
+    )
+    # LoRA: 0 trains every weight; R > 0 freezes them and trains rank-R adapters
+    lora_rank: int = spec(
+        0,
+        "LoRA adapter rank; 0: full fine-tuning (every weight trains)",
+        label="LoRA rank",
+        group=MODEL,
+        low=0,
+        high=4096,
+        arch=True,
+    )
+    lora_alpha: float | None = spec(
+        None,
+        "LoRA scale numerator (the update is alpha / rank * B A); default: 2 x rank",
+        low=1e-6,
+        high=1e6,
+        optional=True,
+        arch=True,
+    )
+    lora_dropout: float = spec(
+        0.0, "dropout on the LoRA input", label="LoRA dropout", group=ADVANCED, low=0.0, high=0.9
+    )
+    lora_targets: str = spec(
+        "all",
+        LORA_TARGET_HELP,
+        label="LoRA targets",
+        group=ADVANCED,
+        choices=LORA_TARGETS,
+        arch=True,
     )
     bias: bool = spec(
         True,
@@ -298,6 +333,11 @@ class TrainConfig:
         return 256 if self.tokenizer == "bytes" else self.vocab_size  # "model": see init_from
 
     @property
+    def lora_scale_alpha(self) -> float:
+        """alpha as used: the one set, else 2 x rank."""
+        return self.lora_alpha if self.lora_alpha is not None else 2.0 * self.lora_rank
+
+    @property
     def tokens_per_step(self) -> int:
         return self.batch_size * self.grad_accum * self.seq_len
 
@@ -390,6 +430,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
             raise ConfigError(f"{name}: expected a path, got {values[name]!r}")
         if values[name] == "":
             values[name] = None
+    if values["lora_rank"] == 0 and values["lora_alpha"] is not None:
+        raise ConfigError("lora_alpha: set only with lora_rank > 0 (rank 0 is full fine-tuning)")
     if (values["tokenizer"] == "model") != (values["init_from"] is not None):
         raise ConfigError(
             "tokenizer: 'model' is the pretrained model's own tokenizer and goes with init_from "

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import torch
 
-from . import families
+from . import families, lora
 from .errors import UserError
 from .loader import Loaded, load
 
-FORMATS = ("hf", "gguf", "safetensors")
+FORMATS = ("hf", "gguf", "safetensors", "peft")
 EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT = 0, 1, 2
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which the model uses
 
@@ -322,8 +322,62 @@ def export_gguf(loaded: Loaded, folder: Path) -> None:
     writer.close()
 
 
-WRITERS = {"hf": export_hf, "gguf": export_gguf, "safetensors": export_safetensors}
-NEEDS = {"hf": ["safetensors"], "gguf": ["gguf"], "safetensors": ["safetensors"]}
+# -- PEFT ----------------------------------------------------------------------------------
+
+
+def peft_weights(loaded: Loaded) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """LoRA A/B under PEFT's key names for the source family, and the adapted module names.
+    A fused layer of ours (q/k/v, gate/up) is several Hugging Face modules: each gets the same
+    A and its own rows of B, which gives each exactly its rows of B A."""
+    c, family = loaded.model.config, loaded.family
+    state = {k: v.detach().float().cpu() for k, v in loaded.model.state_dict().items()}
+    out, modules = {}, []
+    for ours, hf_names, _ in families.table(family, c):
+        prefix = ours.removesuffix(".weight")
+        if not ours.endswith(".weight") or f"{prefix}.lora_A" not in state:
+            continue
+        a, b = state[f"{prefix}.lora_A"], state[f"{prefix}.lora_B"]
+        sizes = families._split_sizes(ours, c, len(hf_names))
+        parts = [b] if sizes == [-1] else b.split(sizes, dim=0)
+        for hf_name, part in zip(hf_names, parts, strict=True):
+            module = hf_name.removesuffix(".weight")
+            out[f"base_model.model.{module}.lora_A.weight"] = a.clone().contiguous()
+            out[f"base_model.model.{module}.lora_B.weight"] = part.clone().contiguous()
+            modules.append(module)
+    return out, modules
+
+
+def export_peft(loaded: Loaded, folder: Path) -> None:
+    from safetensors.torch import save_file
+
+    cfg = loaded.config
+    if cfg is None or not cfg.lora_rank:
+        raise ExportError("format: peft needs a LoRA run (trained with --lora-rank R)")
+    weights, modules = peft_weights(loaded)
+    save_file(weights, str(folder / "adapter_model.safetensors"), {"format": "pt"})
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": loaded.base["init_from"] if loaded.base else None,
+        "r": cfg.lora_rank,
+        "lora_alpha": cfg.lora_scale_alpha,
+        "lora_dropout": cfg.lora_dropout,
+        "target_modules": modules,  # full names: exactly these modules, no others
+        "bias": "none",
+        "fan_in_fan_out": loaded.family == "gpt2",  # GPT-2's Conv1D keeps weights transposed
+        "inference_mode": True,
+        "init_lora_weights": True,
+        "use_rslora": False,
+        "modules_to_save": None,
+    }
+    (folder / "adapter_config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
+    write_tokenizer_files(loaded, folder)
+
+
+WRITERS = {
+    "hf": export_hf, "gguf": export_gguf, "safetensors": export_safetensors, "peft": export_peft,
+}  # fmt: skip
+NEEDS = {"hf": ["safetensors"], "gguf": ["gguf"], "safetensors": ["safetensors"], "peft": []}
 
 
 def export(target: str | Path, fmt: str, out: str | Path, which: str = "best") -> Path:
@@ -336,6 +390,8 @@ def export(target: str | Path, fmt: str, out: str | Path, which: str = "best") -
     for module in NEEDS[fmt]:
         _need(module)
     loaded = load(target, which)
+    if fmt != "peft":  # one full model: the adapters folded into the weights
+        lora.merge(loaded.model)
     tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:6]}"
     tmp.mkdir(parents=True)
     try:

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from . import checkpoint as ckpt
-from . import families
+from . import families, lora
 from .config import TrainConfig, from_dict, validate
 from .errors import CheckpointError, ConfigError, UserError
 from .model import GPT, GPTConfig
@@ -318,15 +318,48 @@ def model_config_of(state: dict, cfg: TrainConfig) -> GPTConfig:
     return GPTConfig.from_train(cfg, training=False)
 
 
+def load_weights(model: GPT, state: dict) -> None:
+    """A checkpoint's weights into model: all of them, or (a LoRA fine-tune of a
+    pretrained model) only the adapters, the base being loaded already."""
+    if not state.get("adapters_only"):
+        model.load_state_dict(state["model"])
+        return
+    missing, unexpected = model.load_state_dict(state["model"], strict=False)
+    adapters_missing = [k for k in missing if lora.is_adapter(k)]
+    if unexpected or adapters_missing:
+        raise RuntimeError(f"adapters differ: {(unexpected or adapters_missing)[0]}")
+
+
+def _base_model(state: dict, c: GPTConfig, path: Path) -> GPT:
+    """The model a checkpoint's weights go into: for a LoRA fine-tune of a pretrained model,
+    its base (checked against the fingerprint the checkpoint names) with adapters."""
+    base, cfg = state.get("base"), state["config"]
+    rank = cfg.get("lora_rank", 0)
+    if state.get("adapters_only"):
+        pre = open_pretrained(base["init_from"])
+        if fingerprint(pre.folder) != base["fingerprint"]:
+            raise CheckpointError(
+                f"checkpoint: {path} holds LoRA adapters for {base['init_from']} (weights "
+                f"{base['fingerprint']}), which now holds other weights; restore that model"
+            )
+        model = pre.load_model(c)
+    else:
+        model = GPT(c)
+    if rank:
+        alpha = cfg.get("lora_alpha") or 2.0 * rank
+        lora.apply_lora(model, rank, alpha, 0.0, cfg.get("lora_targets", "all"))
+    return model
+
+
 def load_checkpoint(target: str | Path, which: str = "best", device: str = "cpu") -> Loaded:
     path = checkpoint_path(target, which)
     state = ckpt.load(path)
     cfg = validate(from_dict(state["config"], source=str(path)))
     c = model_config_of(state, cfg)
     c.grad_checkpointing = False
-    model = GPT(c)
+    model = _base_model(state, c, path)
     try:
-        model.load_state_dict(state["model"])
+        load_weights(model, state)
     except (RuntimeError, KeyError) as e:
         msg = f"checkpoint: {path} does not hold this model's weights ({e})"
         raise CheckpointError(msg) from None

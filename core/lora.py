@@ -21,11 +21,6 @@ TARGETS = {
     "mlp": ("mlp.fc", "mlp.proj"),
     "all": ("attn.qkv", "attn.proj", "mlp.fc", "mlp.proj"),
 }
-# What each target means in Hugging Face terms, for the help text.
-TARGET_HELP = (
-    "attn: attention projections (Llama/Mistral/Qwen q,k,v,o_proj; GPT-2 c_attn, attn.c_proj); "
-    "mlp: feed-forward (gate,up,down_proj; GPT-2 c_fc, mlp.c_proj); all: both"
-)
 
 
 class LoRALinear(nn.Linear):
@@ -54,30 +49,27 @@ class LoRALinear(nn.Linear):
         return (self.weight.float() + delta).to(self.weight.dtype)
 
 
-def check_settings(rank: int, alpha: float | None, targets: str, model=None) -> None:
-    if rank == 0:
-        if alpha is not None:
-            raise ConfigError("lora_alpha: set only with lora_rank > 0 (rank 0 is full fine-tuning)")
-        return
-    if targets not in TARGETS:
-        raise ConfigError(f"lora_targets: expected one of {', '.join(TARGETS)}, got {targets!r}")
-    if model is not None:
-        smallest = min(min(m.in_features, m.out_features) for _, m in adapted_linears(model, targets))
-        if rank > smallest:
-            raise ConfigError(
-                f"lora_rank: {rank} is larger than the smallest adapted dimension ({smallest})"
-            )
+def check_rank(model, rank: int, targets: str) -> None:
+    smallest = min(min(m.in_features, m.out_features) for _, m in adapted_linears(model, targets))
+    if rank > smallest:
+        raise ConfigError(
+            f"lora_rank: {rank} is larger than the smallest adapted dimension ({smallest})"
+        )
 
 
 def adapted_linears(model, targets: str):
     """(name, Linear) of every layer the targets name."""
     suffixes = TARGETS[targets]
-    return [(n, m) for n, m in model.named_modules() if n.endswith(suffixes) and isinstance(m, nn.Linear)]
+    return [
+        (n, m)
+        for n, m in model.named_modules()
+        if n.endswith(suffixes) and isinstance(m, nn.Linear)
+    ]
 
 
 def apply_lora(model, rank: int, alpha: float, dropout: float, targets: str) -> None:
     """Freeze every parameter, then give the target layers trainable adapters."""
-    check_settings(rank, alpha, targets, model)
+    check_rank(model, rank, targets)
     for p in model.parameters():
         p.requires_grad_(False)
     for name, linear in adapted_linears(model, targets):
@@ -104,6 +96,20 @@ def merge(model) -> None:
                 plain.bias = nn.Parameter(m.bias.detach(), requires_grad=False)
             parent_name, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent_name), child, plain)
+
+
+def freeze_to(model, dtype: torch.dtype) -> None:
+    """Keep the frozen Linear weights of the blocks in dtype (bf16/fp16 on a GPU: half the
+    memory); norms, embeddings and the adapters stay fp32."""
+    for name, m in model.named_modules():
+        if name.startswith("blocks.") and isinstance(m, nn.Linear):
+            m.weight.data = m.weight.data.to(dtype)
+            if m.bias is not None:
+                m.bias.data = m.bias.data.to(dtype)
+
+
+def adapter_params(model) -> int:
+    return sum(p.numel() for n, p in model.named_parameters() if is_adapter(n))
 
 
 def trainable_params(model) -> int:

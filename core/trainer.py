@@ -17,6 +17,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from . import checkpoint as ckpt
+from . import lora
 from .atomic import is_disk_full
 from .config import TrainConfig, compare_for_resume, from_dict, validate
 from .data import DataSpec, PrepareCancelled, TokenData, data_changes, find_sources, prepare
@@ -25,7 +26,7 @@ from .distributed import SilentFolder, World
 from .errors import CheckpointError, DiskFullError, TrainingError, UserError
 from .events import TrainControl, TrainEvents
 from .hardware import memory_stats
-from .loader import Pretrained, apply_pretrained, open_pretrained
+from .loader import Pretrained, apply_pretrained, load_weights, open_pretrained
 from .model import GPT, GPTConfig
 from .runlock import RunLock
 from .runs import RunFolder
@@ -194,14 +195,30 @@ class Trainer:
         self.folder.write_status("running", self.step, self.max_steps)
 
     def _build_model(self) -> GPT:
+        cfg = self.cfg
         if self.pretrained is None:
-            return GPT(GPTConfig.from_train(self.cfg))
-        self.base = self.pretrained.base_record()
-        model = self.pretrained.load_model(
-            GPTConfig.from_train(self.cfg, base=self.pretrained.config)
-        )
-        self._log(f"starting from {self.pretrained.name} ({self.pretrained.family})")
+            model = GPT(GPTConfig.from_train(cfg))
+        else:
+            self.base = self.pretrained.base_record()
+            shape = GPTConfig.from_train(cfg, base=self.pretrained.config)
+            model = self.pretrained.load_model(shape)
+            self._log(f"starting from {self.pretrained.name} ({self.pretrained.family})")
+        if cfg.lora_rank:
+            alpha = cfg.lora_scale_alpha
+            lora.apply_lora(model, cfg.lora_rank, alpha, cfg.lora_dropout, cfg.lora_targets)
+            if self.precision in ("bf16", "fp16") and self.device.type == "cuda":
+                lora.freeze_to(model, torch.bfloat16 if self.precision == "bf16" else torch.float16)
         return model
+
+    @property
+    def adapters_only(self) -> bool:
+        """A LoRA fine-tune's checkpoints hold only what trains: the base is on disk already."""
+        return bool(self.cfg.lora_rank) and self.pretrained is not None
+
+    def _model_state(self) -> dict:
+        if self.adapters_only:
+            return lora.adapter_state(self.model)
+        return self.model.state_dict()
 
     def _inference_shape(self) -> dict:
         base = self.pretrained.config if self.pretrained else None
@@ -278,7 +295,7 @@ class Trainer:
 
     def _restore(self, state: dict) -> None:
         try:
-            self.model.load_state_dict(state["model"])
+            load_weights(self.model, state)
             self.optimizer.load_state_dict(state["optimizer"])
         except (RuntimeError, ValueError, KeyError) as e:
             raise CheckpointError(
@@ -305,7 +322,8 @@ class Trainer:
             "format_version": ckpt.FORMAT_VERSION,
             "step": self.step,
             "best_val": self.best_val,
-            "model": self.model.state_dict(),
+            "model": self._model_state(),
+            "adapters_only": self.adapters_only,
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else {},
             "data": self.data.state_dict(),
@@ -644,6 +662,7 @@ class Trainer:
                 "start_step": self.step,
                 "max_steps": self.max_steps,
                 "n_params": self.model.num_params(),
+                "n_trainable": lora.trainable_params(self.model),
                 "device": str(self.device),
                 "precision": self.precision,
                 "tokens_per_step": cfg.tokens_per_step,
@@ -654,8 +673,14 @@ class Trainer:
                 "resumed": self.resume_from is not None,
             }
         )
+        trainable = lora.trainable_params(self.model)
+        if cfg.lora_rank:
+            self._log(
+                f"LoRA rank {cfg.lora_rank} on {cfg.lora_targets}: {trainable:,} of "
+                f"{self.model.num_params():,} parameters train"
+            )
         self._log(
-            f"training {self.model.num_params():,} parameters on {self.device} ({self.precision}), "
+            f"training {trainable:,} parameters on {self.device} ({self.precision}), "
             f"data {self.data.source}, {self.data.train_tokens:,} train tokens "
             f"({self.data.tokenizer.kind}), "
             f"steps {self.step}->{self.max_steps}"
