@@ -104,7 +104,8 @@ def main() -> None:
         build_model(folder)
         print(f"model: Llama {SHAPE} built in {time.perf_counter() - t0:.1f} s")
         print(
-            f"{'mode':<8} {'params':>12} {'tok/s':>9} {'ms/step':>9} {'peak RSS':>10} {'estimate':>10}"
+            f"{'mode':<8} {'params':>12} {'tok/s':>9} {'ms/step':>9} {'peak RSS':>10} "
+            f"{'estimate':>10}"
         )
         for mode in args.modes.split(","):
             out = subprocess.run(
@@ -115,7 +116,8 @@ def main() -> None:
             r = json.loads(out.stdout.strip().splitlines()[-1])
             print(
                 f"{r['mode']:<8} {r['params']:>12,} {r['tokens_per_s']:>9,.0f} "
-                f"{r['ms_per_step']:>9.1f} {r['peak_rss_mb']:>7,.0f} MB {r['estimate_mb']:>7,.0f} MB"
+                f"{r['ms_per_step']:>9.1f} {r['peak_rss_mb']:>7,.0f} MB "
+                f"{r['estimate_mb']:>7,.0f} MB"
             )
 
 
