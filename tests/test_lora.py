@@ -1,0 +1,167 @@
+"""LoRA on tiny random Llama- and GPT-2-shaped models built with transformers: the base is
+untouched, adapters train, resume is exact, PEFT loads the adapter with equal logits."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from helpers import StopAfter
+
+pytest.importorskip("transformers")
+
+from hf_models import TEXT, make_model  # noqa: E402
+
+from core import lora  # noqa: E402
+from core.cli import main as train_main  # noqa: E402
+from core.config import TrainConfig, validate  # noqa: E402
+from core.export import export  # noqa: E402
+from core.loader import load, open_pretrained  # noqa: E402
+from core.trainer import Trainer  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lora-models")
+    return {f: (root / f, *make_model(root / f, f)) for f in ("llama", "gpt2")}
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("lora-data") / "notes.txt"
+    path.write_text(TEXT * 6, encoding="utf-8")
+    return path
+
+
+def lora_config(folder, data, **kw) -> TrainConfig:
+    values = dict(
+        init_from=str(folder), tokenizer="model", data=str(data), device="cpu",
+        precision="fp32", max_steps=12, eval_every=6, ckpt_every=6, batch_size=4,
+        grad_accum=1, seq_len=32, lr=1e-2, warmup_steps=2, eval_batches=2, sample_tokens=4,
+        lora_rank=4, lora_dropout=0.1, hidden_dim=32, n_layers=2, n_heads=4, bias=False,
+    )  # fmt: skip
+    values.update(kw)
+    return validate(TrainConfig(**values))
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_step_zero_is_the_base_and_only_adapters_train(models, data_file, tmp_path, family):
+    folder, hf_model, tok = models[family]
+    pre = open_pretrained(folder)
+    model = pre.load_model()
+    ids = torch.tensor([tok("def add(a, b): hello")["input_ids"]])
+    before, _ = model(ids)
+    lora.apply_lora(model, 4, 8.0, 0.0, "all")
+    after, _ = model(ids)
+    assert torch.equal(before, after)  # B starts at zero
+    assert lora.trainable_params(model) == lora.adapter_params(model) > 0
+
+    bias = family == "gpt2"
+    cfg = lora_config(folder, data_file, bias=bias)
+    Trainer(cfg, tmp_path / "run").run()
+    losses = [
+        r["val_loss"]
+        for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
+        if "val_loss" in r
+    ]
+    assert losses[-1] < losses[0]  # step 0 is the base model's loss
+    tuned = load(tmp_path / "run", "latest").model
+    base = pre.load_model().state_dict()
+    for name, value in tuned.state_dict().items():
+        if lora.is_adapter(name):
+            continue
+        assert torch.equal(value, base[name]), name  # the base is bit-identical
+    state = torch.load(tmp_path / "run" / "checkpoints" / "latest.pt", weights_only=True)
+    assert state["adapters_only"] and all(lora.is_adapter(k) for k in state["model"])
+
+
+def test_checkpoint_holds_adapters_not_the_base(models, data_file, tmp_path):
+    folder = models["llama"][0]
+    Trainer(lora_config(folder, data_file), tmp_path / "lora").run()
+    Trainer(lora_config(folder, data_file, lora_rank=0), tmp_path / "full").run()
+    size = {
+        k: (tmp_path / k / "checkpoints" / "latest.pt").stat().st_size for k in ("lora", "full")
+    }
+    state = torch.load(tmp_path / "lora" / "checkpoints" / "latest.pt", weights_only=True)
+    adapter_bytes = sum(t.numel() * 4 for t in state["model"].values())
+    moments = sum(
+        t.numel() * 4 for s in state["optimizer"]["state"].values() for t in s.values() if t.dim()
+    )
+    assert moments == 2 * adapter_bytes  # AdamW state of the adapters, nothing else
+    base_bytes = open_pretrained(folder).n_params() * 4
+    # the full fine-tune's checkpoint carries weights and AdamW state of the whole model
+    assert size["full"] - size["lora"] > 2.5 * base_bytes
+    assert size["lora"] < size["full"] - 3 * base_bytes + 3 * adapter_bytes + 20_000
+
+
+def test_resume_after_a_stop_is_bitwise_the_uninterrupted_run(models, data_file, tmp_path):
+    folder = models["llama"][0]
+    cfg = lora_config(folder, data_file, max_steps=10, eval_every=5, ckpt_every=5)
+    Trainer(cfg, tmp_path / "straight").run()
+    Trainer(cfg, tmp_path / "split").run(control=StopAfter(4))
+    latest = tmp_path / "split" / "checkpoints" / "latest.pt"
+    Trainer(cfg, tmp_path / "split", resume_from=latest).run()
+    a = torch.load(tmp_path / "straight" / "checkpoints" / "latest.pt", weights_only=True)
+    b = torch.load(tmp_path / "split" / "checkpoints" / "latest.pt", weights_only=True)
+    assert a["step"] == b["step"] == 10
+    for name in a["model"]:
+        assert torch.equal(a["model"][name], b["model"][name]), name
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_peft_and_merged_exports_equal_traindecks_logits(models, data_file, tmp_path, family):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    folder, _, tok = models[family]
+    Trainer(lora_config(folder, data_file, bias=family == "gpt2"), tmp_path / "run").run()
+    export(tmp_path / "run", "peft", tmp_path / "peft", which="latest")
+    export(tmp_path / "run", "hf", tmp_path / "merged", which="latest")
+    adapter = json.loads((tmp_path / "peft" / "adapter_config.json").read_text())
+    assert adapter["peft_type"] == "LORA" and adapter["r"] == 4 and adapter["lora_alpha"] == 8
+    ours = load(tmp_path / "run", "latest").model
+    ids = torch.tensor([tok("def add(a, b): return a + b")["input_ids"]])
+    base = AutoModelForCausalLM.from_pretrained(folder).eval()
+    with torch.no_grad():
+        expected = ours(ids)[0]
+        assert (base(ids).logits - expected).abs().max() > 1e-3  # the adapters changed it
+        peft_model = PeftModel.from_pretrained(base, tmp_path / "peft").eval()
+        assert (peft_model(ids).logits - expected).abs().max() < 1e-4
+        merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+        assert (merged(ids).logits - expected).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize(
+    "extra, needle",
+    [
+        (["--lora-alpha", "8"], "lora_alpha: set only with lora_rank > 0"),
+        (["--lora-rank", "64"], "lora_rank: 64 is larger than the smallest adapted dimension"),
+        (
+            ["--lora-rank", "4", "--lora-targets", "heads"],
+            "lora_targets: expected one of attn, mlp, all",
+        ),
+    ],
+)
+def test_bad_lora_settings_are_one_line_exit_2(models, data_file, tmp_path, capsys, extra, needle):
+    out = tmp_path / "run"
+    args = ["--init-from", str(models["llama"][0]), "--data", str(data_file), "--out", str(out)]
+    assert train_main([*args, "--max-steps", "2", *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err, err
+    assert not (out / "checkpoints").exists() or not any((out / "checkpoints").iterdir())
+
+
+def test_resume_with_other_lora_settings_or_base_is_refused(models, data_file, tmp_path, capsys):
+    base = tmp_path / "base"
+    shutil.copytree(models["llama"][0], base)
+    run = tmp_path / "run"
+    Trainer(lora_config(base, data_file, max_steps=4, ckpt_every=2), run).run()
+    capsys.readouterr()
+    assert train_main(["--resume", str(run), "--lora-rank", "8", "--max-steps", "6"]) == 2
+    assert "lora_rank 4 -> 8 (architecture)" in capsys.readouterr().err
+    make_model(tmp_path / "other", "llama", seed=3)
+    shutil.copy(tmp_path / "other" / "model.safetensors", base / "model.safetensors")
+    assert train_main(["--resume", str(run), "--max-steps", "6"]) == 2
+    assert "other weights" in capsys.readouterr().err
