@@ -54,6 +54,20 @@ def shape_params(c: GPTConfig) -> int:
         return GPT(c).num_params()
 
 
+def adapter_count(c: GPTConfig, rank: int, targets: str) -> int:
+    """Parameters of the LoRA adapters a shape gets (rank x (in + out) per adapted layer)."""
+    if not rank:
+        return 0
+    import torch
+
+    from .lora import adapted_linears
+    from .model import GPT
+
+    with torch.device("meta"):
+        model = GPT(c)
+    return sum(rank * (m.in_features + m.out_features) for _, m in adapted_linears(model, targets))
+
+
 def _position_params(c: GPTConfig) -> int:
     return c.seq_len * c.hidden_dim if c.positions == "learned" else 0
 
@@ -163,12 +177,17 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
     logits = tokens * c.vocab_size * (e + 4 + 4)  # logits, their fp32 copy, and its gradient
     mixed = precision in ("bf16", "fp16")
     weight_casts = 2 * (n - _position_params(c)) if mixed else 0
-    live = 4 * n * 3 + 4 * n + weight_casts + int(activations) + logits
+    trained, weights = n, 4 * n
+    if cfg.lora_rank:  # frozen base (16-bit on a GPU in mixed precision) + fp32 adapters
+        trained = adapter_count(c, cfg.lora_rank, cfg.lora_targets)
+        weights = (2 if mixed and on_gpu else 4) * n + 4 * trained
+        weight_casts = 0  # the base is kept in 16 bits; the adapters' casts are negligible
+    live = weights + 12 * trained + weight_casts + int(activations) + logits
     return Estimate(
         n_params=n,
-        weights=4 * n,
-        gradients=4 * n,
-        optimizer=8 * n,
+        weights=weights,
+        gradients=4 * trained,
+        optimizer=8 * trained,
         weight_casts=weight_casts,
         activations=int(activations),
         logits=logits,
@@ -203,6 +222,41 @@ def fit_micro_batch(cfg: TrainConfig, free_bytes: int) -> TrainConfig | None:
         if fits(candidate, free_bytes):
             return candidate
     return None
+
+
+LORA_FIT_RANK = 16  # the rank "Fit to my GPU" picks when full fine-tuning does not fit
+
+
+def fit_pretrained(cfg: TrainConfig, free_bytes: int) -> tuple[TrainConfig | None, str]:
+    """For a pretrained start, in this order: full fine-tuning if it fits (largest
+    micro-batch), else LoRA with activation checkpointing and the largest micro-batch that
+    fits. Returns (config or None, what was chosen and why)."""
+    import dataclasses
+
+    full_cfg = dataclasses.replace(cfg, lora_rank=0, lora_alpha=None)
+    full = fit_micro_batch(full_cfg, free_bytes)
+    usable = usable_bytes(free_bytes) / GB
+    if full is not None:
+        return full, (
+            f"full fine-tuning fits ({estimate(full).device_total / GB:.1f} of {usable:.1f} "
+            f"GiB usable): batch {full.batch_size} x {full.grad_accum}"
+        )
+    rank = cfg.lora_rank or LORA_FIT_RANK
+    lora_cfg = dataclasses.replace(cfg, lora_rank=rank, grad_checkpointing=True)
+    fitted = fit_micro_batch(lora_cfg, free_bytes)
+    need = estimate(dataclasses.replace(full_cfg, batch_size=1, grad_accum=1)).device_total / GB
+    if fitted is None:
+        return None, (
+            f"neither fits: full fine-tuning needs {need:.1f} GiB at batch 1, and LoRA rank "
+            f"{rank} with activation checkpointing does not fit {usable:.1f} GiB either; "
+            "lower seq_len or pick a smaller model"
+        )
+    return fitted, (
+        f"full fine-tuning needs {need:.1f} GiB even at batch 1, more than the {usable:.1f} "
+        f"GiB usable: LoRA rank {rank} with activation checkpointing "
+        f"({estimate(fitted).device_total / GB:.1f} GiB), batch {fitted.batch_size} x "
+        f"{fitted.grad_accum}"
+    )
 
 
 def recommend_preset(total_bytes: int | None = None, free_bytes: int | None = None, presets=None):

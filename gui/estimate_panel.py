@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QGroupBox, QHBoxLayout, QLabel, QProgressBar, QPushButton, QVBoxLayout
 
 from core.config import TrainConfig
-from core.estimate import SAFETY_MARGIN, estimate, usable_bytes
+from core.estimate import LORA_FIT_RANK, SAFETY_MARGIN, estimate, usable_bytes
 
 from .hardware_panel import HardwareInfo
 
@@ -48,6 +49,18 @@ def judge(cfg: TrainConfig, info: HardwareInfo) -> Fit:
     return Fit(est.device_total, info.cpu.get("ram_free_bytes"), False, est.report())
 
 
+def both_estimates(cfg: TrainConfig, on_gpu: bool) -> str:
+    """Full fine-tuning vs LoRA (with activation checkpointing) at this batch."""
+    full = estimate(dataclasses.replace(cfg, lora_rank=0, lora_alpha=None), on_gpu=on_gpu)
+    rank = cfg.lora_rank or LORA_FIT_RANK
+    lora_cfg = dataclasses.replace(cfg, lora_rank=rank, grad_checkpointing=True)
+    low = estimate(lora_cfg, on_gpu=on_gpu)
+    return (
+        f"full fine-tune ~{full.device_total / GiB:.2f} GiB · LoRA r{rank} + checkpointing "
+        f"~{low.device_total / GiB:.2f} GiB"
+    )
+
+
 class EstimatePanel(QGroupBox):
     """A bar of estimated peak memory vs what is free, and "Fit to my GPU"."""
 
@@ -68,8 +81,12 @@ class EstimatePanel(QGroupBox):
         row.addWidget(self.bar, 1)
         row.addWidget(self.fit_button)
         layout = QVBoxLayout(self)
+        self.choice = QLabel()  # what "Fit to my GPU" chose for a pretrained start, and why
+        self.choice.setWordWrap(True)
+        self.choice.setVisible(False)
         layout.addLayout(row)
         layout.addWidget(self.label)
+        layout.addWidget(self.choice)
         self.set_info(info)
 
     def set_info(self, info: HardwareInfo) -> None:
@@ -83,6 +100,10 @@ class EstimatePanel(QGroupBox):
         else:
             self.fit_button.setEnabled(False)
             self.fit_button.setToolTip("No CUDA GPU found: there is no VRAM to fit to")
+
+    def set_choice(self, text: str) -> None:
+        self.choice.setText(text)
+        self.choice.setVisible(bool(text))
 
     def update_for(self, cfg: TrainConfig | None) -> None:
         """Show the estimate for a valid config, or a blank bar for an invalid one."""
@@ -99,7 +120,10 @@ class EstimatePanel(QGroupBox):
         self.bar.setFormat(f"{shown} of usable {'VRAM' if self.fit.on_gpu else 'RAM'}")
         color = "#43a047" if share < 0.75 else "#fb8c00" if share <= 1.0 else "#e53935"
         self.bar.setStyleSheet(f"QProgressBar::chunk {{ background: {color}; }}")
-        self.label.setText(self.fit.describe())
+        text = self.fit.describe()
+        if cfg.init_from:  # the estimate for both ways of fine-tuning
+            text += "\n" + both_estimates(cfg, self.fit.on_gpu)
+        self.label.setText(text)
         self.setToolTip(
             self.fit.report + f"\n\n{SAFETY_MARGIN:.0%} of free memory is kept as a margin."
         )

@@ -31,7 +31,7 @@ from PySide6.QtWidgets import (
 from core import presets as preset_lib
 from core.config import TrainConfig
 from core.errors import ConfigError, UserError
-from core.estimate import fit_micro_batch
+from core.estimate import fit_micro_batch, fit_pretrained
 from core.runs import (
     DEFAULT_RUNS_ROOT,
     interrupted_run,
@@ -217,6 +217,10 @@ class MainWindow(QMainWindow):
 
     def _start_from_changed(self, pretrained) -> None:
         self.form.set_pretrained(pretrained)
+        self.estimate.set_choice("")
+        gpu = self.info.gpu_for(self.form.config().device)
+        if pretrained is not None and gpu and gpu.get("free_bytes") and self.form.is_valid:
+            self._fit_pretrained(self.form.validated(), gpu, quiet=True)  # the recommendation
         self._update_controls()
 
     def save_preset_as(self, name: str, description: str = "") -> Path | None:
@@ -256,6 +260,8 @@ class MainWindow(QMainWindow):
         if gpu is None or gpu.get("free_bytes") is None:
             self.show_error("Fit to my GPU", "No CUDA GPU with a known amount of free VRAM.")
             return False
+        if cfg.init_from:
+            return self._fit_pretrained(cfg, gpu)
         fitted = fit_micro_batch(cfg, gpu["free_bytes"])
         if fitted is None:
             self.show_error(
@@ -270,6 +276,22 @@ class MainWindow(QMainWindow):
             f"fit to {gpu['name']}: batch_size {fitted.batch_size} x grad_accum "
             f"{fitted.grad_accum} (effective batch {fitted.batch_size * fitted.grad_accum})"
         )
+        return True
+
+    def _fit_pretrained(self, cfg: TrainConfig, gpu: dict, quiet: bool = False) -> bool:
+        """Full fine-tuning if it fits, else LoRA with activation checkpointing."""
+        fitted, why = fit_pretrained(cfg, gpu["free_bytes"])
+        self.estimate.set_choice(f"{gpu['name']}: {why}")
+        if fitted is None:
+            if not quiet:
+                self.show_error("Fit to my GPU", why)
+            return False
+        self.form.set_values(
+            lora_rank=fitted.lora_rank, lora_alpha=fitted.lora_alpha,
+            grad_checkpointing=fitted.grad_checkpointing,
+            batch_size=fitted.batch_size, grad_accum=fitted.grad_accum,
+        )  # fmt: skip
+        self.log(f"fit to {gpu['name']}: {why}")
         return True
 
     def _choose_out(self) -> None:

@@ -167,9 +167,13 @@ class RunView(QWidget):
         if gpu is not None:
             self.plots.set_device_total(gpu["total_bytes"] / 1024**2)
         if self.session.state != RunState.STOPPING:
+            params = f"{info['n_params']:,} parameters"
+            trainable = info.get("n_trainable", info["n_params"])
+            if trainable != info["n_params"]:  # LoRA: the adapters train, the base is frozen
+                params = f"{trainable:,} of {info['n_params']:,} parameters training (LoRA)"
             self.show_status(
-                f"Running on {info['device']} ({info['precision']}), "
-                f"{info['n_params']:,} parameters, data: {describe_run_data(info)}",
+                f"Running on {info['device']} ({info['precision']}), {params}, "
+                f"data: {describe_run_data(info)}",
             )
 
     def _refill_plots(self, run_dir: Path, start_step: int) -> None:

@@ -89,3 +89,46 @@ def test_playground_chat_mode_answers_in_the_models_template(make_window, llama_
     new = generate_ids(loaded.model, ids, 12, temperature=0, stop_ids=tok.stop_ids)
     assert pg.output.toPlainText() == "".join(stream_text(tok, new, hide=tok.stop_ids))
     assert pg.status.text().startswith("Done")
+
+
+def test_lora_run_from_the_window_shows_trainable_of_total(
+    make_window, llama_folder, tmp_path, qtbot
+):
+    window = tiny_window(make_window, max_steps=4, eval_every=2, sample_tokens=4, seq_len=32)
+    window.start_from.set_source(str(llama_folder))
+    data = tmp_path / "notes.txt"
+    data.write_text(TEXT * 5, encoding="utf-8")
+    window.form.set_values(data=str(data), lora_rank=4)
+    assert "LoRA r4 + checkpointing" in window.estimate.label.text()
+    result = run_to_end(qtbot, window, window.start)
+    assert result["status"] == "finished"
+    log = window.run_view.log_view.toPlainText()
+    assert "LoRA rank 4 on all:" in log and "parameters train" in log
+
+
+def test_fit_for_a_pretrained_start_on_a_simulated_gpu(make_window, llama_folder, monkeypatch):
+    from test_gui import FAKE_8GB
+
+    from core import estimate as estimate_lib
+    from core import hardware
+
+    monkeypatch.setattr(hardware, "gpus", lambda: [dict(FAKE_8GB)])
+    window = make_window()
+    window.start_from.set_source(str(llama_folder))  # the recommendation runs at once
+    assert "full fine-tuning fits" in window.estimate.choice.text()
+    assert window.form.validated().lora_rank == 0
+    # a card too small for full fine-tuning even at batch 1, big enough for LoRA
+    import dataclasses
+
+    cfg = window.form.validated()
+    one = dataclasses.replace(cfg, batch_size=1, grad_accum=1)
+    full = estimate_lib.estimate(dataclasses.replace(one, lora_rank=0)).device_total
+    low = estimate_lib.estimate(
+        dataclasses.replace(one, lora_rank=16, grad_checkpointing=True)
+    ).device_total
+    assert low < full
+    monkeypatch.setattr(estimate_lib, "usable_bytes", lambda free: (full + low) // 2)
+    assert window.fit_to_gpu()
+    cfg = window.form.validated()
+    assert cfg.lora_rank == 16 and cfg.grad_checkpointing
+    assert "LoRA rank 16 with activation checkpointing" in window.estimate.choice.text()

@@ -165,3 +165,66 @@ def test_resume_with_other_lora_settings_or_base_is_refused(models, data_file, t
     shutil.copy(tmp_path / "other" / "model.safetensors", base / "model.safetensors")
     assert train_main(["--resume", str(run), "--max-steps", "6"]) == 2
     assert "other weights" in capsys.readouterr().err
+
+
+# -- memory: estimate and "Fit to my GPU" for a pretrained start ----------------------------
+
+QWEN_1_5B = {
+    "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_size": 1536,
+    "intermediate_size": 8960, "num_hidden_layers": 28, "num_attention_heads": 12,
+    "num_key_value_heads": 2, "max_position_embeddings": 32768, "vocab_size": 151936,
+    "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": True,
+}  # fmt: skip
+
+
+@pytest.fixture
+def big_config(tmp_path):
+    """A Qwen2.5-1.5B-shaped config.json: the estimate reads only the shape."""
+    folder = tmp_path / "qwen-1.5b"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(QWEN_1_5B))
+    return validate(
+        TrainConfig(
+            init_from=str(folder), tokenizer="model", hidden_dim=1536, n_layers=28,
+            n_heads=12, bias=False, seq_len=1024, batch_size=8, grad_accum=1,
+        )
+    )  # fmt: skip
+
+
+def test_estimate_counts_the_frozen_base_and_the_adapters(big_config):
+    import dataclasses
+
+    from core.estimate import adapter_count, estimate, model_shape
+
+    full = estimate(big_config, precision="bf16", on_gpu=True)
+    assert 1.5e9 < full.n_params < 1.6e9  # Qwen2.5-1.5B: 1.54B with the tied head
+    assert full.gradients == 4 * full.n_params and full.optimizer == 8 * full.n_params
+    lora_cfg = dataclasses.replace(big_config, lora_rank=16)
+    low = estimate(lora_cfg, precision="bf16", on_gpu=True)
+    adapters = adapter_count(model_shape(lora_cfg), 16, "all")
+    c = model_shape(lora_cfg)
+    per_layer = 16 * (
+        (c.hidden_dim + c.n_heads * c.head_dim + 2 * c.n_kv_heads * c.head_dim)
+        + (c.n_heads * c.head_dim + c.hidden_dim)
+        + (c.hidden_dim + 2 * c.ffn_dim) + (c.ffn_dim + c.hidden_dim)
+    )  # fmt: skip
+    assert adapters == c.n_layers * per_layer
+    assert low.weights == 2 * low.n_params + 4 * adapters  # 16-bit base, fp32 adapters
+    assert low.gradients == 4 * adapters and low.optimizer == 8 * adapters
+    # about 16 bytes a parameter for a full fine-tune (weights, gradients, AdamW, casts)
+    # against 2 for a 16-bit frozen base; activations are the same at the same batch
+    assert full.device_total - low.device_total > 14 * full.n_params
+
+
+def test_fit_picks_full_fine_tuning_if_it_fits_else_lora_with_checkpointing(big_config):
+    from core.estimate import GB, estimate, fit_pretrained
+
+    roomy, why = fit_pretrained(big_config, 80 * GB)
+    assert roomy.lora_rank == 0 and "full fine-tuning fits" in why
+    small, why = fit_pretrained(big_config, 12 * GB)
+    assert small.lora_rank == 16 and small.grad_checkpointing
+    assert small.batch_size * small.grad_accum == 8  # the effective batch is kept
+    assert estimate(small).device_total <= 0.9 * 12 * GB
+    assert "LoRA rank 16 with activation checkpointing" in why and "even at batch 1" in why
+    nothing, why = fit_pretrained(big_config, 1 * GB)
+    assert nothing is None and "neither fits" in why
