@@ -171,7 +171,9 @@ class Tokenizer:
         return self.decode_bytes(ids).decode("utf-8", errors="replace")
 
     def token_bytes(self, i: int) -> bytes:
-        return self._id_bytes[i]
+        """An id past the tokenizer's vocabulary (a model row it never trained, which a
+        barely trained model can still pick) stands for nothing."""
+        return self._id_bytes[i] if 0 <= i < len(self._id_bytes) else b""
 
     def hf_json(self) -> str:
         return self.hf.to_str()

@@ -84,3 +84,11 @@ def test_missing_or_damaged_checkpoint_exit_2(tmp_path, capsys):
     bad.write_bytes(b"not a checkpoint")
     assert main([str(bad)]) == 2
     assert "damaged or not a checkpoint" in capsys.readouterr().err
+
+
+def test_an_id_past_the_tokenizers_vocabulary_decodes_to_nothing():
+    from core.generate import stream_text
+    from core.tokenizer import bytes_tokenizer
+
+    tok = bytes_tokenizer()  # 256 ids; a BPE model's spare embedding rows lie past them
+    assert "".join(stream_text(tok, iter([104, 300, 105, 4000]))) == "hi"
