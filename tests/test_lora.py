@@ -228,3 +228,18 @@ def test_fit_picks_full_fine_tuning_if_it_fits_else_lora_with_checkpointing(big_
     assert "LoRA rank 16 with activation checkpointing" in why and "even at batch 1" in why
     nothing, why = fit_pretrained(big_config, 1 * GB)
     assert nothing is None and "neither fits" in why
+
+
+def test_gradient_checkpointing_trains_the_same_adapters(models, data_file, tmp_path):
+    folder = models["llama"][0]
+    runs = {}
+    for ckpt in (False, True):
+        cfg = lora_config(
+            folder, data_file, max_steps=3, eval_every=3, ckpt_every=3, lora_dropout=0.0,
+            grad_checkpointing=ckpt,
+        )  # fmt: skip
+        Trainer(cfg, tmp_path / str(ckpt)).run()
+        path = tmp_path / str(ckpt) / "checkpoints" / "latest.pt"
+        runs[ckpt] = torch.load(path, weights_only=True)["model"]
+    for name, value in runs[False].items():
+        assert torch.allclose(value, runs[True][name], atol=1e-6), name

@@ -216,3 +216,24 @@ def test_resume_refuses_another_base_model(models, data_file, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "was fine-tuned from" in err and "other weights" in err
     assert (run / "checkpoints" / "latest.pt").read_bytes() == before
+
+
+def test_a_pickled_only_folder_loads_plain_weights_and_refuses_code(models, tmp_path):
+    from safetensors.torch import load_file
+
+    folder = tmp_path / "bin-only"
+    shutil.copytree(models["gpt2"][0], folder)
+    state = load_file(folder / "model.safetensors")
+    (folder / "model.safetensors").unlink()
+    torch.save(state, folder / "pytorch_model.bin")  # plain tensors: weights_only reads them
+    ids = torch.tensor([[5, 6, 7, 8]])
+    expected, _ = load(models["gpt2"][0]).model(ids)
+    assert torch.equal(load(folder).model(ids)[0], expected)
+
+    class Payload:  # a pickle that would need code to load
+        def __reduce__(self):
+            return (print, ("this must never run",))
+
+    torch.save({"x": Payload()}, folder / "pytorch_model.bin")
+    with pytest.raises(Exception, match="cannot be read as plain weights"):
+        load(folder)
