@@ -44,28 +44,46 @@ def model_shape(cfg: TrainConfig) -> GPTConfig:
     return GPTConfig.from_train(cfg)
 
 
-def shape_params(c: GPTConfig) -> int:
-    """Exact parameter count of core.model.GPT with this shape (counted on the meta device)."""
+_COUNTS: dict[str, int] = {}  # shape (and LoRA) -> count: the form re-estimates on every edit
+
+
+def _counted(key: str, count) -> int:
+    if key not in _COUNTS:
+        _COUNTS[key] = count()
+    return _COUNTS[key]
+
+
+def _meta_model(c: GPTConfig):
     import torch
 
     from .model import GPT
 
     with torch.device("meta"):
-        return GPT(c).num_params()
+        return GPT(c)
+
+
+def _shape_key(c: GPTConfig, *extra) -> str:
+    import json
+
+    return json.dumps([c.to_dict(), *extra], sort_keys=True, default=str)
+
+
+def shape_params(c: GPTConfig) -> int:
+    """Exact parameter count of core.model.GPT with this shape (counted on the meta device)."""
+    return _counted(_shape_key(c), lambda: _meta_model(c).num_params())
 
 
 def adapter_count(c: GPTConfig, rank: int, targets: str) -> int:
     """Parameters of the LoRA adapters a shape gets (rank x (in + out) per adapted layer)."""
     if not rank:
         return 0
-    import torch
-
     from .lora import adapted_linears
-    from .model import GPT
 
-    with torch.device("meta"):
-        model = GPT(c)
-    return sum(rank * (m.in_features + m.out_features) for _, m in adapted_linears(model, targets))
+    def count():
+        linears = adapted_linears(_meta_model(c), targets)
+        return sum(rank * (m.in_features + m.out_features) for _, m in linears)
+
+    return _counted(_shape_key(c, rank, targets), count)
 
 
 def _position_params(c: GPTConfig) -> int:
