@@ -129,6 +129,7 @@ class Estimate:
     cuda_context: int
     tokens_per_step: int
     flops_per_token: int
+    trained: int = 0  # parameters that train (LoRA: the adapters); 0: all of them
 
     @property
     def allocator_peak(self) -> int:
@@ -148,10 +149,11 @@ class Estimate:
         return self.allocator_peak + self.fragmentation + self.cuda_context
 
     def breakdown(self) -> list[tuple[str, int]]:
+        lora = 0 < self.trained < self.n_params
         return [
-            ("weights (fp32)", self.weights),
-            ("gradients (fp32)", self.gradients),
-            ("AdamW state (2 x fp32)", self.optimizer),
+            ("weights (base + adapters)" if lora else "weights (fp32)", self.weights),
+            ("gradients (adapters)" if lora else "gradients (fp32)", self.gradients),
+            ("AdamW state (adapters)" if lora else "AdamW state (2 x fp32)", self.optimizer),
             ("autocast weight copies", self.weight_casts),
             ("activations", self.activations),
             ("logits and loss", self.logits),
@@ -166,6 +168,11 @@ class Estimate:
             f"{'allocator peak':<26} {self.allocator_peak / MB:>10.1f} MiB",
             f"{'device total (NVML)':<26} {self.device_total / MB:>10.1f} MiB",
             f"parameters                 {self.n_params:,}",
+            *(
+                [f"trained (LoRA adapters)    {self.trained:,}"]
+                if 0 < self.trained < self.n_params
+                else []
+            ),
             f"tokens per optimizer step  {self.tokens_per_step:,}",
             f"FLOPs per token            {self.flops_per_token / 1e6:,.1f} M",
         ]
@@ -213,6 +220,7 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
         cuda_context=CUDA_CONTEXT_BYTES if on_gpu else 0,
         tokens_per_step=cfg.tokens_per_step,
         flops_per_token=flops_per_token(cfg, c),
+        trained=trained,
     )
 
 
