@@ -96,9 +96,10 @@ def test_checkpoint_holds_adapters_not_the_base(models, data_file, tmp_path):
     assert size["lora"] < size["full"] - 3 * base_bytes + 3 * adapter_bytes + 20_000
 
 
-def test_resume_after_a_stop_is_bitwise_the_uninterrupted_run(models, data_file, tmp_path):
+@pytest.mark.parametrize("rank", [4, 0], ids=["lora", "full"])
+def test_resume_after_a_stop_is_bitwise_the_uninterrupted_run(models, data_file, tmp_path, rank):
     folder = models["llama"][0]
-    cfg = lora_config(folder, data_file, max_steps=10, eval_every=5, ckpt_every=5)
+    cfg = lora_config(folder, data_file, max_steps=10, eval_every=5, ckpt_every=5, lora_rank=rank)
     Trainer(cfg, tmp_path / "straight").run()
     Trainer(cfg, tmp_path / "split").run(control=StopAfter(4))
     latest = tmp_path / "split" / "checkpoints" / "latest.pt"
