@@ -27,8 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from core.config import TrainConfig, validate  # noqa: E402
 from core.events import TrainEvents  # noqa: E402
-from core.generate import model_config  # noqa: E402
-from core.model import GPT  # noqa: E402
+from core.model import GPT, GPTConfig  # noqa: E402
 from core.trainer import Trainer, lr_at  # noqa: E402
 
 SIZES = {
@@ -70,7 +69,7 @@ def engine_steps_per_s(cfg: TrainConfig, tmp: Path) -> tuple[float, torch.Tensor
 def bare_steps_per_s(cfg: TrainConfig, data: torch.Tensor) -> float:
     device = torch.device(cfg.device)
     torch.manual_seed(cfg.seed)
-    model = GPT(model_config(cfg)).to(device)
+    model = GPT(GPTConfig.from_train(cfg, training=False)).to(device)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     rest = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
