@@ -52,7 +52,6 @@ def one(mode: str, model: str, steps: int, threads: int) -> dict:
     from core.config import TrainConfig, validate
     from core.estimate import estimate
     from core.events import TrainEvents
-    from core.loader import apply_pretrained, open_pretrained
     from core.trainer import Trainer
 
     torch.set_num_threads(threads)
@@ -64,10 +63,11 @@ def one(mode: str, model: str, steps: int, threads: int) -> dict:
     )  # fmt: skip
     extra = {} if mode == "full" else {"lora_rank": int(mode.removeprefix("lora"))}
     cfg = validate(dataclasses.replace(cfg, **extra))
-    est = estimate(apply_pretrained(cfg, open_pretrained(model)), on_gpu=False)
+    est = estimate(cfg, on_gpu=False)  # the shape comes from the model's config.json
 
     class Collect(TrainEvents):
-        records: list = []
+        def __init__(self):
+            self.records = []
 
         def on_train_batch_end(self, record):
             self.records.append(record)

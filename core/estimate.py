@@ -253,13 +253,25 @@ def fit_micro_batch(cfg: TrainConfig, free_bytes: int) -> TrainConfig | None:
 LORA_FIT_RANK = 16  # the rank "Fit to my GPU" picks when full fine-tuning does not fit
 
 
+def fine_tune_choices(cfg: TrainConfig) -> tuple[TrainConfig, TrainConfig]:
+    """The two ways to fine-tune a config: full, and LoRA (its rank, else LORA_FIT_RANK)
+    with activation checkpointing."""
+    import dataclasses
+
+    full = dataclasses.replace(cfg, lora_rank=0, lora_alpha=None)
+    low = dataclasses.replace(
+        cfg, lora_rank=cfg.lora_rank or LORA_FIT_RANK, grad_checkpointing=True
+    )
+    return full, low
+
+
 def fit_pretrained(cfg: TrainConfig, free_bytes: int) -> tuple[TrainConfig | None, str]:
     """For a pretrained start, in this order: full fine-tuning if it fits (largest
     micro-batch), else LoRA with activation checkpointing and the largest micro-batch that
     fits. Returns (config or None, what was chosen and why)."""
     import dataclasses
 
-    full_cfg = dataclasses.replace(cfg, lora_rank=0, lora_alpha=None)
+    full_cfg, lora_cfg = fine_tune_choices(cfg)
     full = fit_micro_batch(full_cfg, free_bytes)
     usable = usable_bytes(free_bytes) / GB
     if full is not None:
@@ -267,8 +279,7 @@ def fit_pretrained(cfg: TrainConfig, free_bytes: int) -> tuple[TrainConfig | Non
             f"full fine-tuning fits ({estimate(full).device_total / GB:.1f} of {usable:.1f} "
             f"GiB usable): batch {full.batch_size} x {full.grad_accum}"
         )
-    rank = cfg.lora_rank or LORA_FIT_RANK
-    lora_cfg = dataclasses.replace(cfg, lora_rank=rank, grad_checkpointing=True)
+    rank = lora_cfg.lora_rank
     fitted = fit_micro_batch(lora_cfg, free_bytes)
     need = estimate(dataclasses.replace(full_cfg, batch_size=1, grad_accum=1)).device_total / GB
     if fitted is None:

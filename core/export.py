@@ -25,7 +25,6 @@ from .loader import Loaded, load
 
 FORMATS = ("hf", "gguf", "safetensors", "peft")
 EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT = 0, 1, 2
-LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which the model uses
 
 
 class ExportError(UserError):
@@ -330,7 +329,7 @@ def peft_weights(loaded: Loaded) -> tuple[dict[str, torch.Tensor], list[str]]:
     A fused layer of ours (q/k/v, gate/up) is several Hugging Face modules: each gets the same
     A and its own rows of B, which gives each exactly its rows of B A."""
     c, family = loaded.model.config, loaded.family
-    state = {k: v.detach().float().cpu() for k, v in loaded.model.state_dict().items()}
+    state = _weights(loaded.model)
     out, modules = {}, []
     for ours, hf_names, _ in families.table(family, c):
         prefix = ours.removesuffix(".weight")

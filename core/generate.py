@@ -170,6 +170,15 @@ def prompt_ids(tok: Tokenizer, prompt: str) -> list[int]:
     return ids
 
 
+def start_ids(tok: Tokenizer, prompt: str, chat: bool, system: str | None = None):
+    """(prompt ids, stop ids): a plain prompt runs to the length asked; a chat prompt is a
+    user message in the model's template and ends at the model's end of turn."""
+    if not chat:
+        return prompt_ids(tok, prompt), ()
+    messages = [{"role": "system", "content": system}] if system else []
+    return chat_ids(tok, [*messages, {"role": "user", "content": prompt}]), tok.stop_ids
+
+
 def run_cli(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.top_p is not None and not 0 < args.top_p <= 1:
@@ -179,14 +188,10 @@ def run_cli(argv=None) -> int:
     loaded = load(args.target, args.checkpoint, device)
     tok = loaded.tokenizer
     out = sys.stdout
-    if args.chat:
-        messages = [{"role": "system", "content": args.system}] if args.system else []
-        ids = chat_ids(tok, [*messages, {"role": "user", "content": prompt}])
-    else:
-        ids = prompt_ids(tok, prompt)
+    ids, stops = start_ids(tok, prompt, args.chat, args.system)
+    if not args.chat:
         out.write(prompt)
         out.flush()
-    stops = tok.stop_ids if args.chat else ()
     new = generate_ids(
         loaded.model, ids, args.max_new_tokens, args.temperature, args.top_k or None,
         args.top_p, args.seed, use_cache=not args.no_cache, stop_ids=stops,

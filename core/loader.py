@@ -159,8 +159,9 @@ class Pretrained:
     files: dict = field(default_factory=dict)  # TEXT_FILES that exist: name -> text
 
     def n_params(self) -> int:
-        with torch.device("meta"):
-            return GPT(self.config).num_params()
+        from .estimate import shape_params
+
+        return shape_params(self.config)
 
     def info(self) -> dict:
         c = self.config
@@ -176,16 +177,19 @@ class Pretrained:
             "chat_template": bool(self.tokenizer.chat_template),
         }
 
-    def base_record(self) -> dict:
-        """What a fine-tune's checkpoint keeps of its base: enough to export and to refuse
-        resuming on another base."""
+    def base_info(self) -> dict:
+        """What an export needs of the model it writes: family, config and tokenizer files."""
         return {
             "init_from": self.name,
             "family": self.family,
-            "fingerprint": fingerprint(self.folder),
             "hf_config": self.hf_config,
             "files": self.files,
         }
+
+    def base_record(self) -> dict:
+        """What a fine-tune's checkpoint keeps of its base: base_info, and the weights'
+        fingerprint to refuse resuming on another base."""
+        return {**self.base_info(), "fingerprint": fingerprint(self.folder)}
 
     def load_model(self, c: GPTConfig | None = None) -> GPT:
         """The model with the pretrained weights, in fp32 on the CPU."""
@@ -210,10 +214,15 @@ def info_line(info: dict) -> str:
     )
 
 
+def _read_config(folder: Path) -> tuple[dict, str, GPTConfig]:
+    """(config.json, family, shape) of a model folder."""
+    hf_config = read_json(folder / "config.json")
+    return hf_config, *families.model_config(hf_config, str(folder / "config.json"))
+
+
 def pretrained_shape(source: str | Path) -> GPTConfig:
     """A pretrained model's shape from its config.json alone (for estimates)."""
-    folder = resolve_folder(source)
-    return families.model_config(read_json(folder / "config.json"), str(folder))[1]
+    return _read_config(resolve_folder(source))[2]
 
 
 def apply_pretrained(cfg: TrainConfig, pre: Pretrained, explicit=()) -> TrainConfig:
@@ -252,8 +261,7 @@ def apply_pretrained(cfg: TrainConfig, pre: Pretrained, explicit=()) -> TrainCon
 
 def open_pretrained(source: str | Path) -> Pretrained:
     folder = resolve_folder(source)
-    hf_config = read_json(folder / "config.json")
-    family, config = families.model_config(hf_config, str(folder / "config.json"))
+    hf_config, family, config = _read_config(folder)
     try:
         tokenizer = pretrained_tokenizer(folder)
     except UserError as e:
@@ -330,11 +338,10 @@ def load_weights(model: GPT, state: dict) -> None:
         raise RuntimeError(f"adapters differ: {(unexpected or adapters_missing)[0]}")
 
 
-def _base_model(state: dict, c: GPTConfig, path: Path) -> GPT:
+def _base_model(state: dict, cfg: TrainConfig, c: GPTConfig, path: Path) -> GPT:
     """The model a checkpoint's weights go into: for a LoRA fine-tune of a pretrained model,
     its base (checked against the fingerprint the checkpoint names) with adapters."""
-    base, cfg = state.get("base"), state["config"]
-    rank = cfg.get("lora_rank", 0)
+    base = state.get("base")
     if state.get("adapters_only"):
         pre = open_pretrained(base["init_from"])
         if fingerprint(pre.folder) != base["fingerprint"]:
@@ -345,9 +352,7 @@ def _base_model(state: dict, c: GPTConfig, path: Path) -> GPT:
         model = pre.load_model(c)
     else:
         model = GPT(c)
-    if rank:
-        alpha = cfg.get("lora_alpha") or 2.0 * rank
-        lora.apply_lora(model, rank, alpha, 0.0, cfg.get("lora_targets", "all"))
+    lora.apply_config(model, cfg)
     return model
 
 
@@ -357,7 +362,7 @@ def load_checkpoint(target: str | Path, which: str = "best", device: str = "cpu"
     cfg = validate(from_dict(state["config"], source=str(path)))
     c = model_config_of(state, cfg)
     c.grad_checkpointing = False
-    model = _base_model(state, c, path)
+    model = _base_model(state, cfg, c, path)
     try:
         load_weights(model, state)
     except (RuntimeError, KeyError) as e:
@@ -392,10 +397,4 @@ def load(target: str | Path, which: str = "best", device: str = "cpu") -> Loaded
         )
     pre = open_pretrained(target)
     model = pre.load_model().to(device).eval()
-    base = {
-        "init_from": pre.name,
-        "family": pre.family,
-        "hf_config": pre.hf_config,
-        "files": pre.files,
-    }
-    return Loaded(model, pre.tokenizer, None, pre.folder, 0, None, pre.family, base)
+    return Loaded(model, pre.tokenizer, None, pre.folder, 0, None, pre.family, pre.base_info())

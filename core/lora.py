@@ -78,6 +78,13 @@ def apply_lora(model, rank: int, alpha: float, dropout: float, targets: str) -> 
         setattr(parent, child, LoRALinear(linear, rank, alpha, dropout))
 
 
+def apply_config(model, cfg) -> None:
+    """apply_lora with a TrainConfig's LoRA settings (a no-op at rank 0)."""
+    if cfg.lora_rank:
+        alpha = cfg.lora_scale_alpha
+        apply_lora(model, cfg.lora_rank, alpha, cfg.lora_dropout, cfg.lora_targets)
+
+
 def is_adapter(name: str) -> bool:
     return ".lora_A" in name or ".lora_B" in name
 

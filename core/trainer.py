@@ -26,7 +26,7 @@ from .distributed import SilentFolder, World
 from .errors import CheckpointError, DiskFullError, TrainingError, UserError
 from .events import TrainControl, TrainEvents
 from .hardware import memory_stats
-from .loader import Pretrained, apply_pretrained, load_weights, open_pretrained
+from .loader import Pretrained, apply_pretrained, fingerprint, load_weights, open_pretrained
 from .model import GPT, GPTConfig
 from .runlock import RunLock
 from .runs import RunFolder
@@ -140,12 +140,12 @@ class Trainer:
         saved = state.get("base")
         if self.pretrained is None or saved is None:
             return
-        now = self.pretrained.base_record()
-        if saved["fingerprint"] != now["fingerprint"]:
+        now = fingerprint(self.pretrained.folder)
+        if saved["fingerprint"] != now:
             raise CheckpointError(
                 f"resume: {self.resume_from} was fine-tuned from {saved['init_from']} (weights "
-                f"{saved['fingerprint']}), but {now['init_from']} now holds other weights "
-                f"({now['fingerprint']}); point init_from at the original base model"
+                f"{saved['fingerprint']}), but {self.pretrained.name} now holds other weights "
+                f"({now}); point init_from at the original base model"
             )
 
     def _setup(self) -> None:
@@ -203,11 +203,10 @@ class Trainer:
             shape = GPTConfig.from_train(cfg, base=self.pretrained.config)
             model = self.pretrained.load_model(shape)
             self._log(f"starting from {self.pretrained.name} ({self.pretrained.family})")
-        if cfg.lora_rank:
-            alpha = cfg.lora_scale_alpha
-            lora.apply_lora(model, cfg.lora_rank, alpha, cfg.lora_dropout, cfg.lora_targets)
-            if self.precision in ("bf16", "fp16") and self.device.type == "cuda":
-                lora.freeze_to(model, torch.bfloat16 if self.precision == "bf16" else torch.float16)
+        lora.apply_config(model, cfg)
+        on_gpu_16 = self.precision in ("bf16", "fp16") and self.device.type == "cuda"
+        if cfg.lora_rank and on_gpu_16:  # the frozen base in 16 bits: half its memory
+            lora.freeze_to(model, torch.bfloat16 if self.precision == "bf16" else torch.float16)
         return model
 
     @property
@@ -549,21 +548,22 @@ class Trainer:
         with self._not_training():
             self._evaluate_and_record()
 
-    def _base_eval(self) -> None:
-        """The pretrained model's own validation loss at step 0: where a fine-tune starts."""
-        with self._not_training():
-            val = self.evaluate()
-        record = {"step": 0, "val_loss": val, "val_bpb": self.bits_per_byte(val)}
-        self.folder.append_metric(record)
-        self.events.on_eval(record)
-        self._log(f"base model: val_loss {val:.4f}, {record['val_bpb']:.4f} bits/byte")
-
-    def _evaluate_and_record(self) -> None:
+    def _record_eval(self, what: str) -> float:
+        """Evaluate, then write the record, report it and log it as `what`."""
         val = self.evaluate()
         record = {"step": self.step, "val_loss": val, "val_bpb": self.bits_per_byte(val)}
         self.folder.append_metric(record)
         self.events.on_eval(record)
-        self._log(f"step {self.step}: val_loss {val:.4f}, {record['val_bpb']:.4f} bits/byte")
+        self._log(f"{what}: val_loss {val:.4f}, {record['val_bpb']:.4f} bits/byte")
+        return val
+
+    def _base_eval(self) -> None:
+        """The pretrained model's own validation loss at step 0: where a fine-tune starts."""
+        with self._not_training():
+            self._record_eval("base model")
+
+    def _evaluate_and_record(self) -> None:
+        val = self._record_eval(f"step {self.step}")
         text = self.sample() if self.world.main else ""
         if text:
             self.folder.append_sample(self.step, text)
@@ -655,6 +655,7 @@ class Trainer:
 
     def _loop(self) -> None:
         cfg = self.cfg
+        trainable = lora.trainable_params(self.model)
         self._t0 = self._window_start = time.perf_counter()
         self.events.on_train_start(
             {
@@ -662,7 +663,7 @@ class Trainer:
                 "start_step": self.step,
                 "max_steps": self.max_steps,
                 "n_params": self.model.num_params(),
-                "n_trainable": lora.trainable_params(self.model),
+                "n_trainable": trainable,
                 "device": str(self.device),
                 "precision": self.precision,
                 "tokens_per_step": cfg.tokens_per_step,
@@ -673,7 +674,6 @@ class Trainer:
                 "resumed": self.resume_from is not None,
             }
         )
-        trainable = lora.trainable_params(self.model)
         if cfg.lora_rank:
             self._log(
                 f"LoRA rank {cfg.lora_rank} on {cfg.lora_targets}: {trainable:,} of "

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QGroupBox, QHBoxLayout, QLabel, QProgressBar, QPushButton, QVBoxLayout
 
 from core.config import TrainConfig
-from core.estimate import LORA_FIT_RANK, SAFETY_MARGIN, estimate, usable_bytes
+from core.estimate import SAFETY_MARGIN, estimate, fine_tune_choices, usable_bytes
 
 from .hardware_panel import HardwareInfo
 
@@ -51,12 +50,11 @@ def judge(cfg: TrainConfig, info: HardwareInfo) -> Fit:
 
 def both_estimates(cfg: TrainConfig, on_gpu: bool) -> str:
     """Full fine-tuning vs LoRA (with activation checkpointing) at this batch."""
-    full = estimate(dataclasses.replace(cfg, lora_rank=0, lora_alpha=None), on_gpu=on_gpu)
-    rank = cfg.lora_rank or LORA_FIT_RANK
-    lora_cfg = dataclasses.replace(cfg, lora_rank=rank, grad_checkpointing=True)
-    low = estimate(lora_cfg, on_gpu=on_gpu)
+    full_cfg, lora_cfg = fine_tune_choices(cfg)
+    full, low = estimate(full_cfg, on_gpu=on_gpu), estimate(lora_cfg, on_gpu=on_gpu)
     return (
-        f"full fine-tune ~{full.device_total / GiB:.2f} GiB · LoRA r{rank} + checkpointing "
+        f"full fine-tune ~{full.device_total / GiB:.2f} GiB · LoRA r{lora_cfg.lora_rank} "
+        "+ checkpointing "
         f"~{low.device_total / GiB:.2f} GiB"
     )
 

@@ -29,11 +29,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from core.chat import chat_ids
 from core.device import inference_device
 from core.errors import UserError
 from core.export import FORMATS, export
-from core.generate import generate_ids, load, prompt_ids, stream_text
+from core.generate import generate_ids, load, start_ids, stream_text
 from core.runs import list_runs
 
 PROMPT_LINES = 3  # the prompt box's height; the output box takes the rest
@@ -74,11 +73,8 @@ class GenerateThread(QThread):
                 f"{model.checkpoint.name}, step {model.step}, {model.model.num_params():,} "
                 f"parameters, {model.tokenizer.kind} tokenizer, on {self.device}"
             )
-            tok, stops = model.tokenizer, ()
-            if self.chat:  # the prompt is a user message; the answer ends at end of turn
-                ids, stops = chat_ids(tok, [{"role": "user", "content": self.prompt}]), tok.stop_ids
-            else:
-                ids = prompt_ids(tok, self.prompt)
+            tok = model.tokenizer
+            ids, stops = start_ids(tok, self.prompt, self.chat)
             new = generate_ids(
                 model.model, ids, should_stop=self._stop.is_set, stop_ids=stops, **self.options
             )
