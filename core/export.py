@@ -336,8 +336,7 @@ def peft_weights(loaded: Loaded) -> tuple[dict[str, torch.Tensor], list[str]]:
         if not ours.endswith(".weight") or f"{prefix}.lora_A" not in state:
             continue
         a, b = state[f"{prefix}.lora_A"], state[f"{prefix}.lora_B"]
-        sizes = families._split_sizes(ours, c, len(hf_names))
-        parts = [b] if sizes == [-1] else b.split(sizes, dim=0)
+        parts = families.split_rows(ours, c, b, len(hf_names))
         for hf_name, part in zip(hf_names, parts, strict=True):
             module = hf_name.removesuffix(".weight")
             out[f"base_model.model.{module}.lora_A.weight"] = a.clone().contiguous()

@@ -194,12 +194,16 @@ def table(family: str, c: GPTConfig) -> list[tuple[str, list[str], bool]]:
     return _gpt2_table(c) if family == "gpt2" else _llama_table(c)
 
 
-def _split_sizes(name: str, c: GPTConfig, n_parts: int) -> list[int]:
+def split_rows(name: str, c: GPTConfig, tensor: torch.Tensor, n_parts: int) -> list:
+    """One of our tensors cut into the rows of its n_parts Hugging Face tensors (q, k, v or
+    SwiGLU's gate, up); a LoRA B splits the same way."""
     if n_parts == 1:
-        return [-1]
+        return [tensor]
     if ".attn.qkv." in name:
-        return [c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.n_kv_heads * c.head_dim]
-    return [c.ffn_dim] * n_parts  # SwiGLU gate, up
+        sizes = [c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.n_kv_heads * c.head_dim]
+    else:
+        sizes = [c.ffn_dim] * n_parts
+    return list(tensor.split(sizes, dim=0))
 
 
 def _normalise_hf(names: list[str], family: str) -> dict[str, str]:
@@ -244,8 +248,7 @@ def export_weights(family: str, c: GPTConfig, state: dict) -> dict:
                 out[hf_names[0]] = torch.zeros(weight.shape[0])
             continue
         tensor = state[ours].detach().float().cpu()
-        sizes = _split_sizes(ours, c, len(hf_names))
-        parts = [tensor] if sizes == [-1] else tensor.split(sizes, dim=0)
+        parts = split_rows(ours, c, tensor, len(hf_names))
         for name, part in zip(hf_names, parts, strict=True):
             out[name] = (part.t() if transposed else part).contiguous()
     return out

@@ -47,6 +47,11 @@ BYTE_CHARS = _byte_alphabet()
 CHAR_TO_BYTE = {c: b for b, c in enumerate(BYTE_CHARS)}
 
 
+def byte_level_bytes(token: str) -> bytes:
+    """The bytes a GPT-2 byte-level token stands for."""
+    return bytes(CHAR_TO_BYTE[c] for c in token if c in CHAR_TO_BYTE)
+
+
 def _byte_level(hf: HFTokenizer) -> HFTokenizer:
     hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     hf.decoder = decoders.ByteLevel()
@@ -69,7 +74,7 @@ class Tokenizer:
             self._id_bytes = _model_token_bytes(hf, self.vocab_size)
         else:
             for token, i in vocab.items():
-                self._id_bytes[i] = bytes(CHAR_TO_BYTE[c] for c in token if c in CHAR_TO_BYTE)
+                self._id_bytes[i] = byte_level_bytes(token)
             self._byte_ids = np.array([vocab[c] for c in BYTE_CHARS], dtype=np.int64)
         self._fast = None
 
@@ -254,7 +259,7 @@ def _model_token_bytes(hf: HFTokenizer, n: int) -> list[bytes]:
         if i in special:
             out[i] = token.encode("utf-8")
         elif byte_level:
-            out[i] = bytes(CHAR_TO_BYTE[c] for c in token if c in CHAR_TO_BYTE)
+            out[i] = byte_level_bytes(token)
         elif re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", token):
             out[i] = bytes([int(token[3:5], 16)])
         else:
