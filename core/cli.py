@@ -236,10 +236,9 @@ def print_estimate(cfg: TrainConfig) -> None:
 def prepare_only(cfg: TrainConfig, cache_dir: str | None) -> int:
     import time
 
-    from .data import DataSpec, find_sources, prepare
+    from .data import data_spec, describe, prepare
 
-    sources = find_sources(cfg.data, cfg.data_extensions, cfg.corpus_max_bytes, cfg.max_data_bytes)
-    spec = DataSpec(sources, cfg.tokenizer, cfg.vocab_size, cfg.val_fraction)
+    spec = data_spec(cfg)
     tokenizer = None
     if cfg.init_from:
         from .loader import open_pretrained
@@ -261,7 +260,10 @@ def prepare_only(cfg: TrainConfig, cache_dir: str | None) -> int:
         f"Tokens: {tokens:,} ({m['train_tokens']:,} train, {m['val_tokens']:,} validation), "
         f"{m['tokenizer']} tokenizer, vocab {m['vocab_size']:,}"
     )
-    print(f"Bytes per token: {m['source_bytes'] / max(1, tokens):.3f}")
+    if describe(m):
+        print(describe(m).replace("chat data: ", "Examples: ", 1))
+    else:
+        print(f"Bytes per token: {m['source_bytes'] / max(1, tokens):.3f}")
     print(f"Time: {seconds:.2f} s{reused}")
     print(f"Cache: {folder}")
     return EXIT_OK

@@ -255,6 +255,37 @@ class TrainConfig:
         high=65536,
         arch=True,
     )
+    data_format: str = spec(
+        "auto",
+        "text: plain text; chat: .jsonl examples (messages, prompt/completion or Alpaca) "
+        "rendered with the model's chat template, loss on the answers only; auto: chat for "
+        ".jsonl data, else text",
+        label="Data format",
+        group=DATA,
+        choices=("auto", "text", "chat"),
+        stream=True,
+    )
+    train_on_prompts: bool = spec(
+        False,
+        "chat data: let system and user turns carry the loss too (default: answers only)",
+        label="Train on prompts",
+        group=ADVANCED,
+        stream=True,
+    )
+    drop_long: bool = spec(
+        False,
+        "chat data: skip examples longer than the context (default: truncate them)",
+        label="Drop long examples",
+        group=ADVANCED,
+        stream=True,
+    )
+    skip_bad_lines: bool = spec(
+        False,
+        "chat data: skip and count malformed lines (default: stop at the first, naming it)",
+        label="Skip bad lines",
+        group=ADVANCED,
+        stream=True,
+    )
     data_extensions: list[str] = spec(
         [".txt", ".md"],
         "file endings read from a data folder, comma separated",

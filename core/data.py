@@ -23,7 +23,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from . import chatdata
 from .atomic import as_disk_full, free_bytes, fsync_dir, is_disk_full, write_text
+from .chat import DEFAULT_STOP, DEFAULT_TEMPLATE, render, special_tokens, template_of
 from .errors import DataError, DiskFullError, UserError
 from .tokenizer import Tokenizer, bytes_tokenizer, train_bpe
 
@@ -87,7 +89,11 @@ class Sources:
 
 
 def find_sources(
-    data: str | None, extensions: list[str], embedded_cap: int, max_bytes: int | None = None
+    data: str | None,
+    extensions: list[str],
+    embedded_cap: int,
+    max_bytes: int | None = None,
+    chat: bool = False,
 ) -> Sources:
     if data is None:
         files = _stdlib_files()
@@ -98,6 +104,8 @@ def find_sources(
     if path.is_file():
         return Sources(str(path), [path], max_bytes)
     if path.is_dir():
+        if chat:  # a folder of chat data: its .jsonl files
+            extensions = [chatdata.CHAT_SUFFIX]
         files = _folder_files(path, extensions)
         if not files:
             raise DataError(f"data: folder {path} holds no files ending in {', '.join(extensions)}")
@@ -124,13 +132,24 @@ def data_changes(old: list[dict], new: list[dict]) -> list[str]:
 
 
 @dataclass
+class ChatSpec:
+    """How chat examples become training rows (see core.chatdata)."""
+
+    seq_len: int  # rows hold seq_len + 1 tokens: a window and its shifted targets
+    train_on_prompts: bool = False
+    drop_long: bool = False
+    skip_bad_lines: bool = False
+
+
+@dataclass
 class DataSpec:
     sources: Sources
     tokenizer: str  # "bytes" | "bpe"
     vocab_size: int
     val_fraction: float
+    chat: ChatSpec | None = None  # None: plain text
 
-    def key(self, listing: list[dict]) -> str:
+    def key(self, listing: list[dict], template: str | None = None) -> str:
         body = {
             "format": CACHE_FORMAT,
             "files": listing,
@@ -139,7 +158,42 @@ class DataSpec:
             "vocab_size": self.vocab_size if self.tokenizer == "bpe" else 256,
             "val_fraction": self.val_fraction,
         }
+        if self.chat is not None:
+            body["chat"] = {**vars(self.chat), "template": template}
         return hashlib.blake2b(json.dumps(body).encode(), digest_size=12).hexdigest()
+
+
+def data_spec(cfg) -> DataSpec:
+    """What a TrainConfig says to prepare: its sources, tokenizer and (for chat) packing."""
+    chat = None
+    if chatdata.is_chat(cfg.data, cfg.data_format):
+        if cfg.data is None:
+            raise DataError("data_format: chat needs data, a .jsonl file or a folder of them")
+        chat = ChatSpec(cfg.seq_len, cfg.train_on_prompts, cfg.drop_long, cfg.skip_bad_lines)
+    sources = find_sources(
+        cfg.data, cfg.data_extensions, cfg.corpus_max_bytes, cfg.max_data_bytes, bool(chat)
+    )
+    return DataSpec(sources, cfg.tokenizer, cfg.vocab_size, cfg.val_fraction, chat)
+
+
+def describe(manifest: dict) -> str:
+    """One line on what chat data came to (empty for text)."""
+    ex = manifest.get("examples")
+    if not ex:
+        return ""
+    line = f"chat data: {ex['train']:,} training and {ex['val']:,} held-out examples"
+    notes = [
+        f"{ex[k]:,} {word}"
+        for k, word in (
+            ("truncated", "truncated"),
+            ("dropped", "dropped"),
+            ("no_answer", "left without an answer by truncation (dropped)"),
+            ("bad_lines", "bad lines skipped"),
+        )
+        if ex.get(k)
+    ]
+    scope = "every token" if manifest.get("train_on_prompts") else "answers only"
+    return f"{line}; loss on {scope}" + (f"; {', '.join(notes)}" if notes else "")
 
 
 DOC_END = object()  # a marker between documents (files), where a pretrained model's EOS goes
@@ -298,6 +352,8 @@ def _write_tokens(f, tok: Tokenizer, pieces, progress: _Progress, hasher) -> dic
 
 
 def _build(spec: DataSpec, listing, target: Path, tokenizer, progress_cb, cancelled, log):
+    if spec.chat is not None:
+        return _build_chat(spec, listing, target, tokenizer, progress_cb, cancelled, log)
     sizes = [f["size"] for f in listing]
     total = sum(sizes)
     used = total if spec.sources.cap is None else min(total, spec.sources.cap)
@@ -316,8 +372,7 @@ def _build(spec: DataSpec, listing, target: Path, tokenizer, progress_cb, cancel
 
         tokenizer = train_bpe(counted(_bpe_sample(spec.sources, train_bytes)), spec.vocab_size)
     tokenizer = tokenizer or bytes_tokenizer()
-    tmp = target.parent / f".tmp-{target.name}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-    tmp.mkdir(parents=True)
+    tmp = _temp_entry(target)
     try:
         progress = _Progress(progress_cb, cancelled, used, "tokenizing")
         hasher = hashlib.blake2b(digest_size=16)
@@ -352,22 +407,171 @@ def _build(spec: DataSpec, listing, target: Path, tokenizer, progress_cb, cancel
             "prepare_seconds": round(seconds, 3),
             "created": time.time(),
         }
-        write_text(tmp / "manifest.json", json.dumps(manifest, indent=1))
-        fsync_dir(tmp)
-        try:
-            os.replace(tmp, target)  # the one step that makes the cache entry trusted
-        except OSError:
-            if not (target / "manifest.json").is_file():  # not a concurrent twin: a real error
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)
-        fsync_dir(target.parent)
+        _commit(tmp, target, manifest)
     except BaseException as e:
-        err = as_disk_full(e, target.parent)  # before the half-written files give space back
-        shutil.rmtree(tmp, ignore_errors=True)
-        if err is not e:
-            raise err from e
+        _discard(tmp, target, e)
         raise
     return manifest
+
+
+def _temp_entry(target: Path) -> Path:
+    tmp = target.parent / f".tmp-{target.name}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def _commit(tmp: Path, target: Path, manifest: dict) -> None:
+    write_text(tmp / "manifest.json", json.dumps(manifest, indent=1))
+    fsync_dir(tmp)
+    try:
+        os.replace(tmp, target)  # the one step that makes the cache entry trusted
+    except OSError:
+        if not (target / "manifest.json").is_file():  # not a concurrent twin: a real error
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+    fsync_dir(target.parent)
+
+
+def _discard(tmp: Path, target: Path, error: BaseException) -> None:
+    """Remove a failed entry; a full disk is reported as such (raises DiskFullError)."""
+    err = as_disk_full(error, target.parent)  # before the half-written files give space back
+    shutil.rmtree(tmp, ignore_errors=True)
+    if err is not error:
+        raise err from error
+
+
+def _chat_tokenizer(spec: DataSpec, tokenizer, conversations, log) -> Tokenizer:
+    """The tokenizer, carrying the chat template the data is rendered with (the model's own,
+    else the default, which then travels with the run and its exports)."""
+    if tokenizer is None and spec.tokenizer == "bpe":
+        tokens = {"bos_token": "", "eos_token": ""}
+        texts = (render(DEFAULT_TEMPLATE, c, False, **tokens) for c in conversations)
+        log(f"data: learning a {spec.vocab_size}-token BPE from {len(conversations):,} examples")
+        tokenizer = train_bpe(texts, spec.vocab_size)
+    tokenizer = tokenizer or bytes_tokenizer()
+    meta = dict(tokenizer.meta)
+    if not meta.get("chat_template"):
+        meta["chat_template"] = DEFAULT_TEMPLATE
+        if tokenizer.eos_id is None:  # no EOS closes an answer: its end mark does
+            meta["stop_strings"] = [DEFAULT_STOP]
+        log("data: the model has no chat template; using the default (ChatML) template")
+    return Tokenizer(tokenizer.hf, tokenizer.kind, meta)
+
+
+def _split_examples(n: int, val_fraction: float, source: str) -> list[bool]:
+    """Which examples are held out for validation (at least one, never all)."""
+    if n < 2:
+        raise DataError(f"data: {source} holds {n} example; at least 2 are needed")
+    held = [chatdata.is_val(i, val_fraction) for i in range(n)]
+    if not any(held):
+        held[-1] = True
+    return held
+
+
+def _build_chat(spec: DataSpec, listing, target: Path, tokenizer, progress_cb, cancelled, log):
+    chat = spec.chat
+    examples = chatdata.read_examples(spec.sources.files, chat.skip_bad_lines)
+    if examples.bad_lines:
+        log(f"data: skipped {examples.bad_lines} bad line(s); the first: {examples.first_bad}")
+    conversations = examples.conversations
+    tokenizer = _chat_tokenizer(spec, tokenizer, conversations, log)
+    template, tokens = template_of(tokenizer), special_tokens(tokenizer)
+    held = _split_examples(len(conversations), spec.val_fraction, spec.sources.description)
+    row = chat.seq_len + 1
+    pad = tokenizer.eos_id if tokenizer.eos_id is not None else 0
+    packers = {
+        split: chatdata.Packer(row, pad, tokenizer.eos_id, chat.drop_long)
+        for split in ("train", "val")
+    }
+    progress = _Progress(progress_cb, cancelled, sum(examples.sizes), "rendering chat")
+    t0 = time.perf_counter()
+    for messages, is_val, size in zip(conversations, held, examples.sizes, strict=True):
+        ids, weights = chatdata.encode_example(
+            tokenizer, template, messages, tokens, chat.train_on_prompts
+        )
+        packers["val" if is_val else "train"].add(ids, weights)
+        progress.advance(size)
+    rows = {split: p.finish() for split, p in packers.items()}
+    for split in ("train", "val"):
+        p = packers[split]
+        if not rows[split]:
+            raise DataError(
+                f"data: no {split} example of {spec.sources.description} keeps an answer "
+                f"within seq_len {chat.seq_len} ({p.dropped} too long, {p.no_answer} cut "
+                "before their answer); raise seq_len"
+            )
+    tmp = _temp_entry(target)
+    try:
+        counts = _write_rows(tmp, tokenizer, rows)
+        tokenizer.save(tmp / "tokenizer.json")
+        content = counts.pop("hash")
+        manifest = {
+            "format": CACHE_FORMAT,
+            "data_format": "chat",
+            "row": row,
+            "source": spec.sources.description,
+            "files": listing,
+            "empty_files": sum(1 for f in listing if f["size"] == 0),
+            "total_bytes": sum(f["size"] for f in listing),
+            "source_bytes": sum(f["size"] for f in listing),
+            "tokenizer": tokenizer.kind,
+            "tokenizer_meta": tokenizer.meta or None,
+            "vocab_size": tokenizer.vocab_size,
+            "dtype": np.dtype(tokenizer.dtype).name,
+            **counts,
+            "examples": {
+                "train": packers["train"].examples,
+                "val": packers["val"].examples,
+                **{
+                    k: sum(getattr(p, k) for p in packers.values())
+                    for k in ("truncated", "dropped", "no_answer")
+                },
+                "bad_lines": examples.bad_lines,
+                "seq_len": chat.seq_len,
+            },
+            "train_on_prompts": chat.train_on_prompts,
+            "val_fraction": spec.val_fraction,
+            "content_fingerprint": content,
+            "tokenizer_fingerprint": tokenizer.fingerprint(),
+            "fingerprint": hashlib.blake2b(
+                f"{content}:{tokenizer.fingerprint()}".encode(), digest_size=12
+            ).hexdigest(),
+            "prepare_seconds": round(time.perf_counter() - t0, 3),
+            "created": time.time(),
+        }
+        _commit(tmp, target, manifest)
+    except BaseException as e:
+        _discard(tmp, target, e)
+        raise
+    return manifest
+
+
+def _write_rows(folder: Path, tokenizer: Tokenizer, rows: dict) -> dict:
+    """tokens.bin and mask.bin (one weight byte a token), train rows then validation rows;
+    counts, with the bytes the weighted tokens stand for (bits per byte are of answers)."""
+    hasher = hashlib.blake2b(digest_size=16)
+    counts = {}
+    lengths = np.array([len(tokenizer.token_bytes(i)) for i in range(tokenizer.vocab_size)])
+    with open(folder / "tokens.bin", "wb") as f, open(folder / "mask.bin", "wb") as m:
+        for split in ("train", "val"):
+            n_tokens = n_weighted = n_bytes = 0
+            for ids, weights in rows[split]:
+                data = ids.astype(tokenizer.dtype).tobytes()
+                f.write(data)
+                m.write(weights.tobytes())
+                hasher.update(data)
+                hasher.update(weights.tobytes())
+                n_tokens += len(ids)
+                n_weighted += int(weights[1:].sum())
+                n_bytes += int(lengths[ids[1:][weights[1:] > 0]].sum())
+            counts[f"{split}_tokens"] = n_tokens
+            counts[f"{split}_target_tokens"] = n_weighted
+            counts[f"{split}_bytes"] = n_bytes
+        for handle in (f, m):
+            handle.flush()
+            os.fsync(handle.fileno())
+    counts["hash"] = hasher.hexdigest()
+    return counts
 
 
 def _read_manifest(folder: Path) -> dict | None:
@@ -378,6 +582,11 @@ def _read_manifest(folder: Path) -> dict | None:
         if m["format"] != CACHE_FORMAT or (folder / "tokens.bin").stat().st_size != expected:
             return None
         if not (folder / "tokenizer.json").is_file():
+            return None
+        if (
+            "row" in m
+            and (folder / "mask.bin").stat().st_size * np.dtype(m["dtype"]).itemsize != expected
+        ):
             return None
         return m
     except (OSError, ValueError, KeyError, TypeError):
@@ -418,7 +627,10 @@ def prepare(
     listing = spec.sources.listing()
     if not any(f["size"] for f in listing):
         raise DataError(f"data: {spec.sources.description} holds no text (every file is empty)")
-    key = spec.key(listing)
+    template = None
+    if spec.chat is not None:  # the template is part of what the rows are
+        template = template_of(tokenizer) if tokenizer is not None else DEFAULT_TEMPLATE
+    key = spec.key(listing, template)
     if tokenizer is not None and tokenizer.kind != "bytes":
         key = (
             f"{key}-{tokenizer.fingerprint()}"  # the run's own BPE or the model's, not a fresh one
@@ -469,7 +681,9 @@ class _WindowReader:
 
 
 class TokenData:
-    """The memory-mapped token file of a cache entry: train/validation split and sampler."""
+    """The token file of a cache entry: train/validation split and sampler. Text is one
+    stream that windows start anywhere in; chat data is packed rows (manifest "row") with a
+    weight a token, and a window is one whole row."""
 
     def __init__(self, folder: Path, manifest: dict, seq_len: int, seed: int):
         self.folder = Path(folder)
@@ -479,8 +693,11 @@ class TokenData:
         )
         self.source = manifest["source"]
         self.seq_len = seq_len
+        self.row = manifest.get("row")  # None: plain text
+        if self.row is not None and self.row != seq_len + 1:
+            raise DataError(f"data: {self.folder} was packed for seq_len {self.row - 1}")
         n_train = manifest["train_tokens"]
-        need = seq_len + 2
+        need = self.row or seq_len + 2
         if n_train < need or manifest["val_tokens"] < need:
             raise DataError(
                 f"data: {self.source} gives {n_train} training and {manifest['val_tokens']} "
@@ -490,9 +707,14 @@ class TokenData:
         # The memory map serves whole-file access; training windows use plain reads.
         tokens = np.memmap(self.folder / "tokens.bin", dtype=manifest["dtype"], mode="r")
         self._reader = _WindowReader(self.folder / "tokens.bin", manifest["dtype"])
+        self._mask = _WindowReader(self.folder / "mask.bin", np.uint8) if self.row else None
         self.train = tokens[:n_train]
         self.val = tokens[n_train:]
         self.generator = torch.Generator().manual_seed(seed)
+
+    @property
+    def is_chat(self) -> bool:
+        return self.row is not None
 
     @property
     def train_tokens(self) -> int:
@@ -500,16 +722,26 @@ class TokenData:
 
     @property
     def val_bytes_per_token(self) -> float:
-        return self.manifest["val_bytes"] / max(1, self.manifest["val_tokens"])
+        """Bytes per scored token of the held-out data (chat: of the answers)."""
+        m = self.manifest
+        return m["val_bytes"] / max(1, m.get("val_target_tokens", m["val_tokens"]))
 
     def _windows(self, base: int, starts: torch.Tensor):
+        """(inputs, targets, target weights or None) of the windows at starts."""
         n = self.seq_len + 1
         rows = [self._reader.read(base + int(s), n) for s in starts]
         chunk = torch.from_numpy(np.stack(rows).astype(np.int64))
-        return chunk[:, :-1], chunk[:, 1:]
+        mask = None
+        if self._mask is not None:
+            weights = [self._mask.read(base + int(s), n) for s in starts]
+            mask = torch.from_numpy(np.stack(weights)[:, 1:].astype(np.float32))
+        return chunk[:, :-1], chunk[:, 1:], mask
 
     def sample_starts(self, n: int) -> torch.Tensor:
         """Start offsets for one optimizer step's n sequences (drawn once, split later)."""
+        if self.row is not None:
+            rows = len(self.train) // self.row
+            return torch.randint(0, rows, (n,), generator=self.generator) * self.row
         high = len(self.train) - self.seq_len - 1
         return torch.randint(0, high + 1, (n,), generator=self.generator)
 
@@ -517,13 +749,25 @@ class TokenData:
         return self._windows(0, starts)
 
     def val_batches(self, n_windows: int, batch_size: int):
-        """Fixed, evenly spaced validation windows, the same every evaluation, in chunks."""
-        high = len(self.val) - self.seq_len - 1
-        starts = torch.linspace(0, high, n_windows).long()
+        """Fixed, evenly spaced validation windows, the same every evaluation, in chunks
+        (chat: at most every held-out row once)."""
+        if self.row is not None:
+            rows = len(self.val) // self.row
+            starts = torch.linspace(0, rows - 1, min(n_windows, rows)).long().unique()
+            starts = starts * self.row
+        else:
+            high = len(self.val) - self.seq_len - 1
+            starts = torch.linspace(0, high, n_windows).long()
         for chunk in starts.split(batch_size):
             yield self._windows(len(self.train), chunk)
 
     def prompt(self, n: int = 16) -> torch.Tensor:
+        """The start of the held-out data; for chat, a held-out question up to where its
+        answer begins, so samples show the model answering."""
+        if self.row is not None:
+            weights = self._mask.read(len(self.train), self.row)
+            first = int(np.argmax(weights > 0)) if weights.any() else n
+            n = max(1, first)
         return torch.from_numpy(self._reader.read(len(self.train), n).astype(np.int64))
 
     def state_dict(self) -> dict:
@@ -552,4 +796,5 @@ class TokenData:
             ),
             "fingerprint": m["fingerprint"],
             "cache": str(self.folder),
+            **({"data_format": "chat", "examples": m["examples"]} if self.is_chat else {}),
         }

@@ -95,18 +95,22 @@ print(tok.decode(model.generate(**tok("def ", return_tensors="pt"), max_new_toke
 
 
 def write_tokenizer_files(loaded: Loaded, folder: Path) -> None:
-    (folder / "tokenizer.json").write_text(loaded.tokenizer.hf_json(), encoding="utf-8")
+    tok = loaded.tokenizer
+    (folder / "tokenizer.json").write_text(tok.hf_json(), encoding="utf-8")
     if loaded.base is not None:  # the base model's own tokenizer settings and chat template
         for name, text in loaded.base["files"].items():
             if name != "config.json":
                 (folder / name).write_text(text, encoding="utf-8")
-        return
-    config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "model_max_length": loaded.model.config.seq_len,
-        "clean_up_tokenization_spaces": False,
-    }
-    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
+    else:
+        config = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "model_max_length": loaded.model.config.seq_len,
+            "clean_up_tokenization_spaces": False,
+        }
+        path = folder / "tokenizer_config.json"
+        path.write_text(json.dumps(config, indent=1), encoding="utf-8")
+    if tok.chat_template:  # the template it was trained with (transformers reads this file)
+        (folder / "chat_template.jinja").write_text(tok.chat_template, encoding="utf-8")
 
 
 def export_hf(loaded: Loaded, folder: Path) -> None:

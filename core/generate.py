@@ -88,19 +88,29 @@ def generate_ids(
             return
 
 
-def stream_text(tokenizer: Tokenizer, ids: Iterator[int], hide=()) -> Iterator[str]:
+def stream_text(tokenizer: Tokenizer, ids: Iterator[int], hide=(), until=()) -> Iterator[str]:
     """Decoded text as it is produced; a character split across tokens waits for its end.
-    Ids in hide (an end-of-turn token) are not shown."""
+    Ids in hide (an end-of-turn token) are not shown. At a string of until (an end-of-turn
+    mark spelled in text) the text ends, the mark not shown; text that may be the start
+    of one waits until it is known not to be."""
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    held = ""
     for i in ids:
         if i in hide:
             continue
-        text = decoder.decode(tokenizer.token_bytes(i))
-        if text:
-            yield text
-    tail = decoder.decode(b"", final=True)
-    if tail:
-        yield tail
+        held += decoder.decode(tokenizer.token_bytes(i))
+        ends = [held.find(s) for s in until if s in held]
+        if ends:
+            if held[: min(ends)]:
+                yield held[: min(ends)]
+            return
+        keep = max((k for s in until for k in range(1, len(s)) if held.endswith(s[:k])), default=0)
+        if len(held) > keep:
+            yield held[: len(held) - keep]
+            held = held[len(held) - keep :]
+    held += decoder.decode(b"", final=True)
+    if held:
+        yield held
 
 
 # -- command line ---------------------------------------------------------------------------
@@ -170,13 +180,17 @@ def prompt_ids(tok: Tokenizer, prompt: str) -> list[int]:
     return ids
 
 
-def start_ids(tok: Tokenizer, prompt: str, chat: bool, system: str | None = None):
-    """(prompt ids, stop ids): a plain prompt runs to the length asked; a chat prompt is a
-    user message in the model's template and ends at the model's end of turn."""
+def start_ids(
+    tok: Tokenizer, prompt: str, chat: bool, system: str | None = None, history=()
+) -> tuple[list[int], list[int], list[str]]:
+    """(prompt ids, stop ids, stop strings): a plain prompt runs to the length asked; a chat
+    prompt is a user message (after history, the conversation so far) in the model's
+    template and ends at the model's end of turn."""
     if not chat:
-        return prompt_ids(tok, prompt), ()
+        return prompt_ids(tok, prompt), [], []
     messages = [{"role": "system", "content": system}] if system else []
-    return chat_ids(tok, [*messages, {"role": "user", "content": prompt}]), tok.stop_ids
+    messages += [*history, {"role": "user", "content": prompt}]
+    return chat_ids(tok, messages), tok.stop_ids, tok.stop_strings
 
 
 def run_cli(argv=None) -> int:
@@ -188,7 +202,7 @@ def run_cli(argv=None) -> int:
     loaded = load(args.target, args.checkpoint, device)
     tok = loaded.tokenizer
     out = sys.stdout
-    ids, stops = start_ids(tok, prompt, args.chat, args.system)
+    ids, stops, until = start_ids(tok, prompt, args.chat, args.system)
     if not args.chat:
         out.write(prompt)
         out.flush()
@@ -196,7 +210,7 @@ def run_cli(argv=None) -> int:
         loaded.model, ids, args.max_new_tokens, args.temperature, args.top_k or None,
         args.top_p, args.seed, use_cache=not args.no_cache, stop_ids=stops,
     )  # fmt: skip
-    for text in stream_text(tok, new, hide=stops):
+    for text in stream_text(tok, new, hide=stops, until=until):
         out.write(text)
         out.flush()
     out.write("\n")

@@ -64,7 +64,8 @@ class Tokenizer:
     def __init__(self, hf: HFTokenizer, kind: str, meta: dict | None = None):
         self.hf = hf
         self.kind = kind
-        # A pretrained tokenizer's special tokens and chat template (empty for bytes/bpe).
+        # A pretrained tokenizer's special tokens and chat template; for bytes/bpe, only a
+        # chat template (and its stop_strings) once trained on chat data.
         self.meta = dict(meta or {})
         self.vocab_size = hf.get_vocab_size()
         vocab = hf.get_vocab()
@@ -95,6 +96,12 @@ class Tokenizer:
         """Tokens that end a generated answer: EOS and the end-of-turn tokens."""
         ids = list(self.meta.get("stop_ids") or [])
         return ids or ([self.eos_id] if self.eos_id is not None else [])
+
+    @property
+    def stop_strings(self) -> list[str]:
+        """Text that ends an answer where no token does (the default template's end mark
+        for a tokenizer without EOS)."""
+        return list(self.meta.get("stop_strings") or [])
 
     @property
     def chat_template(self) -> str | None:
@@ -204,7 +211,8 @@ class Tokenizer:
 
     @classmethod
     def from_json(cls, text: str, meta: dict | None = None) -> Tokenizer:
-        """meta: a pretrained tokenizer's (as `meta` holds it); None for bytes and bpe."""
+        """meta: a pretrained tokenizer's (as `meta` holds it); for bytes and bpe, the chat
+        template of a run trained on chat data, or None."""
         try:
             hf = HFTokenizer.from_str(text)
             merges = json.loads(text)["model"].get("merges") or []
@@ -212,7 +220,7 @@ class Tokenizer:
             raise DataError(f"tokenizer: not a tokenizer.json ({e})") from None
         if meta and meta.get("kind") == "model":
             return cls(hf, "model", meta)
-        return cls(hf, "bpe" if merges else "bytes")
+        return cls(hf, "bpe" if merges else "bytes", meta)
 
 
 def bytes_tokenizer() -> Tokenizer:

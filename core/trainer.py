@@ -20,7 +20,7 @@ from . import checkpoint as ckpt
 from . import lora
 from .atomic import is_disk_full
 from .config import TrainConfig, compare_for_resume, from_dict, validate
-from .data import DataSpec, PrepareCancelled, TokenData, data_changes, find_sources, prepare
+from .data import PrepareCancelled, TokenData, data_changes, data_spec, describe, prepare
 from .device import is_oom, resolve_device, resolve_precision
 from .distributed import SilentFolder, World
 from .errors import CheckpointError, DiskFullError, TrainingError, UserError
@@ -226,10 +226,8 @@ class Trainer:
     def _prepare_data(self, resume_state: dict | None) -> TokenData:
         """Prepare (or reuse) the cached token file; on resume, check the data is the same."""
         cfg = self.cfg
-        sources = find_sources(
-            cfg.data, cfg.data_extensions, cfg.corpus_max_bytes, cfg.max_data_bytes
-        )
-        spec = DataSpec(sources, cfg.tokenizer, cfg.vocab_size, cfg.val_fraction)
+        spec = data_spec(cfg)
+        sources = spec.sources
         saved = (resume_state or {}).get("data_info")
         if saved:
             tokenizer = Tokenizer.from_json(saved["tokenizer_json"], saved.get("tokenizer_meta"))
@@ -264,6 +262,8 @@ class Trainer:
             self._log_early(f"data: using {used:,} of {total:,} bytes")
         if manifest["empty_files"]:
             self._log_early(f"data: skipped {manifest['empty_files']} empty file(s)")
+        if data.is_chat:
+            self._log_early(describe(manifest))
         return data
 
     def _log_early(self, message: str) -> None:
@@ -390,7 +390,9 @@ class Trainer:
         dtype = torch.bfloat16 if self.precision == "bf16" else torch.float16
         return torch.autocast(self.device.type, dtype=dtype)
 
-    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
+    def _to_device(self, t: torch.Tensor | None) -> torch.Tensor | None:
+        if t is None:  # plain text has no loss weights
+            return None
         if self.device.type == "cuda":
             return t.pin_memory().to(self.device, non_blocking=True)
         return t
@@ -409,12 +411,12 @@ class Trainer:
         total = torch.zeros((), device=self.device)
         chunks = starts.split(self.cfg.batch_size)
         for i, chunk in enumerate(chunks):
-            x, y = (self._to_device(t) for t in self.data.train_batch(chunk))
+            x, y, mask = (self._to_device(t) for t in self.data.train_batch(chunk))
             if self.fault is not None:
                 self.fault(self.step + 1, i)
             with self._grad_sync(last=i == len(chunks) - 1):
                 with self._autocast():
-                    _, loss = self.train_model(x, y)
+                    _, loss = self.train_model(x, y, mask)
                 loss = loss / self.cfg.grad_accum
                 self.scaler.scale(loss).backward()
             total += loss.detach()
@@ -518,11 +520,15 @@ class Trainer:
         # split of the micro-batch nor the number of processes changes what is measured.
         cfg = self.cfg
         windows = cfg.eval_batches * cfg.batch_size * cfg.grad_accum * self.world.size
-        for x, y in self.data.val_batches(windows, cfg.batch_size):
+        weights = []
+        for x, y, mask in self.data.val_batches(windows, cfg.batch_size):
             with self._autocast():
-                _, loss = self.train_model(self._to_device(x), self._to_device(y))
+                _, loss = self.train_model(*(self._to_device(t) for t in (x, y, mask)))
             losses.append(loss.float())
-        val = torch.stack(losses).mean().item()
+            # chat: a mean over the scored tokens of all windows, not of per-batch means
+            weights.append(float(mask.sum()) if mask is not None else 1.0)
+        w = torch.tensor(weights, device=losses[0].device)
+        val = (torch.stack(losses) * w).sum().item() / max(float(w.sum()), 1e-9)
         self.model.train()
         return val
 

@@ -52,11 +52,14 @@ class GenerateThread(QThread):
     failed = Signal(str)
 
     def __init__(
-        self, target: str, which: str, device: str, prompt: str, options: dict, chat=False
-    ):
+        self, target: str, which: str, device: str, prompt: str, options: dict, chat=False,
+        history=(),
+    ):  # fmt: skip
         super().__init__()
         self.target, self.which, self.device = target, which, device
         self.prompt, self.options, self.chat = prompt, options, chat
+        self.history = list(history)  # chat: the conversation before this prompt
+        self.answer = ""  # the text generated, as shown
         self._stop = threading.Event()
 
     def request_stop(self) -> None:
@@ -74,11 +77,12 @@ class GenerateThread(QThread):
                 f"parameters, {model.tokenizer.kind} tokenizer, on {self.device}"
             )
             tok = model.tokenizer
-            ids, stops = start_ids(tok, self.prompt, self.chat)
+            ids, stops, until = start_ids(tok, self.prompt, self.chat, history=self.history)
             new = generate_ids(
                 model.model, ids, should_stop=self._stop.is_set, stop_ids=stops, **self.options
             )
-            for piece in stream_text(tok, new, hide=stops):
+            for piece in stream_text(tok, new, hide=stops, until=until):
+                self.answer += piece
                 self.text.emit(piece)
         except UserError as e:
             self.failed.emit(str(e))
@@ -153,10 +157,19 @@ class Playground(QWidget):
             knobs.addWidget(w, 1, col)
         self.chat = QCheckBox("Chat")
         self.chat.setToolTip(
-            "The prompt is a user message in the model's own chat template; the answer stops "
-            "at its end-of-turn token (pretrained models that have a template)"
+            "A conversation: each prompt is your next message in the model's own chat "
+            "template (the one it was fine-tuned with), and each answer stops at its end of "
+            "turn"
         )
+        self.chat.toggled.connect(self.new_chat)
+        self.new_chat_button = QPushButton("New chat")
+        self.new_chat_button.setToolTip("Forget the conversation so far")
+        self.new_chat_button.clicked.connect(self.new_chat)
+        self.history: list[dict] = []  # the chat so far: user and assistant messages
+        self._chat_epoch = 0  # counts New chat presses: an answer joins only its own chat
+        self.run_combo.currentTextChanged.connect(self.new_chat)
         knobs.addWidget(self.chat, 0, 5)
+        knobs.addWidget(self.new_chat_button, 0, 6)
         knobs.addWidget(self.generate_button, 1, 5)
         knobs.addWidget(self.stop_button, 1, 6)
         layout = QVBoxLayout(self)
@@ -223,9 +236,16 @@ class Playground(QWidget):
         }
         prompt = self.prompt.toPlainText()
         chat = self.chat.isChecked()
-        self.output.setPlainText("" if chat else prompt)
+        if chat:  # the transcript grows; the prompt box is ready for the next message
+            self._append(("\n\n" if self.history else "") + f"You: {prompt}\n\nModel: ")
+            self.prompt.clear()
+        else:
+            self.output.setPlainText(prompt)
         which = self.which.currentText()
-        thread = GenerateThread(self.target(), which, self.device(), prompt, options, chat)
+        thread = GenerateThread(
+            self.target(), which, self.device(), prompt, options, chat, self.history
+        )
+        thread.epoch = self._chat_epoch
         thread.loaded.connect(lambda line: self.status.setText(f"Generating with {line}…"))
         thread.text.connect(self._append)
         thread.failed.connect(self._failed)
@@ -250,8 +270,20 @@ class Playground(QWidget):
         self.status.setText(f"Failed: {message}")
         QMessageBox.critical(self, "Playground", message)
 
+    def new_chat(self, *_) -> None:
+        """Start the conversation afresh (also when the model or the mode changes)."""
+        self.history = []
+        self._chat_epoch += 1
+        self.output.clear()
+
     def _done(self) -> None:
         thread, self.thread = self.thread, None
+        if thread.chat and thread.epoch == self._chat_epoch:  # not a chat begun afresh since
+            self.history = [
+                *self.history,
+                {"role": "user", "content": thread.prompt},
+                {"role": "assistant", "content": thread.answer},
+            ]
         text = self.status.text()
         if text.startswith("Generating"):
             word = "Stopped" if thread.stop_requested else "Done"

@@ -69,7 +69,7 @@ def test_a_folder_that_is_not_a_model_is_refused_in_the_box(make_window, tmp_pat
     assert window.form.validated().init_from is None
 
 
-def test_playground_chat_mode_answers_in_the_models_template(make_window, llama_folder, qtbot):
+def test_playground_chat_keeps_a_multi_turn_conversation(make_window, llama_folder, qtbot):
     from core.chat import chat_ids
     from core.generate import generate_ids, stream_text
     from core.loader import load
@@ -77,18 +77,27 @@ def test_playground_chat_mode_answers_in_the_models_template(make_window, llama_
     window = make_window()
     pg = window.playground
     pg.run_combo.setEditText(str(llama_folder))  # a plain model folder, no run needed
-    pg.prompt.setPlainText("hello")
     pg.temperature.setValue(0.0)
     pg.length.setValue(12)
     pg.chat.setChecked(True)
-    with qtbot.waitSignal(pg.generation_done, timeout=30_000):
-        assert pg.generate()
     loaded = load(llama_folder)
     tok = loaded.tokenizer
-    ids = chat_ids(tok, [{"role": "user", "content": "hello"}])
-    new = generate_ids(loaded.model, ids, 12, temperature=0, stop_ids=tok.stop_ids)
-    assert pg.output.toPlainText() == "".join(stream_text(tok, new, hide=tok.stop_ids))
-    assert pg.status.text().startswith("Done")
+    messages, transcript = [], ""
+    for turn in ("hello", "and then?"):
+        pg.prompt.setPlainText(turn)
+        with qtbot.waitSignal(pg.generation_done, timeout=30_000):
+            assert pg.generate()
+        assert pg.prompt.toPlainText() == ""  # ready for the next message
+        messages.append({"role": "user", "content": turn})
+        ids = chat_ids(tok, messages)  # the whole conversation so far, in its template
+        new = generate_ids(loaded.model, ids, 12, temperature=0, stop_ids=tok.stop_ids)
+        answer = "".join(stream_text(tok, new, hide=tok.stop_ids))
+        messages.append({"role": "assistant", "content": answer})
+        transcript += ("\n\n" if transcript else "") + f"You: {turn}\n\nModel: {answer}"
+        assert pg.output.toPlainText() == transcript
+    assert pg.history == messages and pg.status.text().startswith("Done")
+    pg.new_chat_button.click()
+    assert pg.history == [] and pg.output.toPlainText() == ""
 
 
 def test_lora_run_from_the_window_shows_trainable_of_total(
