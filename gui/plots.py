@@ -366,7 +366,9 @@ class PlotPanel(QWidget):
     def redraw(self, plot: str | None = None) -> None:
         """Push changed buffers to their curves (one plot's, or all); never called per step."""
         smooth = self.smooth.isChecked()
+        changed = set()
         for key in self._stale_keys(plot):
+            changed.add(self.specs[key].plot if key != SMOOTH_KEY else "loss")
             if key == SMOOTH_KEY:
                 self._redraw_smoothed(smooth)
                 continue
@@ -376,6 +378,12 @@ class PlotPanel(QWidget):
             curve.setData(series.x, series.y)
             if key == "loss":
                 curve.setOpacity(0.35 if smooth else 1.0)
+        for name in changed:
+            # pyqtgraph fits the axes to new data only when the view is about to paint, and
+            # the new range then asks for a second paint: two paints per redraw, nearly all
+            # of it axis text. Fitting them now makes it one (measured 41 -> 21 paints and
+            # 136 -> 76 ms of GUI thread per second, 4 plots fed 200 steps/s).
+            self.plots[name].scene().prepareForPaint()
         if self._has_gpu_data() and not self._gpu_placed:
             self._place_plots()
         total = sum(s.size for s in self.series.values())

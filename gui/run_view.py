@@ -125,7 +125,7 @@ class RunView(QWidget):
         self.prepare_started = None
         worker.train_started.connect(self.on_train_started)
         worker.preparing.connect(self.on_preparing)
-        worker.batch_end.connect(self.on_batch)
+        worker.batches.connect(self.on_batches)
         worker.evaluated.connect(self.on_eval)
         worker.checkpoint_saved.connect(self.on_checkpoint)
         worker.sampled.connect(self.on_sample)
@@ -185,9 +185,11 @@ class RunView(QWidget):
         self.plots.redraw()
         self.log(f"plots refilled with {len(train)} steps from {run_dir.name}/metrics.jsonl")
 
-    def on_batch(self, record: dict) -> None:
-        self.plots.add_train(record)  # drawn by the plot timer, not here
-        self.run_progress.add_batch(record, time.monotonic())
+    def on_batches(self, records: list) -> None:
+        now = time.monotonic()
+        for record in records:
+            self.plots.add_train(record)  # drawn by the plot timer, not here
+            self.run_progress.add_batch(record, now)
 
     def on_eval(self, record: dict) -> None:
         self.plots.add_eval(record)

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from PySide6.QtCore import QThread, Signal
 
-from core.child_process import FAILED, RESULT, ChildRun, child_control
+from core.child_process import BATCH, FAILED, RESULT, ChildRun, child_control
 from core.config import TrainConfig
 from core.device import cuda_device_count, gpu_index
 from core.errors import failure_kind, failure_message
@@ -71,7 +71,7 @@ class _SignalEvents(TrainEvents):
         self.thread.preparing.emit(phase, float(done), float(total))
 
     def on_train_batch_end(self, record):
-        self.thread.batch_end.emit(record)
+        self.thread.batches.emit([record])
 
     def on_eval(self, record):
         self.thread.evaluated.emit(record)
@@ -97,7 +97,7 @@ class TrainThread(QThread):
 
     train_started = Signal(dict)
     preparing = Signal(str, float, float)  # phase, bytes done, bytes in all
-    batch_end = Signal(dict)
+    batches = Signal(list)  # step records, oldest first: one per step, a log window's at a time
     evaluated = Signal(dict)
     checkpoint_saved = Signal(str, int)
     sampled = Signal(int, str)
@@ -123,6 +123,7 @@ class TrainThread(QThread):
         self.control = child_control() if self.in_child else TrainControl()
         self.result: dict | None = None
         self.child: ChildRun | None = None  # the training process, once started
+        self.child_stats: dict | None = None  # its sending and CPU figures, with the result
 
     def request_stop(self) -> None:
         self.control.request_stop()
@@ -150,8 +151,11 @@ class TrainThread(QThread):
             self._fail("crash", f"could not start the training process: {e}")
             return
         for name, args in child.messages():
-            if name == RESULT:
+            if name == BATCH:  # many steps' records in one message (and one signal)
+                self.batches.emit(args[0])
+            elif name == RESULT:
                 self.result = args[0]
+                self.child_stats = args[1] if len(args) > 1 else None
             elif name == FAILED:
                 self._fail(*args)
             else:
