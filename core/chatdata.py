@@ -50,6 +50,15 @@ def _messages(value, where: str) -> list[dict]:
     return out
 
 
+def shape_of(obj: dict) -> str:
+    """Which of the three shapes a line has (parse_example checks it whole)."""
+    if "messages" in obj:
+        return "messages"
+    if "prompt" in obj or "completion" in obj:
+        return "prompt/completion"
+    return "Alpaca"
+
+
 def parse_example(obj) -> list[dict]:
     """One line's conversation as messages; BadLine says what is wrong."""
     if not isinstance(obj, dict):
@@ -89,6 +98,7 @@ def parse_example(obj) -> list[dict]:
 class Examples:
     conversations: list[list[dict]] = field(default_factory=list)
     sizes: list[int] = field(default_factory=list)  # each example's line length (progress)
+    shapes: dict = field(default_factory=dict)  # shape -> examples of it
     bad_lines: int = 0
     first_bad: str = ""
 
@@ -114,6 +124,8 @@ def read_examples(files: list[Path], skip_bad_lines: bool) -> Examples:
                             raise BadLine(f"not valid JSON ({e})") from None
                         out.conversations.append(parse_example(obj))
                         out.sizes.append(len(line))
+                        shape = shape_of(obj)
+                        out.shapes[shape] = out.shapes.get(shape, 0) + 1
                     except BadLine as e:
                         message = f"data: {path} line {number}: {e}"
                         if not skip_bad_lines:
@@ -230,3 +242,28 @@ class Packer:
 def is_val(index: int, val_fraction: float) -> bool:
     """Held-out examples are spread evenly through the file: every 1/fraction-th one."""
     return int((index + 1) * val_fraction) > int(index * val_fraction)
+
+
+SUMMARY_MAX_BYTES = 20 << 20  # the window reads at most this much to describe chat data
+SUMMARY_SAMPLE = 2000  # examples rendered to count those longer than the context
+
+
+def summary(files: list[Path], seq_len: int, tokenizer, template: str, tokens: dict) -> str:
+    """One line for the window: the shapes, the number of examples and how many are longer
+    than the context (from a sample of a large set)."""
+    size = sum(p.stat().st_size for p in files)
+    if size > SUMMARY_MAX_BYTES:
+        return f"chat data, {size / 1e6:,.1f} MB: examples are counted when the run prepares it"
+    found = read_examples(files, skip_bad_lines=True)
+    n = len(found.conversations)
+    shapes = ", ".join(f"{k} {v:,}" for k, v in found.shapes.items())
+    step = max(1, n // SUMMARY_SAMPLE)
+    sample = found.conversations[::step]
+    long = sum(
+        len(encode_example(tokenizer, template, m, tokens, True)[0]) > seq_len for m in sample
+    )
+    share = f"{long / len(sample):.0%} of a sample" if step > 1 else f"{long:,}"
+    line = f"chat data: {n:,} examples ({shapes}); {share} longer than the context {seq_len}"
+    if found.bad_lines:
+        line += f"; {found.bad_lines:,} bad line(s), e.g. {found.first_bad.removeprefix('data: ')}"
+    return line

@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from core.chatdata import is_chat
 from core.config import (
     ADVANCED,
     BATCH,
@@ -42,7 +43,7 @@ from core.config import (
     describe_limit,
     validate,
 )
-from core.errors import ConfigError
+from core.errors import ConfigError, UserError
 from core.loader import apply_pretrained
 
 INT_MAX = 2**31 - 1  # QSpinBox holds a C int
@@ -193,7 +194,8 @@ class DataChooser(QWidget):
         self.edit = QLineEdit()
         self.edit.setPlaceholderText("embedded corpus (Python standard library sources)")
         self.edit.setToolTip(
-            "A text file or a folder of text files; leave empty for the embedded corpus"
+            "A text file, a .jsonl file of chat examples, or a folder of either; leave empty "
+            "for the embedded corpus"
         )
         self.edit.setClearButtonEnabled(True)
         file_btn = QPushButton("File…")
@@ -208,7 +210,10 @@ class DataChooser(QWidget):
         self.edit.textChanged.connect(self.changed)
 
     def _pick_file(self):
-        path, _ = QFileDialog.getOpenFileName(self, "Training text file", self.edit.text())
+        path, _ = QFileDialog.getOpenFileName(
+            self, "Training data", self.edit.text(),
+            "Text or chat data (*.txt *.md *.jsonl);;All files (*)",
+        )  # fmt: skip
         if path:
             self.edit.setText(path)
 
@@ -224,11 +229,30 @@ class DataChooser(QWidget):
         self.edit.setText(path or "")
 
 
-def describe_data(cfg: TrainConfig) -> str:
+def describe_chat(cfg: TrainConfig, tokenizer=None) -> str:
+    """Chat data's shapes, examples and those longer than the context, in the tokenizer the
+    run will use (bytes until a BPE is learned: an upper bound)."""
+    from core.chat import special_tokens, template_of
+    from core.chatdata import summary
+    from core.data import find_sources
+    from core.tokenizer import bytes_tokenizer
+
+    tokenizer = tokenizer or bytes_tokenizer()
+    files = find_sources(cfg.data, cfg.data_extensions, 0, chat=True).files
+    line = summary(files, cfg.seq_len, tokenizer, template_of(tokenizer), special_tokens(tokenizer))
+    what = "dropped" if cfg.drop_long else "truncated"
+    line = line.replace("longer than the context", f"longer than the context ({what})")
+    note = "" if cfg.train_on_prompts else "; loss on answers only"
+    return line[0].upper() + line[1:] + note
+
+
+def describe_data(cfg: TrainConfig, tokenizer=None) -> str:
     if cfg.data is None:
         return f"Embedded corpus: the first {cfg.corpus_max_bytes / 1e6:.1f} MB of Python's stdlib"
     path = Path(cfg.data).expanduser()
     try:
+        if is_chat(cfg.data, cfg.data_format):
+            return describe_chat(cfg, tokenizer)
         if path.is_file():
             return f"{path.stat().st_size / 1e6:,.1f} MB, used whole"
         if path.is_dir():
@@ -238,6 +262,8 @@ def describe_data(cfg: TrainConfig) -> str:
             return f"{len(files):,} files, {size / 1e6:,.1f} MB, used whole"
     except OSError as e:
         return f"cannot read {path} ({e.strerror})"
+    except UserError as e:
+        return str(e)
     return "not found"
 
 
@@ -439,11 +465,16 @@ class ConfigForm(QWidget):
     def _describe_data(self) -> None:
         """Size of the chosen data, so the user sees what a run will read (whole)."""
         cfg = self.config()
-        key = (cfg.data, tuple(cfg.data_extensions), cfg.corpus_max_bytes)
+        pretrained = self._pretrained
+        key = (
+            cfg.data, tuple(cfg.data_extensions), cfg.corpus_max_bytes, cfg.data_format,
+            cfg.seq_len, cfg.drop_long, cfg.train_on_prompts, pretrained and pretrained.name,
+        )  # fmt: skip
         if key == self._data_info_key:
             return
         self._data_info_key = key
-        self.data_info.setText(describe_data(cfg))
+        tokenizer = pretrained.tokenizer if pretrained is not None else None
+        self.data_info.setText(describe_data(cfg, tokenizer))
 
     def check(self) -> str | None:
         """Validate with core and flag the named field; returns the message or None."""

@@ -317,3 +317,25 @@ def test_a_killed_training_process_leaves_the_window_up_and_resume_continues(
     assert resumed["run_dir"] == result["run_dir"]
     train, _ = read_metrics(run.metrics_file)
     assert [r["step"] for r in train] == list(range(1, last + 6))
+
+
+def test_chat_jsonl_is_described_in_the_form_and_trains_from_the_window(
+    make_window, qtbot, gui_env
+):
+    rows = [{"prompt": f"q{i}", "completion": f"answer {i}"} for i in range(30)]
+    rows += [{"messages": [{"role": "user", "content": "x" * 200}, {"role": "assistant",
+              "content": "long"}]}]  # fmt: skip
+    data = gui_env / "chat.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    window = tiny_window(make_window, max_steps=6, eval_every=3, seq_len=128)
+    form = window.form
+    form.data.set_value(str(data))
+    info = form.data_info.text()
+    assert info.startswith("Chat data: 31 examples (prompt/completion 30, messages 1)")
+    assert "1 longer than the context (truncated)" in info and "answers only" in info
+    form.widgets["drop_long"].setChecked(True)
+    assert "1 longer than the context (dropped)" in form.data_info.text()
+    result = run_to_end(qtbot, window, window.start)
+    assert result["status"] == "finished"
+    log = window.run_view.log_view.toPlainText()
+    assert "chat data: 29 training and 1 held-out examples; loss on answers only; 1 dropped" in log
