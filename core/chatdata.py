@@ -263,7 +263,7 @@ def summary(files: list[Path], seq_len: int, tokenizer, template: str, tokens: d
         len(encode_example(tokenizer, template, m, tokens, True)[0]) > seq_len for m in sample
     )
     share = f"{long / len(sample):.0%} of a sample" if step > 1 else f"{long:,}"
-    line = f"chat data: {n:,} examples ({shapes}); {share} longer than the context {seq_len}"
+    line = f"chat data: {n:,} examples ({shapes}); {share} longer than the {seq_len}-token context"
     if found.bad_lines:
         line += f"; {found.bad_lines:,} bad line(s), e.g. {found.first_bad.removeprefix('data: ')}"
     return line

@@ -241,7 +241,7 @@ def describe_chat(cfg: TrainConfig, tokenizer=None) -> str:
     files = find_sources(cfg.data, cfg.data_extensions, 0, chat=True).files
     line = summary(files, cfg.seq_len, tokenizer, template_of(tokenizer), special_tokens(tokenizer))
     what = "dropped" if cfg.drop_long else "truncated"
-    line = line.replace("longer than the context", f"longer than the context ({what})")
+    line = line.replace("-token context", f"-token context ({what})")
     note = "" if cfg.train_on_prompts else "; loss on answers only"
     return line[0].upper() + line[1:] + note
 
@@ -288,6 +288,7 @@ class ConfigForm(QWidget):
         self.data.changed.connect(self._edited)
         self.data_info = QLabel()
         self.data_info.setStyleSheet("color: #555;")
+        self.data_info.setWordWrap(True)  # chat data gets a longer line
         self._data_info_key = None
         top = QWidget()
         top_layout = QVBoxLayout(top)

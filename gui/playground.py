@@ -265,6 +265,8 @@ class Playground(QWidget):
         cursor = self.output.textCursor()
         cursor.movePosition(cursor.MoveOperation.End)
         cursor.insertText(text)
+        self.output.setTextCursor(cursor)
+        self.output.ensureCursorVisible()  # the newest text in view, as in a chat
 
     def _failed(self, message: str) -> None:
         self.status.setText(f"Failed: {message}")

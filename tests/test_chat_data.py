@@ -221,7 +221,17 @@ def skill_accuracy(run, prompts) -> float:
     return right / len(prompts)
 
 
-def test_answers_only_loss_learns_a_skill_that_plain_training_learns_worse(tmp_path):
+@pytest.fixture
+def one_thread():
+    """One torch thread: on a busy 2-core machine two OpenMP threads spin at every barrier
+    (measured: 13 s alone, over 300 s beside another job)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_answers_only_loss_learns_a_skill_that_plain_training_learns_worse(tmp_path, one_thread):
     data = skill_data(tmp_path)
     r = random.Random(1000)
     held_out = [noisy_prompt(r, 12) for _ in range(40)]  # prompts never seen in training

@@ -332,9 +332,9 @@ def test_chat_jsonl_is_described_in_the_form_and_trains_from_the_window(
     form.data.set_value(str(data))
     info = form.data_info.text()
     assert info.startswith("Chat data: 31 examples (prompt/completion 30, messages 1)")
-    assert "1 longer than the context (truncated)" in info and "answers only" in info
+    assert "1 longer than the 128-token context (truncated)" in info and "answers only" in info
     form.widgets["drop_long"].setChecked(True)
-    assert "1 longer than the context (dropped)" in form.data_info.text()
+    assert "1 longer than the 128-token context (dropped)" in form.data_info.text()
     result = run_to_end(qtbot, window, window.start)
     assert result["status"] == "finished"
     log = window.run_view.log_view.toPlainText()
