@@ -386,32 +386,38 @@ def _build(spec: DataSpec, listing, target: Path, tokenizer, progress_cb, cancel
         seconds = time.perf_counter() - t0
         tokenizer.save(tmp / "tokenizer.json")
         content = hasher.hexdigest()
-        manifest = {
-            "format": CACHE_FORMAT,
-            "source": spec.sources.description,
-            "files": listing,
-            "empty_files": sum(1 for s in sizes if s == 0),
-            "total_bytes": total,
-            "source_bytes": used,
-            "tokenizer": tokenizer.kind,
-            "tokenizer_meta": tokenizer.meta or None,
-            "vocab_size": tokenizer.vocab_size,
-            "dtype": np.dtype(tokenizer.dtype).name,
-            **counts,
-            "val_fraction": spec.val_fraction,
-            "content_fingerprint": content,
-            "tokenizer_fingerprint": tokenizer.fingerprint(),
-            "fingerprint": hashlib.blake2b(
-                f"{content}:{tokenizer.fingerprint()}".encode(), digest_size=12
-            ).hexdigest(),
-            "prepare_seconds": round(seconds, 3),
-            "created": time.time(),
-        }
+        manifest = _manifest(spec, listing, tokenizer, content, seconds)
+        manifest.update(source_bytes=used, **counts)
         _commit(tmp, target, manifest)
     except BaseException as e:
         _discard(tmp, target, e)
         raise
     return manifest
+
+
+def _manifest(spec: DataSpec, listing, tokenizer: Tokenizer, content: str, seconds: float):
+    """What every cache entry's manifest says: its sources, tokenizer and fingerprints."""
+    total = sum(f["size"] for f in listing)
+    return {
+        "format": CACHE_FORMAT,
+        "source": spec.sources.description,
+        "files": listing,
+        "empty_files": sum(1 for f in listing if f["size"] == 0),
+        "total_bytes": total,
+        "source_bytes": total,
+        "tokenizer": tokenizer.kind,
+        "tokenizer_meta": tokenizer.meta or None,
+        "vocab_size": tokenizer.vocab_size,
+        "dtype": np.dtype(tokenizer.dtype).name,
+        "val_fraction": spec.val_fraction,
+        "content_fingerprint": content,
+        "tokenizer_fingerprint": tokenizer.fingerprint(),
+        "fingerprint": hashlib.blake2b(
+            f"{content}:{tokenizer.fingerprint()}".encode(), digest_size=12
+        ).hexdigest(),
+        "prepare_seconds": round(seconds, 3),
+        "created": time.time(),
+    }
 
 
 def _temp_entry(target: Path) -> Path:
@@ -505,40 +511,19 @@ def _build_chat(spec: DataSpec, listing, target: Path, tokenizer, progress_cb, c
         counts = _write_rows(tmp, tokenizer, rows)
         tokenizer.save(tmp / "tokenizer.json")
         content = counts.pop("hash")
-        manifest = {
-            "format": CACHE_FORMAT,
-            "data_format": "chat",
-            "row": row,
-            "source": spec.sources.description,
-            "files": listing,
-            "empty_files": sum(1 for f in listing if f["size"] == 0),
-            "total_bytes": sum(f["size"] for f in listing),
-            "source_bytes": sum(f["size"] for f in listing),
-            "tokenizer": tokenizer.kind,
-            "tokenizer_meta": tokenizer.meta or None,
-            "vocab_size": tokenizer.vocab_size,
-            "dtype": np.dtype(tokenizer.dtype).name,
-            **counts,
-            "examples": {
-                "train": packers["train"].examples,
-                "val": packers["val"].examples,
-                **{
-                    k: sum(getattr(p, k) for p in packers.values())
-                    for k in ("truncated", "dropped", "no_answer")
-                },
-                "bad_lines": examples.bad_lines,
-                "seq_len": chat.seq_len,
+        manifest = _manifest(spec, listing, tokenizer, content, time.perf_counter() - t0)
+        manifest.update(data_format="chat", row=row, **counts)
+        manifest["examples"] = {
+            "train": packers["train"].examples,
+            "val": packers["val"].examples,
+            **{
+                k: sum(getattr(p, k) for p in packers.values())
+                for k in ("truncated", "dropped", "no_answer")
             },
-            "train_on_prompts": chat.train_on_prompts,
-            "val_fraction": spec.val_fraction,
-            "content_fingerprint": content,
-            "tokenizer_fingerprint": tokenizer.fingerprint(),
-            "fingerprint": hashlib.blake2b(
-                f"{content}:{tokenizer.fingerprint()}".encode(), digest_size=12
-            ).hexdigest(),
-            "prepare_seconds": round(time.perf_counter() - t0, 3),
-            "created": time.time(),
+            "bad_lines": examples.bad_lines,
+            "seq_len": chat.seq_len,
         }
+        manifest["train_on_prompts"] = chat.train_on_prompts
         _commit(tmp, target, manifest)
     except BaseException as e:
         _discard(tmp, target, e)
