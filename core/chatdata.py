@@ -15,10 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .chat import answer_spans
+from .chat import answer_spans, render
 from .errors import DataError
 
-FORMATS = ("auto", "text", "chat")
 ROLES = ("system", "user", "assistant")
 CHAT_SUFFIX = ".jsonl"
 
@@ -144,8 +143,8 @@ def read_examples(files: list[Path], skip_bad_lines: bool) -> Examples:
     return out
 
 
-def is_chat(path: str | None, data_format: str) -> bool:
-    """auto: a .jsonl file, or a folder whose data files are all .jsonl."""
+def is_chat(path: str | None, data_format: str, text_extensions: list[str]) -> bool:
+    """auto: a .jsonl file, or a folder with .jsonl files and none of the text endings."""
     if data_format != "auto":
         return data_format == "chat"
     if path is None:
@@ -155,7 +154,7 @@ def is_chat(path: str | None, data_format: str) -> bool:
         return p.suffix.lower() == CHAT_SUFFIX
     if p.is_dir():
         found = {f.suffix.lower() for f in p.rglob("*") if f.is_file()}
-        return CHAT_SUFFIX in found and not (found & {".txt", ".md"})
+        return CHAT_SUFFIX in found and not (found & {e.lower() for e in text_extensions})
     return False
 
 
@@ -178,10 +177,11 @@ def encode_example(
     train_on_prompts)."""
     # Exactly the template's text (BOS only where the template writes it), as transformers'
     # apply_chat_template gives it: what the model sees here is what it sees in other tools.
+    if train_on_prompts:  # one render; no answer spans to find
+        ids, _ = _offsets(tokenizer, render(template, messages, False, **tokens))
+        return ids, np.ones(len(ids), dtype=np.uint8)
     text, spans = answer_spans(template, messages, **tokens)
     ids, starts = _offsets(tokenizer, text)
-    if train_on_prompts:
-        return ids, np.ones(len(ids), dtype=np.uint8)
     weights = np.zeros(len(ids), dtype=np.uint8)
     for start, end in spans:
         weights[(starts >= start) & (starts < end)] = 1
@@ -248,9 +248,11 @@ SUMMARY_MAX_BYTES = 20 << 20  # the window reads at most this much to describe c
 SUMMARY_SAMPLE = 2000  # examples rendered to count those longer than the context
 
 
-def summary(files: list[Path], seq_len: int, tokenizer, template: str, tokens: dict) -> str:
+def summary(
+    files: list[Path], seq_len: int, tokenizer, template: str, tokens: dict, drop_long: bool
+) -> str:
     """One line for the window: the shapes, the number of examples and how many are longer
-    than the context (from a sample of a large set)."""
+    than the context, to be truncated or dropped (from a sample of a large set)."""
     size = sum(p.stat().st_size for p in files)
     if size > SUMMARY_MAX_BYTES:
         return f"chat data, {size / 1e6:,.1f} MB: examples are counted when the run prepares it"
@@ -263,7 +265,9 @@ def summary(files: list[Path], seq_len: int, tokenizer, template: str, tokens: d
         len(encode_example(tokenizer, template, m, tokens, True)[0]) > seq_len for m in sample
     )
     share = f"{long / len(sample):.0%} of a sample" if step > 1 else f"{long:,}"
-    line = f"chat data: {n:,} examples ({shapes}); {share} longer than the {seq_len}-token context"
+    what = "dropped" if drop_long else "truncated"
+    line = f"chat data: {n:,} examples ({shapes}); {share} longer than the {seq_len}-token "
+    line += f"context ({what})"
     if found.bad_lines:
         line += f"; {found.bad_lines:,} bad line(s), e.g. {found.first_bad.removeprefix('data: ')}"
     return line

@@ -20,6 +20,7 @@ LORA_TARGET_HELP = (
     "(gate_proj, up_proj, down_proj; GPT-2: c_fc, mlp.c_proj); all: both"
 )
 TOKENIZERS = ("bytes", "bpe", "model")  # model: the pretrained model's own (init_from)
+DATA_FORMATS = ("auto", "text", "chat")  # chat: .jsonl examples (core.chatdata)
 CONFIG_VERSION = (
     2  # bump with a MIGRATIONS entry whenever a field is renamed or its meaning changes
 )
@@ -262,7 +263,7 @@ class TrainConfig:
         ".jsonl data, else text",
         label="Data format",
         group=DATA,
-        choices=("auto", "text", "chat"),
+        choices=DATA_FORMATS,
         stream=True,
     )
     train_on_prompts: bool = spec(

@@ -166,7 +166,7 @@ class DataSpec:
 def data_spec(cfg) -> DataSpec:
     """What a TrainConfig says to prepare: its sources, tokenizer and (for chat) packing."""
     chat = None
-    if chatdata.is_chat(cfg.data, cfg.data_format):
+    if chatdata.is_chat(cfg.data, cfg.data_format, cfg.data_extensions):
         if cfg.data is None:
             raise DataError("data_format: chat needs data, a .jsonl file or a folder of them")
         chat = ChatSpec(cfg.seq_len, cfg.train_on_prompts, cfg.drop_long, cfg.skip_bad_lines)

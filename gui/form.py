@@ -239,9 +239,8 @@ def describe_chat(cfg: TrainConfig, tokenizer=None) -> str:
 
     tokenizer = tokenizer or bytes_tokenizer()
     files = find_sources(cfg.data, cfg.data_extensions, 0, chat=True).files
-    line = summary(files, cfg.seq_len, tokenizer, template_of(tokenizer), special_tokens(tokenizer))
-    what = "dropped" if cfg.drop_long else "truncated"
-    line = line.replace("-token context", f"-token context ({what})")
+    template, tokens = template_of(tokenizer), special_tokens(tokenizer)
+    line = summary(files, cfg.seq_len, tokenizer, template, tokens, cfg.drop_long)
     note = "" if cfg.train_on_prompts else "; loss on answers only"
     return line[0].upper() + line[1:] + note
 
@@ -251,7 +250,7 @@ def describe_data(cfg: TrainConfig, tokenizer=None) -> str:
         return f"Embedded corpus: the first {cfg.corpus_max_bytes / 1e6:.1f} MB of Python's stdlib"
     path = Path(cfg.data).expanduser()
     try:
-        if is_chat(cfg.data, cfg.data_format):
+        if is_chat(cfg.data, cfg.data_format, cfg.data_extensions):
             return describe_chat(cfg, tokenizer)
         if path.is_file():
             return f"{path.stat().st_size / 1e6:,.1f} MB, used whole"

@@ -96,13 +96,14 @@ def test_bad_line_in_the_cli_is_one_line_exit_2_with_nothing_cached(tmp_path, ca
 def test_auto_format_is_chat_for_jsonl(tmp_path):
     jsonl = write_jsonl(tmp_path / "d.jsonl", [CHAT])
     (tmp_path / "t.txt").write_text("text", encoding="utf-8")
-    assert is_chat(str(jsonl), "auto") and not is_chat(str(tmp_path / "t.txt"), "auto")
-    assert not is_chat(str(tmp_path), "auto")  # a folder with text files stays text
-    assert is_chat(str(tmp_path / "t.txt"), "chat") and not is_chat(str(jsonl), "text")
+    text = [".txt", ".md"]
+    assert is_chat(str(jsonl), "auto", text) and not is_chat(str(tmp_path / "t.txt"), "auto", text)
+    assert not is_chat(str(tmp_path), "auto", text)  # a folder with text files stays text
+    assert is_chat(str(tmp_path / "t.txt"), "chat", text) and not is_chat(str(jsonl), "text", text)
     folder = tmp_path / "only_chat"
     folder.mkdir()
     write_jsonl(folder / "a.jsonl", [CHAT])
-    assert is_chat(str(folder), "auto")
+    assert is_chat(str(folder), "auto", text)
 
 
 def weighted_runs(tok, ids, weights) -> list[str]:
