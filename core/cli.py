@@ -261,7 +261,7 @@ def prepare_only(cfg: TrainConfig, cache_dir: str | None) -> int:
         f"{m['tokenizer']} tokenizer, vocab {m['vocab_size']:,}"
     )
     if describe(m):
-        print(describe(m).replace("chat data: ", "Examples: ", 1))
+        print(f"Examples: {describe(m)}")
     else:
         print(f"Bytes per token: {m['source_bytes'] / max(1, tokens):.3f}")
     print(f"Time: {seconds:.2f} s{reused}")

@@ -177,11 +177,11 @@ def data_spec(cfg) -> DataSpec:
 
 
 def describe(manifest: dict) -> str:
-    """One line on what chat data came to (empty for text)."""
+    """What chat data came to, in one line without a label (empty for text)."""
     ex = manifest.get("examples")
     if not ex:
         return ""
-    line = f"chat data: {ex['train']:,} training and {ex['val']:,} held-out examples"
+    line = f"{ex['train']:,} training and {ex['val']:,} held-out examples"
     notes = [
         f"{ex[k]:,} {word}"
         for k, word in (

@@ -263,7 +263,7 @@ class Trainer:
         if manifest["empty_files"]:
             self._log_early(f"data: skipped {manifest['empty_files']} empty file(s)")
         if data.is_chat:
-            self._log_early(describe(manifest))
+            self._log_early(f"chat data: {describe(manifest)}")
         return data
 
     def _log_early(self, message: str) -> None:
