@@ -207,23 +207,31 @@ class Wine:
         if not pause:
             full_env["TRAINDECK_NO_PAUSE"] = "1"
         full_env.update(env or {})
+        # Every path through train_gpu.bat prints something, so a failed run with no
+        # output and no call is wine failing to start cmd.exe (seen once in CI): retry.
+        for _ in range(3):
+            rc, out = self._wine_cmd(full_env)
+            if rc == 0 or out.strip() or self.log.exists():
+                break
+        calls = []
+        if self.log.exists():
+            calls = self.log.read_bytes().decode("utf-8", "replace").splitlines()
+        return BatRun(rc, out, [c.strip() for c in calls])
+
+    def _wine_cmd(self, env: dict) -> tuple[int, str]:
         # Output into a file, not a pipe: with pipes wine takes 5x as long.
         with open(self.base / "output.txt", "w+b") as output:
             proc = subprocess.run(
                 [WINE, "cmd", "/c", winpath(self.driver)],
                 cwd=self.elsewhere,
-                env=full_env,
+                env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=output,
                 stderr=subprocess.STDOUT,
                 timeout=180,
             )
             output.seek(0)
-            out = output.read().decode("utf-8", "replace").replace("\r\n", "\n")
-        calls = []
-        if self.log.exists():
-            calls = self.log.read_bytes().decode("utf-8", "replace").splitlines()
-        return BatRun(proc.returncode, out, [c.strip() for c in calls])
+            return proc.returncode, output.read().decode("utf-8", "replace").replace("\r\n", "\n")
 
     def close(self):
         server = shutil.which("wineserver")
