@@ -132,7 +132,7 @@ for _name in [n for n in vars(TrainEvents) if n.startswith("on_")]:
 
 
 def child_main(
-    cfg, run_dir, resume_from, conn, stop, save, threads: int | None, batch_s: float = BATCH_S
+    cfg, run_dir, resume_from, conn, events3, threads: int | None, batch_s: float = BATCH_S
 ) -> None:
     """The child's entry point: train, then send the result (or the failure) last.
 
@@ -148,7 +148,7 @@ def child_main(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if threads:
         torch.set_num_threads(threads)
-    control = TrainControl(stop, save)
+    control = TrainControl(*events3)  # stop, save, finish
     events = PipeEvents(conn, control, batch_s, cfg.log_every)
     try:
         result = Trainer(cfg, Path(run_dir), resume_from=resume_from).run(events, control)
@@ -162,7 +162,7 @@ def child_main(
 def child_control() -> TrainControl:
     """A TrainControl whose requests reach a child process."""
     ctx = mp.get_context(START_METHOD)
-    return TrainControl(ctx.Event(), ctx.Event())
+    return TrainControl(ctx.Event(), ctx.Event(), ctx.Event())
 
 
 class ChildRun:
@@ -173,9 +173,9 @@ class ChildRun:
     ):
         ctx = mp.get_context(START_METHOD)
         self._recv, send = ctx.Pipe(duplex=False)
-        events = (control.stop_event, control.save_event)
+        events = (control.stop_event, control.save_event, control.finish_event)
         batch_s = BATCH_S if batch_s is None else batch_s
-        args = (cfg, str(run_dir), resume_from, send, *events, threads, batch_s)
+        args = (cfg, str(run_dir), resume_from, send, events, threads, batch_s)
         self.process = ctx.Process(target=child_main, args=args, daemon=True)
         self._send = send
         # Process.start() drops its args; the events' semaphores must outlive the child.

@@ -20,8 +20,8 @@ from .device import gpu_index
 from .distributed import World
 from .errors import UserError, failure_kind, failure_message
 from .events import FanOut, TensorBoardEvents, TrainControl, TrainEvents
-from .runs import DEFAULT_RUNS_ROOT, check_resume_out, new_run_dir, resume_config
-from .trainer import Trainer
+from .runs import DEFAULT_RUNS_ROOT, RunFolder, check_resume_out, new_run_dir, resume_config
+from .trainer import FINISH_FILE, Trainer
 
 EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -71,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m core.train",
         description="Train a GPT headless. A preset fills in values; flags override it.",
         epilog="Ctrl+C stops after saving a checkpoint (exit 130); resume with --resume latest. "
+        "To finish a run early at a low learning rate, send it SIGUSR1 (Linux, macOS) or run "
+        "--finish RUN_DIR (any system). "
         "Exit codes: 0 done, 1 failed, 2 bad input, 130 interrupted.",
     )
     p.add_argument("--preset", help="preset name or YAML file (see --list-presets)")
@@ -90,6 +92,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-mixed-precision", action="store_true", help="same as --precision fp32")
     p.add_argument("--out", help="run folder (default runs/<preset>-<time>)")
     p.add_argument("--resume", help="RUN_DIR, CHECKPOINT file, or 'latest'")
+    p.add_argument(
+        "--finish", metavar="RUN_DIR",
+        help="ask the run training in RUN_DIR to finish: a short lr cooldown, then save and "
+        "stop (what SIGUSR1 does; works on Windows too)",
+    )  # fmt: skip
     p.add_argument("--runs-root", default=str(DEFAULT_RUNS_ROOT), help=argparse.SUPPRESS)
     p.add_argument(
         "--tensorboard", action="store_true",
@@ -115,6 +122,8 @@ def _overrides(args) -> dict:
         values["max_steps"] = None
     elif "max_steps" in values:
         values["max_epochs"] = None
+    if "max_time" not in values and ("max_steps" in values or "max_epochs" in values):
+        values["max_time"] = None
     return values
 
 
@@ -269,13 +278,32 @@ def prepare_only(cfg: TrainConfig, cache_dir: str | None) -> int:
     return EXIT_OK
 
 
-def _install_sigint(control: TrainControl) -> None:
+def _install_signals(control: TrainControl) -> None:
     def first(signum, frame):
         tqdm.write("Stopping after this step and saving a checkpoint (Ctrl+C again aborts)...")
         control.request_stop()
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
+    def finish(signum, frame):
+        tqdm.write("Finishing: a short learning-rate cooldown, then a checkpoint and the end...")
+        control.request_finish()
+
     signal.signal(signal.SIGINT, first)
+    if hasattr(signal, "SIGUSR1"):  # not on Windows: there, --finish RUN_DIR
+        signal.signal(signal.SIGUSR1, finish)
+
+
+def ask_to_finish(run_dir: str) -> int:
+    """Leave the FINISH request file the trainer looks for once a second."""
+    run = RunFolder(Path(run_dir))
+    if not run.config_file.is_file():
+        raise UsageError(f"--finish: {run_dir} is not a run folder (it has no config.yaml)")
+    state = run.read_status().get("state")
+    if state != "running":
+        raise UsageError(f"--finish: {run_dir} is not training (its status is {state})")
+    (run.path / FINISH_FILE).write_text("finish\n")
+    print(f"Asked {run.path} to finish: it cools the learning rate down, saves and stops.")
+    return EXIT_OK
 
 
 def run_cli(argv: list[str] | None = None) -> int:
@@ -288,6 +316,8 @@ def run_cli(argv: list[str] | None = None) -> int:
 
         print(test_gpu_report())
         return EXIT_OK
+    if args.finish:
+        return ask_to_finish(args.finish)
     cfg, run_dir, resume_file = build_config(args)
     if args.estimate:
         print_estimate(cfg)
@@ -295,7 +325,7 @@ def run_cli(argv: list[str] | None = None) -> int:
     if args.prepare_only:
         return prepare_only(cfg, args.data_cache)
     control = TrainControl()
-    _install_sigint(control)
+    _install_signals(control)
     main_process = World.from_env().main  # under torchrun only rank 0 reports
     events = CliEvents() if main_process else TrainEvents()
     if args.tensorboard and main_process:

@@ -21,8 +21,12 @@ LORA_TARGET_HELP = (
 )
 TOKENIZERS = ("bytes", "bpe", "model")  # model: the pretrained model's own (init_from)
 DATA_FORMATS = ("auto", "text", "chat")  # chat: .jsonl examples (core.chatdata)
+ARCHS = ("gpt2", "llama")
+OPTIMIZERS = ("auto", "adamw", "muon")  # auto: muon for a new model, adamw for a fine-tune
+SCHEDULES = ("cosine", "wsd")
+DECAY_SHAPES = ("linear", "sqrt")  # sqrt: 1 - sqrt(progress)
 CONFIG_VERSION = (
-    2  # bump with a MIGRATIONS entry whenever a field is renamed or its meaning changes
+    3  # bump with a MIGRATIONS entry whenever a field is renamed or its meaning changes
 )
 
 
@@ -39,6 +43,7 @@ class Spec:
     optional: bool = False  # None is allowed (and means "not set")
     arch: bool = False  # changes tensor shapes: a checkpoint cannot be loaded into another value
     stream: bool = False  # changes which tokens are drawn: a resumed run would be another run
+    state: bool = False  # changes what the optimizer state holds: a checkpoint cannot resume
     cli: bool = True  # has a --flag of its own (booleans that default to true get --no-flag)
     widget: str = ""  # a special form widget: "limit", "device", "text"
 
@@ -95,6 +100,32 @@ class TrainConfig:
         high=65536,
         arch=True,
     )
+    arch: str = spec(
+        "llama",
+        "a new model's architecture; llama: RMSNorm, rotary positions, SwiGLU, no biases "
+        "(exports as a Llama model); gpt2: LayerNorm, learned positions, GELU (nanoGPT's). "
+        "A pretrained model keeps its own",
+        label="Architecture",
+        group=MODEL,
+        choices=ARCHS,
+        arch=True,
+    )
+    n_kv_heads: int | None = spec(
+        None,
+        "llama: key/value heads for grouped-query attention; must divide n_heads "
+        "(default: n_heads)",
+        low=1,
+        high=256,
+        optional=True,
+        arch=True,
+    )
+    qk_norm: bool = spec(
+        False,
+        "llama: RMSNorm over each head of q and k (exports as a Qwen3 model)",
+        label="QK-norm",
+        group=ADVANCED,
+        arch=True,
+    )
     dropout: float = spec(
         0.0, "dropout probability", label="Dropout", group=ADVANCED, low=0.0, high=0.9
     )
@@ -146,10 +177,72 @@ class TrainConfig:
         low=1,
         high=65536,
     )
-    lr: float = spec(
-        1e-3, "peak learning rate", label="Learning rate", group=BATCH, low=1e-8, high=1.0
+    optimizer: str = spec(
+        "auto",
+        "muon: Muon for the hidden weight matrices, AdamW for embeddings, head and norms; "
+        "adamw: AdamW for all; auto: muon for a new model, adamw for a pretrained one",
+        label="Optimizer",
+        group=BATCH,
+        choices=OPTIMIZERS,
+        state=True,
+    )
+    lr: float | None = spec(
+        None,
+        "peak learning rate of AdamW (with muon: of the embeddings, head and norms); "
+        "default: scaled with the model's width (core.recipe)",
+        label="Learning rate",
+        group=BATCH,
+        low=1e-8,
+        high=1.0,
+        optional=True,
+    )
+    muon_lr: float | None = spec(
+        None,
+        "peak learning rate of Muon's hidden matrices (default: core.recipe's)",
+        label="Muon lr",
+        group=ADVANCED,
+        low=1e-8,
+        high=10.0,
+        optional=True,
     )
     warmup_steps: int = spec(20, "linear warmup steps", label="Warmup steps", group=BATCH, low=0)
+    schedule: str = spec(
+        "wsd",
+        "cosine: decay from the first step after warmup; wsd: warmup, a stable phase, then "
+        "a decay over the last decay_fraction of the run (a run can be finished early)",
+        label="Schedule",
+        group=BATCH,
+        choices=SCHEDULES,
+    )
+    decay_fraction: float = spec(
+        0.2,
+        "wsd: share of the run spent decaying the learning rate; also the default length "
+        "of a Finish cooldown, as a share of the steps done",
+        label="Decay share",
+        group=ADVANCED,
+        low=0.0,
+        high=1.0,
+    )
+    decay_shape: str = spec(
+        "linear",
+        "wsd and Finish: linear, or sqrt (1 - sqrt of the progress: drops fast, then slowly)",
+        label="Decay shape",
+        group=ADVANCED,
+        choices=DECAY_SHAPES,
+    )
+    finish_steps: int | None = spec(
+        None,
+        "steps of the cooldown a Finish request runs before saving and stopping "
+        "(default: decay_fraction x the steps done)",
+        low=1,
+        optional=True,
+    )
+    max_time: str | None = spec(
+        None,
+        "train for this long, e.g. 90s, 45m, 2h, 1h30m (overrides --max-steps and "
+        "--max-epochs): steps are planned from the measured speed",
+        optional=True,
+    )
     max_steps: int | None = spec(
         500,
         "optimizer steps to train",
@@ -388,6 +481,7 @@ DEFAULTS: dict[str, object] = TrainConfig().to_dict()
 BOOL_FIELDS = tuple(n for n, k in KINDS.items() if k is bool)
 ARCH_FIELDS = tuple(n for n, s in SPECS.items() if s.arch)
 STREAM_FIELDS = tuple(n for n, s in SPECS.items() if s.stream)
+STATE_FIELDS = tuple(n for n, s in SPECS.items() if s.state)
 # name -> (kind, low, high, help) for the numeric fields
 LIMITS: dict[str, tuple[type, float | None, float | None, str]] = {
     n: (KINDS[n], s.low, s.high, s.help) for n, s in SPECS.items() if KINDS[n] in (int, float)
@@ -445,8 +539,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise ConfigError(
             f"hidden_dim: {values['hidden_dim']} must be divisible by n_heads ({values['n_heads']})"
         )
-    if values["max_steps"] is None and values["max_epochs"] is None:
-        raise ConfigError("max_steps: set max_steps or max_epochs")
+    if values["max_steps"] is None and values["max_epochs"] is None and not values["max_time"]:
+        raise ConfigError("max_steps: set max_steps, max_epochs or max_time")
     exts = values["data_extensions"]
     if isinstance(exts, str):
         exts = [e.strip() for e in exts.split(",") if e.strip()]
@@ -462,6 +556,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
             raise ConfigError(f"{name}: expected a path, got {values[name]!r}")
         if values[name] == "":
             values[name] = None
+    _check_arch(values)
+    if values["max_time"] is not None:
+        values["max_time"] = format_duration(parse_duration(values["max_time"]))
     if values["lora_rank"] == 0 and values["lora_alpha"] is not None:
         raise ConfigError("lora_alpha: set only with lora_rank > 0 (rank 0 is full fine-tuning)")
     if (values["tokenizer"] == "model") != (values["init_from"] is not None):
@@ -472,6 +569,59 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     return TrainConfig(**values)
 
 
+def _check_arch(values: dict) -> None:
+    heads, kv = values["n_heads"], values["n_kv_heads"]
+    if kv is not None and heads % kv:
+        raise ConfigError(f"n_kv_heads: {kv} must divide n_heads ({heads})")
+    if values["arch"] == "gpt2" and values["init_from"] is None:
+        if values["qk_norm"]:
+            raise ConfigError("qk_norm: needs arch llama (GPT-2 has no q/k norms)")
+        if kv not in (None, heads):
+            raise ConfigError("n_kv_heads: needs arch llama (GPT-2 has no grouped-query attention)")
+    if values["optimizer"] == "muon" and values["lora_rank"]:
+        raise ConfigError("optimizer: muon trains whole weight matrices; LoRA uses adamw")
+
+
+DURATION_UNITS = {"h": 3600, "m": 60, "s": 1}
+DURATION_HELP = "a duration such as 90s, 45m, 2h or 1h30m"
+
+
+def parse_duration(text) -> float:
+    """Seconds in '1h30m', '45m', '90s', '2.5h'; ConfigError naming max_time otherwise."""
+    rest, total = str(text).strip().lower().replace(" ", ""), 0.0
+    if isinstance(text, bool) or not isinstance(text, str) or not rest:
+        raise ConfigError(f"max_time: expected {DURATION_HELP}, got {text!r}")
+    for unit in DURATION_UNITS:
+        number, sep, tail = rest.partition(unit)
+        if not sep:
+            continue
+        try:
+            total += float(number) * DURATION_UNITS[unit]
+        except ValueError:
+            raise ConfigError(f"max_time: expected {DURATION_HELP}, got {text!r}") from None
+        rest = tail
+    if rest or total <= 0:
+        raise ConfigError(f"max_time: expected {DURATION_HELP}, got {text!r}")
+    return total
+
+
+def format_duration(seconds: float) -> str:
+    """The canonical spelling: 5400 -> '1h30m', 90 -> '1m30s'."""
+    out, left = "", round(seconds, 3)
+    for unit, size in DURATION_UNITS.items():
+        if left >= size or (unit == "s" and left):
+            n = left // size if unit != "s" else left
+            out += f"{n:g}{unit}"
+            left -= n * size
+    return out
+
+
+def _from_v2(d: dict) -> dict:
+    """Version 2 had no architecture, optimizer or schedule choice: nanoGPT's GPT-2 model,
+    AdamW, cosine decay, peak lr 1e-3 unless set."""
+    return {"arch": "gpt2", "optimizer": "adamw", "schedule": "cosine", "lr": 1e-3, **d}
+
+
 def _from_v1(d: dict) -> dict:
     """Version 1 (no config_version key) had no betas or bias fields: it trained with
     biases and betas (0.9, 0.95). Spelled out here so a later default cannot change it."""
@@ -479,7 +629,7 @@ def _from_v1(d: dict) -> dict:
 
 
 # version N -> a function turning an N mapping into an N+1 mapping (renames go here too)
-MIGRATIONS = {1: _from_v1}
+MIGRATIONS = {1: _from_v1, 2: _from_v2}
 
 
 def migrate(d: dict, source: str = "config") -> dict:
@@ -528,6 +678,8 @@ def compare_for_resume(saved: TrainConfig, requested: TrainConfig) -> tuple[list
             refused.append(f"{change} (architecture)")
         elif f.name in STREAM_FIELDS:
             refused.append(f"{change} (data stream)")
+        elif f.name in STATE_FIELDS:
+            refused.append(f"{change} (optimizer state)")
         elif f.name in ("batch_size", "grad_accum"):
             continue  # judged together below
         else:

@@ -98,14 +98,26 @@ class TensorBoardEvents(TrainEvents):
 class TrainControl:
     """Thread-safe requests from a front end, read by the trainer once per step."""
 
-    def __init__(self, stop_event=None, save_event=None):
+    def __init__(self, stop_event=None, save_event=None, finish_event=None):
         # Any objects with set/is_set/clear: multiprocessing Events let a window in another
         # process steer a trainer (core.child_process).
         self.stop_event = stop_event or threading.Event()
         self.save_event = save_event or threading.Event()
+        self.finish_event = finish_event or threading.Event()
 
     def request_stop(self) -> None:
         self.stop_event.set()
+
+    def request_finish(self) -> None:
+        """Decay the lr now over a short cooldown, then save and stop (core.schedule)."""
+        self.finish_event.set()
+
+    def take_finish_request(self) -> bool:
+        """True once per request_finish call."""
+        if self.finish_event.is_set():
+            self.finish_event.clear()
+            return True
+        return False
 
     def request_save(self) -> None:
         self.save_event.set()

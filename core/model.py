@@ -27,6 +27,17 @@ POSITIONS = ("learned", "rope")
 MLPS = ("gelu", "gelu_tanh", "swiglu")
 
 
+# A new model with arch llama: Llama's choices, as SmolLM2 makes them (tied embeddings).
+LLAMA_OPTIONS = {"bias": False, "norm": "rmsnorm", "norm_eps": 1e-6, "positions": "rope",
+                 "mlp": "swiglu"}  # fmt: skip
+
+
+def swiglu_width(hidden_dim: int) -> int:
+    """SwiGLU's inner width: 8/3 of the model's, so its three matrices hold as many weights
+    as GELU's two at 4x; rounded up to a multiple of 32 for fast matrix products."""
+    return -(-8 * hidden_dim // 3 // 32) * 32
+
+
 @dataclass(kw_only=True)
 class GPTConfig:
     """The network's shape. A new model's defaults and ranges live in core.config.TrainConfig
@@ -75,15 +86,17 @@ class GPTConfig:
         }
         if base is not None:
             return dataclasses.replace(base, **run)
-        return cls(
-            hidden_dim=cfg.hidden_dim,
-            n_layers=cfg.n_layers,
-            n_heads=cfg.n_heads,
-            seq_len=cfg.seq_len,
-            vocab_size=cfg.model_vocab,
-            bias=cfg.bias,
-            **run,
-        )
+        shape = {
+            "hidden_dim": cfg.hidden_dim,
+            "n_layers": cfg.n_layers,
+            "n_heads": cfg.n_heads,
+            "seq_len": cfg.seq_len,
+            "vocab_size": cfg.model_vocab,
+        }
+        if cfg.arch == "llama":
+            return cls(**shape, **LLAMA_OPTIONS, **run, ffn_dim=swiglu_width(cfg.hidden_dim),
+                       n_kv_heads=cfg.n_kv_heads, qk_norm=cfg.qk_norm)  # fmt: skip
+        return cls(**shape, bias=cfg.bias, **run)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

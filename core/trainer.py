@@ -17,9 +17,9 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from . import checkpoint as ckpt
-from . import lora
+from . import lora, optim, recipe
 from .atomic import is_disk_full
-from .config import TrainConfig, compare_for_resume, from_dict, validate
+from .config import TrainConfig, compare_for_resume, from_dict, parse_duration, validate
 from .data import PrepareCancelled, TokenData, data_changes, data_spec, describe, prepare
 from .device import is_oom, resolve_device, resolve_precision
 from .distributed import SilentFolder, World
@@ -30,27 +30,24 @@ from .loader import Pretrained, apply_pretrained, fingerprint, load_weights, ope
 from .model import GPT, GPTConfig
 from .runlock import RunLock
 from .runs import RunFolder
+from .schedule import Plan, finish_plan, lr_factor, plan_for
 from .tokenizer import Tokenizer
 
+FINISH_FILE = "FINISH"  # in the run folder: ask the trainer to finish (cooldown, then stop)
 OOM_ADVICE = (
     "lower batch_size first, then hidden_dim, then n_layers, or train on the CPU (--device cpu)"
 )
 
 
 def lr_at(step: int, cfg: TrainConfig, max_steps: int) -> float:
-    """Linear warmup, then cosine decay to min_lr_ratio * lr at max_steps (step is 0-based)."""
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    span = max(1, max_steps - cfg.warmup_steps)
-    progress = min(1.0, (step - cfg.warmup_steps) / span)
-    floor = cfg.lr * cfg.min_lr_ratio
-    return floor + 0.5 * (cfg.lr - floor) * (1 + math.cos(math.pi * progress))
+    """AdamW's lr at step (0-based) of a run planned for max_steps from the start."""
+    return recipe.adamw_lr(cfg) * lr_factor(step, cfg, plan_for(cfg, max_steps))
 
 
 def max_steps_for(cfg: TrainConfig, train_tokens: int) -> int:
     if cfg.max_epochs is not None:
         return max(1, math.ceil(cfg.max_epochs * train_tokens / cfg.tokens_per_step))
-    return cfg.max_steps
+    return cfg.max_steps or 1  # max_time: a first guess, replaced once the speed is known
 
 
 def smaller_micro_batch(batch_size: int, grad_accum: int) -> tuple[int, int] | None:
@@ -99,6 +96,7 @@ class Trainer:
         self._elapsed_before = 0.0
         self._pending: list[tuple[int, torch.Tensor, float]] = []
         self._paused_s = 0.0  # time in eval/sample/checkpoint since the last metrics read
+        self._paused_total = 0.0  # the same over the whole run (elapsed_before: included)
         self._writer = ckpt.BackgroundWriter()
         self._written_step = -1  # the newest checkpoint known to be whole on disk
         self._pause_depth = 0
@@ -106,14 +104,22 @@ class Trainer:
         self.device: torch.device | None = None
         self.precision: str | None = None
         self.data: TokenData | None = None
-        self.max_steps: int | None = None
+        self.plan: Plan | None = None
         self.model: GPT | None = None
         self.train_model = None  # the model as trained: compiled and/or DDP-wrapped
-        self.optimizer: torch.optim.Optimizer | None = None
+        self.optimizer: optim.Optimizers | None = None
+        self.budget_s = parse_duration(self.cfg.max_time) if self.cfg.max_time else None
+        self._session_step0 = 0  # the step this session started at (time plans read speed)
         self.scaler: torch.amp.GradScaler | None = None
         self._owns_group = False  # this trainer created the process group
         self._t0: float | None = None  # perf_counter at the start of this session's steps
         self._window_start = 0.0  # start of the current metrics window
+        self._session_t0 = 0.0  # elapsed_s when this session's first step began
+        self._finish_file_checked = 0.0
+
+    @property
+    def max_steps(self) -> int | None:
+        return None if self.plan is None else self.plan.max_steps
 
     # -- setup ---------------------------------------------------------------------------
 
@@ -178,7 +184,8 @@ class Trainer:
         np.random.seed(cfg.seed % 2**32)
         torch.manual_seed(cfg.seed)
 
-        self.max_steps = max_steps_for(cfg, self.data.train_tokens)
+        self.plan = plan_for(cfg, max_steps_for(cfg, self.data.train_tokens))
+        self.plan.provisional = self.budget_s is not None
 
         self.model = self._build_model().to(self.device)
         self.optimizer = self._make_optimizer()
@@ -282,15 +289,8 @@ class Trainer:
             "tokenizer_meta": self.data.tokenizer.meta or None,
         }
 
-    def _make_optimizer(self) -> torch.optim.Optimizer:
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        groups = [
-            {"params": [p for p in params if p.dim() >= 2], "weight_decay": self.cfg.weight_decay},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-        ]
-        # Fused AdamW, on the CPU too: measured 5x faster per step than the default loop.
-        betas = (self.cfg.beta1, self.cfg.beta2)
-        return torch.optim.AdamW(groups, lr=self.cfg.lr, betas=betas, fused=True)
+    def _make_optimizer(self) -> optim.Optimizers:
+        return optim.make(self.model, self.cfg)
 
     def _restore(self, state: dict) -> None:
         try:
@@ -305,14 +305,46 @@ class Trainer:
         self.data.load_state_dict(state["data"])
         ckpt.set_rng_state(state["rng"])
         self.step = int(state["step"])
+        self.plan = self._resumed_plan(state)
         self.best_val = float(state.get("best_val", float("inf")))
         self._elapsed_before = float(state["meta"].get("elapsed_s") or 0.0)
+        self._paused_total = float(state["meta"].get("paused_s") or 0.0)
         self.folder.write_config(self.cfg)
         dropped = self.folder.truncate_metrics(self.step)
         self._log(
             f"resumed from {self.resume_from} at step {self.step}"
             + (f"; dropped {dropped} metric records past it" if dropped else "")
         )
+
+    def _resumed_plan(self, state: dict) -> Plan:
+        """The saved plan while it still runs (exact resume, a cooldown under way). A run
+        that had ended, or whose length was changed, gets a new plan from this step: a
+        warmup back to the peak, a stable phase and a decay (wsd), or a new cosine."""
+        saved = state.get("schedule")
+        planned = plan_for(self.cfg, self.plan.max_steps)
+        if saved is not None:
+            plan = Plan.from_dict(saved)
+            same_limit = state["meta"].get("limit") == self._limit()
+            if self.step < plan.max_steps and (same_limit or plan.finishing):
+                return plan
+        elif self.step < planned.max_steps:
+            return planned  # a checkpoint from before plans were saved
+        if self.budget_s is None and planned.max_steps <= self.step:
+            return planned  # nothing left to train
+        extended = plan_for(self.cfg, max(planned.max_steps, self.step + 1), warm_from=self.step)
+        extended.provisional = self.budget_s is not None
+        self._log(f"extending the run from step {self.step}: {self._describe(extended)}")
+        return extended
+
+    def _limit(self) -> list:
+        """What the run's length was asked as: a change means a new plan on resume."""
+        c = self.cfg
+        return [c.max_steps, c.max_epochs, c.max_time, c.schedule, c.decay_fraction]
+
+    def _describe(self, plan: Plan) -> str:
+        if self.cfg.schedule == "cosine" and not plan.finishing:
+            return f"cosine to step {plan.max_steps}"
+        return f"decay from step {plan.decay_start} to {plan.max_steps}"
 
     # -- checkpoints ---------------------------------------------------------------------
 
@@ -331,13 +363,16 @@ class Trainer:
             "config": self.cfg.to_dict(),
             "model_config": self._inference_shape(),
             "base": self.base,
+            "schedule": self.plan.to_dict(),
             "meta": {
+                "limit": self._limit(),
                 "saved_at": time.time(),
                 "loss": self.last_loss,
                 "val_loss": None if math.isinf(self.best_val) else self.best_val,
                 "max_steps": self.max_steps,
                 "torch": str(torch.__version__),
                 "elapsed_s": self._elapsed(),
+                "paused_s": self._paused_total,
             },
         }
 
@@ -352,6 +387,7 @@ class Trainer:
             self._pause_depth -= 1
             if self._pause_depth == 0:
                 self._paused_s += time.perf_counter() - t0
+                self._paused_total += time.perf_counter() - t0
 
     def save_checkpoint(self, best: bool = False) -> Path:
         self._emit_metrics()
@@ -403,7 +439,7 @@ class Trainer:
             return self.train_model.no_sync()
         return contextlib.nullcontext()
 
-    def _train_step(self, starts: torch.Tensor, lr: float) -> torch.Tensor:
+    def _train_step(self, starts: torch.Tensor, factor: float) -> torch.Tensor:
         """Forward/backward over the step's micro-batches, then one optimizer step."""
         if not self.model.training:  # evaluate() and sample() switch back; this is a guard
             self.model.train()
@@ -421,15 +457,14 @@ class Trainer:
                 self.scaler.scale(loss).backward()
             total += loss.detach()
         if self.cfg.grad_clip > 0:
-            self.scaler.unscale_(self.optimizer)
+            self.optimizer.unscale(self.scaler)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        self.scaler.step(self.optimizer)
+        self.optimizer.set_lr(factor)
+        self.optimizer.step(self.scaler)
         self.scaler.update()
         return total
 
-    def _step_with_oom_recovery(self, lr: float) -> torch.Tensor:
+    def _step_with_oom_recovery(self, factor: float) -> torch.Tensor:
         data_state = self.data.state_dict()
         rng = ckpt.step_rng_state()
         # Every process draws the whole step's windows from the same generator and trains on
@@ -439,7 +474,7 @@ class Trainer:
         starts = starts[self.world.rank * per_rank : (self.world.rank + 1) * per_rank]
         while True:
             try:
-                return self._train_step(starts, lr)
+                return self._train_step(starts, factor)
             except Exception as e:
                 if not is_oom(e) or self.world.enabled:  # ranks cannot shrink in step
                     raise
@@ -489,13 +524,15 @@ class Trainer:
             if not math.isfinite(loss):
                 self._pending = []
                 raise TrainingError(
-                    f"loss became {loss} at step {step}: lower lr (now {self.cfg.lr}) "
+                    f"loss became {loss} at step {step}: lower lr (now "
+                    f"{recipe.adamw_lr(self.cfg):.3g}) "
                     "or use precision bf16/fp32"
                 )
             record = {
                 "step": step,
                 "loss": loss,
                 "lr": lr,
+                "max_steps": self.max_steps,
                 "tokens_per_s": round(tokens_per_s, 1),
                 "epoch": round(step * self.cfg.tokens_per_step / self.data.train_tokens, 4),
                 "elapsed_s": elapsed,
@@ -557,7 +594,9 @@ class Trainer:
     def _record_eval(self, what: str) -> float:
         """Evaluate, then write the record, report it and log it as `what`."""
         val = self.evaluate()
+        train_s = round(self._elapsed() - self._paused_total, 3)  # the eval itself excluded
         record = {"step": self.step, "val_loss": val, "val_bpb": self.bits_per_byte(val)}
+        record["train_s"] = train_s
         self.folder.append_metric(record)
         self.events.on_eval(record)
         self._log(f"{what}: val_loss {val:.4f}, {record['val_bpb']:.4f} bits/byte")
@@ -695,18 +734,27 @@ class Trainer:
         self._written_step = self._saved_step
         if self.pretrained is not None and self.step == 0:
             self._base_eval()
+        self._session_step0, self._session_t0 = self.step, self._elapsed()
+        adamw_peak = recipe.adamw_lr(cfg)
+        self._log(f"optimizer: {recipe.describe(cfg)}; schedule: {self._describe(self.plan)}")
         while self.step < self.max_steps:
-            stop, save = self.world.flags_from_main(
-                self.control.stop_requested, self.control.take_save_request()
+            stop, save, finish = self.world.flags_from_main(
+                self.control.stop_requested,
+                self.control.take_save_request(),
+                self.world.main and self._finish_asked(),
             )
             if stop:
                 break
+            if finish:
+                self._finish()
+            if self.plan.provisional:
+                self._plan_for_time()
             if save and self._saved_step != self.step:  # the state after the last step
                 self.save_checkpoint()
-            lr = lr_at(self.step, self.cfg, self.max_steps)
-            loss = self._step_with_oom_recovery(lr)
+            factor = lr_factor(self.step, self.cfg, self.plan)
+            loss = self._step_with_oom_recovery(factor)
             self.step += 1
-            self._pending.append((self.step, loss, lr))
+            self._pending.append((self.step, loss, adamw_peak * factor))
             if self.step % self.cfg.log_every == 0:
                 self._emit_metrics()
             if self.step % self.cfg.eval_every == 0 or self.step == self.max_steps:
@@ -716,3 +764,63 @@ class Trainer:
         self._emit_metrics()
         if self._saved_step != self.step:
             self.save_checkpoint()
+        if self.plan.finishing and self.step == self.max_steps:
+            self._log(f"finished early at step {self.step}, at the end of the cooldown")
+
+    # -- Finish and time budgets ---------------------------------------------------------
+
+    def _finish_asked(self) -> bool:
+        """A Finish request: from the window or a signal (control), or a FINISH file in the
+        run folder, which works on every system (python -m core.train --finish RUN)."""
+        if self.control.take_finish_request():
+            return True
+        now = time.monotonic()
+        if now - self._finish_file_checked < 1.0:  # a stat a second, not one a step
+            return False
+        self._finish_file_checked = now
+        request = self.folder.path / FINISH_FILE
+        if request.exists():
+            request.unlink(missing_ok=True)
+            return True
+        return False
+
+    def _finish(self) -> None:
+        """Start the cooldown now: the lr decays from where it is to the floor, then the
+        run saves and stops as finished."""
+        plan = finish_plan(self.cfg, self.plan, self.step)
+        if plan is None:
+            self._log(f"finish: the run already ends at step {self.max_steps}")
+            return
+        self.plan = plan
+        self._log(f"finishing: {plan.max_steps - self.step} cooldown steps, {self._describe(plan)}")
+
+    def _plan_for_time(self) -> None:
+        """Lay the steps out from the measured speed (seconds a step, evaluation included)
+        so the run ends at the budget; wsd's decay starts, and its length is fixed, when
+        the time left is the decay fraction of the budget."""
+        done = self.step - self._session_step0
+        if done < 2:
+            return
+        elapsed = self._elapsed()
+        per_step = (elapsed - self._session_t0) / done
+        left = self.budget_s - elapsed
+        total = self.step + max(1, round(left / per_step))
+        cfg, old = self.cfg, self.plan
+        decay_s = cfg.decay_fraction * self.budget_s
+        if cfg.schedule == "wsd" and left <= decay_s:
+            top = lr_factor(self.step, cfg, old)  # below 1 only if still warming up
+            self.plan = Plan(total, self.step, decay_top=top, warm_from=old.warm_from)
+        elif cfg.schedule == "wsd":
+            decay = max(1, round(decay_s / per_step))
+            self.plan = Plan(max(total, self.step + 2), max(total - decay, self.step + 1),
+                             warm_from=old.warm_from, provisional=True)  # fmt: skip
+            return
+        else:  # cosine: its curve needs the length early; fixed after a tenth of the budget
+            self.plan = plan_for(cfg, max(total, self.step + 1), warm_from=old.warm_from)
+            self.plan.provisional = elapsed < 0.1 * self.budget_s
+            if self.plan.provisional:
+                return
+        self._log(
+            f"time budget {cfg.max_time}: {self.plan.max_steps} steps in all "
+            f"({per_step * 1000:.0f} ms a step); {self._describe(self.plan)}"
+        )

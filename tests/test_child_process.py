@@ -173,7 +173,8 @@ def test_a_failure_after_some_steps_still_delivers_the_steps_before_it(monkeypat
     recv, send = mp.Pipe(duplex=False)
     control = TrainControl()
     cfg = tiny_config(log_every=100)
-    child_main(cfg, "unused", None, send, control.stop_event, control.save_event, None, 10.0)
+    events = (control.stop_event, control.save_event, control.finish_event)
+    child_main(cfg, "unused", None, send, events, None, 10.0)
     received = []
     while True:
         try:
