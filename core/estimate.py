@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import recipe
 from .config import TrainConfig
 from .device import pick_precision
 from .model import VOCAB_SIZE, GPTConfig
@@ -71,6 +72,16 @@ def _shape_key(c: GPTConfig, *extra) -> str:
 def shape_params(c: GPTConfig) -> int:
     """Exact parameter count of core.model.GPT with this shape (counted on the meta device)."""
     return _counted(_shape_key(c), lambda: _meta_model(c).num_params())
+
+
+def hidden_matrix_params(c: GPTConfig) -> int:
+    """Weights Muon trains (the blocks' matrices): one fp32 momentum each, not AdamW's two."""
+
+    def count():
+        blocks = _meta_model(c).blocks
+        return sum(p.numel() for p in blocks.parameters() if p.dim() == 2)
+
+    return _counted(_shape_key(c, "hidden"), count)
 
 
 def adapter_count(c: GPTConfig, rank: int, targets: str) -> int:
@@ -153,7 +164,7 @@ class Estimate:
         return [
             ("weights (base + adapters)" if lora else "weights (fp32)", self.weights),
             ("gradients (adapters)" if lora else "gradients (fp32)", self.gradients),
-            ("AdamW state (adapters)" if lora else "AdamW state (2 x fp32)", self.optimizer),
+            ("AdamW state (adapters)" if lora else "optimizer state (fp32)", self.optimizer),
             ("autocast weight copies", self.weight_casts),
             ("activations", self.activations),
             ("logits and loss", self.logits),
@@ -207,12 +218,15 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
         trained = adapter_count(c, cfg.lora_rank, cfg.lora_targets)
         weights = (2 if mixed and on_gpu else 4) * n + 4 * trained
         weight_casts = 0  # the base is kept in 16 bits; the adapters' casts are negligible
-    live = weights + 12 * trained + weight_casts + int(activations) + logits
+    optimizer = 8 * trained
+    if recipe.optimizer(cfg) == "muon":
+        optimizer -= 4 * hidden_matrix_params(c)
+    live = weights + 4 * trained + optimizer + weight_casts + int(activations) + logits
     return Estimate(
         n_params=n,
         weights=weights,
         gradients=4 * trained,
-        optimizer=8 * trained,
+        optimizer=optimizer,
         weight_casts=weight_casts,
         activations=int(activations),
         logits=logits,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import math
@@ -33,6 +34,7 @@ from .runs import RunFolder
 from .schedule import Plan, finish_plan, lr_factor, plan_for
 from .tokenizer import Tokenizer
 
+UNTIMED = 10**9  # a time budget's step count before any step was timed
 FINISH_FILE = "FINISH"  # in the run folder: ask the trainer to finish (cooldown, then stop)
 OOM_ADVICE = (
     "lower batch_size first, then hidden_dim, then n_layers, or train on the CPU (--device cpu)"
@@ -114,8 +116,8 @@ class Trainer:
         self._owns_group = False  # this trainer created the process group
         self._t0: float | None = None  # perf_counter at the start of this session's steps
         self._window_start = 0.0  # start of the current metrics window
-        self._session_t0 = 0.0  # elapsed_s when this session's first step began
         self._finish_file_checked = 0.0
+        self._speed_marks: collections.deque = collections.deque()  # (step, elapsed_s)
 
     @property
     def max_steps(self) -> int | None:
@@ -185,7 +187,8 @@ class Trainer:
         torch.manual_seed(cfg.seed)
 
         self.plan = plan_for(cfg, max_steps_for(cfg, self.data.train_tokens))
-        self.plan.provisional = self.budget_s is not None
+        if self.budget_s is not None:  # laid out once the first steps have been timed
+            self.plan = Plan(UNTIMED, UNTIMED, cosine_steps=UNTIMED, provisional=True)
 
         self.model = self._build_model().to(self.device)
         self.optimizer = self._make_optimizer()
@@ -317,24 +320,24 @@ class Trainer:
         )
 
     def _resumed_plan(self, state: dict) -> Plan:
-        """The saved plan while it still runs (exact resume, a cooldown under way). A run
-        that had ended, or whose length was changed, gets a new plan from this step: a
-        warmup back to the peak, a stable phase and a decay (wsd), or a new cosine."""
+        """The saved plan while it still runs (exact resume, a cooldown under way); a new
+        length for a run stopped mid-way keeps its curve's start. A run that had ended gets
+        a new plan from this step: a warmup back to the peak, then a stable phase and a
+        decay (wsd), or a new cosine."""
         saved = state.get("schedule")
-        planned = plan_for(self.cfg, self.plan.max_steps)
-        if saved is not None:
-            plan = Plan.from_dict(saved)
-            same_limit = state["meta"].get("limit") == self._limit()
-            if self.step < plan.max_steps and (same_limit or plan.finishing):
+        plan = Plan.from_dict(saved) if saved else None
+        end = plan.max_steps if plan else state["meta"].get("max_steps") or 0
+        if self.step < end:
+            if plan and (plan.finishing or state["meta"].get("limit") == self._limit()):
                 return plan
-        elif self.step < planned.max_steps:
-            return planned  # a checkpoint from before plans were saved
-        if self.budget_s is None and planned.max_steps <= self.step:
-            return planned  # nothing left to train
-        extended = plan_for(self.cfg, max(planned.max_steps, self.step + 1), warm_from=self.step)
-        extended.provisional = self.budget_s is not None
-        self._log(f"extending the run from step {self.step}: {self._describe(extended)}")
-        return extended
+            new = plan_for(self.cfg, self.plan.max_steps, warm_from=plan.warm_from if plan else 0)
+        elif self.budget_s is None and self.plan.max_steps <= self.step:
+            return self.plan  # nothing left to train
+        else:
+            new = plan_for(self.cfg, max(self.plan.max_steps, self.step + 1), warm_from=self.step)
+            self._log(f"extending the run from step {self.step}: {self._describe(new)}")
+        new.provisional = self.budget_s is not None
+        return new
 
     def _limit(self) -> list:
         """What the run's length was asked as: a change means a new plan on resume."""
@@ -734,7 +737,7 @@ class Trainer:
         self._written_step = self._saved_step
         if self.pretrained is not None and self.step == 0:
             self._base_eval()
-        self._session_step0, self._session_t0 = self.step, self._elapsed()
+        self._session_step0 = self.step
         adamw_peak = recipe.adamw_lr(cfg)
         self._log(f"optimizer: {recipe.describe(cfg)}; schedule: {self._describe(self.plan)}")
         while self.step < self.max_steps:
@@ -798,11 +801,14 @@ class Trainer:
         """Lay the steps out from the measured speed (seconds a step, evaluation included)
         so the run ends at the budget; wsd's decay starts, and its length is fixed, when
         the time left is the decay fraction of the budget."""
-        done = self.step - self._session_step0
-        if done < 2:
+        elapsed, marks = self._elapsed(), self._speed_marks
+        marks.append((self.step, elapsed))
+        # The speed over the last half of this session: start-up costs fall out of it.
+        while (marks[0][0] - self._session_step0) * 2 < self.step - self._session_step0 - 2:
+            marks.popleft()
+        if self.step - marks[0][0] < 2:
             return
-        elapsed = self._elapsed()
-        per_step = (elapsed - self._session_t0) / done
+        per_step = (elapsed - marks[0][1]) / (self.step - marks[0][0])
         left = self.budget_s - elapsed
         total = self.step + max(1, round(left / per_step))
         cfg, old = self.cfg, self.plan
