@@ -2,10 +2,12 @@
 
     python -m core.export RUN_DIR|CHECKPOINT --format hf|gguf|safetensors --out DIR
 
-hf: a GPT-2 folder that transformers loads with no custom code (config.json, model.safetensors,
-tokenizer files, a model card). gguf: a GPT-2 GGUF file with the tokenizer inside, for
-llama.cpp and the apps built on it. safetensors: the weights under TrainDeck's own names plus
-the config as JSON. The folder is written beside --out and renamed into place when complete.
+hf: a folder that transformers loads with no custom code (config.json, model.safetensors,
+tokenizer files, a model card). gguf: a GGUF file with the tokenizer inside, for llama.cpp and
+the apps built on it. Both are in the model's family: a fine-tune's base's, a new model's from
+its shape (GPT-2, or Llama / Qwen3 for arch llama without / with q/k norms). safetensors: the
+weights under TrainDeck's own names plus the config as JSON. The folder is written beside
+--out and renamed into place when complete.
 """
 
 from __future__ import annotations
@@ -19,12 +21,14 @@ from pathlib import Path
 
 import torch
 
-from . import families, lora
+from . import families, lora, recipe
 from .errors import UserError
 from .loader import Loaded, load
 
 FORMATS = ("hf", "gguf", "safetensors", "peft")
 EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT = 0, 1, 2
+FAMILY_NAMES = {"gpt2": "GPT-2", "llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2",
+                "qwen3": "Qwen3"}  # fmt: skip
 
 
 class ExportError(UserError):
@@ -48,12 +52,12 @@ def _weights(model) -> dict[str, torch.Tensor]:
 
 
 def hf_state_dict(loaded: Loaded) -> dict[str, torch.Tensor]:
-    """The weights under the source family's Hugging Face names (GPT-2 for new models)."""
+    """The weights under the model family's Hugging Face names."""
     return families.export_weights(loaded.family, loaded.model.config, loaded.model.state_dict())
 
 
 def hf_config(loaded: Loaded) -> dict:
-    """A fine-tune keeps its base model's config.json; a new model gets GPT-2's."""
+    """A fine-tune keeps its base model's config.json; a new model gets its family's."""
     if loaded.base is None:
         return families.new_model_hf_config(loaded.model.config)
     config = dict(loaded.base["hf_config"])
@@ -66,7 +70,7 @@ def hf_config(loaded: Loaded) -> dict:
 def model_card(loaded: Loaded) -> str:
     cfg, c, tok = loaded.config, loaded.model.config, loaded.tokenizer
     val = f"{loaded.val_loss:.4f}" if loaded.val_loss is not None else "not measured"
-    arch = families.HF_ARCH[loaded.family]
+    arch = f"{FAMILY_NAMES[loaded.family]} ({families.HF_ARCH[loaded.family]})"
     origin = (
         f"fine-tuned from {loaded.base['init_from']}" if loaded.base else "trained from scratch"
     )
@@ -78,10 +82,10 @@ A {arch} language model {origin} with TrainDeck.
 
 - Data: {cfg.data or "embedded corpus (Python standard library sources)"}
 - Tokenizer: {tok.kind} ({tok.vocab_size} tokens; model vocab {c.vocab_size})
-- Size: {loaded.model.num_params():,} parameters; {c.n_layers} layers, {c.n_heads} heads,
-  width {c.hidden_dim}, context {c.seq_len}
+- Size: {loaded.model.num_params():,} parameters; {c.n_layers} layers, {c.n_heads} heads
+  ({c.n_kv_heads} key/value), width {c.hidden_dim}, context {c.seq_len}
 - Trained: {loaded.step} optimizer steps, batch {cfg.batch_size} x {cfg.grad_accum} x
-  {cfg.seq_len} tokens, AdamW, peak lr {cfg.lr}, precision {cfg.precision}
+  {cfg.seq_len} tokens, {recipe.describe(cfg)}, precision {cfg.precision}
 - Validation loss at export: {val} (nats per token)
 - Checkpoint: {loaded.checkpoint.name}
 

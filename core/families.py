@@ -254,8 +254,55 @@ def export_weights(family: str, c: GPTConfig, state: dict) -> dict:
     return out
 
 
+def new_model_family(c: GPTConfig) -> str:
+    """The family a model TrainDeck created is, from its shape (GPTConfig.from_train makes
+    two): Llama's options (RMSNorm, rotary positions, SwiGLU) are llama, or qwen3 (Llama with
+    q/k norms); anything else is TrainDeck's GPT-2-style model."""
+    if (c.norm, c.positions, c.mlp) == ("rmsnorm", "rope", "swiglu"):
+        return "qwen3" if c.qk_norm else "llama"
+    return "gpt2"
+
+
 def new_model_hf_config(c: GPTConfig) -> dict:
-    """config.json for a model TrainDeck created: GPT-2's architecture."""
+    """config.json for a model TrainDeck created, in the family its shape is (new_model_family):
+    no special tokens, as its tokenizer (bytes or TrainDeck's BPE) has none."""
+    family = new_model_family(c)
+    if family == "gpt2":
+        return _gpt2_hf_config(c)
+    config = {
+        "architectures": [HF_ARCH[family]],
+        "model_type": family,
+        "vocab_size": c.vocab_size,
+        "hidden_size": c.hidden_dim,
+        "intermediate_size": c.ffn_dim,
+        "num_hidden_layers": c.n_layers,
+        "num_attention_heads": c.n_heads,
+        "num_key_value_heads": c.n_kv_heads,
+        "head_dim": c.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": c.seq_len,
+        "rms_norm_eps": c.norm_eps,
+        # rope_theta for transformers 4 and converters; rope_parameters for transformers 5
+        "rope_theta": c.rope_theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": c.rope_theta},
+        "attention_bias": c.qkv_bias,
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+        "tie_word_embeddings": c.tie_embeddings,
+        "use_cache": True,
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "pad_token_id": None,
+        "torch_dtype": "float32",
+    }
+    if family == "llama":
+        config["mlp_bias"] = c.mlp_bias
+    else:  # Qwen3: full attention in every layer
+        config.update(use_sliding_window=False, sliding_window=None, max_window_layers=c.n_layers)
+    return config
+
+
+def _gpt2_hf_config(c: GPTConfig) -> dict:
     return {
         "architectures": [HF_ARCH["gpt2"]],
         "model_type": "gpt2",
@@ -265,15 +312,16 @@ def new_model_hf_config(c: GPTConfig) -> dict:
         "n_embd": c.hidden_dim,
         "n_layer": c.n_layers,
         "n_head": c.n_heads,
-        "n_inner": None,
-        "activation_function": "gelu",  # exact erf GELU, as torch.nn.functional.gelu
+        "n_inner": c.ffn_dim,
+        # exact erf GELU, as torch.nn.functional.gelu; or its tanh approximation
+        "activation_function": "gelu_new" if c.mlp == "gelu_tanh" else "gelu",
         "resid_pdrop": 0.0,
         "embd_pdrop": 0.0,
         "attn_pdrop": 0.0,
         "layer_norm_epsilon": c.norm_eps,
         "initializer_range": 0.02,
         "scale_attn_weights": True,
-        "tie_word_embeddings": True,
+        "tie_word_embeddings": c.tie_embeddings,
         "use_cache": True,
         "bos_token_id": None,
         "eos_token_id": None,

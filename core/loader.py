@@ -288,7 +288,7 @@ class Loaded:
     checkpoint: Path  # the checkpoint file, or the model folder
     step: int
     val_loss: float | None
-    family: str = "gpt2"  # TrainDeck's own models have GPT-2's architecture
+    family: str  # a fine-tune's base's; a new model's from its shape (new_model_family)
     base: dict | None = None  # a fine-tune's base (Pretrained.base_record)
 
 
@@ -373,7 +373,7 @@ def load_checkpoint(target: str | Path, which: str = "best", device: str = "cpu"
     base = state.get("base")
     return Loaded(
         model, run_tokenizer(state, path), cfg, path, int(state["step"]), meta.get("val_loss"),
-        family=base["family"] if base else "gpt2", base=base,
+        family=base["family"] if base else families.new_model_family(c), base=base,
     )  # fmt: skip
 
 

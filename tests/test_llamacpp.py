@@ -46,16 +46,26 @@ def llama_cpp_agrees(target, out, prompt: str, n_new: int = 12):
     return llm
 
 
+NEW_MODELS = {  # llama.cpp architecture: (arch, extra settings)
+    "gpt2": ("gpt2", {}),
+    "llama": ("llama", {"n_heads": 4, "n_kv_heads": 2}),
+    "qwen3": ("llama", {"n_heads": 4, "n_kv_heads": 2, "qk_norm": True}),
+}
+
+
 @pytest.mark.parametrize("tokenizer", ["bytes", "bpe"])
-def test_new_model_gguf_runs_in_llama_cpp(tmp_path, tokenizer):
+@pytest.mark.parametrize("family", list(NEW_MODELS))
+def test_new_model_gguf_runs_in_llama_cpp(tmp_path, family, tokenizer):
+    arch, extra = NEW_MODELS[family]
     data = tmp_path / "code.txt"
     data.write_text(TEXT * 20, encoding="utf-8")
     cfg = tiny_config(
-        data=str(data), tokenizer=tokenizer, vocab_size=512, max_steps=20, seq_len=48,
-        dropout=0.0, sample_tokens=0,
+        data=str(data), arch=arch, tokenizer=tokenizer, vocab_size=512, max_steps=20,
+        seq_len=48, dropout=0.0, sample_tokens=0, **extra,
     )  # fmt: skip
     Trainer(cfg, tmp_path / "run").run()
-    llama_cpp_agrees(tmp_path / "run", tmp_path / "gguf", "def add(a")
+    llm = llama_cpp_agrees(tmp_path / "run", tmp_path / "gguf", "def add(a")
+    assert llm.metadata["general.architecture"] == family
 
 
 @pytest.mark.parametrize("family", FAMILIES)
