@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import pickle
 import re
 import shlex
@@ -41,6 +42,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+ENV = dict(os.environ)  # --threads sets the thread count of both programs
 RECIPE = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12, lr=1e-3)
 
 
@@ -79,7 +81,8 @@ def run_nanogpt(nano: Path, iters: int, out: Path) -> tuple[float, float]:
         f"--batch_size={r['batch_size']}", f"--learning_rate={r['lr']}", "--dropout=0.0",
         "--eval_iters=20", "--log_interval=10", f"--eval_interval={iters}", f"--out_dir={out}",
     ]  # fmt: skip
-    text = subprocess.run(cmd, cwd=nano, capture_output=True, text=True, check=True).stdout
+    text = subprocess.run(cmd, cwd=nano, capture_output=True, text=True, check=True,
+                          env=ENV).stdout  # fmt: skip
     times = [float(t) for t in re.findall(r"iter \d+: loss [\d.]+, time ([\d.]+)ms", text)]
     vals = re.findall(r"val loss ([\d.]+)", text)
     return statistics.median(times[len(times) // 10 :]), float(vals[-1])
@@ -99,7 +102,7 @@ def run_traindeck(data: Path, iters: int, out: Path) -> tuple[float, float]:
         "--eval-every", str(iters), "--eval-batches", "20", "--ckpt-every", str(iters),
         "--sample-tokens", "0", "--log-every", "10",
     ]  # fmt: skip
-    subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True)
+    subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True, env=ENV)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if "tokens_per_s" in r]
     per_step = RECIPE["block_size"] * 1000  # ms per step = tokens in the step / tokens per ms
@@ -123,7 +126,7 @@ def run_budget(data: Path, budget_s: float, out: Path, extra: list[str]) -> dict
         "--val-fraction", "0.1", "--eval-every", "25", "--eval-batches", "20",
         "--ckpt-every", "100000", "--sample-tokens", "0", "--log-every", "25", *extra,
     ]  # fmt: skip
-    subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True)
+    subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True, env=ENV)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in records if "val_loss" in r]
     return {"evals": evals, "steps": evals[-1]["step"], "val": evals[-1]["val_loss"],
@@ -166,9 +169,12 @@ def main() -> None:
     ap.add_argument("--time-to-quality", action="store_true")
     ap.add_argument("--fractions", type=float, nargs="+", default=[0.5])
     ap.add_argument("--td-args", default="", help="extra TrainDeck flags (ablations)")
+    ap.add_argument("--threads", type=int, help="torch threads for both (default: torch's)")
     ap.add_argument("--nano-wall", type=float, help="reuse a nanoGPT wall time (s)")
     ap.add_argument("--nano-val", type=float, help="reuse a nanoGPT final val loss")
     args = ap.parse_args()
+    if args.threads:
+        ENV.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
     text = args.text.read_text(encoding="ascii") if args.text else stdlib_text()
     if args.time_to_quality:
         with tempfile.TemporaryDirectory() as tmp_name:
