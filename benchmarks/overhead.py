@@ -42,6 +42,7 @@ def config(size: str, steps: int, device: str) -> TrainConfig:
             **SIZES[size], max_steps=steps, eval_every=10**9, ckpt_every=10**9,
             keep_checkpoints=0, sample_tokens=0, log_every=50, precision="fp32",
             device=device, corpus_max_bytes=2_000_000, dropout=0.0,
+            optimizer="adamw", schedule="cosine", lr=1e-3,  # what the bare loop runs
         )
     )  # fmt: skip
 
