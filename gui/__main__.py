@@ -70,7 +70,7 @@ def launch(window, args) -> None:
         if args.data:
             changes["data"] = args.data  # core refuses it with a clear message, as the CLI does
         if args.max_steps:
-            changes.update(max_steps=args.max_steps, max_epochs=None)
+            changes.update(max_steps=args.max_steps, max_epochs=None, max_time=None)
         if args.autostart:
             QTimer.singleShot(0, lambda: window.resume_from(args.resume, changes, args.preset))
         else:

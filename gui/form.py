@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from core import recipe
 from core.chatdata import is_chat
 from core.config import (
     ADVANCED,
@@ -41,6 +42,8 @@ from core.config import (
     SPECS,
     TrainConfig,
     describe_limit,
+    format_duration,
+    parse_duration,
     validate,
 )
 from core.errors import ConfigError, UserError
@@ -52,11 +55,12 @@ INT_MAX = 2**31 - 1  # QSpinBox holds a C int
 GROUP_ORDER = (DATA, MODEL, BATCH, EXECUTION, INTERVALS)
 LABELS = {name: spec.label for name, spec in SPECS.items() if spec.label}
 ADVANCED_FIELDS = [name for name, spec in SPECS.items() if spec.group == ADVANCED and spec.label]
-LOG_STEP_FIELDS = ("lr", "max_epochs")  # these step by a factor, not by a fixed amount
+LOG_STEP_FIELDS = ("lr", "muon_lr", "max_epochs")  # these step by a factor, not by a fixed amount
 
 
 # What a pretrained model decides: shown, not edited.
-PRETRAINED_FIXED = ("hidden_dim", "n_layers", "n_heads", "bias", "tokenizer")
+PRETRAINED_FIXED = ("hidden_dim", "n_layers", "n_heads", "bias", "tokenizer", "arch", "qk_norm")
+AUTO = "auto"  # an optional number left unset: core picks it (core.recipe)
 
 
 def tooltip(name: str) -> str:
@@ -93,21 +97,55 @@ class IntSpin(_NoWheelUnlessFocused, QSpinBox):
 
 
 class FloatSpin(_NoWheelUnlessFocused, QDoubleSpinBox):
-    """Shows 0.0003 or 3e-05 rather than a fixed number of decimals."""
+    """Shows 0.0003 or 3e-05 rather than a fixed number of decimals.
 
-    def __init__(self, name: str):
+    optional: the minimum is 0 and shows "auto" (core picks the value); `field_value`
+    reads it back as None. An emptied box means auto too."""
+
+    def __init__(self, name: str, optional: bool = False):
         super().__init__()
         _, low, high, _ = LIMITS[name]
+        self.optional = optional
+        self.auto_value: float | None = None  # what auto stands for, where the form knows
         self.setDecimals(12)
-        self.setRange(float(low), 1e12 if high is None else float(high))
+        self.setRange(0.0 if optional else float(low), 1e12 if high is None else float(high))
+        self._min_width = 0
+        if optional:  # room for the longest "auto (...)" without cutting it off
+            self.setSpecialValueText(f"{AUTO} (0.000375)")
+            self._min_width = self.sizeHint().width()
+            self.setSpecialValueText(AUTO)
         self.setSingleStep(0.01)
         self.log_step = name in LOG_STEP_FIELDS
         self.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
+
+    def minimumSizeHint(self):  # noqa: N802 (Qt override)
+        hint = super().minimumSizeHint()
+        hint.setWidth(max(hint.width(), self._min_width))
+        return hint
+
+    def field_value(self) -> float | None:
+        if self.optional and self.value() == self.minimum():
+            return None
+        return self.value()
+
+    def set_field_value(self, value: float | None) -> None:
+        self.setValue(self.minimum() if value is None else value)
+
+    def set_auto_hint(self, value: float | None) -> None:
+        """Show what auto resolves to, e.g. "auto (0.003)"; stepping from auto starts there."""
+        self.auto_value = value
+        self.setSpecialValueText(AUTO if value is None else f"{AUTO} ({value:.3g})")
+
+    def _is_auto_text(self, text: str) -> bool:
+        stripped = text.strip()
+        return self.optional and (stripped == "" or stripped == self.specialValueText())
 
     def textFromValue(self, value: float) -> str:  # noqa: N802 (Qt override)
         return f"{value:.6g}"
 
     def valueFromText(self, text: str) -> float:  # noqa: N802 (Qt override)
+        if self._is_auto_text(text):
+            return self.minimum()
         try:
             return float(text)
         except ValueError:
@@ -115,6 +153,10 @@ class FloatSpin(_NoWheelUnlessFocused, QDoubleSpinBox):
 
     def validate(self, text: str, pos: int):
         stripped = text.strip()
+        if self._is_auto_text(text):
+            return QValidator.State.Acceptable, text, pos
+        if self.optional and self.specialValueText().startswith(stripped):
+            return QValidator.State.Intermediate, text, pos  # "au", on the way to "auto"
         try:
             value = float(stripped)
         except ValueError:
@@ -125,10 +167,16 @@ class FloatSpin(_NoWheelUnlessFocused, QDoubleSpinBox):
         return (QValidator.State.Acceptable if ok else QValidator.State.Intermediate), text, pos
 
     def stepBy(self, steps: int) -> None:  # noqa: N802 (Qt override)
-        if self.log_step and self.value() > 0:
+        if self.field_value() is None and self.auto_value is not None:
+            self.setValue(self.auto_value)  # from auto to the value auto stands for
+        elif self.log_step and self.value() > 0:
             self.setValue(self.value() * 10 ** (steps / 10))
         else:
             super().stepBy(steps)
+
+
+class WheelSafeDoubleSpin(_NoWheelUnlessFocused, QDoubleSpinBox):
+    """A plain QDoubleSpinBox (fixed decimals) that ignores the wheel unless focused."""
 
 
 class Combo(_NoWheelUnlessFocused, QComboBox):
@@ -144,39 +192,62 @@ class Combo(_NoWheelUnlessFocused, QComboBox):
 
 
 class LimitField(QWidget):
-    """max_steps or max_epochs: exactly one of them limits the run."""
+    """How long a run trains: max_steps, max_epochs or max_time (minutes), one of them."""
 
     changed = Signal()
+    KEYS = ("max_steps", "max_epochs", "max_time")
 
     def __init__(self):
         super().__init__()
-        self.mode = Combo(["steps", "epochs"])
+        self.mode = Combo(["steps", "epochs", "minutes"])
+        self.mode.setToolTip("What limits the run: optimizer steps, passes over the data, or time")
         self.steps = IntSpin("max_steps")
         self.epochs = FloatSpin("max_epochs")
         self.epochs.setValue(1.0)
+        self.minutes = self._minutes_spin()
+        self.boxes = {"steps": self.steps, "epochs": self.epochs, "minutes": self.minutes}
         layout = QHBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
-        layout.addWidget(self.steps, 1)
-        layout.addWidget(self.epochs, 1)
+        for box in self.boxes.values():
+            layout.addWidget(box, 1)
+            box.valueChanged.connect(self.changed)
         layout.addWidget(self.mode)
         self.mode.currentTextChanged.connect(self._show_mode)
         self.mode.currentTextChanged.connect(self.changed)
-        self.steps.valueChanged.connect(self.changed)
-        self.epochs.valueChanged.connect(self.changed)
         self._show_mode()
 
+    @staticmethod
+    def _minutes_spin() -> QDoubleSpinBox:
+        spin = WheelSafeDoubleSpin()
+        spin.setDecimals(2)
+        spin.setRange(0.1, 100_000.0)
+        spin.setValue(30.0)
+        spin.setSingleStep(5.0)
+        spin.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
+        spin.setToolTip(f"max_time: {SPECS['max_time'].help}.")
+        return spin
+
     def _show_mode(self, *_):
-        by_steps = self.mode.currentText() == "steps"
-        self.steps.setVisible(by_steps)
-        self.epochs.setVisible(not by_steps)
+        for mode, box in self.boxes.items():
+            box.setVisible(mode == self.mode.currentText())
 
     def values(self) -> dict:
-        if self.mode.currentText() == "steps":
-            return {"max_steps": self.steps.value(), "max_epochs": None}
-        return {"max_steps": None, "max_epochs": self.epochs.value()}
+        """All three keys; the ones not in use are None."""
+        mode, out = self.mode.currentText(), dict.fromkeys(self.KEYS)
+        if mode == "steps":
+            out["max_steps"] = self.steps.value()
+        elif mode == "epochs":
+            out["max_epochs"] = self.epochs.value()
+        else:
+            out["max_time"] = format_duration(self.minutes.value() * 60)
+        return out
 
-    def set_values(self, max_steps, max_epochs) -> None:
-        if max_epochs is not None:
+    def set_values(self, max_steps, max_epochs, max_time=None) -> None:
+        """As core reads them: max_time wins over max_epochs, which wins over max_steps."""
+        if max_time:
+            self.minutes.setValue(parse_duration(max_time) / 60)
+            self.mode.setCurrentText("minutes")
+        elif max_epochs is not None:
             self.epochs.setValue(max_epochs)
             self.mode.setCurrentText("epochs")
         else:
@@ -266,6 +337,12 @@ def describe_data(cfg: TrainConfig, tokenizer=None) -> str:
     return "not found"
 
 
+def pretrained_arch(pre) -> dict:
+    """arch and qk_norm as a pretrained model has them (shown, fixed, in the form)."""
+    arch = "gpt2" if pre.family == "gpt2" else "llama"
+    return {"arch": arch, "qk_norm": bool(pre.config.qk_norm)}
+
+
 class ConfigForm(QWidget):
     """Edits a TrainConfig. `changed` fires on every edit, after the flags are updated."""
 
@@ -338,7 +415,7 @@ class ConfigForm(QWidget):
             w = IntSpin(name)
             w.valueChanged.connect(self._edited)
         else:
-            w = FloatSpin(name)
+            w = FloatSpin(name, optional=spec.optional)
             w.valueChanged.connect(self._edited)
         w.setToolTip(tooltip(name))
         w.setObjectName(name)
@@ -385,7 +462,7 @@ class ConfigForm(QWidget):
             self._base = cfg
             for name, w in self.widgets.items():
                 if name == "limit":
-                    w.set_values(cfg.max_steps, cfg.max_epochs)
+                    w.set_values(cfg.max_steps, cfg.max_epochs, cfg.max_time)
                 else:
                     self._set_widget(w, getattr(cfg, name))
             self.data.set_value(cfg.data)
@@ -401,6 +478,8 @@ class ConfigForm(QWidget):
             w.set_text(str(value))
         elif isinstance(w, QLineEdit):
             w.setText(", ".join(value) if isinstance(value, list) else str(value))
+        elif isinstance(w, FloatSpin):
+            w.set_field_value(value)
         else:
             w.setValue(value)
 
@@ -412,6 +491,8 @@ class ConfigForm(QWidget):
             return w.currentText()
         if isinstance(w, QLineEdit):
             return w.text().strip()
+        if isinstance(w, FloatSpin):
+            return w.field_value()
         return w.value()
 
     def set_pretrained(self, pre) -> None:
@@ -424,10 +505,14 @@ class ConfigForm(QWidget):
             cfg = dataclasses.replace(cfg, init_from=None, tokenizer=tokenizer)
         else:
             cfg = apply_pretrained(dataclasses.replace(cfg, init_from=pre.name), pre)
+            cfg = dataclasses.replace(cfg, **pretrained_arch(pre))
         self.set_config(cfg)
 
     def set_values(self, **values) -> None:
-        """Change some fields, e.g. batch_size and grad_accum after an OOM or a fit."""
+        """Change some fields, e.g. batch_size and grad_accum after an OOM or a fit. Naming
+        one of max_steps, max_epochs and max_time clears the other two."""
+        if values.keys() & set(LimitField.KEYS):
+            values = {**dict.fromkeys(LimitField.KEYS), **values}
         self.set_config(dataclasses.replace(self.config(), **values))
 
     def config(self) -> TrainConfig:
@@ -460,7 +545,15 @@ class ConfigForm(QWidget):
             self.widgets[name].setEnabled(self._pretrained is None)
         self._describe_data()
         self.check()
+        self._show_auto_lrs()
         self.changed.emit()
+
+    def _show_auto_lrs(self) -> None:
+        """What "auto" means for the learning rates of this config (core.recipe)."""
+        cfg = self.config()
+        self.widgets["lr"].set_auto_hint(recipe.adamw_lr(dataclasses.replace(cfg, lr=None)))
+        muon = recipe.optimizer(cfg) == "muon"
+        self.widgets["muon_lr"].set_auto_hint(recipe.MUON_LR if muon else None)
 
     def _describe_data(self) -> None:
         """Size of the chosen data, so the user sees what a run will read (whole)."""
@@ -495,7 +588,7 @@ class ConfigForm(QWidget):
         if message is None:
             return
         name = message.split(":", 1)[0].strip()
-        if name in ("max_steps", "max_epochs"):
+        if name in LimitField.KEYS:
             name = "limit"
         label = self.errors.get(name, self.general_error)
         label.setText("⚠ " + message)

@@ -51,6 +51,10 @@ from .settings_store import SettingsStore
 from .start_from import StartFromBox
 from .worker import settle_heap
 
+FINISH_TIP = (
+    "Cool the learning rate down over a short cooldown, save, and stop: a run ended early "
+    "still ends at a low learning rate"
+)
 FAILURE_TITLES = {
     "input": "Cannot train with these settings",
     "training": "Training stopped",
@@ -188,6 +192,9 @@ class MainWindow(QMainWindow):
         self.stop_button = QPushButton("Stop")
         self.stop_button.setToolTip("Finish the current step, save a checkpoint, then stop")
         self.stop_button.clicked.connect(self.stop)
+        self.finish_button = QPushButton("Finish")
+        self.finish_button.setToolTip(FINISH_TIP)
+        self.finish_button.clicked.connect(self.finish)
         self.save_button = QPushButton("Save checkpoint now")
         self.save_button.clicked.connect(self.save_now)
         self.resume_button = QPushButton("Resume…")
@@ -199,9 +206,10 @@ class MainWindow(QMainWindow):
         grid = QGridLayout(box)
         grid.addWidget(self.start_button, 0, 0)
         grid.addWidget(self.stop_button, 0, 1)
-        grid.addWidget(self.save_button, 0, 2)
+        grid.addWidget(self.finish_button, 0, 2)
         grid.addWidget(self.resume_button, 1, 0)
         grid.addWidget(self.resume_latest_button, 1, 1)
+        grid.addWidget(self.save_button, 1, 2)
         return box
 
     # -- presets -------------------------------------------------------------------------
@@ -365,6 +373,12 @@ class MainWindow(QMainWindow):
             self.run_view.show_status("Stopping — finishing the step and saving a checkpoint…")
             self._update_controls()
 
+    def finish(self) -> None:
+        if self.session.finish():
+            self.run_view.show_status("Finishing — cooling the learning rate down, then saving…")
+            self.log("finish requested: a learning-rate cooldown, then a checkpoint and the end")
+            self._update_controls()
+
     def save_now(self) -> None:
         if self.session.save_now():
             self.log("checkpoint requested: saving after this step")
@@ -378,8 +392,8 @@ class MainWindow(QMainWindow):
         tip = "Start a new run with these settings"
         self.start_button.setToolTip(tip if problem is None else f"Fix this first: {problem}")
         active = self.running and self.state != "stopping"
-        self.stop_button.setEnabled(active)
-        self.save_button.setEnabled(active)
+        for button in (self.stop_button, self.finish_button, self.save_button):
+            button.setEnabled(active)
         for w in (
             self.resume_button,
             self.resume_latest_button,
@@ -508,7 +522,7 @@ class MainWindow(QMainWindow):
         if data:
             changes["data"] = data
         if max_steps:
-            changes.update(max_steps=max_steps, max_epochs=None)
+            changes.update(max_steps=max_steps, max_epochs=None, max_time=None)
         if changes:
             self.form.set_values(**changes)
         if out:

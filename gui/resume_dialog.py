@@ -180,7 +180,7 @@ class ResumeDialog(QDialog):
             return {}
         if self.max_steps.value() == self.summary.get("max_steps"):
             return {}
-        return {"max_steps": self.max_steps.value(), "max_epochs": None}
+        return {"max_steps": self.max_steps.value(), "max_epochs": None, "max_time": None}
 
     def _resume(self):
         if self.checkpoint is None and not self.load():

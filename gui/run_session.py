@@ -18,6 +18,7 @@ class RunState(str, Enum):
     READY = "ready"
     STARTING = "starting"
     RUNNING = "running"
+    FINISHING = "finishing"  # cooling the lr down, then saving and stopping
     STOPPING = "stopping"
     STOPPED = "stopped"
     FINISHED = "finished"
@@ -79,6 +80,14 @@ class RunSession(QObject):
         self._set(RunState.STOPPING)
         return True
 
+    def finish(self) -> bool:
+        """Ask the run to cool its learning rate down, save and end as finished."""
+        if self.worker is None or self.state == RunState.STOPPING:
+            return False
+        self.worker.request_finish()
+        self._set(RunState.FINISHING)
+        return True
+
     def save_now(self) -> bool:
         if self.worker is None:
             return False
@@ -90,7 +99,7 @@ class RunSession(QObject):
         self.state_changed.emit(state.value)
 
     def _started(self, info: dict) -> None:
-        if self.state != RunState.STOPPING:
+        if self.state not in (RunState.STOPPING, RunState.FINISHING):
             self._set(RunState.RUNNING)
 
     def _ended(self, result: dict) -> None:

@@ -33,6 +33,7 @@ STATUS_COLORS = {
     "ready": "#444",
     "starting": "#1565c0",
     "running": "#1565c0",
+    "finishing": "#2e7d32",
     "stopping": "#ef6c00",
     "stopped": "#ef6c00",
     "finished": "#2e7d32",
@@ -166,7 +167,7 @@ class RunView(QWidget):
         gpu = self.hardware_info().gpu_for(info["device"]) if info["device"] != "cpu" else None
         if gpu is not None:
             self.plots.set_device_total(gpu["total_bytes"] / 1024**2)
-        if self.session.state != RunState.STOPPING:
+        if self.session.state not in (RunState.STOPPING, RunState.FINISHING):
             params = f"{info['n_params']:,} parameters"
             trainable = info.get("n_trainable", info["n_params"])
             if trainable != info["n_params"]:  # LoRA: the adapters train, the base is frozen
@@ -190,6 +191,15 @@ class RunView(QWidget):
         for record in records:
             self.plots.add_train(record)  # drawn by the plot timer, not here
             self.run_progress.add_batch(record, now)
+        if records:
+            self._follow_max_steps(records[-1].get("max_steps"))
+
+    def _follow_max_steps(self, max_steps: int | None) -> None:
+        """Finish or a time budget moves the run's end: the bar and the ETA follow it."""
+        if not max_steps or max_steps == self.run_progress.max_steps:
+            return
+        self.run_progress.max_steps = max_steps
+        self.progress.setRange(0, max(1, max_steps))
 
     def on_eval(self, record: dict) -> None:
         self.plots.add_eval(record)

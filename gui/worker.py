@@ -131,6 +131,10 @@ class TrainThread(QThread):
     def request_save(self) -> None:
         self.control.request_save()
 
+    def request_finish(self) -> None:
+        """A short lr cooldown, then save and stop as finished (core.schedule.finish_plan)."""
+        self.control.request_finish()
+
     def run(self) -> None:
         if self.in_child:
             self._run_in_child()

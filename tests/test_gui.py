@@ -180,6 +180,58 @@ def test_epochs_limit_and_a_bad_seed_are_core_checked(make_window):
     assert not window.form.advanced.isHidden()  # the flagged field is shown
 
 
+def test_optional_learning_rates_show_auto_and_read_back_none(make_window):
+    from core import recipe
+
+    window = make_window()
+    form, lr, muon_lr = window.form, window.form.widgets["lr"], window.form.widgets["muon_lr"]
+    form.set_values(lr=None, muon_lr=None, optimizer="muon", hidden_dim=512, n_heads=8)
+    assert (lr.value(), lr.minimum()) == (0.0, 0.0)
+    assert lr.text() == "auto (0.003)" and muon_lr.text() == "auto (0.02)"
+    cfg = form.validated()
+    assert cfg.lr is None and cfg.muon_lr is None
+    assert recipe.adamw_lr(cfg) == pytest.approx(0.003)  # what the box says auto is
+    form.set_values(lr=2e-4, muon_lr=0.05)
+    assert lr.text() == "0.0002" and form.validated().lr == pytest.approx(2e-4)
+    assert form.validated().muon_lr == pytest.approx(0.05)
+    lr.lineEdit().setText("")  # an emptied box: auto again
+    lr.interpretText()
+    assert form.validated().lr is None and lr.text().startswith("auto")
+    lr.stepBy(1)  # from auto to the value it stands for
+    assert form.validated().lr == pytest.approx(0.003)
+    form.set_values(lr=None)
+    assert lr.text().startswith("auto") and form.validated().lr is None
+
+
+def test_minutes_limit_sets_max_time_and_round_trips(make_window):
+    window = make_window()
+    form, limit = window.form, window.form.widgets["limit"]
+    limit.mode.setCurrentText("minutes")
+    limit.minutes.setValue(45)
+    cfg = form.validated()
+    assert (cfg.max_time, cfg.max_steps, cfg.max_epochs) == ("45m", None, None)
+    assert limit.values() == {"max_steps": None, "max_epochs": None, "max_time": "45m"}
+    limit.minutes.setValue(90.5)
+    assert form.validated().max_time == "1h30m30s"
+    form.set_values(max_time="2h")
+    assert limit.mode.currentText() == "minutes" and limit.minutes.value() == 120
+    assert not limit.minutes.isHidden() and limit.steps.isHidden() and limit.epochs.isHidden()
+    form.set_values(max_steps=300)  # naming one limit clears the others
+    cfg = form.validated()
+    assert (cfg.max_steps, cfg.max_time, limit.mode.currentText()) == (300, None, "steps")
+    # the new fields round-trip: values -> TrainConfig -> the form -> the same TrainConfig
+    changed = dataclasses.replace(
+        cfg, arch="gpt2", qk_norm=False, optimizer="adamw", schedule="cosine",
+        decay_fraction=0.3, decay_shape="sqrt", lr=1e-3, muon_lr=None, max_steps=None,
+        max_time="1h30m", finish_steps=7, n_kv_heads=None,
+    )  # fmt: skip
+    form.set_config(changed)
+    assert form.validated() == changed
+    changed = dataclasses.replace(changed, arch="llama", qk_norm=True, n_kv_heads=2, muon_lr=0.01)
+    form.set_config(changed)
+    assert form.validated() == changed
+
+
 def test_save_as_preset_writes_a_user_preset(make_window, dialogs, gui_env):
     window = make_window()
     window.select_preset("cpu-tiny")

@@ -29,9 +29,13 @@ def test_pretrained_start_shows_the_model_and_fixes_its_shape(make_window, llama
     assert "chat template: yes" in info
     form = window.form
     assert not form.widgets["hidden_dim"].isEnabled() and not form.widgets["tokenizer"].isEnabled()
+    # the model decides its architecture: shown as it is, not editable
+    assert not form.widgets["arch"].isEnabled() and not form.widgets["qk_norm"].isEnabled()
+    assert form.widgets["arch"].currentText() == "llama"
+    assert not form.widgets["qk_norm"].isChecked()
     cfg = form.validated()
-    assert (cfg.init_from, cfg.tokenizer, cfg.hidden_dim, cfg.n_layers) == (
-        str(llama_folder), "model", 32, 2,
+    assert (cfg.init_from, cfg.tokenizer, cfg.hidden_dim, cfg.n_layers, cfg.arch) == (
+        str(llama_folder), "model", 32, 2, "llama",
     )  # fmt: skip
     # a context longer than the model's is named, and Start waits for a fix
     form.set_values(seq_len=128)

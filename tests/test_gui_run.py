@@ -6,6 +6,7 @@ import json
 import time
 
 import numpy as np
+import pytest
 import torch
 from PySide6.QtCore import Qt
 
@@ -339,3 +340,39 @@ def test_chat_jsonl_is_described_in_the_form_and_trains_from_the_window(
     assert result["status"] == "finished"
     log = window.run_view.log_view.toPlainText()
     assert "chat data: 29 training and 1 held-out examples; loss on answers only; 1 dropped" in log
+
+
+def test_finish_cools_the_lr_down_saves_and_ends_as_finished(make_window, qtbot):
+    from core import recipe
+
+    window = tiny_window(
+        make_window, max_steps=100_000, arch="llama", optimizer="auto", lr=None,
+        schedule="wsd", warmup_steps=5, ckpt_every=1000, eval_every=1000, sample_tokens=0,
+    )  # fmt: skip
+    cfg = window.form.validated()
+    assert not window.finish_button.isEnabled()
+    assert window.start()
+    assert window.finish_button.isEnabled() == window.stop_button.isEnabled() is True
+    assert "low learning rate" in window.finish_button.toolTip()
+    progress = window.run_view.run_progress
+    qtbot.waitUntil(lambda: (progress.step or 0) >= 10, timeout=60_000)
+    assert window.run_view.progress.maximum() == 100_000
+    with qtbot.waitSignal(window.run_ended, timeout=RUN_TIMEOUT_MS) as blocker:
+        qtbot.mouseClick(window.finish_button, Qt.MouseButton.LeftButton)
+        assert window.state == "finishing" and window.stop_button.isEnabled()
+        assert "cooling the learning rate down" in window.run_view.status_label.text()
+    result = blocker.args[0]
+    assert result["status"] == "finished" and 10 < result["step"] < 1000
+    assert window.state == "finished" and "Finished" in window.run_view.status_label.text()
+    assert "finishing:" in window.run_view.log_view.toPlainText()
+    # the bar followed the run's new end
+    bar = window.run_view.progress
+    assert (bar.value(), bar.maximum()) == (result["step"], result["step"])
+    run = RunFolder(result["run_dir"])
+    train, _ = read_metrics(run.metrics_file)
+    last = train[-1]
+    assert last["step"] == result["step"] and last["max_steps"] == result["step"]
+    floor = recipe.adamw_lr(cfg) * cfg.min_lr_ratio
+    assert last["lr"] == pytest.approx(floor, rel=1e-9)
+    assert run.latest.is_file() and ckpt_lib.load(run.latest)["step"] == result["step"]
+    assert run.read_status()["state"] == "finished"
