@@ -149,7 +149,8 @@ def time_to_quality(args, text: str, tmp: Path) -> None:
     for i, fraction in enumerate(args.fractions):
         r = run_budget(tmp / "text.txt", fraction * nano_wall, tmp / f"td-{i}",
                        shlex.split(args.td_args))  # fmt: skip
-        hit = next((e["train_s"] / nano_wall for e in r["evals"] if e["val_loss"] <= nano_val),
+        # bits per byte: equal to nats / ln 2 for bytes, and comparable for a BPE too
+        hit = next((e["train_s"] / nano_wall for e in r["evals"] if e["val_bpb"] <= bpb),
                    None)  # fmt: skip
         best = hit if hit is not None and (best is None or hit < best) else best
         at = f"{hit:.3f}" if hit is not None else "never"

@@ -242,12 +242,14 @@ def test_answers_only_loss_learns_a_skill_that_plain_training_learns_worse(tmp_p
         cfg = tiny_config(
             data=str(data), max_steps=300, dropout=0.0, eval_every=300, ckpt_every=300,
             train_on_prompts=on_prompts, sample_tokens=0, **shape,
+            arch="gpt2", optimizer="adamw", schedule="cosine",  # the recipe measured below
         )  # fmt: skip
         run = tmp_path / f"run-{on_prompts}"
         Trainer(cfg, run, data_cache=tmp_path / "cache").run()
         accuracy[on_prompts] = skill_accuracy(run, held_out)
     # Measured with data seeds 0-3: answers-only 1.0 each time; every token 0.25, 0.23,
-    # 0.78, 0.25 (0.25 is a guess among four).
+    # 0.78, 0.25 (0.25 is a guess among four). The llama/Muon default learns it on every
+    # token too (0.875 with seed 0), so this pins the GPT-2/AdamW recipe.
     assert accuracy[False] >= 0.9
     assert accuracy[True] <= accuracy[False] - 0.2
 

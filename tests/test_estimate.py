@@ -2,7 +2,7 @@ import dataclasses
 
 import torch
 
-from core import presets
+from core import optim, presets
 from core.config import TrainConfig, validate
 from core.estimate import (
     GB,
@@ -20,7 +20,7 @@ def cfg(**kw):
 
 
 def test_optimizer_state_bytes_are_exact():
-    c = cfg(hidden_dim=48, n_layers=2, n_heads=4, seq_len=32)
+    c = cfg(hidden_dim=48, n_layers=2, n_heads=4, seq_len=32, arch="gpt2", optimizer="adamw")
     model = GPT(GPTConfig(hidden_dim=48, n_layers=2, n_heads=4, seq_len=32))
     opt = torch.optim.AdamW(model.parameters())
     model(torch.zeros(1, 8, dtype=torch.long), torch.zeros(1, 8, dtype=torch.long))[1].backward()
@@ -36,8 +36,22 @@ def test_optimizer_state_bytes_are_exact():
     assert est.weights == est.gradients == 4 * model.num_params() == 4 * est.n_params
 
 
+def test_muon_state_bytes_are_exact():
+    c = cfg(hidden_dim=48, n_layers=2, n_heads=4, seq_len=32, optimizer="muon")
+    model = GPT(GPTConfig.from_train(c))
+    opt = optim.make(model, c)
+    model(torch.zeros(1, 8, dtype=torch.long), torch.zeros(1, 8, dtype=torch.long))[1].backward()
+    for o in opt.all:
+        o.step()
+    state_bytes = sum(
+        t.numel() * t.element_size() for o in opt.all for s in o.state.values()
+        for k, t in s.items() if k in ("exp_avg", "exp_avg_sq", "momentum_buffer")
+    )  # fmt: skip
+    assert estimate(c).optimizer == state_bytes < 8 * model.num_params()
+
+
 def test_flops_per_token_follows_6n_plus_attention():
-    c = cfg(hidden_dim=64, n_layers=3, n_heads=4, seq_len=128)
+    c = cfg(hidden_dim=64, n_layers=3, n_heads=4, seq_len=128, arch="gpt2")
     non_embedding = param_count(64, 3, 128) - 128 * 64
     assert flops_per_token(c) == 6 * non_embedding + 12 * 3 * 64 * 128
 
