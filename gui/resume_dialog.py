@@ -26,6 +26,13 @@ from core.runs import checkpoint_summary, resolve_resume
 from .form import INT_MAX
 
 
+def _lr_text(cfg: dict) -> str:
+    """The optimizer and its peak lr as saved; an unset lr was scaled with the width."""
+    lr = cfg.get("lr")
+    name = cfg.get("optimizer", "adamw")
+    return f"{name}, lr {'auto' if lr is None else format(lr, 'g')}"
+
+
 def _fmt_loss(value) -> str:
     return "—" if value is None else f"{value:.4f}"
 
@@ -55,7 +62,7 @@ def summary_html(ckpt: Path, run_dir: Path, summary: dict, state: str | None) ->
         ),
         (
             "Batch",
-            f"{cfg['batch_size']} x {cfg['grad_accum']} accumulation, lr {cfg['lr']:g}, "
+            f"{cfg['batch_size']} x {cfg['grad_accum']} accumulation, {_lr_text(cfg)}, "
             f"{cfg['precision']}",
         ),
         ("Data", cfg.get("data") or "embedded corpus"),
