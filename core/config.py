@@ -207,7 +207,7 @@ class TrainConfig:
     )
     warmup_steps: int = spec(20, "linear warmup steps", label="Warmup steps", group=BATCH, low=0)
     schedule: str = spec(
-        "wsd",
+        "cosine",
         "cosine: decay from the first step after warmup; wsd: warmup, a stable phase, then "
         "a decay over the last decay_fraction of the run (a run can be finished early)",
         label="Schedule",
