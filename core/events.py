@@ -114,10 +114,7 @@ class TrainControl:
 
     def take_finish_request(self) -> bool:
         """True once per request_finish call."""
-        if self.finish_event.is_set():
-            self.finish_event.clear()
-            return True
-        return False
+        return _take(self.finish_event)
 
     def request_save(self) -> None:
         self.save_event.set()
@@ -132,7 +129,12 @@ class TrainControl:
 
     def take_save_request(self) -> bool:
         """True once per request_save call."""
-        if self.save_event.is_set():
-            self.save_event.clear()
-            return True
-        return False
+        return _take(self.save_event)
+
+
+def _take(event) -> bool:
+    """Whether the event was set; clears it, so each request is acted on once."""
+    if event.is_set():
+        event.clear()
+        return True
+    return False

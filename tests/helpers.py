@@ -56,3 +56,15 @@ class Recorder(TrainEvents):
 
     def named(self, name):
         return [args for n, args in self.calls if n == name]
+
+
+def cached_forward(model, idx, first: int):
+    """Logits for idx from forward_cached: the first tokens at once, then one at a time."""
+    import torch
+
+    logits, cache = model.forward_cached(idx[:, :first], None)
+    steps = [logits]
+    for pos in range(first, idx.shape[1]):
+        logits, cache = model.forward_cached(idx[:, pos : pos + 1], cache, pos)
+        steps.append(logits)
+    return torch.cat(steps, dim=1)

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from helpers import tiny_config
+from helpers import cached_forward, tiny_config
 
 from core.generate import generate_ids, load, main, pick
 from core.model import GPT, GPTConfig
@@ -21,12 +21,7 @@ def test_cached_logits_equal_the_full_forward():
     model = GPT(GPTConfig(hidden_dim=32, n_layers=2, n_heads=4, seq_len=24)).eval()
     idx = torch.randint(0, 256, (1, 24))
     full, _ = model(idx)
-    logits, cache = model.forward_cached(idx[:, :10], None)
-    steps = [logits]
-    for pos in range(10, 24):
-        logits, cache = model.forward_cached(idx[:, pos : pos + 1], cache, pos)
-        steps.append(logits)
-    assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-5)
+    assert torch.allclose(cached_forward(model, idx, 10), full, atol=1e-5)
 
 
 def test_cache_and_no_cache_give_the_same_text_past_the_context(run):

@@ -11,7 +11,7 @@ import time
 
 import pytest
 import torch
-from helpers import Recorder, StopAfter, tiny_config
+from helpers import Recorder, StopAfter, cached_forward, tiny_config
 
 from core import checkpoint as ckpt
 from core import optim, recipe
@@ -70,12 +70,7 @@ def test_rope_qk_norm_and_gqa_agree_between_the_full_and_the_cached_forward():
     model = GPT(GPTConfig.from_train(cfg, training=False)).eval()
     idx = torch.randint(0, 256, (1, 24))
     full, _ = model(idx)
-    logits, cache = model.forward_cached(idx[:, :7], None)
-    steps = [logits]
-    for pos in range(7, 24):
-        logits, cache = model.forward_cached(idx[:, pos : pos + 1], cache, pos)
-        steps.append(logits)
-    assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-5)
+    assert torch.allclose(cached_forward(model, idx, 7), full, atol=1e-5)
 
 
 def test_muon_takes_only_the_hidden_matrices():
