@@ -569,6 +569,10 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     return TrainConfig(**values)
 
 
+# A new model's architecture fields: for a pretrained start its own config.json decides them.
+PRETRAINED_SHAPE = ("arch", "n_kv_heads", "qk_norm")
+
+
 def _check_arch(values: dict) -> None:
     heads, kv = values["n_heads"], values["n_kv_heads"]
     if kv is not None and heads % kv:
@@ -673,6 +677,8 @@ def compare_for_resume(saved: TrainConfig, requested: TrainConfig) -> tuple[list
             continue
         if f.name == "vocab_size" and saved.tokenizer == requested.tokenizer != "bpe":
             continue  # bytes have 256 tokens, a pretrained model its own, whatever it says
+        if f.name in PRETRAINED_SHAPE and saved.init_from and requested.init_from:
+            continue  # the base model's shape decides (and a v2 config says gpt2 for any)
         change = f"{f.name} {old!r} -> {new!r}"
         if f.name in ARCH_FIELDS:
             refused.append(f"{change} (architecture)")

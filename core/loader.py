@@ -236,6 +236,8 @@ def apply_pretrained(cfg: TrainConfig, pre: Pretrained, explicit=()) -> TrainCon
         "n_heads": c.n_heads,
         "bias": c.bias,
         "tokenizer": "model",
+        "arch": "gpt2" if pre.family == "gpt2" else "llama",
+        "qk_norm": c.qk_norm,
     }
     for name, value in shape.items():
         if name in explicit and getattr(cfg, name) != value:

@@ -337,12 +337,6 @@ def describe_data(cfg: TrainConfig, tokenizer=None) -> str:
     return "not found"
 
 
-def pretrained_arch(pre) -> dict:
-    """arch and qk_norm as a pretrained model has them (shown, fixed, in the form)."""
-    arch = "gpt2" if pre.family == "gpt2" else "llama"
-    return {"arch": arch, "qk_norm": bool(pre.config.qk_norm)}
-
-
 class ConfigForm(QWidget):
     """Edits a TrainConfig. `changed` fires on every edit, after the flags are updated."""
 
@@ -505,7 +499,6 @@ class ConfigForm(QWidget):
             cfg = dataclasses.replace(cfg, init_from=None, tokenizer=tokenizer)
         else:
             cfg = apply_pretrained(dataclasses.replace(cfg, init_from=pre.name), pre)
-            cfg = dataclasses.replace(cfg, **pretrained_arch(pre))
         self.set_config(cfg)
 
     def set_values(self, **values) -> None:

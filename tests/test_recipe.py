@@ -15,7 +15,7 @@ from helpers import Recorder, StopAfter, cached_forward, tiny_config
 
 from core import checkpoint as ckpt
 from core import optim, recipe
-from core.config import TrainConfig, from_dict, parse_duration, validate
+from core.config import TrainConfig, compare_for_resume, from_dict, parse_duration, validate
 from core.errors import ConfigError
 from core.events import TrainControl
 from core.model import GPT, GPTConfig
@@ -265,3 +265,12 @@ def test_finish_flag_finishes_a_running_cli_run(tmp_path):
     )  # fmt: skip
     assert again.returncode == 2
     assert again.stderr.strip() == "error: --finish: run is not training (its status is finished)"
+
+
+def test_a_fine_tune_from_before_v3_resumes_though_its_config_says_gpt2():
+    old = validate(from_dict({"config_version": 2, "init_from": "base", "tokenizer": "model"}))
+    now = dataclasses.replace(old, arch="llama", qk_norm=True, optimizer="adamw")
+    assert old.arch == "gpt2" and compare_for_resume(old, now)[0] == []
+    new_model = validate(TrainConfig())
+    refused, _ = compare_for_resume(new_model, dataclasses.replace(new_model, arch="gpt2"))
+    assert refused == ["arch 'llama' -> 'gpt2' (architecture)"]
