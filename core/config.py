@@ -467,6 +467,12 @@ class TrainConfig:
         return self.batch_size * self.grad_accum * self.seq_len
 
 
+def from_known(cls, d: dict):
+    """A dataclass from a saved mapping, leaving out keys it no longer has."""
+    names = {f.name for f in fields(cls)}
+    return cls(**{k: v for k, v in d.items() if k in names})
+
+
 def _kind(hint) -> type:
     """int for `int | None`, list for `list[str]`."""
     if typing.get_origin(hint) is list:

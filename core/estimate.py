@@ -78,8 +78,11 @@ def hidden_matrix_params(c: GPTConfig) -> int:
     """Weights Muon trains (the blocks' matrices): one fp32 momentum each, not AdamW's two."""
 
     def count():
-        blocks = _meta_model(c).blocks
-        return sum(p.numel() for p in blocks.parameters() if p.dim() == 2)
+        from .optim import muon_params
+
+        model = _meta_model(c)
+        hidden = muon_params(model)
+        return sum(p.numel() for p in model.parameters() if id(p) in hidden)
 
     return _counted(_shape_key(c, "hidden"), count)
 

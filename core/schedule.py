@@ -12,7 +12,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from .config import TrainConfig
+from .config import TrainConfig, from_known
 
 
 @dataclass
@@ -30,8 +30,7 @@ class Plan:
 
     @classmethod
     def from_dict(cls, d: dict) -> Plan:
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        return from_known(cls, d)
 
 
 def plan_for(cfg: TrainConfig, max_steps: int, warm_from: int = 0) -> Plan:

@@ -49,7 +49,7 @@ def lr_at(step: int, cfg: TrainConfig, max_steps: int) -> float:
 def max_steps_for(cfg: TrainConfig, train_tokens: int) -> int:
     if cfg.max_epochs is not None:
         return max(1, math.ceil(cfg.max_epochs * train_tokens / cfg.tokens_per_step))
-    return cfg.max_steps or 1  # max_time: a first guess, replaced once the speed is known
+    return cfg.max_steps
 
 
 def smaller_micro_batch(batch_size: int, grad_accum: int) -> tuple[int, int] | None:
@@ -186,8 +186,9 @@ class Trainer:
         np.random.seed(cfg.seed % 2**32)
         torch.manual_seed(cfg.seed)
 
-        self.plan = plan_for(cfg, max_steps_for(cfg, self.data.train_tokens))
-        if self.budget_s is not None:  # laid out once the first steps have been timed
+        if self.budget_s is None:
+            self.plan = plan_for(cfg, max_steps_for(cfg, self.data.train_tokens))
+        else:  # laid out once the first steps have been timed
             self.plan = Plan(UNTIMED, UNTIMED, cosine_steps=UNTIMED, provisional=True)
 
         self.model = self._build_model().to(self.device)
@@ -389,8 +390,9 @@ class Trainer:
         finally:
             self._pause_depth -= 1
             if self._pause_depth == 0:
-                self._paused_s += time.perf_counter() - t0
-                self._paused_total += time.perf_counter() - t0
+                paused = time.perf_counter() - t0
+                self._paused_s += paused
+                self._paused_total += paused
 
     def save_checkpoint(self, best: bool = False) -> Path:
         self._emit_metrics()
