@@ -36,6 +36,38 @@ def run(request, tmp_path_factory):
     return root / "run"
 
 
+PROMPT = "def add(a, b):\n    ret"
+
+
+def assert_transformers_agrees(model, tok, ours):
+    """transformers' tokenizer ids, logits and greedy text over the rest of the context equal
+    TrainDeck's. Returns (prompt ids, new tokens, transformers' greedy output)."""
+    ids = ours.tokenizer.encode(PROMPT)
+    assert tok(PROMPT)["input_ids"] == ids
+    with torch.no_grad():
+        theirs = model(torch.tensor([ids])).logits
+        mine, _ = ours.model(torch.tensor([ids]))
+    assert torch.allclose(theirs, mine, atol=1e-4, rtol=0)
+    n = ours.model.config.seq_len - len(ids)
+    greedy = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False)
+    new = greedy[0, len(ids) :].tolist()
+    assert new == list(generate_ids(ours.model, ids, n, temperature=0))
+    assert len(set(new)) > 1  # a trained model, not a constant
+    return ids, n, greedy
+
+
+def gguf_and_weights(run, tmp_path):
+    """The GGUF export read back: (reader, its tensors, TrainDeck's model, its weights); the
+    token embedding, which every architecture has, checked equal."""
+    out = export(run, "gguf", tmp_path / "gguf")
+    reader = gguf.GGUFReader(str(out / "model.gguf"))
+    tensors = {t.name: np.asarray(t.data) for t in reader.tensors}
+    model = load(run).model
+    w = {k: v.numpy() for k, v in model.state_dict().items()}
+    assert np.array_equal(tensors["token_embd.weight"], w["tok_emb.weight"])
+    return reader, tensors, model, w
+
+
 def test_hf_export_loads_in_transformers_with_equal_logits_and_greedy_text(run, tmp_path, capsys):
     out = export(run, "hf", tmp_path / "hf")
     assert {"config.json", "model.safetensors", "tokenizer.json", "README.md"} <= {
@@ -43,20 +75,8 @@ def test_hf_export_loads_in_transformers_with_equal_logits_and_greedy_text(run, 
     }
     model = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     tok = transformers.AutoTokenizer.from_pretrained(out)
-    ours = load(run)
-    prompt = "def add(a, b):\n    ret"
-    ids = ours.tokenizer.encode(prompt)
-    assert tok(prompt)["input_ids"] == ids
-    with torch.no_grad():
-        theirs = model(torch.tensor([ids])).logits
-        mine, _ = ours.model(torch.tensor([ids]))
-    assert torch.allclose(theirs, mine, atol=1e-4)
-    n = ours.model.config.seq_len - len(ids)
-    greedy = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False)
-    new = greedy[0, len(ids) :].tolist()
-    assert new == list(generate_ids(ours.model, ids, n, temperature=0))
-    assert len(set(new)) > 1  # a trained model, not a constant
-    args = [str(run), "--prompt", prompt, "--temperature", "0", "--max-new-tokens", str(n)]
+    ids, n, greedy = assert_transformers_agrees(model, tok, load(run))
+    args = [str(run), "--prompt", PROMPT, "--temperature", "0", "--max-new-tokens", str(n)]
     assert generate_main(args) == 0
     assert capsys.readouterr().out.rstrip("\n") == tok.decode(greedy[0])
     card = (out / "README.md").read_text()
@@ -65,12 +85,7 @@ def test_hf_export_loads_in_transformers_with_equal_logits_and_greedy_text(run, 
 
 
 def test_gguf_export_reads_back_with_the_weights_and_tokenizer(run, tmp_path):
-    out = export(run, "gguf", tmp_path / "gguf")
-    reader = gguf.GGUFReader(str(out / "model.gguf"))
-    tensors = {t.name: np.asarray(t.data) for t in reader.tensors}
-    model = load(run).model
-    w = {k: v.numpy() for k, v in model.state_dict().items()}
-    assert np.array_equal(tensors["token_embd.weight"], w["tok_emb.weight"])
+    reader, tensors, model, w = gguf_and_weights(run, tmp_path)
     assert np.array_equal(tensors["blk.1.attn_qkv.weight"], w["blocks.1.attn.qkv.weight"])
     bias = w.get("blocks.0.mlp.proj.bias", np.zeros(model.config.hidden_dim, np.float32))
     assert np.array_equal(tensors["blk.0.ffn_down.bias"], bias)  # zeros for a bias-free model
@@ -169,18 +184,7 @@ def test_llama_arch_exports_as_llama_or_qwen3_in_transformers(llama_run, tmp_pat
         type(model).__name__ == {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}[family]
     )
     tok = transformers.AutoTokenizer.from_pretrained(out)
-    prompt = "def add(a, b):\n    ret"
-    ids = ours.tokenizer.encode(prompt)
-    assert tok(prompt)["input_ids"] == ids
-    with torch.no_grad():
-        theirs = model(torch.tensor([ids])).logits
-        mine, _ = ours.model(torch.tensor([ids]))
-    assert (theirs - mine).abs().max() < 1e-4
-    n = c.seq_len - len(ids)
-    greedy = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False)
-    new = greedy[0, len(ids) :].tolist()
-    assert new == list(generate_ids(ours.model, ids, n, temperature=0))
-    assert len(set(new)) > 1  # a trained model, not a constant
+    assert_transformers_agrees(model, tok, ours)
     card = (out / "README.md").read_text()
     name = {"llama": "Llama (LlamaForCausalLM)", "qwen3": "Qwen3 (Qwen3ForCausalLM)"}[family]
     assert f"A {name} language model trained from scratch" in card and "Muon" in card
@@ -188,12 +192,7 @@ def test_llama_arch_exports_as_llama_or_qwen3_in_transformers(llama_run, tmp_pat
 
 def test_llama_arch_gguf_export_reads_back_as_llama_or_qwen3(llama_run, tmp_path):
     family, run = llama_run
-    out = export(run, "gguf", tmp_path / "gguf")
-    reader = gguf.GGUFReader(str(out / "model.gguf"))
-    tensors = {t.name: np.asarray(t.data) for t in reader.tensors}
-    model = load(run).model
-    w = {k: v.numpy() for k, v in model.state_dict().items()}
-    assert np.array_equal(tensors["token_embd.weight"], w["tok_emb.weight"])
+    reader, tensors, model, w = gguf_and_weights(run, tmp_path)
     assert np.array_equal(tensors["blk.1.ffn_down.weight"], w["blocks.1.mlp.proj.weight"])
     assert "output.weight" not in tensors  # tied to the embeddings
     per_layer = 9 + 2 * (family == "qwen3")  # norms, q k v o, gate up down (+ q/k norms)
