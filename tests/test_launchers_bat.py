@@ -21,6 +21,11 @@ from launchers_common import (
     WINE,
 )
 
+# Under load wine now and then fails to start a process (seen in CI: cmd.exe not
+# started at all; a stub python.exe reporting failure after it ran). train_gpu.bat
+# has no timing of its own, so a real fault fails every attempt.
+pytestmark = pytest.mark.flaky(reruns=2, reruns_delay=2)
+
 # ---------------------------------------------------------------------------
 # train_gpu.bat under wine's cmd.exe
 # ---------------------------------------------------------------------------
@@ -292,10 +297,10 @@ def test_bat_second_run_skips_installation(wine: Wine, tmp_path: Path):
     with open(repo / "pyproject.toml", "a") as f:
         f.write("\n# changed\n")
     r = wine.run(repo, "--resume latest")
-    assert "Dependencies up to date" not in r.out
-    assert r.venv_calls('-m pip install -e "."')
+    assert "Dependencies up to date" not in r.out, r.out
+    assert r.venv_calls('-m pip install -e "."'), r.out
     r = wine.run(repo, "--resume latest", gpu="12.8")
-    assert r.venv_calls('"torch==2.13.0+cu128"')
+    assert r.venv_calls('"torch==2.13.0+cu128"'), r.out
 
 
 def test_bat_without_arguments_opens_the_gui(wine: Wine, tmp_path: Path):
