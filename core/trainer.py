@@ -600,8 +600,8 @@ class Trainer:
         """Evaluate, then write the record, report it and log it as `what`."""
         val = self.evaluate()
         train_s = round(self._elapsed() - self._paused_total, 3)  # the eval itself excluded
-        record = {"step": self.step, "val_loss": val, "val_bpb": self.bits_per_byte(val)}
-        record["train_s"] = train_s
+        bpb = self.bits_per_byte(val)
+        record = {"step": self.step, "val_loss": val, "val_bpb": bpb, "train_s": train_s}
         self.folder.append_metric(record)
         self.events.on_eval(record)
         self._log(f"{what}: val_loss {val:.4f}, {record['val_bpb']:.4f} bits/byte")

@@ -212,12 +212,7 @@ class Wine:
         if not pause:
             full_env["TRAINDECK_NO_PAUSE"] = "1"
         full_env.update(env or {})
-        # Every path through train_gpu.bat prints something, so a failed run with no
-        # output and no call is wine failing to start cmd.exe (seen once in CI): retry.
-        for _ in range(3):
-            rc, out = self._wine_cmd(full_env)
-            if rc == 0 or out.strip() or self.log.exists():
-                break
+        rc, out = self._wine_cmd(full_env)
         calls = []
         if self.log.exists():
             calls = self.log.read_bytes().decode("utf-8", "replace").splitlines()
