@@ -15,9 +15,10 @@ import sys
 
 ONE = r"""
 import dataclasses, json, sys, tempfile, torch
-from core import presets, hardware
-from core.estimate import estimate
-from core.trainer import Trainer
+from core.config import presets
+from core.platform import hardware
+from core.training.estimate import estimate
+from core.training.trainer import Trainer
 name, steps = sys.argv[1], int(sys.argv[2])
 cfg = presets.to_config(presets.load_preset(name))
 cfg = dataclasses.replace(cfg, max_steps=steps, max_epochs=None, log_every=1,

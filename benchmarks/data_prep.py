@@ -24,7 +24,7 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from core.data import DataSpec, find_sources, prepare  # noqa: E402
+from core.data.prepare import DataSpec, find_sources, prepare  # noqa: E402
 
 WORDS = " ".join(
     [
@@ -57,8 +57,8 @@ def timed_prepare(src: Path, tokenizer: str, cache: Path, cap: int | None = None
 
 TRAIN = """
 import sys
-from core.trainer import Trainer
-from core.config import TrainConfig, validate
+from core.training.trainer import Trainer
+from core.config.spec import TrainConfig, validate
 cfg = validate(TrainConfig(data=sys.argv[1], hidden_dim=64, n_layers=2, n_heads=2, seq_len=128,
     batch_size=8, max_steps=int(sys.argv[3]), eval_every=50, eval_batches=2, ckpt_every=10**6,
     sample_tokens=0, device="cpu", precision="fp32", val_fraction=0.01))

@@ -33,8 +33,8 @@ def build_model(folder: Path) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    from core.data import _read_blocks, _stdlib_files
-    from core.tokenizer import train_bpe
+    from core.data.prepare import _read_blocks, _stdlib_files
+    from core.data.tokenizer import train_bpe
 
     text = b"".join(_read_blocks(_stdlib_files(), 2_000_000))
     hf = train_bpe([text], 4096).hf
@@ -49,10 +49,10 @@ def build_model(folder: Path) -> None:
 def one(mode: str, model: str, steps: int, threads: int) -> dict:
     import torch
 
-    from core.config import TrainConfig, validate
-    from core.estimate import estimate
-    from core.events import TrainEvents
-    from core.trainer import Trainer
+    from core.config.spec import TrainConfig, validate
+    from core.runs.events import TrainEvents
+    from core.training.estimate import estimate
+    from core.training.trainer import Trainer
 
     torch.set_num_threads(threads)
     cfg = TrainConfig(

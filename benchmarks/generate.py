@@ -18,8 +18,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from core.generate import generate_ids  # noqa: E402
-from core.model import GPT, GPTConfig  # noqa: E402
+from core.models.model import GPT, GPTConfig  # noqa: E402
+from core.use.generate import generate_ids  # noqa: E402
 
 
 def tokens_per_s(model: GPT, n: int, use_cache: bool) -> float:

@@ -2,9 +2,9 @@
 
     python benchmarks/overhead.py [--steps 300] [--rounds 3] [--sizes tiny,small]
 
-The bare loop is written here: the same core.model.GPT, batch, device, precision and AdamW
+The bare loop is written here: the same core.models.model.GPT, batch, device, precision and AdamW
 settings, random windows from an in-memory tensor, forward, backward, clip, step. The engine
-is core.trainer.Trainer with evaluation and checkpoints pushed past the end, so both do the
+is core.training.trainer.Trainer with evaluation and checkpoints pushed past the end, so both do the
 same training work. They alternate in one process (rounds); the figure is the median of
 the rounds' engine/bare ratios.
 Target: engine / bare >= 0.98.
@@ -25,10 +25,11 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from core.config import TrainConfig, validate  # noqa: E402
-from core.events import TrainEvents  # noqa: E402
-from core.model import GPT, GPTConfig  # noqa: E402
-from core.trainer import Trainer, lr_at  # noqa: E402
+from core.config.spec import TrainConfig, validate  # noqa: E402
+from core.models.model import GPT, GPTConfig  # noqa: E402
+from core.runs.events import TrainEvents  # noqa: E402
+from core.training.schedule import lr_at  # noqa: E402
+from core.training.trainer import Trainer  # noqa: E402
 
 SIZES = {
     "tiny": dict(hidden_dim=64, n_layers=2, n_heads=4, seq_len=64, batch_size=8),

@@ -14,10 +14,10 @@ import time
 
 import torch
 
-from core import presets
-from core.estimate import flops_per_token
-from core.events import TrainEvents
-from core.trainer import Trainer
+from core.config import presets
+from core.runs.events import TrainEvents
+from core.training.estimate import flops_per_token
+from core.training.trainer import Trainer
 
 PEAKS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40": 181.0, "4090": 165.0}
 

@@ -49,8 +49,9 @@ import numpy as np  # noqa: E402
 import psutil  # noqa: E402
 import torch  # noqa: E402
 
-from core import child_process, presets  # noqa: E402
-from core.runs import read_metrics  # noqa: E402
+from core.config import presets  # noqa: E402
+from core.runs.folder import read_metrics  # noqa: E402
+from core.training import child_process  # noqa: E402
 from gui.worker import cpu_training_threads  # noqa: E402
 
 

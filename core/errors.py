@@ -40,3 +40,11 @@ def failure_message(err: BaseException) -> str:
     if failure_kind(err) == "crash":
         return f"{type(err).__name__}: {err}"
     return str(err)
+
+
+# Exit codes of every command line (and of the window's launcher).
+EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+def exit_code(err: BaseException) -> int:
+    return EXIT_BAD_INPUT if failure_kind(err) == "input" else EXIT_FAIL

@@ -1,8 +1,8 @@
-"""`python -m core.train` and `from core.train import main` keep working: the CLI is core.cli."""
+"""`python -m core.train` and `from core.train import main` keep working: see core.cli.train."""
 
 import sys
 
-from .cli import main
+from core.cli.train import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -9,11 +9,9 @@ import signal
 import sys
 from pathlib import Path
 
-from core.errors import UserError
-from core.runs import DEFAULT_RUNS_ROOT
+from core.errors import EXIT_BAD_INPUT, EXIT_FAIL, UserError
+from core.runs.folder import DEFAULT_RUNS_ROOT
 from gui.platform_check import xcb_problem
-
-EXIT_FAIL, EXIT_BAD_INPUT = 1, 2
 
 
 def positive_int(text: str) -> int:
@@ -51,8 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_args(args) -> None:
     """Reject a bad preset or resume target before any window opens (UserError)."""
-    from core import presets as preset_lib
-    from core.runs import check_resume_out, resolve_resume
+    from core.config import presets as preset_lib
+    from core.runs.folder import check_resume_out, resolve_resume
 
     if args.preset:
         preset_lib.load_preset(args.preset)
@@ -117,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     from PySide6.QtCore import QSettings, QTimer
     from PySide6.QtWidgets import QApplication
 
-    from .main_window import MainWindow
+    from gui.main_window import MainWindow
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("TrainDeck")

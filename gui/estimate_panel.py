@@ -7,10 +7,9 @@ from dataclasses import dataclass
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QGroupBox, QHBoxLayout, QLabel, QProgressBar, QPushButton, QVBoxLayout
 
-from core.config import TrainConfig
-from core.estimate import SAFETY_MARGIN, estimate, fine_tune_choices, usable_bytes
-
-from .hardware_panel import HardwareInfo
+from core.config.spec import TrainConfig
+from core.training.estimate import SAFETY_MARGIN, estimate, fine_tune_choices, usable_bytes
+from gui.hardware_panel import HardwareInfo
 
 GiB = 1024**3
 BAR_SCALE = 1000  # the bar's range: fraction of the usable memory in thousandths

@@ -1,6 +1,6 @@
 """The settings form: one widget per TrainConfig field, checked by core's `validate`.
 
-The form never judges values itself: ranges and tooltips come from `core.config.LIMITS`,
+The form never judges values itself: ranges and tooltips come from `core.config.spec.LIMITS`,
 and the field named in a ConfigError is flagged under its widget.
 """
 
@@ -28,9 +28,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from core import recipe
-from core.chatdata import is_chat
-from core.config import (
+from core.config import recipe
+from core.config.spec import (
     ADVANCED,
     BATCH,
     DATA,
@@ -46,12 +45,13 @@ from core.config import (
     parse_duration,
     validate,
 )
+from core.data.chatdata import is_chat
 from core.errors import ConfigError, UserError
-from core.loader import apply_pretrained
+from core.weights.loader import apply_pretrained
 
 INT_MAX = 2**31 - 1  # QSpinBox holds a C int
 
-# Box order in the form; each field names its box (core.config's Spec.group).
+# Box order in the form; each field names its box (core.config.spec's Spec.group).
 GROUP_ORDER = (DATA, MODEL, BATCH, EXECUTION, INTERVALS)
 LABELS = {name: spec.label for name, spec in SPECS.items() if spec.label}
 ADVANCED_FIELDS = [name for name, spec in SPECS.items() if spec.group == ADVANCED and spec.label]
@@ -60,7 +60,7 @@ LOG_STEP_FIELDS = ("lr", "muon_lr", "max_epochs")  # these step by a factor, not
 
 # What a pretrained model decides: shown, not edited.
 PRETRAINED_FIXED = ("hidden_dim", "n_layers", "n_heads", "bias", "tokenizer", "arch", "qk_norm")
-AUTO = "auto"  # an optional number left unset: core picks it (core.recipe)
+AUTO = "auto"  # an optional number left unset: core picks it (core.config.recipe)
 
 
 def tooltip(name: str) -> str:
@@ -303,10 +303,10 @@ class DataChooser(QWidget):
 def describe_chat(cfg: TrainConfig, tokenizer=None) -> str:
     """Chat data's shapes, examples and those longer than the context, in the tokenizer the
     run will use (bytes until a BPE is learned: an upper bound)."""
-    from core.chat import special_tokens, template_of
-    from core.chatdata import summary
-    from core.data import find_sources
-    from core.tokenizer import bytes_tokenizer
+    from core.data.chat import special_tokens, template_of
+    from core.data.chatdata import summary
+    from core.data.prepare import find_sources
+    from core.data.tokenizer import bytes_tokenizer
 
     tokenizer = tokenizer or bytes_tokenizer()
     files = find_sources(cfg.data, cfg.data_extensions, 0, chat=True).files
@@ -345,7 +345,7 @@ class ConfigForm(QWidget):
     def __init__(self, gpu_count: int = 0, parent=None):
         super().__init__(parent)
         self._base = TrainConfig()
-        self._pretrained = None  # core.loader.Pretrained of a pretrained start
+        self._pretrained = None  # core.weights.loader.Pretrained of a pretrained start
         self._loading = False
         self.error: str | None = None
         self.widgets: dict[str, QWidget] = {}
@@ -490,7 +490,7 @@ class ConfigForm(QWidget):
         return w.value()
 
     def set_pretrained(self, pre) -> None:
-        """A pretrained start (core.loader.Pretrained) fixes the shape and the tokenizer;
+        """A pretrained start (core.weights.loader.Pretrained) fixes the shape and the tokenizer;
         None goes back to a new model."""
         self._pretrained = pre
         cfg = self.config()
@@ -542,7 +542,7 @@ class ConfigForm(QWidget):
         self.changed.emit()
 
     def _show_auto_lrs(self) -> None:
-        """What "auto" means for the learning rates of this config (core.recipe)."""
+        """What "auto" means for the learning rates of this config (core.config.recipe)."""
         cfg = self.config()
         self.widgets["lr"].set_auto_hint(recipe.adamw_lr(dataclasses.replace(cfg, lr=None)))
         muon = recipe.optimizer(cfg) == "muon"

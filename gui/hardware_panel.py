@@ -18,8 +18,8 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
 )
 
-from core import hardware
-from core.device import gpu_index
+from core.platform import hardware
+from core.platform.device import gpu_index
 
 GiB = 1024**3
 
@@ -38,7 +38,7 @@ class HardwareInfo:
 
 
 def detect() -> HardwareInfo:
-    # Looked up on the module so tests can substitute core.hardware.gpus.
+    # Looked up on the module so tests can substitute core.platform.hardware.gpus.
     return HardwareInfo(gpus=hardware.gpus(), cpu=hardware.cpu_info())
 
 

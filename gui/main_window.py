@@ -1,7 +1,7 @@
 """The TrainDeck window: settings on the left, live plots and progress on the right.
 
 Layout and wiring only. The run's lifecycle is `RunSession`, its progress arithmetic
-`core.progress.Progress`, presets `PresetBox`, persistence `SettingsStore`; training
+`core.runs.progress.Progress`, presets `PresetBox`, persistence `SettingsStore`; training
 happens in `TrainThread`, whose events arrive as queued signals and land in buffers that
 timers draw.
 """
@@ -28,28 +28,27 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from core import presets as preset_lib
-from core.config import TrainConfig
+from core.config import presets as preset_lib
+from core.config.spec import TrainConfig
 from core.errors import ConfigError, UserError
-from core.estimate import fit_micro_batch, fit_pretrained
-from core.runs import (
+from core.runs.folder import (
     DEFAULT_RUNS_ROOT,
     interrupted_run,
     list_runs,
     new_run_dir,
     resume_config,
 )
-
-from .estimate_panel import EstimatePanel, judge
-from .form import ConfigForm
-from .hardware_panel import HardwareInfo, HardwarePanel, detect
-from .preset_box import PresetBox
-from .resume_dialog import ResumeDialog
-from .run_session import RunSession, RunState
-from .run_view import RunView
-from .settings_store import SettingsStore
-from .start_from import StartFromBox
-from .worker import settle_heap
+from core.training.estimate import fit_micro_batch, fit_pretrained
+from gui.estimate_panel import EstimatePanel, judge
+from gui.form import ConfigForm
+from gui.hardware_panel import HardwareInfo, HardwarePanel, detect
+from gui.preset_box import PresetBox
+from gui.resume_dialog import ResumeDialog
+from gui.run_session import RunSession, RunState
+from gui.run_view import RunView
+from gui.settings_store import SettingsStore
+from gui.start_from import StartFromBox
+from gui.worker import settle_heap
 
 FINISH_TIP = (
     "Cool the learning rate down over a short cooldown, save, and stop: a run ended early "

@@ -29,11 +29,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from core.device import inference_device
 from core.errors import UserError
-from core.export import FORMATS, export
-from core.generate import generate_ids, load, start_ids, stream_text
-from core.runs import list_runs
+from core.platform.device import inference_device
+from core.runs.folder import list_runs
+from core.use.export import FORMATS, export
+from core.use.generate import generate_ids, load, start_ids, stream_text
 
 PROMPT_LINES = 3  # the prompt box's height; the output box takes the rest
 

@@ -13,12 +13,11 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
 )
 
-from core import presets as preset_lib
-from core.config import TrainConfig
+from core.config import presets as preset_lib
+from core.config.spec import TrainConfig
 from core.errors import ConfigError, UserError
-from core.estimate import recommend_preset
-
-from .hardware_panel import HardwareInfo
+from core.training.estimate import recommend_preset
+from gui.hardware_panel import HardwareInfo
 
 
 class PresetBox(QGroupBox):

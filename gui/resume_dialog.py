@@ -21,9 +21,8 @@ from PySide6.QtWidgets import (
 )
 
 from core.errors import UserError
-from core.runs import checkpoint_summary, resolve_resume
-
-from .form import INT_MAX
+from core.runs.folder import checkpoint_summary, resolve_resume
+from gui.form import INT_MAX
 
 
 def _lr_text(cfg: dict) -> str:

@@ -7,9 +7,8 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, Signal
 
-from core.config import TrainConfig
-
-from .worker import TrainThread, settle_heap
+from core.config.spec import TrainConfig
+from gui.worker import TrainThread, settle_heap
 
 
 class RunState(str, Enum):

@@ -20,14 +20,13 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from core.progress import Progress, describe_run_data
-from core.runs import RunFolder, read_metrics
-
-from .hardware_panel import HardwareInfo
-from .playground import Playground
-from .plots import PlotPanel, fixed_label
-from .run_session import RunSession, RunState
-from .worker import TrainThread
+from core.runs.folder import RunFolder, read_metrics
+from core.runs.progress import Progress, describe_run_data
+from gui.hardware_panel import HardwareInfo
+from gui.playground import Playground
+from gui.plots import PlotPanel, fixed_label
+from gui.run_session import RunSession, RunState
+from gui.worker import TrainThread
 
 STATUS_COLORS = {
     "ready": "#444",

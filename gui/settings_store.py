@@ -6,7 +6,7 @@ import json
 
 from PySide6.QtCore import QSettings
 
-from core.config import TrainConfig, from_dict, validate
+from core.config.spec import TrainConfig, from_dict, validate
 from core.errors import UserError
 
 

@@ -17,7 +17,7 @@ from PySide6.QtWidgets import (
 )
 
 from core.errors import UserError
-from core.loader import Pretrained, info_line, open_pretrained
+from core.weights.loader import Pretrained, info_line, open_pretrained
 
 
 class StartFromBox(QGroupBox):

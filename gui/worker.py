@@ -1,6 +1,6 @@
 """The training thread: supervises one training run and turns its events into Qt signals.
 
-The Trainer runs in a child process (core.child_process) whose events this thread reads
+The Trainer runs in a child process (core.training.child_process) whose events this thread reads
 from a pipe; Stop and save-now go to it through core's TrainControl. Signals carry plain
 data (dicts, strings, ints) and are queued to the GUI thread, so no widget is ever
 touched from here.
@@ -17,14 +17,14 @@ from pathlib import Path
 import torch
 from PySide6.QtCore import QThread, Signal
 
-from core.child_process import BATCH, FAILED, RESULT, ChildRun, child_control
-from core.config import TrainConfig
-from core.device import cuda_device_count, gpu_index
+from core.config.spec import TrainConfig
 from core.errors import failure_kind, failure_message
-from core.events import TrainControl, TrainEvents
-from core.trainer import Trainer
+from core.platform.device import cuda_device_count, gpu_index
+from core.runs.events import TrainControl, TrainEvents
+from core.training.child_process import BATCH, FAILED, RESULT, ChildRun, child_control
+from core.training.trainer import Trainer
 
-# Train in a child process (core.child_process): the window's repaints then cost the
+# Train in a child process (core.training.child_process): the window's repaints then cost the
 # trainer nothing, and a crash there leaves the window up. Tests that patch the trainer
 # in this process turn it off.
 TRAIN_IN_CHILD = True
@@ -132,7 +132,7 @@ class TrainThread(QThread):
         self.control.request_save()
 
     def request_finish(self) -> None:
-        """A short lr cooldown, then save and stop as finished (core.schedule.finish_plan)."""
+        """A short lr cooldown, then save and stop as finished (schedule.finish_plan)."""
         self.control.request_finish()
 
     def run(self) -> None:

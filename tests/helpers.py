@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from core.config import TrainConfig, validate
-from core.events import TrainControl, TrainEvents
+from core.config.spec import TrainConfig, validate
+from core.runs.events import TrainControl, TrainEvents
 
 
 def tiny_config(**overrides) -> TrainConfig:

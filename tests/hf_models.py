@@ -30,7 +30,7 @@ def make_tokenizer(folder: Path, family: str):
     from tokenizers import processors
     from transformers import PreTrainedTokenizerFast
 
-    from core.tokenizer import train_bpe
+    from core.data.tokenizer import train_bpe
 
     hf = train_bpe([TEXT], 512).hf
     if family in ("llama", "mistral"):

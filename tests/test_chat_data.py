@@ -13,16 +13,16 @@ import pytest
 import torch
 from helpers import StopAfter, tiny_config
 
-from core.chat import DEFAULT_TEMPLATE, special_tokens, template_of
-from core.chatdata import Packer, encode_example, is_chat, parse_example, read_examples
-from core.cli import main as train_main
-from core.data import TokenData, data_spec, prepare
+from core.cli.train import main as train_main
+from core.data.chat import DEFAULT_TEMPLATE, special_tokens, template_of
+from core.data.chatdata import Packer, encode_example, is_chat, parse_example, read_examples
+from core.data.prepare import TokenData, data_spec, prepare
+from core.data.tokenizer import bytes_tokenizer, pretrained_tokenizer
 from core.errors import DataError
-from core.generate import generate_ids, start_ids, stream_text
-from core.loader import load
-from core.runs import read_metrics
-from core.tokenizer import bytes_tokenizer, pretrained_tokenizer
-from core.trainer import Trainer
+from core.runs.folder import read_metrics
+from core.training.trainer import Trainer
+from core.use.generate import generate_ids, start_ids, stream_text
+from core.weights.loader import load
 
 CHAT = {
     "messages": [
@@ -288,7 +288,7 @@ def test_exported_template_gives_transformers_the_trained_ids(tmp_path, family):
     from hf_models import make_model
     from transformers import AutoTokenizer
 
-    from core.export import export
+    from core.use.export import export
 
     first = {"prompt": "Say hello", "completion": "Hello there."}
     data = write_jsonl(tmp_path / "d.jsonl", [first] + [{"prompt": "q", "completion": "a"}] * 30)

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from core import checkpoint as ckpt
 from core.errors import CheckpointError
+from core.runs import checkpoint as ckpt
 
 
 def state(value: float) -> dict:
@@ -37,7 +37,7 @@ def test_failed_write_leaves_the_previous_checkpoint_whole(tmp_path, monkeypatch
 
 WRITER = """
 import sys, torch
-from core import checkpoint as ckpt
+from core.runs import checkpoint as ckpt
 path = sys.argv[1]
 big = torch.randn(8_000_000)
 i = 0

@@ -7,9 +7,12 @@ import multiprocessing as mp
 import pytest
 from helpers import tiny_config
 
-from core import child_process
-from core.checkpoint import load
-from core.child_process import (
+from core.errors import TrainingError
+from core.runs.checkpoint import load
+from core.runs.events import TrainControl
+from core.runs.folder import RunFolder
+from core.training import child_process
+from core.training.child_process import (
     BATCH,
     FAILED,
     RESULT,
@@ -18,9 +21,6 @@ from core.child_process import (
     child_control,
     child_main,
 )
-from core.errors import TrainingError
-from core.events import TrainControl
-from core.runs import RunFolder
 
 
 def test_child_run_sends_every_event_then_the_result(tmp_path):
@@ -168,7 +168,7 @@ def test_a_failure_after_some_steps_still_delivers_the_steps_before_it(monkeypat
                 events.on_train_batch_end({"step": step})
             raise TrainingError("loss became nan at step 11")
 
-    monkeypatch.setattr("core.trainer.Trainer", FailingTrainer)
+    monkeypatch.setattr("core.training.trainer.Trainer", FailingTrainer)
     monkeypatch.setattr(child_process.signal, "signal", lambda *args: None)
     recv, send = mp.Pipe(duplex=False)
     control = TrainControl()

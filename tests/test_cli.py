@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from core.runs import read_metrics
+from core.runs.folder import read_metrics
 from core.train import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -220,7 +220,7 @@ def test_prepare_only_prints_the_figures_then_reuses_the_cache(capsys, tmp_path)
 
 
 def test_optimizer_betas_and_bias_free_layers_are_flags(capsys, tmp_path):
-    from core.cli import build_config, build_parser
+    from core.cli.train import build_config, build_parser
 
     args = build_parser().parse_args([*TINY, "--beta2", "0.99", "--no-bias"])
     cfg, _, _ = build_config(args)

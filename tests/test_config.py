@@ -2,8 +2,8 @@ import dataclasses
 
 import pytest
 
-from core import presets
-from core.config import TrainConfig, compare_for_resume, from_dict, validate
+from core.config import presets
+from core.config.spec import TrainConfig, compare_for_resume, from_dict, validate
 from core.errors import ConfigError
 
 
@@ -141,8 +141,8 @@ def test_user_presets_carry_the_config_version(tmp_path):
 
 def test_every_field_is_declared_once_and_reaches_the_cli():
     """The CLI flags, ranges and bool/choice handling all come from the field declarations."""
-    from core.cli import _overrides, build_parser
-    from core.config import KINDS, LIMITS, SPECS
+    from core.cli.train import _overrides, build_parser
+    from core.config.spec import KINDS, LIMITS, SPECS
 
     parser = build_parser()
     flags = {o for a in parser._actions for o in a.option_strings}

@@ -9,8 +9,8 @@ import pytest
 import torch
 from helpers import Recorder, StopAfter, tiny_config
 
-from core import data as data_mod
-from core.data import (
+from core.data import prepare as data_mod
+from core.data.prepare import (
     DEFAULT_CORPUS,
     DataSpec,
     PrepareCancelled,
@@ -18,10 +18,10 @@ from core.data import (
     find_sources,
     prepare,
 )
+from core.data.tokenizer import Tokenizer, bytes_tokenizer, train_bpe
 from core.errors import CheckpointError, DataError
-from core.runs import read_metrics
-from core.tokenizer import Tokenizer, bytes_tokenizer, train_bpe
-from core.trainer import Trainer
+from core.runs.folder import read_metrics
+from core.training.trainer import Trainer
 
 TEXT = "The quick brown fox jumps over the lazy dog. Ünïcödé: 日本語 ça va? 🙂\n"
 
@@ -175,7 +175,7 @@ def test_cancelled_preparation_leaves_nothing_trusted(tmp_path, text_file):
 CHILD = """
 import os, signal, sys
 from pathlib import Path
-from core.data import DataSpec, find_sources, prepare
+from core.data.prepare import DataSpec, find_sources, prepare
 spec = DataSpec(find_sources(sys.argv[1], [".txt"], 10_000), "bytes", 512, 0.1)
 def die(phase, done, total):
     os.kill(os.getpid(), signal.SIGKILL)  # a power cut in the middle of tokenizing

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from core.runs import read_metrics
+from core.runs.folder import read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 ARGS = ["--preset", "cpu-tiny", "--max-steps", "8", "--log-every", "1", "--eval-every", "4"]

@@ -2,17 +2,18 @@ import dataclasses
 
 import torch
 
-from core import optim, presets
-from core.config import TrainConfig, validate
-from core.estimate import (
+from core.config import presets
+from core.config.spec import TrainConfig, validate
+from core.models.model import GPT, GPTConfig
+from core.models.params import param_count
+from core.training import optim
+from core.training.estimate import (
     GB,
     estimate,
     fit_micro_batch,
     flops_per_token,
-    param_count,
     recommend_preset,
 )
-from core.model import GPT, GPTConfig
 
 
 def cfg(**kw):
@@ -99,7 +100,7 @@ def test_recommendation_for_simulated_cards():
 
 
 def test_without_a_gpu_the_cpu_preset_is_recommended(monkeypatch):
-    monkeypatch.setattr("core.hardware.gpus", lambda: [])
+    monkeypatch.setattr("core.platform.hardware.gpus", lambda: [])
     assert recommend_preset().name == "cpu"
 
 

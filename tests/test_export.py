@@ -8,12 +8,13 @@ import pytest
 import torch
 from helpers import tiny_config
 
-from core import families
-from core.export import export, main
-from core.generate import generate_ids, load
-from core.generate import main as generate_main
-from core.model import GPTConfig
-from core.trainer import Trainer
+from core.cli.export import main
+from core.cli.generate import main as generate_main
+from core.models.model import GPTConfig
+from core.training.trainer import Trainer
+from core.use.export import export
+from core.use.generate import generate_ids, load
+from core.weights import families
 
 transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")

@@ -11,13 +11,13 @@ import pytest
 import torch
 from helpers import tiny_config
 
-from core import checkpoint as ckpt
 from core.errors import CheckpointError, DiskFullError
-from core.events import TrainEvents
-from core.runlock import LOCK_NAME, RunLock, RunLocked
-from core.runs import resolve_resume
+from core.runs import checkpoint as ckpt
+from core.runs.events import TrainEvents
+from core.runs.folder import resolve_resume
+from core.runs.lock import LOCK_NAME, RunLock, RunLocked
 from core.train import main
-from core.trainer import Trainer
+from core.training.trainer import Trainer
 from gui.platform_check import xcb_problem
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -212,7 +212,7 @@ def test_no_intact_checkpoint_lists_what_was_tried_and_a_named_file_is_refused(t
 
 HOLDER = """
 import sys, time
-from core.runlock import RunLock
+from core.runs.lock import RunLock
 lock = RunLock(sys.argv[1]); lock.acquire()
 print("locked", flush=True)
 time.sleep(60)

@@ -4,9 +4,10 @@ import pytest
 import torch
 from helpers import cached_forward, tiny_config
 
-from core.generate import generate_ids, load, main, pick
-from core.model import GPT, GPTConfig
-from core.trainer import Trainer
+from core.cli.generate import main
+from core.models.model import GPT, GPTConfig
+from core.training.trainer import Trainer
+from core.use.generate import generate_ids, load, pick
 
 
 @pytest.fixture(scope="module")
@@ -82,8 +83,8 @@ def test_missing_or_damaged_checkpoint_exit_2(tmp_path, capsys):
 
 
 def test_an_id_past_the_tokenizers_vocabulary_decodes_to_nothing():
-    from core.generate import stream_text
-    from core.tokenizer import bytes_tokenizer
+    from core.data.tokenizer import bytes_tokenizer
+    from core.use.generate import stream_text
 
     tok = bytes_tokenizer()  # 256 ids; a BPE model's spare embedding rows lie past them
     assert "".join(stream_text(tok, iter([104, 300, 105, 4000]))) == "hi"

@@ -7,9 +7,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from core import hardware
-from core import presets as preset_lib
-from core.estimate import estimate
+from core.config import presets as preset_lib
+from core.platform import hardware
+from core.training.estimate import estimate
 
 GiB = 1024**3
 FAKE_8GB = {
@@ -129,7 +129,7 @@ def test_preset_selection_fills_the_form_and_cpu_is_recommended(make_window, no_
 
 
 def test_fields_carry_ranges_and_tooltips_from_core(make_window):
-    from core.config import LIMITS
+    from core.config.spec import LIMITS
 
     window = make_window()
     spin = window.form.widgets["n_layers"]
@@ -140,8 +140,8 @@ def test_fields_carry_ranges_and_tooltips_from_core(make_window):
     lr.interpretText()
     assert window.form.validated().lr == pytest.approx(3e-4)
     assert lr.text() == "0.0003"
-    # Every field declared with a label in core.config has its widget, and it round-trips.
-    from core.config import SPECS
+    # Every field declared with a label in core.config.spec has its widget, and it round-trips.
+    from core.config.spec import SPECS
 
     for name, spec in SPECS.items():
         if spec.label:
@@ -181,7 +181,7 @@ def test_epochs_limit_and_a_bad_seed_are_core_checked(make_window):
 
 
 def test_optional_learning_rates_show_auto_and_read_back_none(make_window):
-    from core import recipe
+    from core.config import recipe
 
     window = make_window()
     form, lr, muon_lr = window.form, window.form.widgets["lr"], window.form.widgets["muon_lr"]

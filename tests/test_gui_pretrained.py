@@ -74,9 +74,9 @@ def test_a_folder_that_is_not_a_model_is_refused_in_the_box(make_window, tmp_pat
 
 
 def test_playground_chat_keeps_a_multi_turn_conversation(make_window, llama_folder, qtbot):
-    from core.chat import chat_ids
-    from core.generate import generate_ids, stream_text
-    from core.loader import load
+    from core.data.chat import chat_ids
+    from core.use.generate import generate_ids, stream_text
+    from core.weights.loader import load
 
     window = make_window()
     pg = window.playground
@@ -122,8 +122,8 @@ def test_lora_run_from_the_window_shows_trainable_of_total(
 def test_fit_for_a_pretrained_start_on_a_simulated_gpu(make_window, llama_folder, monkeypatch):
     from test_gui import FAKE_8GB
 
-    from core import estimate as estimate_lib
-    from core import hardware
+    from core.platform import hardware
+    from core.training import estimate as estimate_lib
 
     monkeypatch.setattr(hardware, "gpus", lambda: [dict(FAKE_8GB)])
     window = make_window()

@@ -10,9 +10,9 @@ import pytest
 import torch
 from PySide6.QtCore import Qt
 
-from core import checkpoint as ckpt_lib
-from core.runs import RunFolder, checkpoint_summary, read_metrics
-from core.trainer import Trainer
+from core.runs import checkpoint as ckpt_lib
+from core.runs.folder import RunFolder, checkpoint_summary, read_metrics
+from core.training.trainer import Trainer
 
 RUN_TIMEOUT_MS = 60_000
 SMALL_CORPUS = 200_000  # bytes: reading less of the embedded corpus keeps runs short
@@ -257,7 +257,7 @@ def test_tokenizer_field_bpe_run_shows_preparation_data_and_bits_per_byte(
 def test_stop_during_data_preparation_cancels_and_caches_nothing(
     make_window, qtbot, gui_env, monkeypatch
 ):
-    from core import data as data_mod
+    from core.data import prepare as data_mod
 
     text = gui_env / "big.txt"
     text.write_text("lorem ipsum dolor sit amet\n" * 40_000)
@@ -343,7 +343,7 @@ def test_chat_jsonl_is_described_in_the_form_and_trains_from_the_window(
 
 
 def test_finish_cools_the_lr_down_saves_and_ends_as_finished(make_window, qtbot):
-    from core import recipe
+    from core.config import recipe
 
     window = tiny_window(
         make_window, max_steps=100_000, arch="llama", optimizer="auto", lr=None,

@@ -5,8 +5,9 @@ import types
 import pytest
 import torch
 
-from core import hardware
-from core.device import (
+from core.errors import ConfigError
+from core.platform import hardware
+from core.platform.device import (
     cuda_device_count,
     gpu_index,
     inference_device,
@@ -14,7 +15,6 @@ from core.device import (
     resolve_device,
     resolve_precision,
 )
-from core.errors import ConfigError
 
 
 def fake_pynvml(used_mb=3000, total_mb=8192):
@@ -125,9 +125,11 @@ def test_window_and_playground_ask_core_device_where_to_run(monkeypatch):
     from gui.playground import Playground
     from gui.worker import TrainThread
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # only core.device decides
+    monkeypatch.setattr(
+        torch.cuda, "is_available", lambda: False
+    )  # only core.platform.device decides
     monkeypatch.setattr("gui.worker.cuda_device_count", lambda: 1)
-    monkeypatch.setattr("core.device.cuda_device_count", lambda: 1)
+    monkeypatch.setattr("core.platform.device.cuda_device_count", lambda: 1)
 
     def on_cpu(device):
         return TrainThread._on_cpu(types.SimpleNamespace(cfg=tiny_config(device=device)))
@@ -143,8 +145,8 @@ def test_window_and_playground_ask_core_device_where_to_run(monkeypatch):
 def test_bf16_autocast_path_trains_on_the_cpu(tmp_path):
     from helpers import tiny_config
 
-    from core.runs import read_metrics
-    from core.trainer import Trainer
+    from core.runs.folder import read_metrics
+    from core.training.trainer import Trainer
 
     result = Trainer(tiny_config(precision="bf16", max_steps=3), tmp_path / "r").run()
     assert result["status"] == "finished"

@@ -15,10 +15,10 @@ pytest.importorskip("transformers")
 
 from hf_models import FAMILIES, TEXT, make_model  # noqa: E402
 
-from core.export import export  # noqa: E402
-from core.generate import generate_ids, prompt_ids  # noqa: E402
-from core.loader import load  # noqa: E402
-from core.trainer import Trainer  # noqa: E402
+from core.training.trainer import Trainer  # noqa: E402
+from core.use.export import export  # noqa: E402
+from core.use.generate import generate_ids, prompt_ids  # noqa: E402
+from core.weights.loader import load  # noqa: E402
 
 
 def llama_cpp_agrees(target, out, prompt: str, n_new: int = 12):

@@ -14,12 +14,12 @@ pytest.importorskip("transformers")
 
 from hf_models import TEXT, make_model  # noqa: E402
 
-from core import lora  # noqa: E402
-from core.cli import main as train_main  # noqa: E402
-from core.config import TrainConfig, validate  # noqa: E402
-from core.export import export  # noqa: E402
-from core.loader import load, open_pretrained  # noqa: E402
-from core.trainer import Trainer  # noqa: E402
+from core.models import lora  # noqa: E402
+from core.cli.train import main as train_main  # noqa: E402
+from core.config.spec import TrainConfig, validate  # noqa: E402
+from core.training.trainer import Trainer  # noqa: E402
+from core.use.export import export  # noqa: E402
+from core.weights.loader import load, open_pretrained  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -195,7 +195,8 @@ def big_config(tmp_path):
 def test_estimate_counts_the_frozen_base_and_the_adapters(big_config):
     import dataclasses
 
-    from core.estimate import adapter_count, estimate, model_shape
+    from core.models.params import adapter_count
+    from core.training.estimate import estimate, model_shape
 
     full = estimate(big_config, precision="bf16", on_gpu=True)
     assert 1.5e9 < full.n_params < 1.6e9  # Qwen2.5-1.5B: 1.54B with the tied head
@@ -218,7 +219,7 @@ def test_estimate_counts_the_frozen_base_and_the_adapters(big_config):
 
 
 def test_fit_picks_full_fine_tuning_if_it_fits_else_lora_with_checkpointing(big_config):
-    from core.estimate import GB, estimate, fit_pretrained
+    from core.training.estimate import GB, estimate, fit_pretrained
 
     roomy, why = fit_pretrained(big_config, 80 * GB)
     assert roomy.lora_rank == 0 and "full fine-tuning fits" in why

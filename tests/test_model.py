@@ -2,8 +2,8 @@ import math
 
 import torch
 
-from core.estimate import param_count
-from core.model import GPT, VOCAB_SIZE, GPTConfig
+from core.models.model import GPT, VOCAB_SIZE, GPTConfig
+from core.models.params import param_count
 
 
 def make(**kw):

@@ -2,10 +2,10 @@ import pytest
 import torch
 from helpers import Recorder, StopAfter, tiny_config
 
-from core import checkpoint as ckpt
 from core.errors import TrainingError
-from core.runs import RunFolder, read_metrics
-from core.trainer import Trainer, smaller_micro_batch
+from core.runs import checkpoint as ckpt
+from core.runs.folder import RunFolder, read_metrics
+from core.training.trainer import Trainer, smaller_micro_batch
 
 
 def oom_at(step, micro):

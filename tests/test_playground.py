@@ -6,8 +6,8 @@ import pytest
 from helpers import tiny_config
 from PySide6.QtWidgets import QFileDialog, QInputDialog
 
-from core.generate import generate_ids, load, stream_text
-from core.trainer import Trainer
+from core.training.trainer import Trainer
+from core.use.generate import generate_ids, load, stream_text
 
 
 @pytest.fixture

@@ -13,12 +13,12 @@ pytest.importorskip("transformers")
 
 from hf_models import FAMILIES, TEXT, make_model  # noqa: E402
 
-from core.chat import chat_ids  # noqa: E402
-from core.cli import main as train_main  # noqa: E402
-from core.export import export  # noqa: E402
-from core.generate import generate_ids  # noqa: E402
-from core.generate import main as generate_main  # noqa: E402
-from core.loader import load  # noqa: E402
+from core.cli.generate import main as generate_main  # noqa: E402
+from core.cli.train import main as train_main  # noqa: E402
+from core.data.chat import chat_ids  # noqa: E402
+from core.use.export import export  # noqa: E402
+from core.use.generate import generate_ids  # noqa: E402
+from core.weights.loader import load  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +106,7 @@ def test_fine_tune_lowers_val_loss_and_hf_export_matches(models, data_file, tmp_
 
 
 def test_documents_are_separated_by_the_models_eos_and_bos(models, tmp_path):
-    from core.data import DataSpec, find_sources, prepare
+    from core.data.prepare import DataSpec, find_sources, prepare
 
     folder, _, tok = models["llama"]  # its tokenizer adds BOS
     docs = tmp_path / "docs"

@@ -1,6 +1,6 @@
 """The window's progress line: elapsed time and ETA arithmetic, without Qt."""
 
-from core.progress import Progress, describe_run_data, fmt_duration
+from core.runs.progress import Progress, describe_run_data, fmt_duration
 
 
 def batch(step, elapsed, loss=2.0, tps=1000.0):

@@ -13,15 +13,16 @@ import pytest
 import torch
 from helpers import Recorder, StopAfter, cached_forward, tiny_config
 
-from core import checkpoint as ckpt
-from core import optim, recipe
-from core.config import TrainConfig, compare_for_resume, from_dict, parse_duration, validate
+from core.config import recipe
+from core.config.spec import TrainConfig, compare_for_resume, from_dict, parse_duration, validate
 from core.errors import ConfigError
-from core.events import TrainControl
-from core.model import GPT, GPTConfig
-from core.runs import read_metrics
-from core.schedule import Plan, finish_plan, lr_factor, plan_for
-from core.trainer import FINISH_FILE, Trainer
+from core.models.model import GPT, GPTConfig
+from core.runs import checkpoint as ckpt
+from core.runs.events import TrainControl
+from core.runs.folder import read_metrics
+from core.training import optim
+from core.training.schedule import Plan, finish_plan, lr_factor, plan_for
+from core.training.trainer import FINISH_FILE, Trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

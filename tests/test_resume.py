@@ -1,11 +1,11 @@
 import pytest
 from helpers import Recorder, StopAfter, tiny_config
 
-from core import checkpoint as ckpt
 from core.errors import CheckpointError, ConfigError
-from core.events import TrainControl
-from core.runs import RunFolder, interrupted_run, read_metrics, resolve_resume
-from core.trainer import Trainer
+from core.runs import checkpoint as ckpt
+from core.runs.events import TrainControl
+from core.runs.folder import RunFolder, interrupted_run, read_metrics, resolve_resume
+from core.training.trainer import Trainer
 
 
 def losses(run_dir):
@@ -121,7 +121,7 @@ def test_epochs_set_the_number_of_steps(tmp_path):
 
 
 def test_runs_started_in_the_same_second_get_their_own_folders(tmp_path, monkeypatch):
-    from core import runs
+    from core.runs import folder as runs
 
     monkeypatch.setattr(runs.time, "strftime", lambda fmt: "20260101-120000")
     first = runs.new_run_dir(tmp_path, "gpu")

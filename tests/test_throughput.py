@@ -4,8 +4,8 @@ import statistics
 
 from helpers import tiny_config
 
-from core.runs import read_metrics
-from core.trainer import Trainer
+from core.runs.folder import read_metrics
+from core.training.trainer import Trainer
 
 
 def test_evaluation_time_is_not_counted_as_training_time(tmp_path, monkeypatch):

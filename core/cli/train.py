@@ -1,0 +1,354 @@
+"""The headless command line: python -m core.train [--preset NAME] [flags].
+
+Every TrainConfig field has its flag, built from the field's Spec in core.config.spec; the
+module core.train only forwards here, so `python -m core.train` keeps working.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import signal
+import sys
+from pathlib import Path
+
+from tqdm import tqdm
+
+from core.cli.base import Parser, UsageError, run_main
+from core.config import presets as preset_lib
+from core.config.spec import KINDS, LIMITS, SPECS, TrainConfig, describe_limit, validate
+from core.errors import EXIT_INTERRUPTED, EXIT_OK
+from core.platform.device import gpu_index
+from core.platform.distributed import World
+from core.runs.events import FanOut, TensorBoardEvents, TrainControl, TrainEvents
+from core.runs.folder import (
+    DEFAULT_RUNS_ROOT,
+    RunFolder,
+    check_resume_out,
+    new_run_dir,
+    resume_config,
+)
+from core.training.trainer import FINISH_FILE, Trainer
+
+METAVARS = {int: "N", float: "X"}
+
+
+def flag_help(name: str) -> str:
+    spec = SPECS[name]
+    text = spec.help
+    if spec.choices:
+        text = f"{' | '.join(spec.choices)}; {text}"
+    elif name in LIMITS:
+        text = f"{text} ({describe_limit(name)})"
+    elif KINDS[name] is bool and getattr(TrainConfig(), name):
+        text = f"turn off: {text}"
+    return text.replace("%", "%%")  # argparse formats help with %
+
+
+def add_field_flags(p: argparse.ArgumentParser) -> None:
+    """One flag per config field: --name VALUE, or --name / --no-name for booleans."""
+    for name, spec in SPECS.items():
+        if not spec.cli:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if KINDS[name] is bool:
+            default_on = getattr(TrainConfig(), name)
+            flag = "--no-" + flag[2:] if default_on else flag
+            action = "store_false" if default_on else "store_true"
+            p.add_argument(flag, dest=name, action=action, default=None, help=flag_help(name))
+            continue
+        kind = KINDS[name] if KINDS[name] in (int, float) else str
+        metavar = METAVARS.get(kind, name.split("_")[-1].upper())
+        p.add_argument(flag, type=kind, default=None, metavar=metavar, help=flag_help(name))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(
+        prog="python -m core.train",
+        description="Train a GPT headless. A preset fills in values; flags override it.",
+        epilog="Ctrl+C stops after saving a checkpoint (exit 130); resume with --resume latest. "
+        "To finish a run early at a low learning rate, send it SIGUSR1 (Linux, macOS) or run "
+        "--finish RUN_DIR (any system). "
+        "Exit codes: 0 done, 1 failed, 2 bad input, 130 interrupted.",
+    )
+    p.add_argument("--preset", help="preset name or YAML file (see --list-presets)")
+    add_field_flags(p)
+    p.add_argument(
+        "--data-cache", metavar="DIR",
+        help="where prepared token files are kept (default: your user cache folder)",
+    )  # fmt: skip
+    p.add_argument(
+        "--allow-data-change", action="store_true",
+        help="resume even though the data changed since the checkpoint (logged)",
+    )  # fmt: skip
+    p.add_argument(
+        "--prepare-only", action="store_true",
+        help="prepare (tokenize and cache) the data, print its figures and exit",
+    )  # fmt: skip
+    p.add_argument("--no-mixed-precision", action="store_true", help="same as --precision fp32")
+    p.add_argument("--out", help="run folder (default runs/<preset>-<time>)")
+    p.add_argument("--resume", help="RUN_DIR, CHECKPOINT file, or 'latest'")
+    p.add_argument(
+        "--finish", metavar="RUN_DIR",
+        help="ask the run training in RUN_DIR to finish: a short lr cooldown, then save and "
+        "stop (what SIGUSR1 does; works on Windows too)",
+    )  # fmt: skip
+    p.add_argument("--runs-root", default=str(DEFAULT_RUNS_ROOT), help=argparse.SUPPRESS)
+    p.add_argument(
+        "--tensorboard", action="store_true",
+        help="also log to <run>/tensorboard (needs: pip install -e .[tensorboard])",
+    )  # fmt: skip
+    p.add_argument("--list-presets", action="store_true", help="list presets and exit")
+    p.add_argument("--test-gpu", action="store_true", help="print a GPU diagnostic and exit")
+    p.add_argument(
+        "--estimate",
+        action="store_true",
+        help="print the memory estimate, parameters, tokens/step and FLOPs/token; no training",
+    )
+    return p
+
+
+def _overrides(args) -> dict:
+    values = {n: getattr(args, n) for n, s in SPECS.items() if s.cli}
+    values = {n: v for n, v in values.items() if v is not None}  # validate() splits the commas
+    if args.no_mixed_precision:
+        values["precision"] = "fp32"
+    # The limit the user typed wins over the one the preset carries.
+    if "max_epochs" in values:
+        values["max_steps"] = None
+    elif "max_steps" in values:
+        values["max_epochs"] = None
+    if "max_time" not in values and ("max_steps" in values or "max_epochs" in values):
+        values["max_time"] = None
+    return values
+
+
+def default_preset_name() -> str:
+    from core.training.estimate import recommend_preset
+
+    return recommend_preset().name
+
+
+def build_config(args) -> tuple[TrainConfig, Path, Path | None]:
+    """(config, run folder, checkpoint to resume from or None)."""
+    root = Path(args.runs_root)
+    if args.resume:
+        cfg, resume_file, run = resume_config(args.resume, root, args.preset, _overrides(args))
+        if run.resume_note:
+            print(run.resume_note)
+            run.log(run.resume_note)
+        check_resume_out(run, args.out)
+        return cfg, run.path, resume_file
+    base = preset_lib.to_config(preset_lib.load_preset(args.preset or default_preset_name()))
+    overrides = _overrides(args)
+    cfg = dataclasses.replace(base, **overrides)
+    if cfg.init_from:  # the model's shape and tokenizer; flags that contradict it are refused
+        from core.weights.loader import apply_pretrained, info_line, open_pretrained
+
+        pre = open_pretrained(cfg.init_from)
+        print(f"Pretrained model: {pre.name}: {info_line(pre.info())}")
+        cfg = apply_pretrained(cfg, pre, explicit=set(overrides))
+    cfg = validate(cfg)
+    run_dir = Path(args.out) if args.out else new_run_dir(root, cfg.preset)
+    return cfg, run_dir, None
+
+
+class CliEvents(TrainEvents):
+    """A tqdm progress bar with step, loss, tokens/s and ETA."""
+
+    def __init__(self):
+        self.bar = None
+        self.prep_bar = None
+
+    def on_prepare(self, phase, done, total):
+        bar = self.prep_bar
+        if bar is None or bar.desc != phase:
+            if bar is not None:
+                bar.close()
+            bar = self.prep_bar = tqdm(
+                total=total, desc=phase, unit="B", unit_scale=True, dynamic_ncols=True
+            )
+        bar.update(done - bar.n)
+
+    def on_train_start(self, info):
+        self.close_prep_bar()
+        print(f"Run folder: {info['run_dir']}")
+        self.bar = tqdm(
+            total=info["max_steps"], initial=info["start_step"], unit="step", dynamic_ncols=True
+        )
+
+    def on_train_batch_end(self, record):
+        if self.bar is None:
+            return
+        postfix = {"loss": f"{record['loss']:.4f}", "tok_s": f"{record['tokens_per_s']:.0f}"}
+        if record["step"] >= self.bar.total:
+            # The last step: draw the final line once, by closing. An update would draw it,
+            # every later message would draw it again, and so would the close at the end.
+            self.bar.n = record["step"]
+            self.bar.set_postfix(postfix, refresh=False)
+            self.bar.close()
+            self.bar = None
+            return
+        self.bar.update(record["step"] - self.bar.n)
+        self.bar.set_postfix(postfix, refresh=False)
+
+    def on_log(self, message):
+        tqdm.write(message)
+
+    def close_prep_bar(self):
+        if self.prep_bar is not None:
+            self.prep_bar.close()
+            self.prep_bar = None
+
+    def on_train_end(self, result):
+        self.close_prep_bar()  # preparation failed: the error line comes after the bar
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def print_presets() -> None:
+    for p in preset_lib.list_presets():
+        kind = "built-in" if p.builtin else "user"
+        cfg = preset_lib.to_config(p)
+        print(
+            f"{p.name:<12} {kind:<8} batch {cfg.batch_size}x{cfg.grad_accum}, hidden "
+            f"{cfg.hidden_dim}, layers {cfg.n_layers}, heads {cfg.n_heads}, seq {cfg.seq_len}, "
+            f"{cfg.precision}  - {p.description}"
+        )
+
+
+def print_estimate(cfg: TrainConfig) -> None:
+    from core.platform.hardware import gpus
+    from core.training.estimate import estimate, usable_bytes
+
+    found = gpus()
+    on_gpu = gpu_index(cfg.device, len(found)) is not None
+    est = estimate(cfg, on_gpu=on_gpu)
+    where = "a CUDA GPU" if on_gpu else "the CPU (add --device cuda for a GPU estimate)"
+    print(
+        f"Estimate for preset {cfg.preset or 'custom'} on {where}: "
+        f"batch {cfg.batch_size}x{cfg.grad_accum}, seq {cfg.seq_len}, "
+        f"hidden {cfg.hidden_dim}, layers {cfg.n_layers}"
+    )
+    print(est.report())
+    if found and found[0]["free_bytes"] is not None:
+        free = found[0]["free_bytes"]
+        verdict = "fits" if est.device_total <= usable_bytes(free) else "does NOT fit"
+        print(f"{found[0]['name']}: {free / 1024**3:.1f} GiB free - {verdict} (10% margin kept)")
+
+
+def prepare_only(cfg: TrainConfig, cache_dir: str | None) -> int:
+    import time
+
+    from core.data.prepare import data_spec, describe, prepare
+
+    spec = data_spec(cfg)
+    tokenizer = None
+    if cfg.init_from:
+        from core.weights.loader import open_pretrained
+
+        tokenizer = open_pretrained(cfg.init_from).tokenizer
+    events = CliEvents()
+    t0 = time.perf_counter()
+    cache = Path(cache_dir) if cache_dir else None
+    try:
+        folder, m = prepare(spec, cache, tokenizer, progress=events.on_prepare)
+    finally:
+        events.close_prep_bar()
+    seconds = time.perf_counter() - t0
+    tokens = m["train_tokens"] + m["val_tokens"]
+    reused = " (reused from the cache)" if seconds < 0.5 * m["prepare_seconds"] else ""
+    print(f"Data: {m['source']}")
+    print(f"Bytes: {m['source_bytes']:,} of {m['total_bytes']:,}")
+    print(
+        f"Tokens: {tokens:,} ({m['train_tokens']:,} train, {m['val_tokens']:,} validation), "
+        f"{m['tokenizer']} tokenizer, vocab {m['vocab_size']:,}"
+    )
+    if describe(m):
+        print(f"Examples: {describe(m)}")
+    else:
+        print(f"Bytes per token: {m['source_bytes'] / max(1, tokens):.3f}")
+    print(f"Time: {seconds:.2f} s{reused}")
+    print(f"Cache: {folder}")
+    return EXIT_OK
+
+
+def _install_signals(control: TrainControl) -> None:
+    def first(signum, frame):
+        tqdm.write("Stopping after this step and saving a checkpoint (Ctrl+C again aborts)...")
+        control.request_stop()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def finish(signum, frame):
+        tqdm.write("Finishing: a short learning-rate cooldown, then a checkpoint and the end...")
+        control.request_finish()
+
+    signal.signal(signal.SIGINT, first)
+    if hasattr(signal, "SIGUSR1"):  # not on Windows: there, --finish RUN_DIR
+        signal.signal(signal.SIGUSR1, finish)
+
+
+def ask_to_finish(run_dir: str) -> int:
+    """Leave the FINISH request file the trainer looks for once a second."""
+    run = RunFolder(Path(run_dir))
+    if not run.config_file.is_file():
+        raise UsageError(f"--finish: {run_dir} is not a run folder (it has no config.yaml)")
+    state = run.read_status().get("state")
+    if state != "running":
+        raise UsageError(f"--finish: {run_dir} is not training (its status is {state})")
+    (run.path / FINISH_FILE).write_text("finish\n")
+    print(f"Asked {run.path} to finish: it cools the learning rate down, saves and stops.")
+    return EXIT_OK
+
+
+def run_cli(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.list_presets:
+        print_presets()
+        return EXIT_OK
+    if args.test_gpu:
+        from core.platform.hardware import test_gpu_report
+
+        print(test_gpu_report())
+        return EXIT_OK
+    if args.finish:
+        return ask_to_finish(args.finish)
+    cfg, run_dir, resume_file = build_config(args)
+    if args.estimate:
+        print_estimate(cfg)
+        return EXIT_OK
+    if args.prepare_only:
+        return prepare_only(cfg, args.data_cache)
+    control = TrainControl()
+    _install_signals(control)
+    main_process = World.from_env().main  # under torchrun only rank 0 reports
+    events = CliEvents() if main_process else TrainEvents()
+    if args.tensorboard and main_process:
+        events = FanOut(events, TensorBoardEvents())
+    trainer = Trainer(
+        cfg,
+        run_dir,
+        resume_from=resume_file,
+        data_cache=args.data_cache,
+        allow_data_change=args.allow_data_change,
+    )
+    result = trainer.run(events, control)
+    if not main_process:
+        return EXIT_OK
+    if result["status"] == "cancelled":
+        print("Data preparation stopped; nothing was cached and no run was started.")
+        return EXIT_INTERRUPTED
+    print(f"{result['status'].capitalize()} at step {result['step']}. Run folder: {run_dir}")
+    if result["status"] == "stopped":
+        print(f"Resume with: python -m core.train --resume {run_dir}")
+        return EXIT_INTERRUPTED if control.stop_requested else EXIT_OK
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_main(run_cli, argv, crash_hint=" (details in the run's train.log)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""The defaults a new model trains with when the user sets only its shape: chosen by
+measurement (docs/performance.md, "Time to quality"), in one place.
+
+Learning rates follow the width: AdamW's peak lr falls as 1/width past REF_WIDTH (the
+maximal-update rule for hidden matrices), while Muon's update is normalised per matrix, so
+its lr stays put; the embeddings, head and norms it leaves to AdamW follow AdamW's rule.
+"""
+
+from __future__ import annotations
+
+from core.config.spec import TrainConfig
+
+REF_WIDTH = 256  # the width the constants below were measured around (and below it)
+ADAMW_LR = 3e-3  # AdamW alone, at REF_WIDTH and below
+MUON_LR = 0.02  # Muon's hidden matrices, with torch's "original" shape adjustment
+MUON_ADAMW_LR = 6e-3  # the embeddings, head and norms next to Muon
+FINETUNE_LR = 1e-3  # a pretrained start (full or LoRA) when lr is not set
+
+
+def width_factor(hidden_dim: int) -> float:
+    return min(1.0, REF_WIDTH / hidden_dim)
+
+
+def optimizer(cfg: TrainConfig) -> str:
+    """adamw or muon: what `auto` means for this run."""
+    if cfg.optimizer != "auto":
+        return cfg.optimizer
+    new_model = cfg.init_from is None and not cfg.lora_rank
+    return "muon" if new_model else "adamw"
+
+
+def adamw_lr(cfg: TrainConfig) -> float:
+    """Peak lr of the AdamW parameters (all of them, or with muon the non-matrix ones)."""
+    if cfg.lr is not None:
+        return cfg.lr
+    if cfg.init_from is not None:
+        return FINETUNE_LR
+    base = MUON_ADAMW_LR if optimizer(cfg) == "muon" else ADAMW_LR
+    return base * width_factor(cfg.hidden_dim)
+
+
+def muon_lr(cfg: TrainConfig) -> float:
+    return cfg.muon_lr if cfg.muon_lr is not None else MUON_LR
+
+
+def describe(cfg: TrainConfig) -> str:
+    """One line for the log: what trains with what."""
+    if optimizer(cfg) == "muon":
+        return f"Muon lr {muon_lr(cfg):.3g} (hidden matrices), AdamW lr {adamw_lr(cfg):.3g}"
+    return f"AdamW lr {adamw_lr(cfg):.3g}"

@@ -1,0 +1,273 @@
+"""Instruction and chat data: .jsonl examples rendered with a chat template, each token
+weighted 1 (an answer: it carries the loss) or 0 (system and user turns, template marks).
+
+One example a line, in any of three shapes (a file may mix them):
+    {"messages": [{"role": "system"|"user"|"assistant", "content": "..."}, ...]}
+    {"prompt": "...", "completion": "..."}
+    {"instruction": "...", "input": "...", "output": "..."}   (Alpaca; input is optional)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from core.data.chat import answer_spans, render
+from core.errors import DataError
+
+ROLES = ("system", "user", "assistant")
+CHAT_SUFFIX = ".jsonl"
+
+
+class BadLine(ValueError):
+    """What is wrong with one line (the caller adds the file and line number)."""
+
+
+def _text(obj: dict, key: str, where: str = "") -> str:
+    value = obj.get(key)
+    if not isinstance(value, str):
+        got = "missing" if value is None else f"a {type(value).__name__}"
+        raise BadLine(f"{where}{key!r} must be a string, got {got}")
+    return value
+
+
+def _messages(value, where: str) -> list[dict]:
+    if not isinstance(value, list) or not value:
+        raise BadLine(f"{where} must be a non-empty list of {{role, content}} objects")
+    out = []
+    for n, m in enumerate(value):
+        at = f"{where}[{n}]"
+        if not isinstance(m, dict):
+            raise BadLine(f"{at} must be an object with role and content")
+        role = m.get("role")
+        if role not in ROLES:
+            raise BadLine(f"{at}.role is {role!r}; allowed: {', '.join(ROLES)}")
+        out.append({"role": role, "content": _text(m, "content", f"{at}.")})
+    return out
+
+
+def shape_of(obj: dict) -> str:
+    """Which of the three shapes a line has (parse_example checks it whole)."""
+    if "messages" in obj:
+        return "messages"
+    if "prompt" in obj or "completion" in obj:
+        return "prompt/completion"
+    return "Alpaca"
+
+
+def parse_example(obj) -> list[dict]:
+    """One line's conversation as messages; BadLine says what is wrong."""
+    if not isinstance(obj, dict):
+        raise BadLine("expected a JSON object")
+    if "messages" in obj:
+        messages = _messages(obj["messages"], "'messages'")
+    elif "prompt" in obj or "completion" in obj:
+        prompt, completion = obj.get("prompt"), obj.get("completion")
+        if isinstance(prompt, list) or isinstance(completion, list):  # conversational form
+            messages = _messages(prompt, "'prompt'") + _messages(completion, "'completion'")
+        else:
+            messages = [
+                {"role": "user", "content": _text(obj, "prompt")},
+                {"role": "assistant", "content": _text(obj, "completion")},
+            ]
+    elif "instruction" in obj or "output" in obj:
+        extra = obj.get("input") or ""
+        if not isinstance(extra, str):
+            raise BadLine("'input' must be a string")
+        instruction = _text(obj, "instruction")
+        user = f"{instruction}\n\n{extra}" if extra.strip() else instruction
+        messages = [{"role": "user", "content": user}]
+        if isinstance(obj.get("system"), str) and obj["system"]:
+            messages.insert(0, {"role": "system", "content": obj["system"]})
+        messages.append({"role": "assistant", "content": _text(obj, "output")})
+    else:
+        raise BadLine(
+            "no 'messages', 'prompt'/'completion' or 'instruction'/'output' field "
+            f"(keys: {', '.join(map(str, obj)) or 'none'})"
+        )
+    if not any(m["role"] == "assistant" for m in messages):
+        raise BadLine("no assistant message: nothing to learn from")
+    return messages
+
+
+@dataclass
+class Examples:
+    conversations: list[list[dict]] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)  # each example's line length (progress)
+    shapes: dict = field(default_factory=dict)  # shape -> examples of it
+    bad_lines: int = 0
+    first_bad: str = ""
+
+
+def read_examples(files: list[Path], skip_bad_lines: bool) -> Examples:
+    """Every example of the files; a bad line stops with its file and number, or is
+    counted and skipped."""
+    out = Examples()
+    for path in files:
+        try:
+            handle = open(path, encoding="utf-8")  # noqa: SIM115 (closed below)
+        except OSError as e:
+            raise DataError(f"data: cannot read {path} ({e.strerror or e})") from None
+        with handle:
+            try:
+                for number, line in enumerate(handle, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        try:
+                            obj = json.loads(line)
+                        except ValueError as e:
+                            raise BadLine(f"not valid JSON ({e})") from None
+                        out.conversations.append(parse_example(obj))
+                        out.sizes.append(len(line))
+                        shape = shape_of(obj)
+                        out.shapes[shape] = out.shapes.get(shape, 0) + 1
+                    except BadLine as e:
+                        message = f"data: {path} line {number}: {e}"
+                        if not skip_bad_lines:
+                            raise DataError(
+                                message + " (fix it, or pass --skip-bad-lines to skip such lines)"
+                            ) from None
+                        out.bad_lines += 1
+                        out.first_bad = out.first_bad or message
+            except UnicodeDecodeError as e:
+                raise DataError(f"data: {path} is not UTF-8 text ({e.reason})") from None
+    if not out.conversations:
+        raise DataError(
+            f"data: no usable examples in {', '.join(map(str, files))} "
+            f"({out.bad_lines} bad line(s) skipped)"
+        )
+    return out
+
+
+def is_chat(path: str | None, data_format: str, text_extensions: list[str]) -> bool:
+    """auto: a .jsonl file, or a folder with .jsonl files and none of the text endings."""
+    if data_format != "auto":
+        return data_format == "chat"
+    if path is None:
+        return False
+    p = Path(path).expanduser()
+    if p.is_file():
+        return p.suffix.lower() == CHAT_SUFFIX
+    if p.is_dir():
+        found = {f.suffix.lower() for f in p.rglob("*") if f.is_file()}
+        return CHAT_SUFFIX in found and not (found & {e.lower() for e in text_extensions})
+    return False
+
+
+def _offsets(tokenizer, text: str) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids of text (no special tokens added) and each token's start character."""
+    if tokenizer.kind == "bytes":
+        raw = text.encode("utf-8")
+        lengths = [len(c.encode("utf-8")) for c in text]
+        starts = np.repeat(np.arange(len(text)), lengths)
+        return np.frombuffer(raw, dtype=np.uint8).astype(np.int64), starts
+    enc = tokenizer.hf.encode(text, add_special_tokens=False)
+    return np.asarray(enc.ids, dtype=np.int64), np.asarray([o[0] for o in enc.offsets])
+
+
+def encode_example(
+    tokenizer, template: str, messages: list[dict], tokens: dict, train_on_prompts: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, weights): the conversation as the template renders it, and 1 on the tokens
+    of assistant turns (their end-of-turn marks too), 0 elsewhere (1 everywhere with
+    train_on_prompts)."""
+    # Exactly the template's text (BOS only where the template writes it), as transformers'
+    # apply_chat_template gives it: what the model sees here is what it sees in other tools.
+    if train_on_prompts:  # one render; no answer spans to find
+        ids, _ = _offsets(tokenizer, render(template, messages, False, **tokens))
+        return ids, np.ones(len(ids), dtype=np.uint8)
+    text, spans = answer_spans(template, messages, **tokens)
+    ids, starts = _offsets(tokenizer, text)
+    weights = np.zeros(len(ids), dtype=np.uint8)
+    for start, end in spans:
+        weights[(starts >= start) & (starts < end)] = 1
+    return ids, weights
+
+
+@dataclass
+class Packer:
+    """Packs examples into rows of `row` tokens (context + 1), each example followed by EOS
+    (weight 0); a row that cannot take the next example is padded (weight 0)."""
+
+    row: int
+    pad: int
+    sep: int | None
+    drop_long: bool
+    ids: list = field(default_factory=list)
+    weights: list = field(default_factory=list)
+    rows: list = field(default_factory=list)  # finished (ids, weights) rows
+    truncated: int = 0  # cut to the row's length
+    dropped: int = 0  # longer than a row, with drop_long
+    no_answer: int = 0  # truncation cut every answer token off: nothing to learn
+    examples: int = 0
+
+    def add(self, ids: np.ndarray, weights: np.ndarray) -> None:
+        if self.sep is not None and (not len(ids) or ids[-1] != self.sep):
+            ids = np.append(ids, self.sep)
+            weights = np.append(weights, 0).astype(np.uint8)
+        if len(ids) > self.row:
+            if self.drop_long:
+                self.dropped += 1
+                return
+            self.truncated += 1
+            ids, weights = ids[: self.row], weights[: self.row]
+        if not weights[1:].any():
+            self.no_answer += 1
+            return
+        if sum(map(len, self.ids)) + len(ids) > self.row:
+            self._close()
+        self.ids.append(ids)
+        self.weights.append(weights)
+        self.examples += 1
+
+    def _close(self) -> None:
+        if not self.ids:
+            return
+        ids, weights = np.concatenate(self.ids), np.concatenate(self.weights)
+        fill = self.row - len(ids)
+        ids = np.concatenate([ids, np.full(fill, self.pad, dtype=np.int64)])
+        weights = np.concatenate([weights, np.zeros(fill, dtype=np.uint8)])
+        self.rows.append((ids, weights))
+        self.ids, self.weights = [], []
+
+    def finish(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        self._close()
+        return self.rows
+
+
+def is_val(index: int, val_fraction: float) -> bool:
+    """Held-out examples are spread evenly through the file: every 1/fraction-th one."""
+    return int((index + 1) * val_fraction) > int(index * val_fraction)
+
+
+SUMMARY_MAX_BYTES = 20 << 20  # the window reads at most this much to describe chat data
+SUMMARY_SAMPLE = 2000  # examples rendered to count those longer than the context
+
+
+def summary(
+    files: list[Path], seq_len: int, tokenizer, template: str, tokens: dict, drop_long: bool
+) -> str:
+    """One line for the window: the shapes, the number of examples and how many are longer
+    than the context, to be truncated or dropped (from a sample of a large set)."""
+    size = sum(p.stat().st_size for p in files)
+    if size > SUMMARY_MAX_BYTES:
+        return f"chat data, {size / 1e6:,.1f} MB: examples are counted when the run prepares it"
+    found = read_examples(files, skip_bad_lines=True)
+    n = len(found.conversations)
+    shapes = ", ".join(f"{k} {v:,}" for k, v in found.shapes.items())
+    step = max(1, n // SUMMARY_SAMPLE)
+    sample = found.conversations[::step]
+    long = sum(
+        len(encode_example(tokenizer, template, m, tokens, True)[0]) > seq_len for m in sample
+    )
+    share = f"{long / len(sample):.0%} of a sample" if step > 1 else f"{long:,}"
+    what = "dropped" if drop_long else "truncated"
+    line = f"chat data: {n:,} examples ({shapes}); {share} longer than the {seq_len}-token "
+    line += f"context ({what})"
+    if found.bad_lines:
+        line += f"; {found.bad_lines:,} bad line(s), e.g. {found.first_bad.removeprefix('data: ')}"
+    return line

@@ -1,0 +1,63 @@
+"""Parameter counts of the model, exact, without building it in memory (the meta device)."""
+
+from __future__ import annotations
+
+from core.models.model import VOCAB_SIZE, GPTConfig
+
+
+def param_count(
+    hidden: int, layers: int, seq_len: int, vocab: int = VOCAB_SIZE, bias: bool = True
+) -> int:
+    """Exact parameter count of core.models.model.GPT (the output head is tied to the embedding)."""
+    d, b = hidden, int(bias)
+    per_block = (
+        d + b * d  # ln1
+        + 3 * d * d + b * 3 * d  # qkv
+        + d * d + b * d  # attention projection
+        + d + b * d  # ln2
+        + 4 * d * d + b * 4 * d  # mlp fc
+        + 4 * d * d + b * d  # mlp projection
+    )  # fmt: skip
+    return vocab * d + seq_len * d + layers * per_block + d + b * d
+
+
+COUNTS: dict[str, int] = {}  # shape (and LoRA) -> count: the form re-estimates on every edit
+
+
+def counted(key: str, count) -> int:
+    if key not in COUNTS:
+        COUNTS[key] = count()
+    return COUNTS[key]
+
+
+def meta_model(c: GPTConfig):
+    import torch
+
+    from core.models.model import GPT
+
+    with torch.device("meta"):
+        return GPT(c)
+
+
+def shape_key(c: GPTConfig, *extra) -> str:
+    import json
+
+    return json.dumps([c.to_dict(), *extra], sort_keys=True, default=str)
+
+
+def shape_params(c: GPTConfig) -> int:
+    """Exact parameter count of the GPT with this shape (counted on the meta device)."""
+    return counted(shape_key(c), lambda: meta_model(c).num_params())
+
+
+def adapter_count(c: GPTConfig, rank: int, targets: str) -> int:
+    """Parameters of the LoRA adapters a shape gets (rank x (in + out) per adapted layer)."""
+    if not rank:
+        return 0
+    from core.models.lora import adapted_linears
+
+    def count():
+        linears = adapted_linears(meta_model(c), targets)
+        return sum(rank * (m.in_features + m.out_features) for _, m in linears)
+
+    return counted(shape_key(c, rank, targets), count)

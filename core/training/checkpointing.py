@@ -1,0 +1,76 @@
+"""Writing a run's checkpoints without stalling training: the state is copied to CPU memory
+(the only pause), then a background thread writes latest.pt atomically, links best.pt and the
+kept step-NNNNNN.pt files, and updates status.json. A full disk becomes one line saying what
+is safe and how to go on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from core.platform.atomic import free_bytes, is_disk_full
+from core.runs import checkpoint as ckpt
+from core.runs.folder import RunFolder
+
+
+class Checkpointer:
+    def __init__(self, folder: RunFolder, writes: bool, keep: int):
+        self.folder = folder
+        self.writes = writes  # every rank holds the same weights; one writes them
+        self.keep = keep
+        self.saved_step = -1  # the newest step a save was started for
+        self.written_step = -1  # the newest checkpoint known to be whole on disk
+        self._writer = ckpt.BackgroundWriter()
+
+    def start_at(self, step: int) -> None:
+        """A session's start: the step's checkpoint exists when this resumes from it."""
+        self.saved_step = step if self.folder.latest.exists() else -1
+        self.written_step = self.saved_step
+
+    def save(self, make_state, step: int, best: bool, max_steps: int, on_written) -> Path:
+        """Start writing make_state()'s checkpoint of step; on_written(path, step) when done."""
+        self.saved_step = step
+        if not self.writes:
+            return self.folder.latest
+        state, folder, keep = ckpt.snapshot(make_state()), self.folder, self.keep
+
+        def write():
+            ckpt.save(state, folder.latest)
+            if best:
+                ckpt.link(folder.latest, folder.best)
+            if keep:
+                ckpt.link(folder.latest, folder.ckpt_dir / f"step-{step:06d}.pt")
+                for old in sorted(folder.ckpt_dir.glob("step-*.pt"))[:-keep]:
+                    old.unlink(missing_ok=True)
+            folder.write_status("running", step, max_steps)
+            self.written_step = step
+            on_written(str(folder.latest), step)
+
+        self._writer.submit(write)
+        return folder.latest
+
+    def wait(self) -> None:
+        self._writer.wait()
+
+    def settle(self, err: Exception) -> Exception:
+        """Let an in-flight write finish; a full disk there explains a later error."""
+        try:
+            self._writer.wait()
+        except Exception as write_error:
+            if is_disk_full(write_error):
+                return write_error
+        return err
+
+    def disk_full_message(self, err: OSError) -> str:
+        """One line: the disk is full, where, how much is free, what is safe, how to go on."""
+        where = Path(err.filename) if getattr(err, "filename", None) else self.folder.path
+        free = free_bytes(where)
+        space = f" ({free / 1e6:,.0f} MB free)" if free is not None else ""
+        if self.written_step >= 0 and self.folder.latest.is_file():
+            good = (
+                f"the last good checkpoint is step {self.written_step} ({self.folder.latest}); "
+                f"free some space, then resume with: python -m core.train --resume "
+                f"{self.folder.path}"
+            )
+        else:
+            good = "no checkpoint was saved yet; free some space and start again"
+        return f"disk full: no space left on the device holding {where}{space}; {good}"

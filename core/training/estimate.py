@@ -1,0 +1,288 @@
+"""Predict a config's peak device memory, recommend a preset, fit the micro-batch to a GPU.
+
+The activation model counts what autograd saves per token per layer for this GPT
+(see the comments in `_saved_bytes_per_token_layer`); the totals are printed as a breakdown.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from core.config import recipe
+from core.config.spec import TrainConfig
+from core.models.model import GPTConfig
+from core.models.params import (
+    adapter_count,
+    counted,
+    meta_model,
+    shape_key,
+    shape_params,
+)
+from core.platform.device import pick_precision
+
+GB = 1024**3
+MB = 1024**2
+CUDA_CONTEXT_BYTES = 500 * MB  # CUDA context + cuBLAS/cuDNN workspaces, typical on recent cards
+FRAGMENTATION = 1.10  # caching-allocator slack on top of the live peak
+SAFETY_MARGIN = 0.10  # keep 10% of free VRAM unused when recommending
+
+
+def model_shape(cfg: TrainConfig) -> GPTConfig:
+    """The network a config trains: its own shape, or its pretrained model's."""
+    if cfg.init_from:
+        from core.weights.loader import pretrained_shape
+
+        return pretrained_shape(cfg.init_from)
+    return GPTConfig.from_train(cfg)
+
+
+def hidden_matrix_params(c: GPTConfig) -> int:
+    """Weights Muon trains (the blocks' matrices): one fp32 momentum each, not AdamW's two."""
+
+    def count():
+        from core.training.optim import muon_params
+
+        model = meta_model(c)
+        hidden = muon_params(model)
+        return sum(p.numel() for p in model.parameters() if id(p) in hidden)
+
+    return counted(shape_key(c, "hidden"), count)
+
+
+def _position_params(c: GPTConfig) -> int:
+    return c.seq_len * c.hidden_dim if c.positions == "learned" else 0
+
+
+def flops_per_token(cfg: TrainConfig, c: GPTConfig | None = None) -> int:
+    """Training FLOPs per token (forward + backward): 6N + 12 L d T, as in nanoGPT/PaLM."""
+    c = c or model_shape(cfg)
+    n = shape_params(c) - _position_params(c)
+    return 6 * n + 12 * c.n_layers * c.n_heads * c.head_dim * cfg.seq_len
+
+
+def _act_bytes(precision: str) -> int:
+    return 4 if precision == "fp32" else 2
+
+
+def _saved_bytes_per_token_layer(c: GPTConfig, dropout: float, precision: str) -> float:
+    """Bytes autograd keeps per token per block for the backward pass."""
+    d, e = c.hidden_dim, _act_bytes(precision)
+    q, kv, ffn = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.ffn_dim
+    fp32_residual = 2 * 4 * d  # norm inputs: the residual stream stays fp32 under autocast
+    matmul_inputs = e * (d + q + ffn)  # qkv, attn proj and mlp fc inputs
+    attention = e * (q + 2 * kv + q)  # q, k, v and the attention output (flash: no T x T)
+    if c.qk_norm:
+        attention += e * (q + kv)
+    # GELU: its input and the projection's input; SwiGLU: gate and up, silu(gate), product
+    mlp = e * (2 * ffn if c.mlp != "swiglu" else 4 * ffn)
+    dropout_masks = 3 * d if dropout > 0 else 0  # one byte per element
+    return fp32_residual + matmul_inputs + attention + mlp + dropout_masks
+
+
+@dataclass
+class Estimate:
+    n_params: int
+    weights: int
+    gradients: int
+    optimizer: int
+    weight_casts: int
+    activations: int
+    logits: int
+    fragmentation: int
+    cuda_context: int
+    tokens_per_step: int
+    flops_per_token: int
+    trained: int = 0  # parameters that train (LoRA: the adapters); 0: all of them
+
+    @property
+    def allocator_peak(self) -> int:
+        """What torch.cuda.max_memory_allocated should report."""
+        return (
+            self.weights
+            + self.gradients
+            + self.optimizer
+            + self.weight_casts
+            + self.activations
+            + self.logits
+        )
+
+    @property
+    def device_total(self) -> int:
+        """What NVML should report as used by this process at the peak."""
+        return self.allocator_peak + self.fragmentation + self.cuda_context
+
+    def breakdown(self) -> list[tuple[str, int]]:
+        lora = 0 < self.trained < self.n_params
+        return [
+            ("weights (base + adapters)" if lora else "weights (fp32)", self.weights),
+            ("gradients (adapters)" if lora else "gradients (fp32)", self.gradients),
+            ("AdamW state (adapters)" if lora else "optimizer state (fp32)", self.optimizer),
+            ("autocast weight copies", self.weight_casts),
+            ("activations", self.activations),
+            ("logits and loss", self.logits),
+            ("allocator fragmentation", self.fragmentation),
+            ("CUDA context", self.cuda_context),
+        ]
+
+    def report(self) -> str:
+        lines = [f"{name:<26} {size / MB:>10.1f} MiB" for name, size in self.breakdown()]
+        lines += [
+            "-" * 41,
+            f"{'allocator peak':<26} {self.allocator_peak / MB:>10.1f} MiB",
+            f"{'device total (NVML)':<26} {self.device_total / MB:>10.1f} MiB",
+            f"parameters                 {self.n_params:,}",
+            *(
+                [f"trained (LoRA adapters)    {self.trained:,}"]
+                if 0 < self.trained < self.n_params
+                else []
+            ),
+            f"tokens per optimizer step  {self.tokens_per_step:,}",
+            f"FLOPs per token            {self.flops_per_token / 1e6:,.1f} M",
+        ]
+        return "\n".join(lines)
+
+
+def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True) -> Estimate:
+    """Peak memory of one micro-batch's forward/backward plus the optimizer step."""
+    if precision is None:
+        precision = pick_precision(cfg.precision, on_gpu)  # a modern GPU's choice
+    c = model_shape(cfg)
+    n = shape_params(c)
+    tokens = cfg.batch_size * cfg.seq_len
+    d = c.hidden_dim
+    per_layer = _saved_bytes_per_token_layer(c, cfg.dropout, precision) * tokens
+    if cfg.grad_checkpointing:
+        # Only each block's fp32 input is kept; one block is recomputed at a time.
+        activations = c.n_layers * 4 * d * tokens + per_layer
+    else:
+        activations = c.n_layers * per_layer
+    # Embedding sum, ln_f input (fp32) and the head's input; backward needs about one
+    # more block's worth of activation gradients at a time.
+    activations += 3 * 4 * d * tokens + per_layer
+    if not on_gpu:  # the CPU math attention kernel materialises the T x T scores
+        activations += c.n_layers * cfg.batch_size * c.n_heads * cfg.seq_len**2 * 4 * 2
+    e = _act_bytes(precision)
+    logits = tokens * c.vocab_size * (e + 4 + 4)  # logits, their fp32 copy, and its gradient
+    mixed = precision in ("bf16", "fp16")
+    weight_casts = 2 * (n - _position_params(c)) if mixed else 0
+    trained, weights = n, 4 * n
+    if cfg.lora_rank:  # frozen base (16-bit on a GPU in mixed precision) + fp32 adapters
+        trained = adapter_count(c, cfg.lora_rank, cfg.lora_targets)
+        weights = (2 if mixed and on_gpu else 4) * n + 4 * trained
+        weight_casts = 0  # the base is kept in 16 bits; the adapters' casts are negligible
+    optimizer = 8 * trained
+    if recipe.optimizer(cfg) == "muon":
+        optimizer -= 4 * hidden_matrix_params(c)
+    live = weights + 4 * trained + optimizer + weight_casts + int(activations) + logits
+    return Estimate(
+        n_params=n,
+        weights=weights,
+        gradients=4 * trained,
+        optimizer=optimizer,
+        weight_casts=weight_casts,
+        activations=int(activations),
+        logits=logits,
+        fragmentation=int((FRAGMENTATION - 1) * live) if on_gpu else 0,
+        cuda_context=CUDA_CONTEXT_BYTES if on_gpu else 0,
+        tokens_per_step=cfg.tokens_per_step,
+        flops_per_token=flops_per_token(cfg, c),
+        trained=trained,
+    )
+
+
+def usable_bytes(free_bytes: int) -> int:
+    """What a run may plan to use of free memory: all but the safety margin."""
+    return int(free_bytes * (1 - SAFETY_MARGIN))
+
+
+def fits(cfg: TrainConfig, free_bytes: int) -> bool:
+    return estimate(cfg).device_total <= usable_bytes(free_bytes)
+
+
+def fit_micro_batch(cfg: TrainConfig, free_bytes: int) -> TrainConfig | None:
+    """The largest micro-batch that fits, with grad_accum set to keep the effective batch.
+
+    None when not even a micro-batch of 1 fits.
+    """
+    import dataclasses
+
+    total = cfg.batch_size * cfg.grad_accum
+    for micro in range(total, 0, -1):
+        if total % micro:
+            continue
+        candidate = dataclasses.replace(cfg, batch_size=micro, grad_accum=total // micro)
+        if fits(candidate, free_bytes):
+            return candidate
+    return None
+
+
+LORA_FIT_RANK = 16  # the rank "Fit to my GPU" picks when full fine-tuning does not fit
+
+
+def fine_tune_choices(cfg: TrainConfig) -> tuple[TrainConfig, TrainConfig]:
+    """The two ways to fine-tune a config: full, and LoRA (its rank, else LORA_FIT_RANK)
+    with activation checkpointing."""
+    import dataclasses
+
+    full = dataclasses.replace(cfg, lora_rank=0, lora_alpha=None)
+    low = dataclasses.replace(
+        cfg, lora_rank=cfg.lora_rank or LORA_FIT_RANK, grad_checkpointing=True
+    )
+    return full, low
+
+
+def fit_pretrained(cfg: TrainConfig, free_bytes: int) -> tuple[TrainConfig | None, str]:
+    """For a pretrained start, in this order: full fine-tuning if it fits (largest
+    micro-batch), else LoRA with activation checkpointing and the largest micro-batch that
+    fits. Returns (config or None, what was chosen and why)."""
+    import dataclasses
+
+    full_cfg, lora_cfg = fine_tune_choices(cfg)
+    full = fit_micro_batch(full_cfg, free_bytes)
+    usable = usable_bytes(free_bytes) / GB
+    if full is not None:
+        return full, (
+            f"full fine-tuning fits ({estimate(full).device_total / GB:.1f} of {usable:.1f} "
+            f"GiB usable): batch {full.batch_size} x {full.grad_accum}"
+        )
+    rank = lora_cfg.lora_rank
+    fitted = fit_micro_batch(lora_cfg, free_bytes)
+    need = estimate(dataclasses.replace(full_cfg, batch_size=1, grad_accum=1)).device_total / GB
+    if fitted is None:
+        return None, (
+            f"neither fits: full fine-tuning needs {need:.1f} GiB at batch 1, and LoRA rank "
+            f"{rank} with activation checkpointing does not fit {usable:.1f} GiB either; "
+            "lower seq_len or pick a smaller model"
+        )
+    return fitted, (
+        f"full fine-tuning needs {need:.1f} GiB even at batch 1, more than the {usable:.1f} "
+        f"GiB usable: LoRA rank {rank} with activation checkpointing "
+        f"({estimate(fitted).device_total / GB:.1f} GiB), batch {fitted.batch_size} x "
+        f"{fitted.grad_accum}"
+    )
+
+
+def recommend_preset(total_bytes: int | None = None, free_bytes: int | None = None, presets=None):
+    """The largest GPU preset whose tier suits the card and whose estimate fits free VRAM.
+
+    With no GPU (total_bytes None after detection) the CPU preset is recommended.
+    """
+    from core.config import presets as preset_lib
+
+    presets = presets if presets is not None else preset_lib.list_presets()
+    if total_bytes is None:
+        from core.platform.hardware import gpus
+
+        found = gpus()
+        if found:
+            total_bytes = found[0]["total_bytes"]
+            free_bytes = found[0]["free_bytes"]
+    if total_bytes is None:
+        cpu = [p for p in presets if p.name == "cpu"] or [p for p in presets if not p.for_gpu]
+        return cpu[0]
+    free = free_bytes if free_bytes is not None else total_bytes
+    gpu = sorted((p for p in presets if p.for_gpu), key=lambda p: p.min_vram_gb, reverse=True)
+    for p in gpu:
+        if p.min_vram_gb * GB * 0.95 <= total_bytes and fits(preset_lib.to_config(p), free):
+            return p
+    return gpu[-1]

@@ -1,0 +1,47 @@
+"""Evaluation points: the validation loss over a fixed number of windows, bits per byte, and a
+text sample drawn with its own generator (so sampling never moves the training RNG)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from core.data.prepare import TokenData
+from core.training.steps import autocast, to_device
+
+
+@torch.no_grad()
+def validation_loss(model, train_model, data: TokenData, windows: int, batch: int,
+                    device, precision) -> float:  # fmt: skip
+    """The mean loss over the scored tokens of `windows` validation windows."""
+    model.eval()
+    losses, weights = [], []
+    for x, y, mask in data.val_batches(windows, batch):
+        with autocast(device, precision):
+            _, loss = train_model(*(to_device(t, device) for t in (x, y, mask)))
+        losses.append(loss.float())
+        # chat: a mean over the scored tokens of all windows, not of per-batch means
+        weights.append(float(mask.sum()) if mask is not None else 1.0)
+    w = torch.tensor(weights, device=losses[0].device)
+    val = (torch.stack(losses) * w).sum().item() / max(float(w.sum()), 1e-9)
+    model.train()
+    return val
+
+
+def bits_per_byte(val_loss: float, data: TokenData) -> float:
+    """Nats per token -> bits per byte of the held-out text: comparable across tokenizers."""
+    return val_loss / math.log(2) / data.val_bytes_per_token
+
+
+@torch.inference_mode()
+def sample_text(model, data: TokenData, tokens: int, seed: int, device, precision) -> str:
+    if tokens == 0:
+        return ""
+    model.eval()
+    gen = torch.Generator(device=device).manual_seed(seed)
+    prompt = data.prompt()[None].to(device)
+    with autocast(device, precision):
+        out = model.generate(prompt, tokens, gen)
+    model.train()
+    return data.tokenizer.decode(out[0].tolist())

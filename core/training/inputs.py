@@ -1,0 +1,96 @@
+"""What a run is built from: the prepared data (checked against a resumed checkpoint's), the
+model (new, or pretrained with LoRA), and the process-wide switches set before the first step."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import torch
+
+from core.config.spec import TrainConfig
+from core.data.prepare import TokenData, data_changes, data_spec, describe, prepare
+from core.data.tokenizer import Tokenizer
+from core.errors import CheckpointError
+from core.models import lora
+from core.models.model import GPT, GPTConfig
+from core.weights.loader import Pretrained
+
+
+def prepare_data(cfg: TrainConfig, pretrained: Pretrained | None, saved: dict | None, *,
+                 cache, allow_change: bool, events, stop, log) -> TokenData:  # fmt: skip
+    """Prepare (or reuse) the cached token file; saved is a resumed checkpoint's data_info,
+    whose data must be the same unless allow_change."""
+    spec = data_spec(cfg)
+    if saved:
+        tokenizer = Tokenizer.from_json(saved["tokenizer_json"], saved.get("tokenizer_meta"))
+    else:
+        tokenizer = pretrained.tokenizer if pretrained else None
+    changes = data_changes(saved["files"], spec.sources.listing()) if saved else []
+    folder, manifest = prepare(spec, cache, tokenizer, events.on_prepare, stop, log)
+    data = TokenData(folder, manifest, cfg.seq_len, cfg.seed)
+    if saved and manifest["fingerprint"] != saved["fingerprint"]:
+        what = "; ".join(changes[:5]) or "the content"
+        if len(changes) > 5:
+            what += f"; and {len(changes) - 5} more"
+        if not allow_change:
+            raise CheckpointError(
+                f"resume: the data changed since the checkpoint ({what}); restore it, or "
+                "pass --allow-data-change to go on with the new data"
+            )
+        log(f"resume: data changed ({what}); going on as allowed")
+    log_data_notes(data, log)
+    return data
+
+
+def log_data_notes(data: TokenData, log) -> None:
+    manifest = data.manifest
+    used, total = manifest["source_bytes"], manifest["total_bytes"]
+    if used < total:
+        log(f"data: using {used:,} of {total:,} bytes")
+    if manifest["empty_files"]:
+        log(f"data: skipped {manifest['empty_files']} empty file(s)")
+    if data.is_chat:
+        log(f"chat data: {describe(manifest)}")
+
+
+def data_info(data: TokenData) -> dict:
+    """What a checkpoint keeps of its data: enough to check it on resume and to decode."""
+    m = data.manifest
+    return {
+        "fingerprint": m["fingerprint"],
+        "files": m["files"],
+        "source": m["source"],
+        "tokenizer": m["tokenizer"],
+        "tokenizer_json": data.tokenizer.hf_json(),
+        "tokenizer_meta": data.tokenizer.meta or None,
+    }
+
+
+def build_model(cfg: TrainConfig, pretrained: Pretrained | None, device, precision, log) -> GPT:
+    if pretrained is None:
+        model = GPT(GPTConfig.from_train(cfg))
+    else:
+        model = pretrained.load_model(GPTConfig.from_train(cfg, base=pretrained.config))
+        log(f"starting from {pretrained.name} ({pretrained.family})")
+    lora.apply_config(model, cfg)
+    if cfg.lora_rank and precision in ("bf16", "fp16") and device.type == "cuda":
+        # the frozen base in 16 bits: half its memory
+        lora.freeze_to(model, torch.bfloat16 if precision == "bf16" else torch.float16)
+    return model
+
+
+def set_switches(cfg: TrainConfig, device: torch.device) -> None:
+    """Determinism, TF32 and the seeds, before the model is made."""
+    if cfg.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        torch.cuda.reset_peak_memory_stats(device)
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed % 2**32)
+    torch.manual_seed(cfg.seed)

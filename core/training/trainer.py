@@ -1,0 +1,479 @@
+"""The training loop: reports through TrainEvents, obeys TrainControl, resumes exactly.
+
+Read `_loop` first: one optimizer step a turn, then metrics, evaluation and checkpoints when
+they are due. What it is built from lives beside it: inputs (data and model), steps (mixed
+precision, DDP sync, OOM retry sizes), resume, checkpointing, evaluation, clock, time_budget.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+import traceback
+from pathlib import Path
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from core.config import recipe
+from core.config.spec import TrainConfig, parse_duration, validate
+from core.data.prepare import PrepareCancelled, TokenData
+from core.errors import CheckpointError, DiskFullError, TrainingError, UserError
+from core.models import lora
+from core.models.model import GPT, GPTConfig
+from core.platform.atomic import is_disk_full
+from core.platform.device import is_oom, resolve_device, resolve_precision
+from core.platform.distributed import World
+from core.platform.hardware import memory_stats
+from core.runs import checkpoint as ckpt
+from core.runs.events import TrainControl, TrainEvents
+from core.runs.folder import RunFolder, SilentFolder
+from core.runs.lock import RunLock
+from core.training import evaluation, inputs, optim, resume
+from core.training.checkpointing import Checkpointer
+from core.training.clock import Clock
+from core.training.schedule import Plan, finish_plan, lr_factor, max_steps_for, plan_for
+from core.training.steps import OOM_ADVICE, autocast, grad_sync, smaller_micro_batch, to_device
+from core.training.time_budget import (
+    FINISH_FILE,
+    FinishWatch,
+    TimeBudget,
+    describe_plan,
+    untimed_plan,
+)
+from core.weights.loader import Pretrained, apply_pretrained, load_weights, open_pretrained
+
+__all__ = ["FINISH_FILE", "Trainer", "smaller_micro_batch"]
+
+
+class Trainer:
+    """One run. Build with a validated config and a run folder; call run()."""
+
+    def __init__(self, cfg: TrainConfig, run_dir: str | Path, resume_from=None, fault=None,
+                 data_cache=None, allow_data_change: bool = False):  # fmt: skip
+        # A pretrained start: the model's shape and tokenizer fill the config in.
+        self.pretrained: Pretrained | None = None
+        if cfg.init_from:
+            self.pretrained = open_pretrained(cfg.init_from)
+            cfg = apply_pretrained(cfg, self.pretrained)
+        self.cfg = validate(cfg)
+        self.world = World.from_env()
+        self.folder = (RunFolder if self.world.main else SilentFolder)(Path(run_dir))
+        self.resume_from = Path(resume_from) if resume_from else None
+        self.fault = fault  # tests: fault(step, micro_index) may raise, e.g. an OOM
+        self.data_cache = Path(data_cache) if data_cache else None
+        self.allow_data_change = allow_data_change
+        self.events, self.control = TrainEvents(), TrainControl()
+        self.lock = RunLock(self.folder.path)
+        self.saver = Checkpointer(self.folder, self.world.main, self.cfg.keep_checkpoints)
+        self.clock = Clock()
+        self.finish_watch = FinishWatch(self.folder.path)
+        budget = parse_duration(self.cfg.max_time) if self.cfg.max_time else None
+        self.budget = TimeBudget(budget, 0) if budget else None
+        self.step, self.best_val, self.last_loss = 0, float("inf"), None
+        self.base: dict | None = None  # the pretrained base a checkpoint names
+        self._pending: list[tuple[int, torch.Tensor, float]] = []  # (step, loss, lr) unread
+        self._early_logs: list[str] = []
+        self._owns_group = False  # this trainer created the process group
+        # Made by _setup once the input is known good; None until then.
+        self.device: torch.device | None = None
+        self.precision: str | None = None
+        self.data: TokenData | None = None
+        self.plan: Plan | None = None
+        self.model: GPT | None = None
+        self.train_model = None  # the model as trained: compiled and/or DDP-wrapped
+        self.optimizer: optim.Optimizers | None = None
+        self.scaler: torch.amp.GradScaler | None = None
+
+    @property
+    def max_steps(self) -> int | None:
+        return None if self.plan is None else self.plan.max_steps
+
+    @property
+    def adapters_only(self) -> bool:
+        """A LoRA fine-tune's checkpoints hold only what trains: the base is on disk already."""
+        return bool(self.cfg.lora_rank) and self.pretrained is not None
+
+    def _log(self, message: str) -> None:
+        self.folder.log(message)
+        self.events.on_log(message)
+
+    def _log_early(self, message: str) -> None:
+        """Before the run folder exists, messages go to the events and wait for the log."""
+        self._early_logs.append(message)
+        self.events.on_log(message)
+
+    # -- the run -------------------------------------------------------------------------
+
+    def run(self, events: TrainEvents | None = None, control: TrainControl | None = None):
+        """Train until max_steps, a stop request, or an error. Returns the end result."""
+        self.events = events or TrainEvents()
+        self.control = control or TrainControl()
+        status, error = "failed", None
+        try:
+            self._setup()
+            self._loop()
+            self.saver.wait()  # the last checkpoint is on disk before the run reports its end
+            status = "stopped" if self.step < self.max_steps else "finished"
+            return self._end(status)
+        except PrepareCancelled:
+            status = "cancelled"  # stopped before the first step: nothing to save
+            return self._end(status)
+        except (UserError, TrainingError) as e:
+            self.saver.settle(e)
+            error = str(e)
+            raise
+        except Exception as e:
+            e = self.saver.settle(e)
+            if is_disk_full(e):
+                error = self.saver.disk_full_message(e)
+                raise DiskFullError(error) from None
+            error = f"{type(e).__name__}: {e}"
+            if self.folder.path.is_dir():
+                self.folder.log(traceback.format_exc())
+            raise
+        finally:
+            if status == "failed":
+                self._end("failed", error)
+
+    def _loop(self) -> None:
+        self._announce()
+        peak_lr = recipe.adamw_lr(self.cfg)
+        while self.step < self.max_steps:
+            stop, save, finish = self.world.flags_from_main(
+                self.control.stop_requested,
+                self.control.take_save_request(),
+                self.world.main and self.finish_watch.asked(self.control),
+            )
+            if stop:
+                break
+            if finish:
+                self._finish()
+            if self.plan.provisional:
+                self._plan_for_time()
+            if save and self.saver.saved_step != self.step:  # the state after the last step
+                self.save_checkpoint()
+            factor = lr_factor(self.step, self.cfg, self.plan)
+            loss = self._step_with_oom_recovery(factor)
+            self.step += 1
+            self._pending.append((self.step, loss, peak_lr * factor))
+            if self.step % self.cfg.log_every == 0:
+                self._emit_metrics()
+            if self.step % self.cfg.eval_every == 0 or self.step == self.max_steps:
+                self._eval_and_sample()
+            if self.step % self.cfg.ckpt_every == 0 and self.saver.saved_step != self.step:
+                self.save_checkpoint()
+        self._emit_metrics()
+        if self.saver.saved_step != self.step:
+            self.save_checkpoint()
+        if self.plan.finishing and self.step == self.max_steps:
+            self._log(f"finished early at step {self.step}, at the end of the cooldown")
+
+    # -- one optimizer step --------------------------------------------------------------
+
+    def _train_step(self, starts: torch.Tensor, factor: float) -> torch.Tensor:
+        """Forward/backward over the step's micro-batches, then one optimizer step."""
+        if not self.model.training:  # evaluation switches back; this is a guard
+            self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        total = torch.zeros((), device=self.device)
+        chunks = starts.split(self.cfg.batch_size)
+        for i, chunk in enumerate(chunks):
+            x, y, mask = (to_device(t, self.device) for t in self.data.train_batch(chunk))
+            if self.fault is not None:
+                self.fault(self.step + 1, i)
+            with grad_sync(self.train_model, self.world.enabled, last=i == len(chunks) - 1):
+                with autocast(self.device, self.precision):
+                    _, loss = self.train_model(x, y, mask)
+                loss = loss / self.cfg.grad_accum
+                self.scaler.scale(loss).backward()
+            total += loss.detach()
+        if self.cfg.grad_clip > 0:
+            self.optimizer.unscale(self.scaler)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        self.optimizer.set_lr(factor)
+        self.optimizer.step(self.scaler)
+        self.scaler.update()
+        return total
+
+    def _step_with_oom_recovery(self, factor: float) -> torch.Tensor:
+        data_state, rng = self.data.state_dict(), ckpt.step_rng_state()
+        # Every process draws the whole step's windows from the same generator and trains on
+        # its own slice, so the data stream does not depend on the number of processes.
+        per_rank = self.cfg.batch_size * self.cfg.grad_accum
+        starts = self.data.sample_starts(per_rank * self.world.size)
+        starts = starts[self.world.rank * per_rank : (self.world.rank + 1) * per_rank]
+        while True:
+            try:
+                return self._train_step(starts, factor)
+            except Exception as e:
+                if not is_oom(e) or self.world.enabled:  # ranks cannot shrink in step
+                    raise
+            # Free what the failed step held, then redo it with the same data and RNG.
+            self.optimizer.zero_grad(set_to_none=True)
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            ckpt.set_step_rng_state(rng)
+            self._shrink_micro_batch(data_state)
+
+    def _shrink_micro_batch(self, data_state: dict) -> None:
+        smaller = smaller_micro_batch(self.cfg.batch_size, self.cfg.grad_accum)
+        if smaller is None:
+            self.data.load_state_dict(data_state)
+            self.save_checkpoint()
+            raise TrainingError(
+                f"out of memory at step {self.step + 1} even with batch_size 1; "
+                f"checkpoint saved at step {self.step}. Next: {OOM_ADVICE}"
+            )
+        old = (self.cfg.batch_size, self.cfg.grad_accum)
+        self.cfg = dataclasses.replace(self.cfg, batch_size=smaller[0], grad_accum=smaller[1])
+        self.folder.write_config(self.cfg)
+        self._log(
+            f"out of memory at step {self.step + 1}: batch_size x grad_accum "
+            f"{old[0]}x{old[1]} -> {smaller[0]}x{smaller[1]} (same effective batch); "
+            "redoing the step"
+        )
+        self.events.on_oom(
+            {"step": self.step + 1, "batch_size": smaller[0], "grad_accum": smaller[1]}
+        )
+
+    # -- setup ---------------------------------------------------------------------------
+
+    def _setup(self) -> None:
+        cfg = self.cfg
+        if self.resume_from and self.world.main:  # before reading: another may be writing
+            self.lock.acquire()
+        state = None
+        if self.resume_from:
+            state = resume.load_resume_state(self.resume_from, cfg, self.pretrained, self._log)
+        self.device = resolve_device(self.world.device_name(cfg.device))
+        self._owns_group = self.world.init(self.device)
+        self.precision = resolve_precision(cfg.precision, self.device)
+        self.data = inputs.prepare_data(
+            cfg, self.pretrained, (state or {}).get("data_info"), cache=self.data_cache,
+            allow_change=self.allow_data_change, events=self.events,
+            stop=self.control.stop_set, log=self._log_early,
+        )  # fmt: skip
+        # Only now, with the input known good, does a new run get its folder.
+        self.folder.create(resuming=state is not None)
+        if self.world.main and not self.lock.held:
+            self.lock.acquire()
+        self.folder.write_data_info(self.data.summary(), self.data.tokenizer)
+        for message in self._early_logs:
+            self.folder.log(message)
+        inputs.set_switches(cfg, self.device)
+        self.plan = untimed_plan() if self.budget else plan_for(
+            cfg, max_steps_for(cfg, self.data.train_tokens)
+        )  # fmt: skip
+        self._build(state)
+        self.folder.write_status("running", self.step, self.max_steps)
+
+    def _build(self, state: dict | None) -> None:
+        """The model, optimizer and scaler; restored from the checkpoint when resuming."""
+        if self.pretrained is not None:
+            self.base = self.pretrained.base_record()
+        model = inputs.build_model(self.cfg, self.pretrained, self.device, self.precision,
+                                   self._log)  # fmt: skip
+        self.model = model.to(self.device)
+        self.optimizer = optim.make(self.model, self.cfg)
+        self.scaler = torch.amp.GradScaler("cuda", enabled=self.precision == "fp16")
+        self.train_model = torch.compile(self.model) if self.cfg.compile else self.model
+        if self.world.enabled:
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.train_model = DistributedDataParallel(self.train_model, device_ids=ids)
+        if state is not None:
+            self._restore(state)
+        else:
+            self.folder.write_config(self.cfg)
+
+    def _restore(self, state: dict) -> None:
+        try:
+            load_weights(self.model, state)
+            self.optimizer.load_state_dict(state["optimizer"])
+        except (RuntimeError, ValueError, KeyError) as e:
+            raise CheckpointError(
+                f"resume: {self.resume_from} does not fit this model ({e})"
+            ) from None
+        if state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.data.load_state_dict(state["data"])
+        ckpt.set_rng_state(state["rng"])
+        self.step = int(state["step"])
+        self.plan = resume.resumed_plan(state, self.cfg, self.step, self.plan,
+                                        self.budget is not None, self._log)  # fmt: skip
+        self.best_val = float(state.get("best_val", float("inf")))
+        self.clock.before = float(state["meta"].get("elapsed_s") or 0.0)
+        self.clock.paused_total = float(state["meta"].get("paused_s") or 0.0)
+        self.folder.write_config(self.cfg)
+        dropped = self.folder.truncate_metrics(self.step)
+        self._log(
+            f"resumed from {self.resume_from} at step {self.step}"
+            + (f"; dropped {dropped} metric records past it" if dropped else "")
+        )
+
+    def _announce(self) -> None:
+        """The start of this session's steps: the start event, the log lines, and the base
+        model's own validation loss when a fine-tune starts."""
+        cfg, trainable = self.cfg, lora.trainable_params(self.model)
+        self.clock.start()
+        self.events.on_train_start({
+            "run_dir": str(self.folder.path), "start_step": self.step,
+            "max_steps": self.max_steps, "n_params": self.model.num_params(),
+            "n_trainable": trainable, "device": str(self.device), "precision": self.precision,
+            "tokens_per_step": cfg.tokens_per_step, "train_tokens": self.data.train_tokens,
+            "data_source": self.data.source, "data": self.data.summary(),
+            "config": cfg.to_dict(), "resumed": self.resume_from is not None,
+        })  # fmt: skip
+        if cfg.lora_rank:
+            self._log(
+                f"LoRA rank {cfg.lora_rank} on {cfg.lora_targets}: {trainable:,} of "
+                f"{self.model.num_params():,} parameters train"
+            )
+        self._log(
+            f"training {trainable:,} parameters on {self.device} ({self.precision}), "
+            f"data {self.data.source}, {self.data.train_tokens:,} train tokens "
+            f"({self.data.tokenizer.kind}), steps {self.step}->{self.max_steps}"
+        )
+        self.saver.start_at(self.step)
+        if self.pretrained is not None and self.step == 0:
+            with self.clock.not_training():
+                self._record_eval("base model")
+        if self.budget:
+            self.budget.first_step = self.step
+        plan = describe_plan(cfg, self.plan)
+        self._log(f"optimizer: {recipe.describe(cfg)}; schedule: {plan}")
+
+    def _end(self, status: str, error: str | None = None) -> dict:
+        step, max_steps = self.step, self.max_steps
+        result = {"status": status, "step": step, "run_dir": str(self.folder.path)}
+        if error:
+            result["error"] = error
+        try:
+            if self.folder.path.is_dir() and max_steps is not None:
+                extra = {"error": error} if error else {}
+                self.folder.write_status(status, step, max_steps, **extra)
+                self._log(f"{status} at step {step}" + (f": {error}" if error else ""))
+            self.folder.close()
+        except OSError as e:  # a full disk must not hide the error that ended the run
+            if not is_disk_full(e):
+                raise
+        self.lock.release()
+        if self._owns_group:
+            torch.distributed.destroy_process_group()
+        self.events.on_train_end(result)
+        return result
+
+    # -- checkpoints, metrics, evaluation ------------------------------------------------
+
+    def save_checkpoint(self, best: bool = False) -> Path:
+        self._emit_metrics()
+        with self.clock.not_training():
+            return self.saver.save(self._state, self.step, best, self.max_steps,
+                                   self.events.on_checkpoint)  # fmt: skip
+
+    def _state(self) -> dict:
+        """Everything exact continuation needs (see core.runs.checkpoint for the format)."""
+        model = lora.adapter_state(self.model) if self.adapters_only else self.model.state_dict()
+        base_shape = self.pretrained.config if self.pretrained else None
+        shape = GPTConfig.from_train(self.cfg, training=False, base=base_shape)
+        return {
+            "format_version": ckpt.FORMAT_VERSION, "step": self.step,
+            "best_val": self.best_val, "model": model, "adapters_only": self.adapters_only,
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else {},
+            "data": self.data.state_dict(), "data_info": inputs.data_info(self.data),
+            "rng": ckpt.rng_state(), "config": self.cfg.to_dict(),
+            "model_config": shape.to_dict(), "base": self.base, "schedule": self.plan.to_dict(),
+            "meta": {
+                "limit": resume.limit_of(self.cfg), "saved_at": time.time(),
+                "loss": self.last_loss,
+                "val_loss": None if math.isinf(self.best_val) else self.best_val,
+                "max_steps": self.max_steps, "torch": str(torch.__version__),
+                "elapsed_s": self.clock.elapsed(), "paused_s": self.clock.paused_total,
+            },
+        }  # fmt: skip
+
+    def _emit_metrics(self) -> None:
+        """Read the pending step losses in one host-device sync and emit their records.
+        Raises TrainingError when a loss is not finite: this is where divergence is seen."""
+        if not self._pending:
+            return
+        losses = self.world.mean(torch.stack([loss for _, loss, _ in self._pending])).tolist()
+        tokens = len(self._pending) * self.cfg.tokens_per_step * self.world.size
+        # Training time only: evaluation, sampling and checkpoint writes are not throughput.
+        tokens_per_s = round(tokens / self.clock.training_seconds(), 1)
+        common = {"max_steps": self.max_steps, "tokens_per_s": tokens_per_s,
+                  "elapsed_s": self.clock.elapsed()}  # fmt: skip
+        memory = memory_stats(self.device)
+        pending, self._pending = self._pending, []
+        for (step, _, lr), loss in zip(pending, losses, strict=True):
+            if not math.isfinite(loss):
+                raise TrainingError(
+                    f"loss became {loss} at step {step}: lower lr (now "
+                    f"{recipe.adamw_lr(self.cfg):.3g}) or use precision bf16/fp32"
+                )
+            epoch = round(step * self.cfg.tokens_per_step / self.data.train_tokens, 4)
+            record = {"step": step, "loss": loss, "lr": lr, **common, "epoch": epoch,
+                      "batch_size": self.cfg.batch_size, "grad_accum": self.cfg.grad_accum,
+                      **memory}  # fmt: skip
+            self.folder.append_metric(record)
+            self.events.on_train_batch_end(record)
+        self.last_loss = losses[-1]
+
+    def evaluate(self) -> float:
+        # As many windows as eval_batches optimizer steps hold, so neither an out-of-memory
+        # split of the micro-batch nor the number of processes changes what is measured.
+        cfg = self.cfg
+        windows = cfg.eval_batches * cfg.batch_size * cfg.grad_accum * self.world.size
+        return evaluation.validation_loss(self.model, self.train_model, self.data, windows,
+                                          cfg.batch_size, self.device, self.precision)  # fmt: skip
+
+    def _record_eval(self, what: str) -> float:
+        """Evaluate, then write the record, report it and log it as `what`."""
+        val = self.evaluate()
+        train_s = round(self.clock.elapsed() - self.clock.paused_total, 3)  # eval excluded
+        bpb = evaluation.bits_per_byte(val, self.data)
+        record = {"step": self.step, "val_loss": val, "val_bpb": bpb, "train_s": train_s}
+        self.folder.append_metric(record)
+        self.events.on_eval(record)
+        self._log(f"{what}: val_loss {val:.4f}, {bpb:.4f} bits/byte")
+        return val
+
+    def _eval_and_sample(self) -> None:
+        self._emit_metrics()
+        with self.clock.not_training():
+            val = self._record_eval(f"step {self.step}")
+            text = ""
+            if self.world.main:
+                text = evaluation.sample_text(self.model, self.data, self.cfg.sample_tokens,
+                                              self.cfg.seed + self.step, self.device,
+                                              self.precision)  # fmt: skip
+            if text:
+                self.folder.append_sample(self.step, text)
+                self.events.on_sample(self.step, text)
+            if val < self.best_val:
+                self.best_val = val
+                self.save_checkpoint(best=True)
+
+    # -- Finish and time budgets ---------------------------------------------------------
+
+    def _finish(self) -> None:
+        """Start the cooldown now: the lr decays from where it is to the floor, then the
+        run saves and stops as finished."""
+        plan = finish_plan(self.cfg, self.plan, self.step)
+        if plan is None:
+            self._log(f"finish: the run already ends at step {self.max_steps}")
+            return
+        self.plan = plan
+        left = plan.max_steps - self.step
+        self._log(f"finishing: {left} cooldown steps, {describe_plan(self.cfg, plan)}")
+
+    def _plan_for_time(self) -> None:
+        self.plan = self.budget.replan(self.cfg, self.plan, self.step, self.clock.elapsed())
+        if not self.plan.provisional:
+            self._log(
+                f"time budget {self.cfg.max_time}: {self.plan.max_steps} steps in all "
+                f"({self.budget.per_step * 1000:.0f} ms a step); "
+                f"{describe_plan(self.cfg, self.plan)}"
+            )

@@ -1,0 +1,125 @@
+"""Generate text with a model: sampling, the KV cache, chat prompts and streaming detokenized
+text (`python -m core.generate`, in core.cli.generate, is its command line).
+
+Deterministic for a given seed.
+Generation keeps a key/value cache, so n new tokens cost O(n) forward work; past the
+context length the window slides forward by half a context and the cache is rebuilt.
+"""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Callable, Iterator
+
+import torch
+
+from core.data.chat import chat_ids
+from core.data.tokenizer import Tokenizer
+from core.models.model import GPT
+from core.weights.loader import Loaded, checkpoint_path, load  # noqa: F401 (the loader's API, here too)
+
+
+def pick(logits: torch.Tensor, temperature: float, top_k, top_p, gen: torch.Generator) -> int:
+    """The next token from one row of logits: greedy at temperature 0, else sampled after
+    top-k and nucleus (top-p) filtering."""
+    logits = logits.float().cpu()
+    if temperature <= 0:
+        return int(torch.argmax(logits))
+    logits = logits / temperature
+    if top_k:
+        kth = torch.topk(logits, min(top_k, logits.numel())).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        order = torch.argsort(logits, descending=True)
+        probs = torch.softmax(logits[order], dim=-1)
+        drop = torch.cumsum(probs, dim=-1) - probs >= top_p  # keep the first token always
+        logits[order[drop]] = float("-inf")
+    return int(torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=gen))
+
+
+def generate_ids(
+    model: GPT,
+    prompt: list[int],
+    n_new: int,
+    temperature: float = 0.8,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int = 0,
+    use_cache: bool = True,
+    should_stop: Callable[[], bool] | None = None,
+    stop_ids: list[int] | tuple = (),
+) -> Iterator[int]:
+    """Yield n_new token ids after prompt. The window over which the model looks is the same
+    with and without the cache: once it is full it moves forward by half a context."""
+    context = model.config.seq_len
+    device = next(model.parameters()).device
+    gen = torch.Generator().manual_seed(seed)
+    tokens = list(prompt)
+    start = max(0, len(tokens) - context)
+    cache, cache_start = None, None
+    for _ in range(n_new):
+        if should_stop is not None and should_stop():
+            return
+        if len(tokens) - start > context:
+            start = len(tokens) - context // 2
+        window = tokens[start:]
+        with torch.no_grad():
+            if not use_cache:
+                logits, _ = model(torch.tensor([window], device=device))
+            elif cache is None or cache_start != start:
+                logits, cache = model.forward_cached(torch.tensor([window], device=device), None)
+                cache_start = start
+            else:
+                last = torch.tensor([[window[-1]]], device=device)
+                logits, cache = model.forward_cached(last, cache, len(window) - 1)
+        nxt = pick(logits[0, -1], temperature, top_k, top_p, gen)
+        tokens.append(nxt)
+        yield nxt
+        if nxt in stop_ids:  # the end of an answer: yielded, so callers see why it stopped
+            return
+
+
+def stream_text(tokenizer: Tokenizer, ids: Iterator[int], hide=(), until=()) -> Iterator[str]:
+    """Decoded text as it is produced; a character split across tokens waits for its end.
+    Ids in hide (an end-of-turn token) are not shown. At a string of until (an end-of-turn
+    mark spelled in text) the text ends, the mark not shown; text that may be the start
+    of one waits until it is known not to be."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    held = ""
+    for i in ids:
+        if i in hide:
+            continue
+        held += decoder.decode(tokenizer.token_bytes(i))
+        ends = [held.find(s) for s in until if s in held]
+        if ends:
+            if held[: min(ends)]:
+                yield held[: min(ends)]
+            return
+        keep = max((k for s in until for k in range(1, len(s)) if held.endswith(s[:k])), default=0)
+        if len(held) > keep:
+            yield held[: len(held) - keep]
+            held = held[len(held) - keep :]
+    held += decoder.decode(b"", final=True)
+    if held:
+        yield held
+
+
+def prompt_ids(tok: Tokenizer, prompt: str) -> list[int]:
+    """A plain prompt's ids, with BOS first where the model's tokenizer adds one."""
+    ids = tok.encode(prompt) or tok.encode("\n")
+    if tok.add_bos:
+        ids = [tok.bos_id, *ids]
+    return ids
+
+
+def start_ids(
+    tok: Tokenizer, prompt: str, chat: bool, system: str | None = None, history=()
+) -> tuple[list[int], list[int], list[str]]:
+    """(prompt ids, stop ids, stop strings): a plain prompt runs to the length asked; a chat
+    prompt is a user message (after history, the conversation so far) in the model's
+    template and ends at the model's end of turn."""
+    if not chat:
+        return prompt_ids(tok, prompt), [], []
+    messages = [{"role": "system", "content": system}] if system else []
+    messages += [*history, {"role": "user", "content": prompt}]
+    return chat_ids(tok, messages), tok.stop_ids, tok.stop_strings

@@ -1,0 +1,403 @@
+"""One loader for every model source: a run folder, a checkpoint file, a Hugging Face model
+folder or a hub id becomes (model, tokenizer, info). The trainer, generate, export and the
+Playground all go through here.
+
+No code from a model folder is ever run: weights are read from safetensors (or, for a folder
+that only has pytorch_model.bin, with torch.load(weights_only=True)), configs as JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from core.config.spec import TrainConfig, from_dict, validate
+from core.data.tokenizer import Tokenizer, bytes_tokenizer, pretrained_tokenizer
+from core.errors import CheckpointError, ConfigError, UserError
+from core.models import lora
+from core.models.model import GPT, GPTConfig
+from core.runs import checkpoint as ckpt
+from core.weights import families
+
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+# Small text files of a model folder that an export carries along.
+TEXT_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+)
+
+
+class ModelSourceError(ConfigError):
+    pass
+
+
+# -- where a pretrained model is -------------------------------------------------------------
+
+
+def _download(repo_id: str) -> Path:
+    """The hub model's folder in the normal Hugging Face cache, downloaded if need be."""
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        raise ModelSourceError(
+            "init_from: a hub id needs the huggingface_hub package (pip install huggingface_hub)"
+        ) from None
+    patterns = ["*.json", "*.safetensors", "*.jinja", "tokenizer.model"]
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=patterns, local_files_only=True))
+    except Exception:
+        pass  # not cached yet
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=patterns))
+    except Exception as e:
+        reason = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+        raise ModelSourceError(
+            f"init_from: {repo_id} is not a folder here, not in the Hugging Face cache, and "
+            f"could not be downloaded ({reason}); download it where there is internet, or "
+            "point --init-from at a model folder (config.json, model.safetensors, tokenizer.json)"
+        ) from None
+
+
+def resolve_folder(source: str | Path) -> Path:
+    """A model folder from a path or a hub id (which is downloaded into the HF cache)."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelSourceError(
+                f"init_from: {path} has no config.json; expected a Hugging Face model folder "
+                "(config.json, model.safetensors, tokenizer.json)"
+            )
+        return path.resolve()
+    if path.exists():
+        raise ModelSourceError(f"init_from: {path} is a file; expected a model folder or hub id")
+    if HUB_ID.match(str(source)) and not str(source).startswith((".", "/", "~")):
+        return _download(str(source))
+    raise ModelSourceError(f"init_from: {source} does not exist (expected a folder or a hub id)")
+
+
+def read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ModelSourceError(f"init_from: {path} is not readable JSON ({e})") from None
+
+
+def weight_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(read_json(index).get("weight_map", {}).values()))
+        missing = [s for s in shards if not (folder / s).is_file()]
+        if missing:
+            raise ModelSourceError(f"init_from: {folder} lacks the shard {missing[0]}")
+        return [folder / s for s in shards]
+    if (folder / "model.safetensors").is_file():
+        return [folder / "model.safetensors"]
+    if (folder / "pytorch_model.bin").is_file():
+        return [folder / "pytorch_model.bin"]
+    raise ModelSourceError(
+        f"init_from: {folder} holds no weights (model.safetensors, a sharded "
+        "model.safetensors.index.json, or pytorch_model.bin)"
+    )
+
+
+def read_weights(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    state = {}
+    for f in weight_files(folder):
+        if f.suffix == ".safetensors":
+            state.update(load_file(str(f)))
+            continue
+        try:  # data only: a pickle that needs code to load is refused
+            state.update(torch.load(f, map_location="cpu", weights_only=True))
+        except Exception as e:
+            raise ModelSourceError(
+                f"init_from: {f} cannot be read as plain weights ({type(e).__name__}); "
+                "convert it to model.safetensors"
+            ) from None
+    return state
+
+
+_FINGERPRINTS: dict[tuple, str] = {}
+
+
+def fingerprint(folder: Path) -> str:
+    """A hash of the weight files' bytes: what a fine-tune's checkpoints name as their base."""
+    files = weight_files(folder)
+    key = tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files)
+    if key not in _FINGERPRINTS:
+        h = hashlib.blake2b(digest_size=12)
+        for f in files:
+            with open(f, "rb") as fh:
+                while block := fh.read(8 << 20):
+                    h.update(block)
+        _FINGERPRINTS[key] = h.hexdigest()
+    return _FINGERPRINTS[key]
+
+
+# -- a pretrained model ----------------------------------------------------------------------
+
+
+@dataclass
+class Pretrained:
+    """What a Hugging Face model folder says about itself (weights are read on demand)."""
+
+    name: str  # as the user gave it: a path or a hub id
+    folder: Path
+    family: str
+    config: GPTConfig
+    hf_config: dict
+    tokenizer: Tokenizer
+    files: dict = field(default_factory=dict)  # TEXT_FILES that exist: name -> text
+
+    def n_params(self) -> int:
+        from core.models.params import shape_params
+
+        return shape_params(self.config)
+
+    def info(self) -> dict:
+        c = self.config
+        return {
+            "family": self.family,
+            "parameters": self.n_params(),
+            "layers": c.n_layers,
+            "width": c.hidden_dim,
+            "heads": c.n_heads,
+            "kv_heads": c.n_kv_heads,
+            "context": c.seq_len,
+            "vocab": c.vocab_size,
+            "chat_template": bool(self.tokenizer.chat_template),
+        }
+
+    def base_info(self) -> dict:
+        """What an export needs of the model it writes: family, config and tokenizer files."""
+        return {
+            "init_from": self.name,
+            "family": self.family,
+            "hf_config": self.hf_config,
+            "files": self.files,
+        }
+
+    def base_record(self) -> dict:
+        """What a fine-tune's checkpoint keeps of its base: base_info, and the weights'
+        fingerprint to refuse resuming on another base."""
+        return {**self.base_info(), "fingerprint": fingerprint(self.folder)}
+
+    def load_model(self, c: GPTConfig | None = None) -> GPT:
+        """The model with the pretrained weights, in fp32 on the CPU."""
+        c = c or self.config
+        with torch.device("meta"):
+            model = GPT(c)
+        wanted = set(model.state_dict())
+        state = families.import_weights(self.family, c, read_weights(self.folder), wanted)
+        model = model.to_empty(device="cpu")
+        model.load_state_dict({k: v.float() for k, v in state.items()}, strict=False, assign=True)
+        if c.tie_embeddings:
+            model.head.weight = model.tok_emb.weight
+        return model
+
+
+def info_line(info: dict) -> str:
+    return (
+        f"{info['family']}, {info['parameters'] / 1e6:,.1f}M parameters, {info['layers']} layers, "
+        f"width {info['width']}, {info['heads']} heads ({info['kv_heads']} kv), context "
+        f"{info['context']:,}, vocab {info['vocab']:,}, chat template: "
+        f"{'yes' if info['chat_template'] else 'no'}"
+    )
+
+
+def _read_config(folder: Path) -> tuple[dict, str, GPTConfig]:
+    """(config.json, family, shape) of a model folder."""
+    hf_config = read_json(folder / "config.json")
+    return hf_config, *families.model_config(hf_config, str(folder / "config.json"))
+
+
+def pretrained_shape(source: str | Path) -> GPTConfig:
+    """A pretrained model's shape from its config.json alone (for estimates)."""
+    return _read_config(resolve_folder(source))[2]
+
+
+def apply_pretrained(cfg: TrainConfig, pre: Pretrained, explicit=()) -> TrainConfig:
+    """The config with the pretrained model's shape filled in. A field in explicit (set by
+    the user) that contradicts the model is refused, naming it; seq_len defaults to the
+    smaller of the config's and the model's maximum."""
+    c = pre.config
+    shape = {
+        "hidden_dim": c.hidden_dim,
+        "n_layers": c.n_layers,
+        "n_heads": c.n_heads,
+        "bias": c.bias,
+        "tokenizer": "model",
+        "arch": "gpt2" if pre.family == "gpt2" else "llama",
+        "qk_norm": c.qk_norm,
+    }
+    for name, value in shape.items():
+        if name in explicit and getattr(cfg, name) != value:
+            raise ModelSourceError(
+                f"{name}: {getattr(cfg, name)!r} contradicts the pretrained model {pre.name} "
+                f"({value!r}); leave it out with init_from"
+            )
+    if "vocab_size" in explicit and cfg.vocab_size != c.vocab_size:
+        raise ModelSourceError(
+            f"vocab_size: {cfg.vocab_size} contradicts the pretrained model {pre.name} "
+            f"({c.vocab_size} tokens); leave it out with init_from"
+        )
+    seq_len = min(cfg.seq_len, c.seq_len)
+    if "seq_len" in explicit:
+        if cfg.seq_len > c.seq_len:
+            raise ModelSourceError(
+                f"seq_len: {cfg.seq_len} is longer than the pretrained model's context "
+                f"({c.seq_len})"
+            )
+        seq_len = cfg.seq_len
+    return dataclasses.replace(cfg, **shape, seq_len=seq_len)
+
+
+def open_pretrained(source: str | Path) -> Pretrained:
+    folder = resolve_folder(source)
+    hf_config, family, config = _read_config(folder)
+    try:
+        tokenizer = pretrained_tokenizer(folder)
+    except UserError as e:
+        raise ModelSourceError(f"init_from: {e}") from None
+    if tokenizer.vocab_size > config.vocab_size:
+        raise ModelSourceError(
+            f"init_from: the tokenizer has {tokenizer.vocab_size} tokens but the model only "
+            f"{config.vocab_size} embedding rows"
+        )
+    files = {
+        n: (folder / n).read_text(encoding="utf-8") for n in TEXT_FILES if (folder / n).is_file()
+    }
+    return Pretrained(str(source), folder, family, config, hf_config, tokenizer, files)
+
+
+# -- everything that can be loaded for use ----------------------------------------------------
+
+
+@dataclass
+class Loaded:
+    model: GPT
+    tokenizer: Tokenizer
+    config: TrainConfig | None  # None for a plain Hugging Face model
+    checkpoint: Path  # the checkpoint file, or the model folder
+    step: int
+    val_loss: float | None
+    family: str  # a fine-tune's base's; a new model's from its shape (new_model_family)
+    base: dict | None = None  # a fine-tune's base (Pretrained.base_record)
+
+
+def checkpoint_path(target: str | Path, which: str = "best") -> Path:
+    """A checkpoint file as given, or a run folder's best.pt / latest.pt."""
+    path = Path(target)
+    if path.is_file():
+        return path
+    if path.is_dir():
+        folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+        order = ["best.pt", "latest.pt"] if which == "best" else ["latest.pt", "best.pt"]
+        for name in order:
+            if (folder / name).is_file():
+                return folder / name
+        raise CheckpointError(f"checkpoint: {path} holds no best.pt or latest.pt")
+    raise CheckpointError(f"checkpoint: {target} is neither a run folder nor a checkpoint file")
+
+
+def run_tokenizer(state: dict, ckpt_file: Path) -> Tokenizer:
+    """The tokenizer the model was trained with: in the checkpoint, else beside it, else bytes
+    (checkpoints from before tokenizers were recorded were all byte-level)."""
+    info = state.get("data_info") or {}
+    if info.get("tokenizer_json"):
+        return Tokenizer.from_json(info["tokenizer_json"], info.get("tokenizer_meta"))
+    for folder in (ckpt_file.parent, ckpt_file.parent.parent):
+        if (folder / "tokenizer.json").is_file():
+            return Tokenizer.load(folder / "tokenizer.json")
+    return bytes_tokenizer()
+
+
+def model_config_of(state: dict, cfg: TrainConfig) -> GPTConfig:
+    """The inference shape a checkpoint was trained with (older ones: from the config)."""
+    if state.get("model_config"):
+        return GPTConfig.from_dict({**state["model_config"], "dropout": 0.0})
+    return GPTConfig.from_train(cfg, training=False)
+
+
+def load_weights(model: GPT, state: dict) -> None:
+    """A checkpoint's weights into model: all of them, or (a LoRA fine-tune of a
+    pretrained model) only the adapters, the base being loaded already."""
+    if not state.get("adapters_only"):
+        model.load_state_dict(state["model"])
+        return
+    missing, unexpected = model.load_state_dict(state["model"], strict=False)
+    adapters_missing = [k for k in missing if lora.is_adapter(k)]
+    if unexpected or adapters_missing:
+        raise RuntimeError(f"adapters differ: {(unexpected or adapters_missing)[0]}")
+
+
+def _base_model(state: dict, cfg: TrainConfig, c: GPTConfig, path: Path) -> GPT:
+    """The model a checkpoint's weights go into: for a LoRA fine-tune of a pretrained model,
+    its base (checked against the fingerprint the checkpoint names) with adapters."""
+    base = state.get("base")
+    if state.get("adapters_only"):
+        pre = open_pretrained(base["init_from"])
+        if fingerprint(pre.folder) != base["fingerprint"]:
+            raise CheckpointError(
+                f"checkpoint: {path} holds LoRA adapters for {base['init_from']} (weights "
+                f"{base['fingerprint']}), which now holds other weights; restore that model"
+            )
+        model = pre.load_model(c)
+    else:
+        model = GPT(c)
+    lora.apply_config(model, cfg)
+    return model
+
+
+def load_checkpoint(target: str | Path, which: str = "best", device: str = "cpu") -> Loaded:
+    path = checkpoint_path(target, which)
+    state = ckpt.load(path)
+    cfg = validate(from_dict(state["config"], source=str(path)))
+    c = model_config_of(state, cfg)
+    c.grad_checkpointing = False
+    model = _base_model(state, cfg, c, path)
+    try:
+        load_weights(model, state)
+    except (RuntimeError, KeyError) as e:
+        msg = f"checkpoint: {path} does not hold this model's weights ({e})"
+        raise CheckpointError(msg) from None
+    model.to(device).eval()
+    meta = state.get("meta") or {}
+    base = state.get("base")
+    return Loaded(
+        model, run_tokenizer(state, path), cfg, path, int(state["step"]), meta.get("val_loss"),
+        family=base["family"] if base else families.new_model_family(c), base=base,
+    )  # fmt: skip
+
+
+def is_model_folder(target: str | Path) -> bool:
+    path = Path(target)
+    return (
+        path.is_dir() and (path / "config.json").is_file() and not (path / "checkpoints").is_dir()
+    )
+
+
+def load(target: str | Path, which: str = "best", device: str = "cpu") -> Loaded:
+    """Model (eval mode, fp32, on device) and tokenizer of a run folder, a checkpoint file,
+    a Hugging Face model folder or a hub id."""
+    path = Path(target)
+    if path.exists() and not is_model_folder(path):
+        return load_checkpoint(path, which, device)
+    if not path.exists() and not HUB_ID.match(str(target)):
+        raise CheckpointError(
+            f"checkpoint: {target} is neither a run folder, a checkpoint file, a model folder "
+            "nor a hub id"
+        )
+    pre = open_pretrained(target)
+    model = pre.load_model().to(device).eval()
+    return Loaded(model, pre.tokenizer, None, pre.folder, 0, None, pre.family, pre.base_info())
