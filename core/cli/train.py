@@ -241,7 +241,7 @@ def print_estimate(cfg: TrainConfig) -> None:
 def prepare_only(cfg: TrainConfig, cache_dir: str | None) -> int:
     import time
 
-    from core.data.prepare import data_spec, describe, prepare
+    from core.data.prepare import data_spec, examples_line, prepare
 
     spec = data_spec(cfg)
     tokenizer = None
@@ -265,8 +265,8 @@ def prepare_only(cfg: TrainConfig, cache_dir: str | None) -> int:
         f"Tokens: {tokens:,} ({m['train_tokens']:,} train, {m['val_tokens']:,} validation), "
         f"{m['tokenizer']} tokenizer, vocab {m['vocab_size']:,}"
     )
-    if describe(m):
-        print(f"Examples: {describe(m)}")
+    if examples_line(m):
+        print(f"Examples: {examples_line(m)}")
     else:
         print(f"Bytes per token: {m['source_bytes'] / max(1, tokens):.3f}")
     print(f"Time: {seconds:.2f} s{reused}")

@@ -43,7 +43,7 @@ def muon_lr(cfg: TrainConfig) -> float:
     return cfg.muon_lr if cfg.muon_lr is not None else MUON_LR
 
 
-def describe(cfg: TrainConfig) -> str:
+def optimizer_line(cfg: TrainConfig) -> str:
     """One line for the log: what trains with what."""
     if optimizer(cfg) == "muon":
         return f"Muon lr {muon_lr(cfg):.3g} (hidden matrices), AdamW lr {adamw_lr(cfg):.3g}"

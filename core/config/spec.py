@@ -553,10 +553,6 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     if not isinstance(exts, list) or not exts or not all(isinstance(e, str) for e in exts):
         raise ConfigError("data_extensions: expected a list of file endings such as ['.txt']")
     values["data_extensions"] = [e if e.startswith(".") else "." + e for e in exts]
-    if values["data"] is not None and not isinstance(values["data"], str):
-        raise ConfigError(f"data: expected a file or folder path, got {values['data']!r}")
-    if values["data"] == "":
-        values["data"] = None
     for name in ("data", "init_from"):
         if values[name] is not None and not isinstance(values[name], str):
             raise ConfigError(f"{name}: expected a path, got {values[name]!r}")

@@ -176,7 +176,7 @@ def data_spec(cfg) -> DataSpec:
     return DataSpec(sources, cfg.tokenizer, cfg.vocab_size, cfg.val_fraction, chat)
 
 
-def describe(manifest: dict) -> str:
+def examples_line(manifest: dict) -> str:
     """What chat data came to, in one line without a label (empty for text)."""
     ex = manifest.get("examples")
     if not ex:

@@ -5,11 +5,17 @@ is safe and how to go on."""
 
 from __future__ import annotations
 
+import math
+import time
 from pathlib import Path
 
+import torch
+
+from core.models import lora
 from core.platform.atomic import free_bytes, is_disk_full
 from core.runs import checkpoint as ckpt
 from core.runs.folder import RunFolder
+from core.training.inputs import data_info
 
 
 class Checkpointer:
@@ -74,3 +80,23 @@ class Checkpointer:
         else:
             good = "no checkpoint was saved yet; free some space and start again"
         return f"disk full: no space left on the device holding {where}{space}; {good}"
+
+
+def checkpoint_state(t, model_config: dict, limit: list) -> dict:
+    """Everything exact continuation needs, from trainer t (format: core.runs.checkpoint)."""
+    model = lora.adapter_state(t.model) if t.adapters_only else t.model.state_dict()
+    return {
+        "format_version": ckpt.FORMAT_VERSION, "step": t.step, "best_val": t.best_val,
+        "model": model, "adapters_only": t.adapters_only,
+        "optimizer": t.optimizer.state_dict(),
+        "scaler": t.scaler.state_dict() if t.scaler.is_enabled() else {},
+        "data": t.data.state_dict(), "data_info": data_info(t.data), "rng": ckpt.rng_state(),
+        "config": t.cfg.to_dict(), "model_config": model_config, "base": t.base,
+        "schedule": t.plan.to_dict(),
+        "meta": {
+            "limit": limit, "saved_at": time.time(), "loss": t.last_loss,
+            "val_loss": None if math.isinf(t.best_val) else t.best_val,
+            "max_steps": t.max_steps, "torch": str(torch.__version__),
+            "elapsed_s": t.clock.elapsed(), "paused_s": t.clock.paused_total,
+        },
+    }  # fmt: skip

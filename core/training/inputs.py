@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from core.config.spec import TrainConfig
-from core.data.prepare import TokenData, data_changes, data_spec, describe, prepare
+from core.data.prepare import TokenData, data_changes, data_spec, examples_line, prepare
 from core.data.tokenizer import Tokenizer
 from core.errors import CheckpointError
 from core.models import lora
@@ -52,7 +52,7 @@ def log_data_notes(data: TokenData, log) -> None:
     if manifest["empty_files"]:
         log(f"data: skipped {manifest['empty_files']} empty file(s)")
     if data.is_chat:
-        log(f"chat data: {describe(manifest)}")
+        log(f"chat data: {examples_line(manifest)}")
 
 
 def data_info(data: TokenData) -> dict:

@@ -8,41 +8,37 @@ precision, DDP sync, OOM retry sizes), resume, checkpointing, evaluation, clock,
 from __future__ import annotations
 
 import dataclasses
-import math
-import time
 import traceback
 from pathlib import Path
 
 import torch
-from torch.nn.parallel import DistributedDataParallel
 
 from core.config import recipe
 from core.config.spec import TrainConfig, parse_duration, validate
 from core.data.prepare import PrepareCancelled, TokenData
-from core.errors import CheckpointError, DiskFullError, TrainingError, UserError
+from core.errors import DiskFullError, TrainingError, UserError
 from core.models import lora
 from core.models.model import GPT, GPTConfig
 from core.platform.atomic import is_disk_full
-from core.platform.device import is_oom, resolve_device, resolve_precision
+from core.platform.device import is_oom
 from core.platform.distributed import World
 from core.platform.hardware import memory_stats
 from core.runs import checkpoint as ckpt
 from core.runs.events import TrainControl, TrainEvents
 from core.runs.folder import RunFolder, SilentFolder
 from core.runs.lock import RunLock
-from core.training import evaluation, inputs, optim, resume
-from core.training.checkpointing import Checkpointer
+from core.training import evaluation, metrics, optim, resume, setup
+from core.training.checkpointing import Checkpointer, checkpoint_state
 from core.training.clock import Clock
-from core.training.schedule import Plan, finish_plan, lr_factor, max_steps_for, plan_for
+from core.training.schedule import Plan, finish_plan, lr_factor
 from core.training.steps import OOM_ADVICE, autocast, grad_sync, smaller_micro_batch, to_device
 from core.training.time_budget import (
     FINISH_FILE,
     FinishWatch,
     TimeBudget,
     describe_plan,
-    untimed_plan,
 )
-from core.weights.loader import Pretrained, apply_pretrained, load_weights, open_pretrained
+from core.weights.loader import Pretrained, apply_pretrained, open_pretrained
 
 __all__ = ["FINISH_FILE", "Trainer", "smaller_micro_batch"]
 
@@ -74,8 +70,8 @@ class Trainer:
         self.step, self.best_val, self.last_loss = 0, float("inf"), None
         self.base: dict | None = None  # the pretrained base a checkpoint names
         self._pending: list[tuple[int, torch.Tensor, float]] = []  # (step, loss, lr) unread
-        self._early_logs: list[str] = []
-        self._owns_group = False  # this trainer created the process group
+        self.early_logs: list[str] = []
+        self.owns_group = False  # this trainer created the process group
         # Made by _setup once the input is known good; None until then.
         self.device: torch.device | None = None
         self.precision: str | None = None
@@ -95,13 +91,13 @@ class Trainer:
         """A LoRA fine-tune's checkpoints hold only what trains: the base is on disk already."""
         return bool(self.cfg.lora_rank) and self.pretrained is not None
 
-    def _log(self, message: str) -> None:
+    def log(self, message: str) -> None:
         self.folder.log(message)
         self.events.on_log(message)
 
-    def _log_early(self, message: str) -> None:
+    def log_early(self, message: str) -> None:
         """Before the run folder exists, messages go to the events and wait for the log."""
-        self._early_logs.append(message)
+        self.early_logs.append(message)
         self.events.on_log(message)
 
     # -- the run -------------------------------------------------------------------------
@@ -168,7 +164,7 @@ class Trainer:
         if self.saver.saved_step != self.step:
             self.save_checkpoint()
         if self.plan.finishing and self.step == self.max_steps:
-            self._log(f"finished early at step {self.step}, at the end of the cooldown")
+            self.log(f"finished early at step {self.step}, at the end of the cooldown")
 
     # -- one optimizer step --------------------------------------------------------------
 
@@ -229,7 +225,7 @@ class Trainer:
         old = (self.cfg.batch_size, self.cfg.grad_accum)
         self.cfg = dataclasses.replace(self.cfg, batch_size=smaller[0], grad_accum=smaller[1])
         self.folder.write_config(self.cfg)
-        self._log(
+        self.log(
             f"out of memory at step {self.step + 1}: batch_size x grad_accum "
             f"{old[0]}x{old[1]} -> {smaller[0]}x{smaller[1]} (same effective batch); "
             "redoing the step"
@@ -241,96 +237,21 @@ class Trainer:
     # -- setup ---------------------------------------------------------------------------
 
     def _setup(self) -> None:
-        cfg = self.cfg
-        if self.resume_from and self.world.main:  # before reading: another may be writing
-            self.lock.acquire()
-        state = None
-        if self.resume_from:
-            state = resume.load_resume_state(self.resume_from, cfg, self.pretrained, self._log)
-        self.device = resolve_device(self.world.device_name(cfg.device))
-        self._owns_group = self.world.init(self.device)
-        self.precision = resolve_precision(cfg.precision, self.device)
-        self.data = inputs.prepare_data(
-            cfg, self.pretrained, (state or {}).get("data_info"), cache=self.data_cache,
-            allow_change=self.allow_data_change, events=self.events,
-            stop=self.control.stop_set, log=self._log_early,
-        )  # fmt: skip
-        # Only now, with the input known good, does a new run get its folder.
-        self.folder.create(resuming=state is not None)
-        if self.world.main and not self.lock.held:
-            self.lock.acquire()
-        self.folder.write_data_info(self.data.summary(), self.data.tokenizer)
-        for message in self._early_logs:
-            self.folder.log(message)
-        inputs.set_switches(cfg, self.device)
-        self.plan = untimed_plan() if self.budget else plan_for(
-            cfg, max_steps_for(cfg, self.data.train_tokens)
-        )  # fmt: skip
-        self._build(state)
-        self.folder.write_status("running", self.step, self.max_steps)
-
-    def _build(self, state: dict | None) -> None:
-        """The model, optimizer and scaler; restored from the checkpoint when resuming."""
-        if self.pretrained is not None:
-            self.base = self.pretrained.base_record()
-        model = inputs.build_model(self.cfg, self.pretrained, self.device, self.precision,
-                                   self._log)  # fmt: skip
-        self.model = model.to(self.device)
-        self.optimizer = optim.make(self.model, self.cfg)
-        self.scaler = torch.amp.GradScaler("cuda", enabled=self.precision == "fp16")
-        self.train_model = torch.compile(self.model) if self.cfg.compile else self.model
-        if self.world.enabled:
-            ids = [self.device.index] if self.device.type == "cuda" else None
-            self.train_model = DistributedDataParallel(self.train_model, device_ids=ids)
-        if state is not None:
-            self._restore(state)
-        else:
-            self.folder.write_config(self.cfg)
-
-    def _restore(self, state: dict) -> None:
-        try:
-            load_weights(self.model, state)
-            self.optimizer.load_state_dict(state["optimizer"])
-        except (RuntimeError, ValueError, KeyError) as e:
-            raise CheckpointError(
-                f"resume: {self.resume_from} does not fit this model ({e})"
-            ) from None
-        if state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
-        self.data.load_state_dict(state["data"])
-        ckpt.set_rng_state(state["rng"])
-        self.step = int(state["step"])
-        self.plan = resume.resumed_plan(state, self.cfg, self.step, self.plan,
-                                        self.budget is not None, self._log)  # fmt: skip
-        self.best_val = float(state.get("best_val", float("inf")))
-        self.clock.before = float(state["meta"].get("elapsed_s") or 0.0)
-        self.clock.paused_total = float(state["meta"].get("paused_s") or 0.0)
-        self.folder.write_config(self.cfg)
-        dropped = self.folder.truncate_metrics(self.step)
-        self._log(
-            f"resumed from {self.resume_from} at step {self.step}"
-            + (f"; dropped {dropped} metric records past it" if dropped else "")
-        )
+        """Check the input, prepare the data, make the run folder, build (or restore) the
+        model, optimizer and schedule: see core.training.setup."""
+        setup.setup(self)
 
     def _announce(self) -> None:
         """The start of this session's steps: the start event, the log lines, and the base
         model's own validation loss when a fine-tune starts."""
         cfg, trainable = self.cfg, lora.trainable_params(self.model)
         self.clock.start()
-        self.events.on_train_start({
-            "run_dir": str(self.folder.path), "start_step": self.step,
-            "max_steps": self.max_steps, "n_params": self.model.num_params(),
-            "n_trainable": trainable, "device": str(self.device), "precision": self.precision,
-            "tokens_per_step": cfg.tokens_per_step, "train_tokens": self.data.train_tokens,
-            "data_source": self.data.source, "data": self.data.summary(),
-            "config": cfg.to_dict(), "resumed": self.resume_from is not None,
-        })  # fmt: skip
+        self.events.on_train_start(metrics.start_record(self))
         if cfg.lora_rank:
-            self._log(
-                f"LoRA rank {cfg.lora_rank} on {cfg.lora_targets}: {trainable:,} of "
-                f"{self.model.num_params():,} parameters train"
-            )
-        self._log(
+            total = self.model.num_params()
+            self.log(f"LoRA rank {cfg.lora_rank} on {cfg.lora_targets}: {trainable:,} of "
+                      f"{total:,} parameters train")  # fmt: skip
+        self.log(
             f"training {trainable:,} parameters on {self.device} ({self.precision}), "
             f"data {self.data.source}, {self.data.train_tokens:,} train tokens "
             f"({self.data.tokenizer.kind}), steps {self.step}->{self.max_steps}"
@@ -342,7 +263,7 @@ class Trainer:
         if self.budget:
             self.budget.first_step = self.step
         plan = describe_plan(cfg, self.plan)
-        self._log(f"optimizer: {recipe.describe(cfg)}; schedule: {plan}")
+        self.log(f"optimizer: {recipe.optimizer_line(cfg)}; schedule: {plan}")
 
     def _end(self, status: str, error: str | None = None) -> dict:
         step, max_steps = self.step, self.max_steps
@@ -353,13 +274,13 @@ class Trainer:
             if self.folder.path.is_dir() and max_steps is not None:
                 extra = {"error": error} if error else {}
                 self.folder.write_status(status, step, max_steps, **extra)
-                self._log(f"{status} at step {step}" + (f": {error}" if error else ""))
+                self.log(f"{status} at step {step}" + (f": {error}" if error else ""))
             self.folder.close()
         except OSError as e:  # a full disk must not hide the error that ended the run
             if not is_disk_full(e):
                 raise
         self.lock.release()
-        if self._owns_group:
+        if self.owns_group:
             torch.distributed.destroy_process_group()
         self.events.on_train_end(result)
         return result
@@ -373,50 +294,24 @@ class Trainer:
                                    self.events.on_checkpoint)  # fmt: skip
 
     def _state(self) -> dict:
-        """Everything exact continuation needs (see core.runs.checkpoint for the format)."""
-        model = lora.adapter_state(self.model) if self.adapters_only else self.model.state_dict()
         base_shape = self.pretrained.config if self.pretrained else None
         shape = GPTConfig.from_train(self.cfg, training=False, base=base_shape)
-        return {
-            "format_version": ckpt.FORMAT_VERSION, "step": self.step,
-            "best_val": self.best_val, "model": model, "adapters_only": self.adapters_only,
-            "optimizer": self.optimizer.state_dict(),
-            "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else {},
-            "data": self.data.state_dict(), "data_info": inputs.data_info(self.data),
-            "rng": ckpt.rng_state(), "config": self.cfg.to_dict(),
-            "model_config": shape.to_dict(), "base": self.base, "schedule": self.plan.to_dict(),
-            "meta": {
-                "limit": resume.limit_of(self.cfg), "saved_at": time.time(),
-                "loss": self.last_loss,
-                "val_loss": None if math.isinf(self.best_val) else self.best_val,
-                "max_steps": self.max_steps, "torch": str(torch.__version__),
-                "elapsed_s": self.clock.elapsed(), "paused_s": self.clock.paused_total,
-            },
-        }  # fmt: skip
+        return checkpoint_state(self, shape.to_dict(), resume.limit_of(self.cfg))
 
     def _emit_metrics(self) -> None:
-        """Read the pending step losses in one host-device sync and emit their records.
-        Raises TrainingError when a loss is not finite: this is where divergence is seen."""
+        """Read the pending step losses in one host-device sync and emit their records."""
         if not self._pending:
             return
-        losses = self.world.mean(torch.stack([loss for _, loss, _ in self._pending])).tolist()
-        tokens = len(self._pending) * self.cfg.tokens_per_step * self.world.size
-        # Training time only: evaluation, sampling and checkpoint writes are not throughput.
-        tokens_per_s = round(tokens / self.clock.training_seconds(), 1)
-        common = {"max_steps": self.max_steps, "tokens_per_s": tokens_per_s,
-                  "elapsed_s": self.clock.elapsed()}  # fmt: skip
-        memory = memory_stats(self.device)
         pending, self._pending = self._pending, []
-        for (step, _, lr), loss in zip(pending, losses, strict=True):
-            if not math.isfinite(loss):
-                raise TrainingError(
-                    f"loss became {loss} at step {step}: lower lr (now "
-                    f"{recipe.adamw_lr(self.cfg):.3g}) or use precision bf16/fp32"
-                )
-            epoch = round(step * self.cfg.tokens_per_step / self.data.train_tokens, 4)
-            record = {"step": step, "loss": loss, "lr": lr, **common, "epoch": epoch,
-                      "batch_size": self.cfg.batch_size, "grad_accum": self.cfg.grad_accum,
-                      **memory}  # fmt: skip
+        losses = self.world.mean(torch.stack([loss for _, loss, _ in pending])).tolist()
+        tokens = len(pending) * self.cfg.tokens_per_step * self.world.size
+        # Training time only: evaluation, sampling and checkpoint writes are not throughput.
+        common = {"max_steps": self.max_steps, "elapsed_s": self.clock.elapsed(),
+                  "tokens_per_s": round(tokens / self.clock.training_seconds(), 1),
+                  "memory": memory_stats(self.device)}  # fmt: skip
+        steps = [(step, lr) for step, _, lr in pending]
+        for record in metrics.train_records(steps, losses, self.cfg, self.data.train_tokens,
+                                            common):  # fmt: skip
             self.folder.append_metric(record)
             self.events.on_train_batch_end(record)
         self.last_loss = losses[-1]
@@ -437,7 +332,7 @@ class Trainer:
         record = {"step": self.step, "val_loss": val, "val_bpb": bpb, "train_s": train_s}
         self.folder.append_metric(record)
         self.events.on_eval(record)
-        self._log(f"{what}: val_loss {val:.4f}, {bpb:.4f} bits/byte")
+        self.log(f"{what}: val_loss {val:.4f}, {bpb:.4f} bits/byte")
         return val
 
     def _eval_and_sample(self) -> None:
@@ -463,16 +358,16 @@ class Trainer:
         run saves and stops as finished."""
         plan = finish_plan(self.cfg, self.plan, self.step)
         if plan is None:
-            self._log(f"finish: the run already ends at step {self.max_steps}")
+            self.log(f"finish: the run already ends at step {self.max_steps}")
             return
         self.plan = plan
         left = plan.max_steps - self.step
-        self._log(f"finishing: {left} cooldown steps, {describe_plan(self.cfg, plan)}")
+        self.log(f"finishing: {left} cooldown steps, {describe_plan(self.cfg, plan)}")
 
     def _plan_for_time(self) -> None:
         self.plan = self.budget.replan(self.cfg, self.plan, self.step, self.clock.elapsed())
         if not self.plan.provisional:
-            self._log(
+            self.log(
                 f"time budget {self.cfg.max_time}: {self.plan.max_steps} steps in all "
                 f"({self.budget.per_step * 1000:.0f} ms a step); "
                 f"{describe_plan(self.cfg, self.plan)}"

@@ -82,7 +82,7 @@ A {arch} language model {origin} with TrainDeck.
 - Size: {loaded.model.num_params():,} parameters; {c.n_layers} layers, {c.n_heads} heads
   ({c.n_kv_heads} key/value), width {c.hidden_dim}, context {c.seq_len}
 - Trained: {loaded.step} optimizer steps, batch {cfg.batch_size} x {cfg.grad_accum} x
-  {cfg.seq_len} tokens, {recipe.describe(cfg)}, precision {cfg.precision}
+  {cfg.seq_len} tokens, {recipe.optimizer_line(cfg)}, precision {cfg.precision}
 - Validation loss at export: {val} (nats per token)
 - Checkpoint: {loaded.checkpoint.name}
 

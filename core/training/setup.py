@@ -1,0 +1,92 @@
+"""Everything a run does before its first step, in the order that keeps bad input from
+touching the disk: checkpoint checks (resume), device, data, then the run folder, the model,
+optimizer and scaler, and the exact state of a resumed run. Functions of the Trainer t."""
+
+from __future__ import annotations
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from core.errors import CheckpointError
+from core.platform.device import resolve_device, resolve_precision
+from core.runs import checkpoint as ckpt
+from core.training import inputs, optim, resume
+from core.training.schedule import max_steps_for, plan_for
+from core.training.time_budget import untimed_plan
+from core.weights.loader import load_weights
+
+
+def setup(t) -> None:
+    """Everything before the first step, in the order that keeps a bad input from touching
+    the disk: checkpoint checks, device, data, then the run folder and the model."""
+    cfg = t.cfg
+    if t.resume_from and t.world.main:  # before reading: another may be writing
+        t.lock.acquire()
+    state = None
+    if t.resume_from:
+        state = resume.load_resume_state(t.resume_from, cfg, t.pretrained, t.log)
+    t.device = resolve_device(t.world.device_name(cfg.device))
+    t.owns_group = t.world.init(t.device)
+    t.precision = resolve_precision(cfg.precision, t.device)
+    t.data = inputs.prepare_data(
+        cfg, t.pretrained, (state or {}).get("data_info"), cache=t.data_cache,
+        allow_change=t.allow_data_change, events=t.events,
+        stop=t.control.stop_set, log=t.log_early,
+    )  # fmt: skip
+    # Only now, with the input known good, does a new run get its folder.
+    t.folder.create(resuming=state is not None)
+    if t.world.main and not t.lock.held:
+        t.lock.acquire()
+    t.folder.write_data_info(t.data.summary(), t.data.tokenizer)
+    for message in t.early_logs:
+        t.folder.log(message)
+    inputs.set_switches(cfg, t.device)
+    t.plan = untimed_plan() if t.budget else plan_for(
+        cfg, max_steps_for(cfg, t.data.train_tokens)
+    )  # fmt: skip
+    build(t, state)
+    t.folder.write_status("running", t.step, t.max_steps)
+
+
+def build(t, state: dict | None) -> None:
+    """The model, optimizer and scaler; restored from the checkpoint when resuming."""
+    if t.pretrained is not None:
+        t.base = t.pretrained.base_record()
+    model = inputs.build_model(t.cfg, t.pretrained, t.device, t.precision,
+                               t.log)  # fmt: skip
+    t.model = model.to(t.device)
+    t.optimizer = optim.make(t.model, t.cfg)
+    t.scaler = torch.amp.GradScaler("cuda", enabled=t.precision == "fp16")
+    t.train_model = torch.compile(t.model) if t.cfg.compile else t.model
+    if t.world.enabled:
+        ids = [t.device.index] if t.device.type == "cuda" else None
+        t.train_model = DistributedDataParallel(t.train_model, device_ids=ids)
+    if state is not None:
+        restore(t, state)
+    else:
+        t.folder.write_config(t.cfg)
+
+
+def restore(t, state: dict) -> None:
+    """Weights, optimizer, scaler, data position, RNG, step, plan and clock from state."""
+    try:
+        load_weights(t.model, state)
+        t.optimizer.load_state_dict(state["optimizer"])
+    except (RuntimeError, ValueError, KeyError) as e:
+        raise CheckpointError(f"resume: {t.resume_from} does not fit this model ({e})") from None
+    if state.get("scaler"):
+        t.scaler.load_state_dict(state["scaler"])
+    t.data.load_state_dict(state["data"])
+    ckpt.set_rng_state(state["rng"])
+    t.step = int(state["step"])
+    t.plan = resume.resumed_plan(state, t.cfg, t.step, t.plan,
+                                    t.budget is not None, t.log)  # fmt: skip
+    t.best_val = float(state.get("best_val", float("inf")))
+    t.clock.before = float(state["meta"].get("elapsed_s") or 0.0)
+    t.clock.paused_total = float(state["meta"].get("paused_s") or 0.0)
+    t.folder.write_config(t.cfg)
+    dropped = t.folder.truncate_metrics(t.step)
+    t.log(
+        f"resumed from {t.resume_from} at step {t.step}"
+        + (f"; dropped {dropped} metric records past it" if dropped else "")
+    )
