@@ -20,7 +20,7 @@ class Clock:
         self.t0 = self.window_start = time.perf_counter()
 
     def elapsed(self) -> float:
-        now = time.perf_counter() - self.t0 if self.t0 else 0.0
+        now = time.perf_counter() - self.t0 if self.t0 is not None else 0.0
         return round(self.before + now, 3)
 
     def training_seconds(self) -> float:

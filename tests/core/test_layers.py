@@ -117,7 +117,9 @@ def test_the_checks_catch_a_cycle_and_an_upward_import():
     )
 
 
-@pytest.mark.parametrize("package", [p.name for p in CORE.iterdir() if (p / "__init__.py").exists()])
+@pytest.mark.parametrize(
+    "package", [p.name for p in CORE.iterdir() if (p / "__init__.py").exists()]
+)
 def test_each_subpackage_says_what_lives_there(package):
     doc = ast.get_docstring(ast.parse((CORE / package / "__init__.py").read_text()))
     assert doc and len(doc) > 80, f"core/{package}/__init__.py needs its paragraph"

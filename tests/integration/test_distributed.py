@@ -9,7 +9,7 @@ import pytest
 
 from core.runs.folder import read_metrics
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ARGS = ["--preset", "cpu-tiny", "--max-steps", "8", "--log-every", "1", "--eval-every", "4"]
 
 

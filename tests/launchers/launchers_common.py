@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SH = ROOT / "train_gpu.sh"
 BAT = ROOT / "train_gpu.bat"
 CI_RUN = ROOT / ".ci" / "run"

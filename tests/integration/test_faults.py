@@ -20,7 +20,7 @@ from core.train import main
 from core.training.trainer import Trainer
 from gui.platform_check import xcb_problem
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # -- a full disk ---------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import torch
 from core.runs.folder import read_metrics
 from core.train import main
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--preset", "cpu-tiny", "--seq-len", "32", "--hidden-dim", "32"]
 
 

@@ -14,9 +14,9 @@ pytest.importorskip("transformers")
 
 from hf_models import TEXT, make_model  # noqa: E402
 
-from core.models import lora  # noqa: E402
 from core.cli.train import main as train_main  # noqa: E402
 from core.config.spec import TrainConfig, validate  # noqa: E402
+from core.models import lora  # noqa: E402
 from core.training.trainer import Trainer  # noqa: E402
 from core.use.export import export  # noqa: E402
 from core.weights.loader import load, open_pretrained  # noqa: E402

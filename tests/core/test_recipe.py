@@ -11,7 +11,7 @@ import time
 
 import pytest
 import torch
-from helpers import Recorder, StopAfter, cached_forward, tiny_config
+from helpers import FakeTime, Recorder, StopAfter, cached_forward, tiny_config
 
 from core.config import recipe
 from core.config.spec import TrainConfig, compare_for_resume, from_dict, parse_duration, validate
@@ -20,11 +20,11 @@ from core.models.model import GPT, GPTConfig
 from core.runs import checkpoint as ckpt
 from core.runs.events import TrainControl
 from core.runs.folder import read_metrics
-from core.training import optim
+from core.training import clock, optim
 from core.training.schedule import Plan, finish_plan, lr_factor, plan_for
 from core.training.trainer import FINISH_FILE, Trainer
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def train_losses(run_dir):
@@ -202,14 +202,24 @@ def test_finish_ends_at_the_floor_resumably_and_a_resume_extends_it(tmp_path):
 
 
 @pytest.mark.parametrize("schedule", ["wsd", "cosine"])
-def test_a_time_budget_ends_near_it_with_the_decay_done(tmp_path, schedule):
+def test_a_time_budget_ends_near_it_with_the_decay_done(tmp_path, schedule, monkeypatch):
+    fake = FakeTime(tick=0.0)  # only training steps take time: 20 ms each, on any machine
+    monkeypatch.setattr(clock, "time", fake)
+    real_step = Trainer._train_step
+
+    def step(self, *args):
+        fake.now += 0.02
+        return real_step(self, *args)
+
+    monkeypatch.setattr(Trainer, "_train_step", step)
     cfg = tiny_config(max_time="6s", max_steps=None, lr=None, eval_every=50, ckpt_every=10**6,
-                      schedule=schedule)  # fmt: skip
+                      log_every=1, schedule=schedule)  # fmt: skip
     events = Recorder()
     result = Trainer(cfg, tmp_path / "run").run(events)
     assert result["status"] == "finished"
     train = train_losses(tmp_path / "run")
-    assert 4.5 < train[-1]["elapsed_s"] < 8.0, train[-1]
+    assert 5.9 < train[-1]["elapsed_s"] < 6.1, train[-1]
+    assert 295 <= result["step"] <= 302
     # wsd's last step trains at the floor; cosine's a hair above, as nanoGPT's
     assert train[-1]["lr"] == pytest.approx(floor_lr(cfg), rel=1e-9 if schedule == "wsd" else 1e-3)
     assert train[-1]["step"] == result["step"] == train[-1]["max_steps"]
