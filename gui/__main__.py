@@ -27,7 +27,7 @@ def positive_int(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m gui",
-        description="TrainDeck: train a byte-level GPT on your own GPU (or CPU) from a window.",
+        description="TrainDeck: train or fine-tune a GPT on your own GPU (or CPU) from a window.",
     )
     p.add_argument("--preset", help="preset name or YAML file to preselect")
     p.add_argument("--data", help="text file or folder to train on (default: embedded corpus)")

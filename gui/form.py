@@ -536,6 +536,9 @@ class ConfigForm(QWidget):
         self.widgets["vocab_size"].setEnabled(self.widgets["tokenizer"].currentText() == "bpe")
         for name in PRETRAINED_FIXED:
             self.widgets[name].setEnabled(self._pretrained is None)
+        # Llama-style models have no such biases: the box shows only where it means something.
+        bias, arch = self.widgets["bias"], self.widgets["arch"].currentText()
+        bias.setVisible(bias.isChecked() if self._pretrained else arch == "gpt2")
         self._describe_data()
         self.check()
         self._show_auto_lrs()

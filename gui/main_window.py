@@ -14,14 +14,9 @@ from pathlib import Path
 from PySide6.QtCore import QSettings, Qt, Signal
 from PySide6.QtWidgets import (
     QFileDialog,
-    QGridLayout,
-    QGroupBox,
-    QHBoxLayout,
     QLabel,
-    QLineEdit,
     QMainWindow,
     QMessageBox,
-    QPushButton,
     QScrollArea,
     QSplitter,
     QVBoxLayout,
@@ -44,16 +39,13 @@ from gui.form import ConfigForm
 from gui.hardware_panel import HardwareInfo, HardwarePanel, detect
 from gui.preset_box import PresetBox
 from gui.resume_dialog import ResumeDialog
+from gui.run_controls import ControlsBox, OutputBox, out_edit
 from gui.run_session import RunSession, RunState
 from gui.run_view import RunView
 from gui.settings_store import SettingsStore
 from gui.start_from import StartFromBox
 from gui.worker import settle_heap
 
-FINISH_TIP = (
-    "Cool the learning rate down over a short cooldown, save, and stop: a run ended early "
-    "still ends at a low learning rate"
-)
 FAILURE_TITLES = {
     "input": "Cannot train with these settings",
     "training": "Training stopped",
@@ -131,6 +123,7 @@ class MainWindow(QMainWindow):
         self.estimate = EstimatePanel(self.info)
         self.estimate.fit_requested.connect(self.fit_to_gpu)
 
+        self.out_edit = out_edit(self.runs_root)
         settings_column = QWidget()
         column = QVBoxLayout(settings_column)
         column.addWidget(self.hardware)
@@ -143,7 +136,7 @@ class MainWindow(QMainWindow):
         self.start_from.changed.connect(self._start_from_changed)
         column.addWidget(self.start_from)
         column.addWidget(self.form)
-        column.addWidget(self._output_box())
+        column.addWidget(OutputBox(self.out_edit, self._choose_out))
         column.addWidget(self.estimate)
         column.addStretch(1)
         scroll = QScrollArea()
@@ -156,7 +149,7 @@ class MainWindow(QMainWindow):
         left_layout = QVBoxLayout(left)
         left_layout.setContentsMargins(0, 0, 0, 0)
         left_layout.addWidget(scroll, 1)
-        left_layout.addWidget(self._controls_box())
+        left_layout.addWidget(ControlsBox(self))
 
         self.splitter = QSplitter(Qt.Orientation.Horizontal)
         self.splitter.addWidget(left)
@@ -166,50 +159,6 @@ class MainWindow(QMainWindow):
         self.splitter.setStretchFactor(1, 1)
         self.setCentralWidget(self.splitter)
         self.resize(1500, 950)
-
-    def _output_box(self) -> QGroupBox:
-        box = QGroupBox("Run folder")
-        self.out_edit = QLineEdit()
-        self.out_edit.setPlaceholderText(f"new folder under {self.runs_root}/")
-        self.out_edit.setToolTip(
-            "Where the run's checkpoints, metrics and logs go; empty picks "
-            f"{self.runs_root}/<preset>-<date>-<time>. Used once: the next Start picks a new one."
-        )
-        self.out_edit.setClearButtonEnabled(True)
-        choose = QPushButton("Choose…")
-        choose.clicked.connect(self._choose_out)
-        row = QHBoxLayout(box)
-        row.addWidget(self.out_edit, 1)
-        row.addWidget(choose)
-        return box
-
-    def _controls_box(self) -> QGroupBox:
-        box = QGroupBox("Training")
-        self.start_button = QPushButton("Start")
-        self.start_button.setStyleSheet("font-weight: bold;")
-        self.start_button.clicked.connect(self.start)
-        self.stop_button = QPushButton("Stop")
-        self.stop_button.setToolTip("Finish the current step, save a checkpoint, then stop")
-        self.stop_button.clicked.connect(self.stop)
-        self.finish_button = QPushButton("Finish")
-        self.finish_button.setToolTip(FINISH_TIP)
-        self.finish_button.clicked.connect(self.finish)
-        self.save_button = QPushButton("Save checkpoint now")
-        self.save_button.clicked.connect(self.save_now)
-        self.resume_button = QPushButton("Resume…")
-        self.resume_button.setToolTip("Continue a run from its folder or a checkpoint file")
-        self.resume_button.clicked.connect(lambda: self.open_resume_dialog())
-        self.resume_latest_button = QPushButton("Resume latest")
-        self.resume_latest_button.setToolTip(f"Continue the newest run under {self.runs_root}/")
-        self.resume_latest_button.clicked.connect(self.resume_latest)
-        grid = QGridLayout(box)
-        grid.addWidget(self.start_button, 0, 0)
-        grid.addWidget(self.stop_button, 0, 1)
-        grid.addWidget(self.finish_button, 0, 2)
-        grid.addWidget(self.resume_button, 1, 0)
-        grid.addWidget(self.resume_latest_button, 1, 1)
-        grid.addWidget(self.save_button, 1, 2)
-        return box
 
     # -- presets -------------------------------------------------------------------------
 

@@ -101,6 +101,13 @@ class Playground(QWidget):
         self.training_active = training_active
         self.thread: GenerateThread | None = None
 
+        browse = self._make_widgets()
+        self._make_chat()
+        self._lay_out(browse)
+        self.refresh_runs()
+
+    def _make_widgets(self) -> QPushButton:
+        """The run pickers, prompt, sampling knobs, buttons and output; returns Browse."""
         self.run_combo = QComboBox()
         self.run_combo.setEditable(True)
         self.run_combo.setToolTip("A run folder or a checkpoint file")
@@ -137,6 +144,24 @@ class Playground(QWidget):
         self.output.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
         self.output.setMinimumHeight(text_height(self.output, PROMPT_LINES))  # it stretches
 
+        return browse
+
+    def _make_chat(self) -> None:
+        self.chat = QCheckBox("Chat")
+        self.chat.setToolTip(
+            "A conversation: each prompt is your next message in the model's own chat "
+            "template (the one it was fine-tuned with), and each answer stops at its end of "
+            "turn"
+        )
+        self.chat.toggled.connect(self.new_chat)
+        self.new_chat_button = QPushButton("New chat")
+        self.new_chat_button.setToolTip("Forget the conversation so far")
+        self.new_chat_button.clicked.connect(self.new_chat)
+        self.history: list[dict] = []  # the chat so far: user and assistant messages
+        self._chat_epoch = 0  # counts New chat presses: an answer joins only its own chat
+        self.run_combo.currentTextChanged.connect(self.new_chat)
+
+    def _lay_out(self, browse: QPushButton) -> None:
         top = QHBoxLayout()
         top.addWidget(QLabel("Run"))
         top.addWidget(self.run_combo, 1)
@@ -155,19 +180,6 @@ class Playground(QWidget):
         ):
             knobs.addWidget(QLabel(label), 0, col)
             knobs.addWidget(w, 1, col)
-        self.chat = QCheckBox("Chat")
-        self.chat.setToolTip(
-            "A conversation: each prompt is your next message in the model's own chat "
-            "template (the one it was fine-tuned with), and each answer stops at its end of "
-            "turn"
-        )
-        self.chat.toggled.connect(self.new_chat)
-        self.new_chat_button = QPushButton("New chat")
-        self.new_chat_button.setToolTip("Forget the conversation so far")
-        self.new_chat_button.clicked.connect(self.new_chat)
-        self.history: list[dict] = []  # the chat so far: user and assistant messages
-        self._chat_epoch = 0  # counts New chat presses: an answer joins only its own chat
-        self.run_combo.currentTextChanged.connect(self.new_chat)
         knobs.addWidget(self.chat, 0, 5)
         knobs.addWidget(self.new_chat_button, 0, 6)
         knobs.addWidget(self.generate_button, 1, 5)
@@ -178,7 +190,6 @@ class Playground(QWidget):
         layout.addLayout(knobs)
         layout.addWidget(self.status)
         layout.addWidget(self.output, 1)
-        self.refresh_runs()
 
     @staticmethod
     def _float(low, high, value, step, tip) -> QDoubleSpinBox:

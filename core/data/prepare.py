@@ -1,8 +1,9 @@
 """Training data: a file, a folder, or the embedded default corpus (Python's own stdlib).
 
 The sources are read once, tokenized (bytes or BPE) and written to a cache folder as one
-flat token file plus a manifest; training then reads that file through a memory map, so
-memory does not grow with the corpus. Training windows are drawn by a seeded
+flat token file plus a manifest. Training opens that file with np.memmap (its train and
+validation split) and reads each window with a plain positioned read (pread), so memory does
+not grow with the corpus. Training windows are drawn by a seeded
 torch.Generator whose state is saved in checkpoints; validation uses fixed windows at the
 end of the token file, so evaluating never moves the training stream.
 """

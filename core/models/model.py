@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from core.config.spec import TrainConfig, from_known
+from core.models.loss import lm_loss
 
 VOCAB_SIZE = 256  # bytes: no tokenizer to download
 NORMS = ("layernorm", "rmsnorm")
@@ -301,7 +302,9 @@ class GPT(nn.Module):
         return x, self._rope(pos, pos + t, idx.device)
 
     def forward(self, idx, targets=None, loss_mask=None):
-        """Logits, and the mean cross-entropy over targets (only where loss_mask is 1)."""
+        """(logits, None) without targets; (None, loss) with them: the mean cross-entropy
+        over targets where loss_mask is non-zero, computed in chunks (core.models.loss) so
+        the whole vocabulary's logits never exist at once."""
         x, rope = self._embed(idx, 0)
         x = self.drop(x)
         for block in self.blocks:
@@ -309,15 +312,9 @@ class GPT(nn.Module):
                 x = checkpoint(block, x, rope, use_reentrant=False)
             else:
                 x = block(x, rope)
-        logits = self.head(self.ln_f(x))
         if targets is None:
-            return logits, None
-        flat = logits.view(-1, logits.size(-1)).float()
-        if loss_mask is None:
-            return logits, F.cross_entropy(flat, targets.reshape(-1))
-        per_token = F.cross_entropy(flat, targets.reshape(-1), reduction="none")
-        mask = loss_mask.reshape(-1).to(per_token.dtype)
-        return logits, (per_token * mask).sum() / mask.sum().clamp(min=1)
+            return self.head(self.ln_f(x)), None
+        return None, lm_loss(self.head, self.ln_f(x), targets, loss_mask)
 
     @torch.no_grad()
     def forward_cached(self, idx, cache: list | None, pos: int = 0):

@@ -151,6 +151,14 @@ def test_fields_carry_ranges_and_tooltips_from_core(make_window):
     assert window.form.validated() == changed
 
 
+def test_the_biases_box_shows_only_for_models_that_have_biases(make_window):
+    form = make_window().form
+    form.set_values(arch="llama")
+    assert form.widgets["bias"].isHidden()  # RMSNorm and SwiGLU without biases
+    form.set_values(arch="gpt2")
+    assert not form.widgets["bias"].isHidden()
+
+
 def test_invalid_field_is_flagged_and_blocks_start(make_window, dialogs):
     window = make_window()
     window.select_preset("cpu-tiny")

@@ -60,7 +60,7 @@ def assert_transformers_agrees(model, tok, ours):
 def gguf_and_weights(run, tmp_path):
     """The GGUF export read back: (reader, its tensors, TrainDeck's model, its weights); the
     token embedding, which every architecture has, checked equal."""
-    out = export(run, "gguf", tmp_path / "gguf")
+    out = export(run, "gguf", tmp_path / "gguf", quant="f32")
     reader = gguf.GGUFReader(str(out / "model.gguf"))
     tensors = {t.name: np.asarray(t.data) for t in reader.tensors}
     model = load(run).model

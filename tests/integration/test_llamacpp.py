@@ -23,7 +23,7 @@ from core.weights.loader import load  # noqa: E402
 
 def llama_cpp_agrees(target, out, prompt: str, n_new: int = 12):
     loaded = load(target)
-    export(target, "gguf", out)
+    export(target, "gguf", out, quant="f32")
     ids = prompt_ids(loaded.tokenizer, prompt)
     llm = llama_cpp.Llama(
         str(out / "model.gguf"), n_ctx=loaded.model.config.seq_len, logits_all=True,

@@ -1,0 +1,50 @@
+"""The language-model loss without the whole vocabulary's logits in memory.
+
+Plain cross-entropy builds logits for every position of the micro-batch at once (tokens x
+vocabulary x 4 bytes: 2.5 GB for 4k tokens of a 150k vocabulary), and autograd keeps them
+for the backward pass. Here only positions that carry a label get logits at all, and they are
+made a chunk at a time; each chunk's logits are recomputed in the backward pass instead of
+kept (activation checkpointing of the head), so at most one chunk's logits exist at once.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+CHUNK_BYTES = 64 * 1024**2  # fp32 logits of one chunk
+
+
+def chunk_positions(vocab_size: int) -> int:
+    return max(1, CHUNK_BYTES // (4 * vocab_size))
+
+
+def _chunk_loss(head: torch.nn.Module, hidden, targets, weights):
+    logits = head(hidden).float()
+    return (F.cross_entropy(logits, targets, reduction="none") * weights).sum()
+
+
+def lm_loss(head, hidden: torch.Tensor, targets: torch.Tensor, mask=None, chunk=None):
+    """Mean cross-entropy of head(hidden) against targets over the positions whose mask is
+    non-zero (all positions without a mask), weighted by the mask; equal, within fp32
+    rounding, to F.cross_entropy over the whole logits."""
+    hidden = hidden.reshape(-1, hidden.size(-1))
+    targets = targets.reshape(-1)
+    if mask is None:
+        weights = torch.ones(targets.shape, device=hidden.device, dtype=torch.float32)
+    else:
+        weights = mask.reshape(-1).float()
+        keep = weights.nonzero().squeeze(1)  # positions without a label get no logits
+        hidden, targets, weights = hidden[keep], targets[keep], weights[keep]
+    chunk = chunk or chunk_positions(head.weight.shape[0])
+    count = weights.sum().clamp(min=1) if mask is not None else weights.new_tensor(len(weights))
+    if len(targets) <= chunk:
+        return _chunk_loss(head, hidden, targets, weights) / count
+    total = hidden.new_zeros((), dtype=torch.float32)
+    for start in range(0, len(targets), chunk):
+        part = slice(start, start + chunk)
+        total = total + checkpoint(
+            _chunk_loss, head, hidden[part], targets[part], weights[part], use_reentrant=False
+        )
+    return total / count

@@ -1,0 +1,40 @@
+"""--format ollama: a folder Ollama imports as it is: the GGUF and a Modelfile whose TEMPLATE
+renders conversations exactly as the model's chat template does, with a stop parameter per
+end-of-turn token (without them the model runs past its answer)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+from core.use.common import ExportError
+from core.use.gguf_export import export_gguf
+from core.weights.loader import Loaded
+
+
+def export_ollama(loaded: Loaded, folder: Path, quant: str, system: str | None, log) -> dict:
+    from core.use import ollama
+
+    report = export_gguf(loaded, folder, quant, log)
+    tok = loaded.tokenizer
+    kind = ollama.template_kind(tok.chat_template)
+    stops = ollama.stop_tokens(kind, tok)
+    text = ollama.modelfile(report["path"].name, tok.chat_template, stops, system)
+    (folder / "Modelfile").write_text(text, encoding="utf-8")
+    return {**report, "template": kind, "stops": stops}
+
+
+def ollama_create(name: str, folder: Path) -> str:
+    """Run `ollama create NAME -f Modelfile`; its output, or one line saying what failed."""
+    from core.use import ollama
+
+    command = ollama.create_command(name, Path(folder))
+    if shutil.which("ollama") is None:
+        raise ExportError("ollama-create: ollama is not on PATH; install it or run: "
+                          + " ".join(command))  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, cwd=folder)
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise ExportError(f"ollama-create: ollama create {name} failed: {tail[0]}")
+    return done.stdout.strip()
