@@ -19,7 +19,6 @@ from PySide6.QtWidgets import (
     QFileDialog,
     QGridLayout,
     QHBoxLayout,
-    QInputDialog,
     QLabel,
     QMessageBox,
     QPlainTextEdit,
@@ -32,8 +31,8 @@ from PySide6.QtWidgets import (
 from core.errors import UserError
 from core.platform.device import inference_device
 from core.runs.folder import list_runs
-from core.use.export import FORMATS, export
 from core.use.generate import generate_ids, load, start_ids, stream_text
+from gui.export_dialog import ExportDialog
 
 PROMPT_LINES = 3  # the prompt box's height; the output box takes the rest
 
@@ -120,7 +119,9 @@ class Playground(QWidget):
         self.which.addItems(["best", "latest"])
         self.which.setToolTip("best.pt (lowest validation loss) or latest.pt")
         self.export_button = QPushButton("Export…")
-        self.export_button.setToolTip("Write this run's model as hf, gguf or safetensors")
+        self.export_button.setToolTip(
+            "Write this run's model for transformers, PEFT, llama.cpp or Ollama"
+        )
         self.export_button.clicked.connect(self.export_clicked)
 
         self.prompt = QPlainTextEdit()
@@ -308,24 +309,11 @@ class Playground(QWidget):
 
     # -- export --------------------------------------------------------------------------
 
-    def export_clicked(self) -> Path | None:
+    def export_clicked(self) -> ExportDialog | None:
+        """The Export dialog for the chosen run (format, quantization, progress)."""
         if not self.target():
             QMessageBox.warning(self, "Export", "Choose a run folder or a checkpoint first.")
             return None
-        fmt, ok = QInputDialog.getItem(
-            self, "Export", "Format (hf: transformers; gguf: llama.cpp, Ollama, LM Studio)",
-            list(FORMATS), 0, False,
-        )  # fmt: skip
-        if not ok:
-            return None
-        default = str(Path(self.target()).with_name(Path(self.target()).name + f"-{fmt}"))
-        out, _ = QFileDialog.getSaveFileName(self, "Export to a new folder", default)
-        if not out:
-            return None
-        try:
-            path = export(self.target(), fmt, out, self.which.currentText())
-        except UserError as e:
-            QMessageBox.critical(self, "Export", str(e))
-            return None
-        self.status.setText(f"Exported {fmt} to {path}")
-        return path
+        self.export_dialog = ExportDialog(self.target(), self.which.currentText(), self)
+        self.export_dialog.show()
+        return self.export_dialog

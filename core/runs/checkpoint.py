@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from core.platform.atomic import atomic_write, fsync_dir
 from core.errors import CheckpointError
+from core.platform.atomic import atomic_write, fsync_dir
 
 FORMAT_VERSION = 1
 
@@ -111,13 +111,14 @@ def copy(src: Path, dst: Path) -> None:
     atomic_write(Path(dst), write)
 
 
-def load(path: Path) -> dict:
-    """Load with weights_only=True: a file that needs code to unpickle is refused."""
+def load(path: Path, mmap: bool = False) -> dict:
+    """Load with weights_only=True: a file that needs code to unpickle is refused. mmap: map
+    the file instead of reading it (only what is touched is read)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint: {path} not found")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
         if "global" in str(e).lower():  # the weights-only unpickler met a class or function
             raise CheckpointError(

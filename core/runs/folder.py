@@ -10,9 +10,9 @@ from pathlib import Path
 import torch
 import yaml
 
-from core.platform.atomic import disk_full_as_enospc, write_text
 from core.config.spec import TrainConfig, from_dict, validate
 from core.errors import CheckpointError, ConfigError
+from core.platform.atomic import disk_full_as_enospc, write_text
 
 DEFAULT_RUNS_ROOT = Path("runs")
 

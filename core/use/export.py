@@ -21,6 +21,7 @@ from core.config import recipe
 from core.models import lora
 from core.use.common import ExportError, hf_state_dict, need, weights
 from core.use.gguf_export import export_gguf
+from core.use.gguf_quality import quality_line
 from core.use.gguf_quants import QUANTS
 from core.use.ollama_export import export_ollama
 from core.weights import families
@@ -178,11 +179,14 @@ NEEDS = {"hf": ["safetensors"], "gguf": ["gguf"], "ollama": ["gguf"],
          "safetensors": ["safetensors"], "peft": []}  # fmt: skip
 
 
-def _write(fmt: str, loaded: Loaded, folder: Path, quant: str, system, log) -> dict:
-    if fmt == "gguf":
-        return export_gguf(loaded, folder, quant, log)
-    if fmt == "ollama":
-        return export_ollama(loaded, folder, quant, system, log)
+def _write(fmt: str, loaded: Loaded, folder: Path, quant: str, system, log, progress) -> dict:
+    if fmt in QUANTIZED:
+        if fmt == "gguf":
+            report = export_gguf(loaded, folder, quant, log, progress)
+        else:
+            report = export_ollama(loaded, folder, quant, system, log, progress)
+        log(f"gguf {quality_line(loaded, report['path'], quant)}")
+        return report
     {"hf": export_hf, "safetensors": export_safetensors, "peft": export_peft}[fmt](loaded, folder)
     return {}
 
@@ -204,9 +208,11 @@ def check_request(fmt: str, out: Path, quant: str | None) -> str | None:
 
 
 def export(target: str | Path, fmt: str, out: str | Path, which: str = "best",
-           quant: str | None = None, system: str | None = None, log=print) -> Path:  # fmt: skip
+           quant: str | None = None, system: str | None = None, log=print,
+           progress=None) -> Path:  # fmt: skip
     """Write the export into out (a new or empty folder); nothing is left on failure.
-    quant: the GGUF type mix for gguf and ollama (default f16); system: ollama's SYSTEM."""
+    quant: the GGUF type mix for gguf and ollama (default f16); system: ollama's SYSTEM;
+    log(line) hears what happens, progress(done, total) counts the tensors written."""
     out = Path(out)
     quant = check_request(fmt, out, quant)
     loaded = load(target, which)
@@ -215,7 +221,7 @@ def export(target: str | Path, fmt: str, out: str | Path, which: str = "best",
     tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:6]}"
     tmp.mkdir(parents=True)
     try:
-        _write(fmt, loaded, tmp, quant, system, log)
+        _write(fmt, loaded, tmp, quant, system, log, progress)
         if out.exists():
             out.rmdir()
         tmp.rename(out)

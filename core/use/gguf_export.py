@@ -22,18 +22,17 @@ QWEN2_SPLIT = LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")
 GGUF_ARCH_ENUM = {"gpt2": "GPT2", "llama": "LLAMA", "qwen2": "QWEN2", "qwen3": "QWEN3"}
 
 
-def _gpt2_tensors(loaded: Loaded) -> dict[str, torch.Tensor]:
-    """llama.cpp's GPT-2 tensor names; its weights keep torch.nn.Linear's (out, in) layout."""
+def _gpt2_names(c) -> dict[str, str]:
+    """llama.cpp's GPT-2 tensor name -> ours."""
     import gguf
 
-    t, name, c = gguf.MODEL_TENSOR, gguf.TENSOR_NAMES, loaded.model.config
-    w = weights(loaded.model)
+    t, name = gguf.MODEL_TENSOR, gguf.TENSOR_NAMES
     out = {
-        name[t.TOKEN_EMBD] + ".weight": w["tok_emb.weight"],
-        name[t.POS_EMBD] + ".weight": w["pos_emb.weight"],
-        name[t.OUTPUT_NORM] + ".weight": w["ln_f.weight"],
-        name[t.OUTPUT_NORM] + ".bias": w.get("ln_f.bias", torch.zeros_like(w["ln_f.weight"])),
-        name[t.OUTPUT] + ".weight": w["head.weight"],
+        name[t.TOKEN_EMBD] + ".weight": "tok_emb.weight",
+        name[t.POS_EMBD] + ".weight": "pos_emb.weight",
+        name[t.OUTPUT_NORM] + ".weight": "ln_f.weight",
+        name[t.OUTPUT_NORM] + ".bias": "ln_f.bias",
+        name[t.OUTPUT] + ".weight": "head.weight",
     }
     parts = [
         (t.ATTN_NORM, "ln1"), (t.ATTN_QKV, "attn.qkv"), (t.ATTN_OUT, "attn.proj"),
@@ -42,9 +41,21 @@ def _gpt2_tensors(loaded: Loaded) -> dict[str, torch.Tensor]:
     for i in range(c.n_layers):
         for kind, ours in parts:
             base = name[kind].format(bid=i)
-            weight = w[f"blocks.{i}.{ours}.weight"]
-            out[base + ".weight"] = weight
-            out[base + ".bias"] = w.get(f"blocks.{i}.{ours}.bias", torch.zeros(weight.shape[0]))
+            out[base + ".weight"] = f"blocks.{i}.{ours}.weight"
+            out[base + ".bias"] = f"blocks.{i}.{ours}.bias"
+    return out
+
+
+def _gpt2_tensors(loaded: Loaded) -> dict[str, torch.Tensor]:
+    """llama.cpp's GPT-2 tensor names; its weights keep torch.nn.Linear's (out, in) layout.
+    Bias-free layers get zero biases, which llama.cpp's GPT-2 expects."""
+    w = weights(loaded.model)
+    out = {}
+    for gguf_name, ours in _gpt2_names(loaded.model.config).items():
+        if ours in w:
+            out[gguf_name] = w[ours]
+        else:
+            out[gguf_name] = torch.zeros(w[ours[: -len("bias")] + "weight"].shape[0])
     return out
 
 
@@ -56,6 +67,28 @@ def _permute_rope(w: torch.Tensor, heads: int) -> torch.Tensor:
     )
 
 
+def unpermute(w: torch.Tensor, heads: int | None) -> torch.Tensor:
+    """The inverse of _permute_rope (None: nothing to undo)."""
+    if heads is None:
+        return w
+    return (
+        w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    )
+
+
+def _rope_heads(hf_name: str, c, arch: str) -> int | None:
+    if arch != "llama":
+        return None
+    return c.n_heads if ".q_proj." in hf_name else c.n_kv_heads if ".k_proj." in hf_name else None
+
+
+def _llama_name(names, hf_name: str) -> str:
+    name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+    if name is None:
+        raise ExportError(f"gguf: no llama.cpp name for {hf_name}")
+    return name
+
+
 def _llama_tensors(loaded: Loaded, arch: str) -> dict[str, torch.Tensor]:
     """The Llama family's tensors under llama.cpp's names, through gguf's own name map."""
     import gguf
@@ -64,14 +97,8 @@ def _llama_tensors(loaded: Loaded, arch: str) -> dict[str, torch.Tensor]:
     names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, GGUF_ARCH_ENUM[arch]), c.n_layers)
     out = {}
     for hf_name, tensor in hf_state_dict(loaded).items():
-        if arch == "llama" and ".q_proj." in hf_name:
-            tensor = _permute_rope(tensor, c.n_heads)
-        elif arch == "llama" and ".k_proj." in hf_name:
-            tensor = _permute_rope(tensor, c.n_kv_heads)
-        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
-        if name is None:
-            raise ExportError(f"gguf: no llama.cpp name for {hf_name}")
-        out[name] = tensor
+        heads = _rope_heads(hf_name, c, arch)
+        out[_llama_name(names, hf_name)] = tensor if heads is None else _permute_rope(tensor, heads)
     scaling = c.rope_scaling or {}
     if scaling.get("rope_type", scaling.get("type")) == "llama3":
         from core.models.model import GPTConfig, rope_frequencies
@@ -147,9 +174,13 @@ def _gguf_tokenizer(writer, loaded: Loaded) -> None:
         writer.add_bos_token_id(tok.bos_id)
     if tok.eos_id is not None:
         writer.add_eos_token_id(tok.eos_id)
+    # Every end of turn the model stops at: llama.cpp, LM Studio and Ollama read eos, eot
+    # and eom as end-of-generation tokens (Llama 3.1: <|end_of_text|>, <|eot_id|>, <|eom_id|>).
     turn_ends = [i for i in tok.stop_ids if i != tok.eos_id]
     if turn_ends:
         writer.add_eot_token_id(turn_ends[0])
+    if len(turn_ends) > 1:  # more are marked CONTROL, which llama.cpp also stops at
+        writer.add_eom_token_id(turn_ends[1])
     if tok.chat_template:
         writer.add_chat_template(tok.chat_template)
 
@@ -178,6 +209,25 @@ def _hyperparameters(writer, loaded: Loaded, arch: str) -> None:
     if scaling.get("rope_type", scaling.get("type")) == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(scaling["factor"])
+
+
+def gguf_origins(loaded: Loaded) -> dict[str, tuple[str, str, int | None]]:
+    """GGUF tensor name -> ("ours" or "hf", the name it came from, heads of its rope row
+    order or None): how to put a GGUF file's tensors back into the model."""
+    import gguf
+
+    c = loaded.model.config
+    arch = families.GGUF_ARCH[loaded.family]
+    if arch == "gpt2":
+        return {g: ("ours", ours, None) for g, ours in _gpt2_names(c).items()}
+    names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, GGUF_ARCH_ENUM[arch]), c.n_layers)
+    origins = {}
+    for _, hf_names, _ in families.table(loaded.family, c):
+        for hf in hf_names:  # the table may name tensors this model does not have
+            name = names.get_name(hf, try_suffixes=(".weight", ".bias"))
+            if name is not None:
+                origins[name] = ("hf", hf, _rope_heads(hf, c, arch))
+    return origins
 
 
 def gguf_tensors(loaded: Loaded) -> dict[str, torch.Tensor]:
@@ -211,7 +261,7 @@ def _file_types() -> dict:
 
 
 def export_gguf(loaded: Loaded, folder: Path, quant: str = "f16", log=print,
-                name: str = "model.gguf") -> dict:  # fmt: skip
+                progress=None, name: str = "model.gguf") -> dict:  # fmt: skip
     """llama.cpp's gpt2, llama (Llama and Mistral), qwen2 or qwen3 architecture, each tensor
     in the type the quant's mix gives it (as llama-quantize would). Tensors are converted,
     quantized and written one at a time. Returns {"path", "bytes", "types": {name: type}}."""
@@ -241,9 +291,11 @@ def export_gguf(loaded: Loaded, folder: Path, quant: str = "f16", log=print,
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
-    for tensor_name in list(tensors):
+    for i, tensor_name in enumerate(list(tensors)):
         data = tensors.pop(tensor_name).float().contiguous().numpy()
         writer.write_tensor_data(np.ascontiguousarray(gq.quantize(data, types[tensor_name])))
+        if progress is not None:
+            progress(i + 1, len(types))
     writer.close()
     return {"path": path, "bytes": path.stat().st_size,
             "types": {k: v.name for k, v in types.items()}}  # fmt: skip

@@ -13,10 +13,10 @@ from core.use.gguf_export import export_gguf
 from core.weights.loader import Loaded
 
 
-def export_ollama(loaded: Loaded, folder: Path, quant: str, system: str | None, log) -> dict:
+def export_ollama(loaded: Loaded, folder: Path, quant: str, system, log, progress=None) -> dict:
     from core.use import ollama
 
-    report = export_gguf(loaded, folder, quant, log)
+    report = export_gguf(loaded, folder, quant, log, progress)
     tok = loaded.tokenizer
     kind = ollama.template_kind(tok.chat_template)
     stops = ollama.stop_tokens(kind, tok)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 from helpers import tiny_config
-from PySide6.QtWidgets import QFileDialog, QInputDialog
 
 from core.training.trainer import Trainer
 from core.use.generate import generate_ids, load, stream_text
@@ -54,17 +53,54 @@ def test_stop_ends_generation_early_and_the_window_stays_responsive(make_window,
     assert len(pg.output.toPlainText()) < 100_000
 
 
-def test_export_action_writes_a_transformers_folder(make_window, trained, gui_env, monkeypatch):
+def test_export_dialog_writes_a_transformers_folder(make_window, trained, gui_env, qtbot):
     pytest.importorskip("transformers")
-    window = make_window()
-    pg = window.playground
+    pg = make_window().playground
     pg.refresh_runs(trained)
+    dialog = pg.export_clicked()
+    dialog.format.setCurrentIndex(dialog.format.findData("hf"))
+    assert not dialog.quant.isEnabled() and dialog.size.text() == ""  # hf has no quant
     out = gui_env / "exported"
-    monkeypatch.setattr(QInputDialog, "getItem", lambda *a, **k: ("hf", True))
-    monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, **k: (str(out), ""))
-    assert pg.export_clicked() == out
+    dialog.out.setText(str(out))
+    with qtbot.waitSignal(dialog.thread_done, timeout=60_000):
+        dialog.export_button.click()
+    assert dialog.path == out and dialog.show_button.isEnabled()
     assert (out / "config.json").is_file() and (out / "model.safetensors").is_file()
-    assert "Exported hf" in pg.status.text()
+
+
+def test_export_dialog_quantizes_gguf_with_progress_and_predicted_size(
+    make_window, trained, gui_env, qtbot
+):
+    pg = make_window().playground
+    pg.refresh_runs(trained)
+    dialog = pg.export_clicked()
+    assert dialog.chosen_format() == "gguf" and dialog.quant.currentText() == "q4_k_m"
+    small = dialog.size.text()
+    dialog.quant.setCurrentText("f32")
+    assert small.startswith("about ") and dialog.size.text() != small  # f32 predicts more
+    dialog.quant.setCurrentText("q8_0")
+    dialog.out.setText(str(gui_env / "gguf"))
+    with qtbot.waitSignal(dialog.thread_done, timeout=60_000):
+        dialog.export_button.click()
+    assert (gui_env / "gguf" / "model.gguf").is_file()
+    assert dialog.bar.value() == dialog.bar.maximum() > 0
+    assert "perplexity" in dialog.log.toPlainText()
+
+
+def test_export_dialog_names_a_bad_target_folder_in_a_dialog(
+    make_window, trained, gui_env, qtbot, dialogs
+):
+    pg = make_window().playground
+    pg.refresh_runs(trained)
+    dialog = pg.export_clicked()
+    taken = gui_env / "taken"
+    taken.mkdir()
+    (taken / "keep.txt").write_text("mine")
+    dialog.out.setText(str(taken))
+    with qtbot.waitSignal(dialog.thread_done, timeout=60_000):
+        dialog.export_button.click()
+    assert "not an empty folder" in dialogs.named("critical")[0][1]
+    assert [p.name for p in taken.iterdir()] == ["keep.txt"]
 
 
 def test_a_missing_run_is_a_dialog_not_a_crash(make_window, qtbot, dialogs, gui_env):

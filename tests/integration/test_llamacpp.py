@@ -74,3 +74,73 @@ def test_pretrained_family_gguf_runs_in_llama_cpp(tmp_path, family):
     llm = llama_cpp_agrees(tmp_path / "model", tmp_path / "gguf", "def add(a, b): hello world")
     if family != "gpt2":  # the chat template travels in the file's metadata
         assert llm.metadata.get("tokenizer.chat_template")
+
+
+# -- quantized exports against llama.cpp's own quantizer ----------------------------------
+
+QUANT_FTYPES = {
+    "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "q6_k": "LLAMA_FTYPE_MOSTLY_Q6_K",
+    "q5_k_m": "LLAMA_FTYPE_MOSTLY_Q5_K_M", "q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M",
+    "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0",
+}  # fmt: skip
+
+
+def llama_quantize(src, dst, quant: str) -> None:
+    """llama.cpp's own quantizer (what llama-quantize runs) on src, an f16 GGUF."""
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, QUANT_FTYPES[quant])
+    params.nthread = 1
+    assert llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), params) == 0
+
+
+def llama_cpp_perplexity(path, windows) -> float:
+    """Perplexity of a GGUF file in llama.cpp over token windows (each scored from its start)."""
+    llm = llama_cpp.Llama(str(path), n_ctx=len(windows[0]), logits_all=True, n_threads=1,
+                          verbose=False)  # fmt: skip
+    nll = count = 0.0
+    for ids in windows:
+        llm.reset()
+        llm.eval(ids)
+        logits = np.array(llm.scores[: len(ids) - 1], dtype=np.float64)
+        top = logits.max(1, keepdims=True)
+        logp = logits - top - np.log(np.exp(logits - top).sum(1, keepdims=True))
+        nll -= logp[np.arange(len(ids) - 1), ids[1:]].sum()
+        count += len(ids) - 1
+    return float(np.exp(nll / count))
+
+
+def tensor_types(path) -> dict[str, str]:
+    import gguf
+
+    return {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors}
+
+
+@pytest.fixture(scope="module")
+def quant_run(tmp_path_factory):
+    """A model wide enough for K-quant blocks (256 columns), trained a little."""
+    base = tmp_path_factory.mktemp("quant")
+    data = base / "code.txt"
+    data.write_text(TEXT * 40, encoding="utf-8")
+    cfg = tiny_config(data=str(data), hidden_dim=256, n_heads=4, n_layers=2, seq_len=64,
+                      max_steps=60, dropout=0.0, sample_tokens=0)  # fmt: skip
+    Trainer(cfg, base / "run").run()
+    f16 = export(base / "run", "gguf", base / "f16", quant="f16")
+    ids = load(base / "run").tokenizer.encode(TEXT * 3)
+    windows = [ids[i : i + 64] for i in range(0, len(ids) - 64, 64)][:8]
+    return base / "run", f16 / "model.gguf", windows
+
+
+@pytest.mark.parametrize("quant", list(QUANT_FTYPES))
+def test_quantized_gguf_matches_llama_cpps_own_quantizer(quant_run, quant, tmp_path):
+    run, f16, windows = quant_run
+    ours = export(run, "gguf", tmp_path / "ours", quant=quant) / "model.gguf"
+    theirs = tmp_path / "theirs.gguf"
+    llama_quantize(f16, theirs, quant)
+    assert tensor_types(ours) == tensor_types(theirs)  # the same mix, tensor by tensor
+    size_ratio = ours.stat().st_size / theirs.stat().st_size
+    assert abs(size_ratio - 1) < 0.05, size_ratio
+    ppl_ours, ppl_theirs = (llama_cpp_perplexity(p, windows) for p in (ours, theirs))
+    assert abs(ppl_ours / ppl_theirs - 1) < 0.02, (ppl_ours, ppl_theirs)
+    llm = llama_cpp.Llama(str(ours), n_ctx=64, n_threads=1, verbose=False)
+    text = llm("def add(a", max_tokens=8, temperature=0.0)["choices"][0]["text"]
+    assert len(llm.tokenize(text.encode(), add_bos=False)) >= 1  # it loads and generates

@@ -1,0 +1,123 @@
+"""What a quantized GGUF costs in quality: the file is read back with the gguf package, every
+tensor dequantized by gguf's own code and put back into the model, and the perplexity of that
+model on the run's validation text is set beside the unquantized model's."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from core.use.gguf_export import gguf_origins, unpermute
+from core.weights import families
+from core.weights.loader import Loaded
+
+TOKENS = 8192  # at most this many validation tokens: a measure, not a benchmark
+
+
+def validation_windows(loaded: Loaded, tokens_wanted: int = TOKENS):
+    """(x, y, mask) batches of the run's held-out tokens from its data cache; None when the
+    model is not a run or its cache is gone."""
+    run = loaded.checkpoint.parent.parent
+    try:
+        cache = Path(json.loads((run / "data.json").read_text(encoding="utf-8"))["cache"])
+        manifest = json.loads((cache / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, KeyError, ValueError):
+        return None
+    tokens = np.memmap(cache / "tokens.bin", dtype=manifest["dtype"], mode="r")
+    start, n = manifest["train_tokens"], loaded.model.config.seq_len + 1
+    row = manifest.get("row") or n
+    max_windows = max(1, tokens_wanted // row)
+    mask = np.memmap(cache / "mask.bin", dtype=np.uint8, mode="r") if manifest.get("row") else None
+    windows = []
+    for s in range(start, len(tokens) - row + 1, row)[:max_windows]:
+        ids = torch.from_numpy(tokens[s : s + row].astype(np.int64))[None]
+        m = None if mask is None else torch.from_numpy(mask[s + 1 : s + row].copy())[None]
+        windows.append((ids[:, :-1], ids[:, 1:], m))
+    return windows or None
+
+
+@torch.no_grad()
+def perplexity(model, windows) -> float:
+    model.eval()
+    total = weight = 0.0
+    for x, y, mask in windows:
+        _, loss = model(x, y, mask)
+        w = float(mask.sum()) if mask is not None else float(y.numel())
+        total, weight = total + float(loss) * w, weight + w
+    return math.exp(total / max(weight, 1e-9))
+
+
+def dequantized_model(loaded: Loaded, path: Path):
+    """A copy of the model whose weights are the GGUF file's, as gguf dequantizes them."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    origins = gguf_origins(loaded)
+    c, family = loaded.model.config, loaded.family
+    ours, hf = {}, {}
+    for t in reader.tensors:
+        if t.name not in origins:  # derived tensors (zero biases, rope factors)
+            continue
+        kind, name, heads = origins[t.name]
+        shape = tuple(int(d) for d in reversed(t.shape))
+        values = gguf.quants.dequantize(t.data, t.tensor_type).reshape(shape)
+        tensor = unpermute(torch.from_numpy(np.array(values, dtype=np.float32)), heads)
+        (ours if kind == "ours" else hf)[name] = tensor
+    model = copy.deepcopy(loaded.model)
+    if hf:
+        ours.update(families.import_weights(family, c, hf, set(model.state_dict())))
+    model.load_state_dict(ours, strict=False)
+    return model
+
+
+def quality_line(loaded: Loaded, path: Path, quant: str) -> str:
+    """'q4_k_m: 1.1 MB; perplexity 12.41 on the run's validation text (f32 12.30, +0.9%)'."""
+    size = f"{quant}: {path.stat().st_size / 1e6:,.2f} MB"
+    windows = validation_windows(loaded)
+    if windows is None:
+        return f"{size} (no validation text: perplexity is measured for runs)"
+    plain = perplexity(loaded.model, windows)
+    quantized = perplexity(dequantized_model(loaded, path), windows)
+    change = 100 * (quantized / plain - 1)
+    return (f"{size}; perplexity {quantized:.3f} on the run's validation text "
+            f"(unquantized {plain:.3f}, {change:+.2f}%)")  # fmt: skip
+
+
+def model_shape(target: str | Path, which: str = "best"):
+    """The GPTConfig of a run, checkpoint or model folder without reading its weights."""
+    from core.models.model import GPTConfig
+    from core.runs import checkpoint as ckpt
+    from core.weights.loader import checkpoint_path, pretrained_shape
+
+    path = Path(target)
+    if path.is_dir() and (path / "config.json").is_file() and not (path / "checkpoints").is_dir():
+        return pretrained_shape(path)
+    state = ckpt.load(checkpoint_path(path, which), mmap=True)
+    return GPTConfig(**state["model_config"])
+
+
+def predicted_bytes(shape, quant: str) -> int:
+    """About the size of a GGUF of this model at quant: each matrix in the mix's main type,
+    vectors in f32 (the mix's few Q6_K tensors make the real file a little larger)."""
+    import gguf
+
+    from core.models.params import meta_model
+    from core.use import gguf_quants as gq
+
+    main = gq.DEFAULT_TYPE[quant]
+    total = 0
+    for p in meta_model(shape).parameters():
+        dims = tuple(p.shape)
+        if len(dims) != 2:
+            total += 4 * p.numel()
+            continue
+        for qtype in (main, gq.FALLBACK.get(main, main), gguf.GGMLQuantizationType.F16):
+            if dims[-1] % gguf.GGML_QUANT_SIZES[qtype][0] == 0:
+                total += gq.expected_bytes(dims, qtype)
+                break
+    return total
