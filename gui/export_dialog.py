@@ -36,6 +36,7 @@ FORMAT_HELP = {
     "gguf": "llama.cpp, LM Studio",
     "ollama": "GGUF + Modelfile for ollama create",
     "safetensors": "TrainDeck's own weights",
+    "gguf-lora": "a LoRA run's adapter for llama.cpp --lora, Ollama ADAPTER",
 }
 
 

@@ -20,14 +20,14 @@ import torch
 from core.config import recipe
 from core.models import lora
 from core.use.common import ExportError, hf_state_dict, need, weights
-from core.use.gguf_export import export_gguf
+from core.use.gguf_export import export_gguf, export_gguf_lora
 from core.use.gguf_quality import quality_line
 from core.use.gguf_quants import QUANTS
 from core.use.ollama_export import export_ollama
 from core.weights import families
 from core.weights.loader import Loaded, load
 
-FORMATS = ("hf", "gguf", "ollama", "safetensors", "peft")
+FORMATS = ("hf", "gguf", "ollama", "safetensors", "peft", "gguf-lora")
 FAMILY_NAMES = {"gpt2": "GPT-2", "llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2",
                 "qwen3": "Qwen3"}  # fmt: skip
 
@@ -126,7 +126,7 @@ def export_safetensors(loaded: Loaded, folder: Path) -> None:
 # -- PEFT ----------------------------------------------------------------------------------
 
 
-def peftweights(loaded: Loaded) -> tuple[dict[str, torch.Tensor], list[str]]:
+def peft_weights(loaded: Loaded) -> tuple[dict[str, torch.Tensor], list[str]]:
     """LoRA A/B under PEFT's key names for the source family, and the adapted module names.
     A fused layer of ours (q/k/v, gate/up) is several Hugging Face modules: each gets the same
     A and its own rows of B, which gives each exactly its rows of B A."""
@@ -153,8 +153,8 @@ def export_peft(loaded: Loaded, folder: Path) -> None:
     cfg = loaded.config
     if cfg is None or not cfg.lora_rank:
         raise ExportError("format: peft needs a LoRA run (trained with --lora-rank R)")
-    weights, modules = peftweights(loaded)
-    save_file(weights, str(folder / "adapter_model.safetensors"), {"format": "pt"})
+    tensors, modules = peft_weights(loaded)
+    save_file(tensors, str(folder / "adapter_model.safetensors"), {"format": "pt"})
     config = {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
@@ -175,8 +175,9 @@ def export_peft(loaded: Loaded, folder: Path) -> None:
 
 
 QUANTIZED = ("gguf", "ollama")  # the formats --quant applies to
-NEEDS = {"hf": ["safetensors"], "gguf": ["gguf"], "ollama": ["gguf"],
+NEEDS = {"hf": ["safetensors"], "gguf": ["gguf"], "ollama": ["gguf"], "gguf-lora": ["gguf"],
          "safetensors": ["safetensors"], "peft": []}  # fmt: skip
+ADAPTERS = ("peft", "gguf-lora")  # the formats that write the adapters alone, unmerged
 
 
 def _write(fmt: str, loaded: Loaded, folder: Path, quant: str, system, log, progress) -> dict:
@@ -187,6 +188,8 @@ def _write(fmt: str, loaded: Loaded, folder: Path, quant: str, system, log, prog
             report = export_ollama(loaded, folder, quant, system, log, progress)
         log(f"gguf {quality_line(loaded, report['path'], quant)}")
         return report
+    if fmt == "gguf-lora":
+        return export_gguf_lora(loaded, folder, log)
     {"hf": export_hf, "safetensors": export_safetensors, "peft": export_peft}[fmt](loaded, folder)
     return {}
 
@@ -216,7 +219,7 @@ def export(target: str | Path, fmt: str, out: str | Path, which: str = "best",
     out = Path(out)
     quant = check_request(fmt, out, quant)
     loaded = load(target, which)
-    if fmt != "peft":  # one full model: the adapters folded into the weights
+    if fmt not in ADAPTERS:  # one full model: the adapters folded into the weights
         lora.merge(loaded.model)
     tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:6]}"
     tmp.mkdir(parents=True)

@@ -299,3 +299,62 @@ def export_gguf(loaded: Loaded, folder: Path, quant: str = "f16", log=print,
     writer.close()
     return {"path": path, "bytes": path.stat().st_size,
             "types": {k: v.name for k, v in types.items()}}  # fmt: skip
+
+
+# -- LoRA adapters for llama.cpp --------------------------------------------------------------
+
+
+def _adapter_tensors(loaded: Loaded) -> dict[str, torch.Tensor]:
+    """{GGUF name + '.lora_a' / '.lora_b': tensor}: A (rank, in) and B (out, rank) per base
+    tensor, as llama.cpp reads them. A fused layer of ours (q/k/v, gate/up) is several
+    llama.cpp tensors: each gets the same A and its own rows of B (in llama.cpp's rotary row
+    order for q and k)."""
+    import gguf
+
+    c, arch = loaded.model.config, families.GGUF_ARCH[loaded.family]
+    state = weights(loaded.model)
+    out = {}
+    if arch == "gpt2":
+        for gguf_name, ours in _gpt2_names(c).items():
+            prefix = ours.removesuffix(".weight")
+            if ours.endswith(".weight") and f"{prefix}.lora_A" in state:
+                out[gguf_name + ".lora_a"] = state[f"{prefix}.lora_A"]
+                out[gguf_name + ".lora_b"] = state[f"{prefix}.lora_B"]
+        return out
+    names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, GGUF_ARCH_ENUM[arch]), c.n_layers)
+    for ours, hf_names, _ in families.table(loaded.family, c):
+        prefix = ours.removesuffix(".weight")
+        if not ours.endswith(".weight") or f"{prefix}.lora_A" not in state:
+            continue
+        parts = families.split_rows(ours, c, state[f"{prefix}.lora_B"], len(hf_names))
+        for hf_name, b in zip(hf_names, parts, strict=True):
+            heads = _rope_heads(hf_name, c, arch)
+            name = _llama_name(names, hf_name)
+            out[name + ".lora_a"] = state[f"{prefix}.lora_A"]
+            out[name + ".lora_b"] = b if heads is None else _permute_rope(b, heads)
+    return out
+
+
+def export_gguf_lora(loaded: Loaded, folder: Path, log=print) -> dict:
+    """The LoRA adapters alone as a GGUF adapter (llama.cpp --lora, Ollama ADAPTER), for the
+    base model exported with --format gguf (or converted by llama.cpp)."""
+    import gguf
+
+    cfg = loaded.config
+    if cfg is None or not cfg.lora_rank:
+        raise ExportError("format: gguf-lora needs a LoRA run (trained with --lora-rank R)")
+    tensors = _adapter_tensors(loaded)
+    path = folder / "adapter.gguf"
+    writer = gguf.GGUFWriter(str(path), families.GGUF_ARCH[loaded.family])
+    writer.add_type(gguf.GGUFType.ADAPTER)
+    writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
+    writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(cfg.lora_scale_alpha))
+    for name, tensor in tensors.items():
+        writer.add_tensor(name, tensor.float().contiguous().numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    log(f"gguf-lora: {len(tensors) // 2} adapted tensors, rank {cfg.lora_rank}, alpha "
+        f"{cfg.lora_scale_alpha:g}")  # fmt: skip
+    return {"path": path, "bytes": path.stat().st_size}

@@ -8,27 +8,27 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from core.use import ollama
 from core.use.common import ExportError
 from core.use.gguf_export import export_gguf
 from core.weights.loader import Loaded
 
 
 def export_ollama(loaded: Loaded, folder: Path, quant: str, system, log, progress=None) -> dict:
-    from core.use import ollama
-
-    report = export_gguf(loaded, folder, quant, log, progress)
     tok = loaded.tokenizer
+    # First, so a template Ollama cannot be given exactly is refused before the GGUF is written.
+    text = ollama.modelfile_of(tok, "model.gguf", system)
+    report = export_gguf(loaded, folder, quant, log, progress)
+    (folder / "Modelfile").write_text(text, encoding="utf-8")
     kind = ollama.template_kind(tok.chat_template)
     stops = ollama.stop_tokens(kind, tok)
-    text = ollama.modelfile(report["path"].name, tok.chat_template, stops, system)
-    (folder / "Modelfile").write_text(text, encoding="utf-8")
+    name = ollama.KIND_NAMES[kind]
+    log(f"ollama: Modelfile with the {name} template, stop at {', '.join(stops)}")
     return {**report, "template": kind, "stops": stops}
 
 
 def ollama_create(name: str, folder: Path) -> str:
     """Run `ollama create NAME -f Modelfile`; its output, or one line saying what failed."""
-    from core.use import ollama
-
     command = ollama.create_command(name, Path(folder))
     if shutil.which("ollama") is None:
         raise ExportError("ollama-create: ollama is not on PATH; install it or run: "

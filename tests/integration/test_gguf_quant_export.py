@@ -98,3 +98,35 @@ def test_f16_is_the_default_quant(run, tmp_path):
     out = export(run, "gguf", tmp_path / "d") / "model.gguf"
     types = {t.tensor_type for t in gguf.GGUFReader(str(out)).tensors if len(t.shape) == 2}
     assert types == {gguf.GGMLQuantizationType.F16}
+
+
+def test_ollama_folder_holds_the_gguf_and_a_modelfile_that_stops(tmp_path, capsys):
+    from hf_models import make_model
+
+    make_model(tmp_path / "qwen", "qwen2")
+    out = tmp_path / "ollama"
+    args = [str(tmp_path / "qwen"), "--format", "ollama", "--quant", "q8_0", "--out", str(out),
+            "--system", "Be brief."]  # fmt: skip
+    assert export_main(args) == 0
+    assert f"ollama create NAME -f {out / 'Modelfile'}" in capsys.readouterr().out
+    text = (out / "Modelfile").read_text()
+    assert text.startswith("FROM ./model.gguf\n") and "<|im_start|>" in text
+    assert 'PARAMETER stop "<|im_end|>"' in text and 'SYSTEM """Be brief."""' in text
+    reader = gguf.GGUFReader(str(out / "model.gguf"))
+    template = reader.fields["tokenizer.chat_template"]
+    assert (
+        bytes(template.parts[template.data[0]]).decode()
+        == load(tmp_path / "qwen").tokenizer.chat_template
+    )
+
+
+def test_a_template_ollama_cannot_be_given_is_refused_before_writing(tmp_path, capsys):
+    from hf_models import make_model
+
+    make_model(tmp_path / "odd", "llama")  # a made-up <|start|>...<|eot|> template
+    capsys.readouterr()  # transformers' own output while saving the model
+    out = tmp_path / "ollama"
+    assert export_main([str(tmp_path / "odd"), "--format", "ollama", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "chat template is none TrainDeck can write for Ollama" in err
+    assert len(err.splitlines()) == 1 and not out.exists()

@@ -144,3 +144,36 @@ def test_quantized_gguf_matches_llama_cpps_own_quantizer(quant_run, quant, tmp_p
     llm = llama_cpp.Llama(str(ours), n_ctx=64, n_threads=1, verbose=False)
     text = llm("def add(a", max_tokens=8, temperature=0.0)["choices"][0]["text"]
     assert len(llm.tokenize(text.encode(), add_bos=False)) >= 1  # it loads and generates
+
+
+# -- a LoRA adapter alone, loaded by llama.cpp on its base -------------------------------
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2"])
+def test_gguf_lora_adapter_on_its_base_equals_the_merged_model(tmp_path, family):
+    """llama.cpp with the base GGUF and the adapter GGUF (--lora) computes the logits of the
+    merged model: the adapter's names, shapes, row order and alpha are llama.cpp's."""
+    make_model(tmp_path / "base", family)
+    data = tmp_path / "text.txt"
+    data.write_text(TEXT * 5, encoding="utf-8")
+    cfg = tiny_config(init_from=str(tmp_path / "base"), tokenizer="model", data=str(data),
+                      lora_rank=4, lora_alpha=8.0, lr=3e-2, max_steps=15, seq_len=32,
+                      dropout=0.0, sample_tokens=0, hidden_dim=32, n_layers=2, n_heads=4,
+                      bias=False)  # fmt: skip
+    Trainer(cfg, tmp_path / "run").run()
+    export(tmp_path / "base", "gguf", tmp_path / "base-gguf", quant="f32")
+    export(tmp_path / "run", "gguf-lora", tmp_path / "adapter")
+    loaded = load(tmp_path / "run")
+    ids = prompt_ids(loaded.tokenizer, "def add(a, b): hello world")
+    with torch.no_grad():
+        ours = loaded.model(torch.tensor([ids]))[0][0].numpy()  # adapters applied
+        base = load(tmp_path / "base").model(torch.tensor([ids]))[0][0].numpy()
+    assert np.abs(ours - base).max() > 0.05  # the adapter changed something
+    llm = llama_cpp.Llama(
+        str(tmp_path / "base-gguf" / "model.gguf"), lora_path=str(tmp_path / "adapter" /
+        "adapter.gguf"), n_ctx=32, logits_all=True, n_threads=1, verbose=False,
+    )  # fmt: skip
+    llm.eval(ids)
+    theirs = np.array(llm.scores[: len(ids)])
+    assert np.abs(theirs - ours).max() < 0.05 * max(1.0, np.abs(ours).std())
+    assert np.abs(theirs - ours).max() < 0.1 * np.abs(ours - base).max()  # not the base's
