@@ -25,10 +25,42 @@ TEXT = (
 FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "qwen3")
 
 
+def make_spm_tokenizer(folder: Path):
+    """A SentencePiece-style BPE as Llama 2 and Mistral 7B v0.1 ship it in tokenizer.json:
+    spaces as U+2581 with one prepended, byte fallback to <0xXX> tokens, <unk> <s> </s>."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, processors, trainers
+    from transformers import LlamaTokenizerFast
+
+    hf = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    hf.normalizer = normalizers.Sequence(
+        [normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")]
+    )
+    byte_tokens = [f"<0x{i:02X}>" for i in range(256)]
+    trainer = trainers.BpeTrainer(
+        vocab_size=600, special_tokens=["<unk>", "<s>", "</s>", *byte_tokens], show_progress=False
+    )
+    hf.train_from_iterator([TEXT], trainer)
+    hf.decoder = decoders.Sequence([
+        decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+        decoders.Strip(" ", 1, 0),
+    ])  # fmt: skip
+    hf.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)]
+    )
+    tok = LlamaTokenizerFast(tokenizer_object=hf, bos_token="<s>", eos_token="</s>",
+                             unk_token="<unk>", chat_template=CHATML)  # fmt: skip
+    tok.save_pretrained(folder)
+    return tok
+
+
 def make_tokenizer(folder: Path, family: str):
-    """A byte-level BPE with special tokens; the llama one adds BOS, as Llama 3's does."""
+    """A byte-level BPE with special tokens; the llama one adds BOS, as Llama 3's does;
+    "llama2" is a Llama with a SentencePiece-style tokenizer."""
     from tokenizers import processors
     from transformers import PreTrainedTokenizerFast
+
+    if family == "llama2":
+        return make_spm_tokenizer(folder)
 
     from core.data.tokenizer import train_bpe
 
@@ -63,6 +95,8 @@ def make_config(family: str, vocab: int, **extra):
         "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64,
     }  # fmt: skip
+    if family == "llama2":
+        return t.LlamaConfig(**shape, **common, **extra)
     if family == "llama":
         scaling = {
             "rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,

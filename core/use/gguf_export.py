@@ -4,6 +4,7 @@ and layouts per family, the tokenizer and chat template in the file's metadata."
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -131,44 +132,95 @@ def _gguf_pre(spec: dict) -> str:
     raise ExportError("gguf: this tokenizer's pre-tokenizer is not one llama.cpp knows")
 
 
-def gguf_vocab(loaded: Loaded) -> tuple[list[str], list[int], list[str]]:
-    """Tokens (GPT-2 byte-level strings) padded to the model's vocab, their types, merges."""
+def is_sentencepiece(spec: dict) -> bool:
+    """A SentencePiece-style tokenizer.json (Llama 2, Mistral 7B v0.x): BPE over U+2581-spaced
+    text with byte fallback, as opposed to GPT-2's byte-level BPE."""
+    model = spec["model"]
+    return (
+        model.get("type") in (None, "BPE")
+        and bool(model.get("byte_fallback"))
+        and ("ByteLevel" not in json.dumps(spec.get("decoder")))
+    )
+
+
+def _types(loaded: Loaded, spec: dict, by_id: dict, n: int) -> list[int]:
     import gguf
 
+    T = gguf.TokenType
+    added = {t["id"]: t.get("special", False) for t in spec.get("added_tokens") or []}
+    unk = spec["model"].get("unk_token")
+    sentencepiece = is_sentencepiece(spec)
+
+    def kind(i):
+        if i not in by_id:
+            return T.UNUSED
+        if by_id[i] == unk:
+            return T.UNKNOWN
+        if sentencepiece and re.fullmatch(r"<0x[0-9A-F]{2}>", by_id[i]):
+            return T.BYTE  # byte fallback needs them typed so, added tokens or not
+        if i in added:
+            return T.CONTROL if added[i] else T.USER_DEFINED
+        return T.NORMAL
+
+    return [int(kind(i)) for i in range(n)]
+
+
+def gguf_vocab(loaded: Loaded) -> tuple[list[str], list[int], list[str]]:
+    """Tokens padded to the model's vocab, their types, merges (a SentencePiece-style
+    tokenizer's merges are given as scores instead: see spm_scores)."""
     spec = json.loads(loaded.tokenizer.hf_json())
     model = spec["model"]
-    if model.get("type") not in (None, "BPE") or "ByteLevel" not in json.dumps(spec.get("decoder")):
+    sentencepiece = is_sentencepiece(spec)
+    if model.get("type") not in (None, "BPE") or not (
+        sentencepiece or "ByteLevel" in json.dumps(spec.get("decoder"))
+    ):
         raise ExportError(
-            "gguf: this model's tokenizer is SentencePiece-style, which TrainDeck does not write "
-            "to GGUF yet; export --format hf and convert it with llama.cpp's convert_hf_to_gguf.py"
+            f"gguf: a {model.get('type')} tokenizer is not one TrainDeck writes to GGUF; export "
+            "--format hf and convert it with llama.cpp's convert_hf_to_gguf.py"
         )
     by_id = {i: tok for tok, i in loaded.tokenizer.hf.get_vocab(with_added_tokens=True).items()}
-    added = {t["id"]: t.get("special", False) for t in spec.get("added_tokens") or []}
     n = loaded.model.config.vocab_size
-    T = gguf.TokenType
     tokens = [by_id.get(i, f"[PAD{i}]") for i in range(n)]
-    types = [
-        T.UNUSED if i not in by_id
-        else (T.CONTROL if added[i] else T.USER_DEFINED) if i in added
-        else T.NORMAL
-        for i in range(n)
-    ]  # fmt: skip
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges") or []]
-    return tokens, [int(x) for x in types], merges
+    return tokens, _types(loaded, spec, by_id, n), merges
+
+
+def spm_scores(tokens: list[str], merges: list[str]) -> list[float]:
+    """llama.cpp's SentencePiece tokenizer merges the adjacent pair whose joined piece scores
+    highest: a piece made by the r-th BPE merge scores -r, so merges apply in BPE's order."""
+    rank = {}
+    for r, merge in enumerate(merges):
+        rank.setdefault(merge.replace(" ", "", 1), r)
+    return [-float(rank[t]) if t in rank else 0.0 for t in tokens]
+
+
+def _spm_prefix(spec: dict) -> bool:
+    """Whether the tokenizer puts a U+2581 before the text (llama.cpp: add_space_prefix)."""
+    text = json.dumps([spec.get("normalizer"), spec.get("pre_tokenizer")])
+    return '"Prepend"' in text or ('"Metaspace"' in text and '"never"' not in text)
 
 
 def _gguf_tokenizer(writer, loaded: Loaded) -> None:
     tok = loaded.tokenizer
+    spec = json.loads(tok.hf_json())
     tokens, types, merges = gguf_vocab(loaded)
-    if not merges:
-        # A byte tokenizer has no merges, but llama.cpp's BPE loader needs the key: one
-        # merge of two bytes whose result is not a token never applies.
-        merges = [f"{tokens[ord('a')]} {tokens[ord('a')]}"]
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre(_gguf_pre(json.loads(tok.hf_json())))
     writer.add_token_list(tokens)
     writer.add_token_types(types)
-    writer.add_token_merges(merges)
+    if is_sentencepiece(spec):  # llama.cpp's "llama" (SentencePiece) tokenizer
+        writer.add_tokenizer_model("llama")
+        writer.add_token_scores(spm_scores(tokens, merges))
+        writer.add_add_space_prefix(_spm_prefix(spec))
+        unk = spec["model"].get("unk_token")
+        if unk is not None and tok.hf.token_to_id(unk) is not None:
+            writer.add_unk_token_id(tok.hf.token_to_id(unk))
+    else:
+        if not merges:
+            # A byte tokenizer has no merges, but llama.cpp's BPE loader needs the key: one
+            # merge of two bytes whose result is not a token never applies.
+            merges = [f"{tokens[ord('a')]} {tokens[ord('a')]}"]
+        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_pre(_gguf_pre(spec))
+        writer.add_token_merges(merges)
     writer.add_add_bos_token(tok.add_bos)
     if tok.bos_id is not None:
         writer.add_bos_token_id(tok.bos_id)

@@ -130,3 +130,28 @@ def test_a_template_ollama_cannot_be_given_is_refused_before_writing(tmp_path, c
     err = capsys.readouterr().err.strip()
     assert "chat template is none TrainDeck can write for Ollama" in err
     assert len(err.splitlines()) == 1 and not out.exists()
+
+
+def test_a_sentencepiece_tokenizer_goes_into_the_gguf_as_llama_cpps_llama_vocab(tmp_path):
+    """Llama 2 / Mistral 7B v0.x tokenizers: pieces, scores in merge order, byte tokens typed
+    BYTE, <unk>, the prepended space (llama.cpp itself is checked in test_llamacpp)."""
+    from hf_models import make_model
+
+    make_model(tmp_path / "llama2", "llama2")
+    out = export(tmp_path / "llama2", "gguf", tmp_path / "gguf", quant="q8_0")
+    fields = gguf.GGUFReader(str(out / "model.gguf")).fields
+
+    def value(key):
+        f = fields[key]
+        return [f.contents(i) for i in range(len(f.data))] if len(f.data) > 1 else f.contents()
+
+    assert value("tokenizer.ggml.model") == "llama" and value("tokenizer.ggml.add_space_prefix")
+    tokens, scores = value("tokenizer.ggml.tokens"), value("tokenizer.ggml.scores")
+    types = value("tokenizer.ggml.token_type")
+    tok = load(tmp_path / "llama2").tokenizer
+    assert tokens[tok.hf.token_to_id("<0x0A>")] == "<0x0A>"
+    assert types[tok.hf.token_to_id("<0x0A>")] == gguf.TokenType.BYTE
+    assert types[tok.hf.token_to_id("<unk>")] == gguf.TokenType.UNKNOWN
+    assert value("tokenizer.ggml.unknown_token_id") == tok.hf.token_to_id("<unk>")
+    merged = [i for i, s in enumerate(scores) if s < 0]
+    assert merged and all(scores[a] > scores[b] for a, b in zip(merged, merged[1:], strict=False))

@@ -68,7 +68,7 @@ def test_new_model_gguf_runs_in_llama_cpp(tmp_path, family, tokenizer):
     assert llm.metadata["general.architecture"] == family
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", [*FAMILIES, "llama2"])  # llama2: a SentencePiece tokenizer
 def test_pretrained_family_gguf_runs_in_llama_cpp(tmp_path, family):
     make_model(tmp_path / "model", family)
     llm = llama_cpp_agrees(tmp_path / "model", tmp_path / "gguf", "def add(a, b): hello world")
