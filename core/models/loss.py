@@ -38,6 +38,8 @@ def lm_loss(head, hidden: torch.Tensor, targets: torch.Tensor, mask=None, chunk=
         keep = weights.nonzero().squeeze(1)  # positions without a label get no logits
         hidden, targets, weights = hidden[keep], targets[keep], weights[keep]
     chunk = chunk or chunk_positions(head.weight.shape[0])
+    if mask is None and len(targets) <= chunk:  # one chunk: exactly the plain mean
+        return F.cross_entropy(head(hidden).float(), targets)
     count = weights.sum().clamp(min=1) if mask is not None else weights.new_tensor(len(weights))
     if len(targets) <= chunk:
         return _chunk_loss(head, hidden, targets, weights) / count
