@@ -219,8 +219,8 @@ def export(target: str | Path, fmt: str, out: str | Path, which: str = "best",
     out = Path(out)
     quant = check_request(fmt, out, quant)
     loaded = load(target, which)
-    if fmt not in ADAPTERS:  # one full model: the adapters folded into the weights
-        lora.merge(loaded.model)
+    if fmt not in ADAPTERS + QUANTIZED:  # one model: the adapters folded into the weights
+        lora.merge(loaded.model)  # (GGUF merges each tensor as it writes it)
     tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:6]}"
     tmp.mkdir(parents=True)
     try:

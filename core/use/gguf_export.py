@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from core.use import gguf_quants as gq
-from core.use.common import ExportError, hf_state_dict, weights
+from core.use.common import ExportError, weights
 from core.weights import families
 from core.weights.loader import Loaded
 
@@ -47,16 +47,45 @@ def _gpt2_names(c) -> dict[str, str]:
     return out
 
 
-def _gpt2_tensors(loaded: Loaded) -> dict[str, torch.Tensor]:
+class Lazy:
+    """A tensor of the export made only when written: merged, converted and reordered then,
+    so an export holds one converted tensor at a time beside the model."""
+
+    def __init__(self, shape, make):
+        self.shape = tuple(shape)
+        self.make = make  # () -> fp32 tensor in llama.cpp's layout
+
+
+def sources(model) -> dict[str, object]:
+    """Our state-dict names (adapters left out) -> () -> that weight in fp32, a LoRA layer's
+    adapters merged into it (W + scale B A) without touching the model."""
+    from core.models.lora import LoRALinear, is_adapter
+
+    modules = dict(model.named_modules())
+    out = {}
+    for name, p in model.state_dict(keep_vars=True).items():
+        if is_adapter(name):
+            continue
+        prefix, _, leaf = name.rpartition(".")
+        m = modules.get(prefix)
+        if leaf == "weight" and isinstance(m, LoRALinear):
+            out[name] = lambda m=m: m.merged_weight().detach().float()
+        else:
+            out[name] = lambda p=p: p.detach().float()
+    return out
+
+
+def _gpt2_tensors(loaded: Loaded) -> dict[str, Lazy]:
     """llama.cpp's GPT-2 tensor names; its weights keep torch.nn.Linear's (out, in) layout.
     Bias-free layers get zero biases, which llama.cpp's GPT-2 expects."""
-    w = weights(loaded.model)
+    src, shapes = sources(loaded.model), loaded.model.state_dict(keep_vars=True)
     out = {}
     for gguf_name, ours in _gpt2_names(loaded.model.config).items():
-        if ours in w:
-            out[gguf_name] = w[ours]
+        if ours in src:
+            out[gguf_name] = Lazy(shapes[ours].shape, src[ours])
         else:
-            out[gguf_name] = torch.zeros(w[ours[: -len("bias")] + "weight"].shape[0])
+            rows = shapes[ours[: -len("bias")] + "weight"].shape[0]
+            out[gguf_name] = Lazy((rows,), lambda rows=rows: torch.zeros(rows))
     return out
 
 
@@ -90,24 +119,41 @@ def _llama_name(names, hf_name: str) -> str:
     return name
 
 
-def _llama_tensors(loaded: Loaded, arch: str) -> dict[str, torch.Tensor]:
-    """The Llama family's tensors under llama.cpp's names, through gguf's own name map."""
+def _llama_part(make, ours: str, c, n: int, k: int, heads: int | None):
+    def part():
+        piece = families.split_rows(ours, c, make(), n)[k]
+        return piece.contiguous() if heads is None else _permute_rope(piece, heads)
+
+    return part
+
+
+def _llama_tensors(loaded: Loaded, arch: str) -> dict[str, Lazy]:
+    """The Llama family's tensors under llama.cpp's names, through gguf's own name map: our
+    fused q/k/v and gate/up split by rows, q and k in llama.cpp's rotary row order."""
     import gguf
 
-    c = loaded.model.config
+    c, model = loaded.model.config, loaded.model
     names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, GGUF_ARCH_ENUM[arch]), c.n_layers)
+    src, shapes = sources(model), model.state_dict(keep_vars=True)
     out = {}
-    for hf_name, tensor in hf_state_dict(loaded).items():
-        heads = _rope_heads(hf_name, c, arch)
-        out[_llama_name(names, hf_name)] = tensor if heads is None else _permute_rope(tensor, heads)
+    for ours, hf_names, _ in families.table(loaded.family, c):
+        if ours not in src:
+            continue
+        meta = torch.empty(shapes[ours].shape, device="meta")
+        parts = families.split_rows(ours, c, meta, len(hf_names))
+        for k, (hf_name, piece) in enumerate(zip(hf_names, parts, strict=True)):
+            heads = _rope_heads(hf_name, c, arch)
+            make = _llama_part(src[ours], ours, c, len(hf_names), k, heads)
+            out[_llama_name(names, hf_name)] = Lazy(piece.shape, make)
     scaling = c.rope_scaling or {}
     if scaling.get("rope_type", scaling.get("type")) == "llama3":
         from core.models.model import GPTConfig, rope_frequencies
 
         plain = rope_frequencies(GPTConfig(**{**c.to_dict(), "rope_scaling": None}))
-        out[gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.ROPE_FREQS] + ".weight"] = (
-            plain / rope_frequencies(c)
-        ).float()  # llama.cpp divides each frequency by its factor
+        factors = (plain / rope_frequencies(c)).float()  # llama.cpp divides each by its factor
+        out[gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.ROPE_FREQS] + ".weight"] = Lazy(
+            factors.shape, lambda: factors
+        )
     return out
 
 
@@ -282,8 +328,8 @@ def gguf_origins(loaded: Loaded) -> dict[str, tuple[str, str, int | None]]:
     return origins
 
 
-def gguf_tensors(loaded: Loaded) -> dict[str, torch.Tensor]:
-    """The model's tensors under llama.cpp's names and layouts, fp32."""
+def gguf_tensors(loaded: Loaded) -> dict[str, Lazy]:
+    """The model's tensors under llama.cpp's names and layouts, each made when written."""
     arch = families.GGUF_ARCH[loaded.family]
     return _gpt2_tensors(loaded) if arch == "gpt2" else _llama_tensors(loaded, arch)
 
@@ -344,7 +390,7 @@ def export_gguf(loaded: Loaded, folder: Path, quant: str = "f16", log=print,
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
     for i, tensor_name in enumerate(list(tensors)):
-        data = tensors.pop(tensor_name).float().contiguous().numpy()
+        data = tensors.pop(tensor_name).make().float().contiguous().numpy()
         writer.write_tensor_data(np.ascontiguousarray(gq.quantize(data, types[tensor_name])))
         if progress is not None:
             progress(i + 1, len(types))

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from core.models import lora
 from core.use.gguf_export import gguf_origins, unpermute
 from core.weights import families
 from core.weights.loader import Loaded
@@ -69,6 +70,7 @@ def dequantized_model(loaded: Loaded, path: Path):
         tensor = unpermute(torch.from_numpy(np.array(values, dtype=np.float32)), heads)
         (ours if kind == "ours" else hf)[name] = tensor
     model = copy.deepcopy(loaded.model)
+    lora.merge(model)  # the file's weights have the adapters in them
     if hf:
         ours.update(families.import_weights(family, c, hf, set(model.state_dict())))
     model.load_state_dict(ours, strict=False)

@@ -177,3 +177,8 @@ def test_gguf_lora_adapter_on_its_base_equals_the_merged_model(tmp_path, family)
     theirs = np.array(llm.scores[: len(ids)])
     assert np.abs(theirs - ours).max() < 0.05 * max(1.0, np.abs(ours).std())
     assert np.abs(theirs - ours).max() < 0.1 * np.abs(ours - base).max()  # not the base's
+    # The merged export (adapters folded in tensor by tensor while writing) agrees as well.
+    merged = export(tmp_path / "run", "gguf", tmp_path / "merged", quant="f32") / "model.gguf"
+    llm = llama_cpp.Llama(str(merged), n_ctx=32, logits_all=True, n_threads=1, verbose=False)
+    llm.eval(ids)
+    assert np.abs(np.array(llm.scores[: len(ids)]) - ours).max() < 0.1 * np.abs(ours - base).max()
