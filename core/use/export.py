@@ -218,7 +218,8 @@ def export(target: str | Path, fmt: str, out: str | Path, which: str = "best",
     log(line) hears what happens, progress(done, total) counts the tensors written."""
     out = Path(out)
     quant = check_request(fmt, out, quant)
-    loaded = load(target, which)
+    # GGUF is written a tensor at a time: the weights stay memory-mapped in their own dtype.
+    loaded = load(target, which, mapped=fmt in QUANTIZED)
     if fmt not in ADAPTERS + QUANTIZED:  # one model: the adapters folded into the weights
         lora.merge(loaded.model)  # (GGUF merges each tensor as it writes it)
     tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:6]}"

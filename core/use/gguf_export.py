@@ -58,21 +58,47 @@ class Lazy:
 
 def sources(model) -> dict[str, object]:
     """Our state-dict names (adapters left out) -> () -> that weight in fp32, a LoRA layer's
-    adapters merged into it (W + scale B A) without touching the model."""
+    adapters merged in (W + scale B A) without touching the model. A memory-mapped model's
+    joined weights (model.weight_sources) are joined here, one at a time."""
     from core.models.lora import LoRALinear, is_adapter
 
+    lazy = getattr(model, "weight_sources", {})
     modules = dict(model.named_modules())
     out = {}
     for name, p in model.state_dict(keep_vars=True).items():
         if is_adapter(name):
             continue
+        if name in lazy:
+            base = lambda fn=lazy[name]: fn().float()  # noqa: E731
+        else:
+            base = lambda p=p: p.detach().float()  # noqa: E731
         prefix, _, leaf = name.rpartition(".")
         m = modules.get(prefix)
         if leaf == "weight" and isinstance(m, LoRALinear):
-            out[name] = lambda m=m: m.merged_weight().detach().float()
+            out[name] = lambda m=m, base=base: base() + m.scale * (
+                m.lora_B.detach().float() @ m.lora_A.detach().float()
+            )
         else:
-            out[name] = lambda p=p: p.detach().float()
+            out[name] = base
     return out
+
+
+def fp32_model(model):
+    """A copy of the model in fp32 with every weight present (a memory-mapped model's joined
+    weights made): for measuring, not for large models."""
+    import copy
+
+    import torch.nn as nn
+
+    twin = copy.deepcopy(model)
+    for name, make in getattr(model, "weight_sources", {}).items():
+        owner, _, leaf = name.rpartition(".")
+        setattr(twin.get_submodule(owner), leaf, nn.Parameter(make(), requires_grad=False))
+    if hasattr(twin, "weight_sources"):
+        del twin.weight_sources
+    if twin.config.tie_embeddings:
+        twin.head.weight = twin.tok_emb.weight
+    return twin.float()
 
 
 def _gpt2_tensors(loaded: Loaded) -> dict[str, Lazy]:

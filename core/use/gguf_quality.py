@@ -4,7 +4,6 @@ model on the run's validation text is set beside the unquantized model's."""
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 from pathlib import Path
@@ -13,11 +12,12 @@ import numpy as np
 import torch
 
 from core.models import lora
-from core.use.gguf_export import gguf_origins, unpermute
+from core.use.gguf_export import fp32_model, gguf_origins, unpermute
 from core.weights import families
 from core.weights.loader import Loaded
 
 TOKENS = 8192  # at most this many validation tokens: a measure, not a benchmark
+MAX_PARAMS = 500_000_000  # above this the check (two fp32 copies on the CPU) is left out
 
 
 def validation_windows(loaded: Loaded, tokens_wanted: int = TOKENS):
@@ -69,7 +69,7 @@ def dequantized_model(loaded: Loaded, path: Path):
         values = gguf.quants.dequantize(t.data, t.tensor_type).reshape(shape)
         tensor = unpermute(torch.from_numpy(np.array(values, dtype=np.float32)), heads)
         (ours if kind == "ours" else hf)[name] = tensor
-    model = copy.deepcopy(loaded.model)
+    model = fp32_model(loaded.model)
     lora.merge(model)  # the file's weights have the adapters in them
     if hf:
         ours.update(families.import_weights(family, c, hf, set(model.state_dict())))
@@ -83,7 +83,10 @@ def quality_line(loaded: Loaded, path: Path, quant: str) -> str:
     windows = validation_windows(loaded)
     if windows is None:
         return f"{size} (no validation text: perplexity is measured for runs)"
-    plain = perplexity(loaded.model, windows)
+    n = loaded.model.num_params()
+    if n > MAX_PARAMS:
+        return f"{size} (perplexity not measured: {n:,} parameters, over {MAX_PARAMS:,})"
+    plain = perplexity(fp32_model(loaded.model), windows)
     quantized = perplexity(dequantized_model(loaded, path), windows)
     change = 100 * (quantized / plain - 1)
     return (f"{size}; perplexity {quantized:.3f} on the run's validation text "

@@ -218,8 +218,25 @@ def _normalise_hf(names: list[str], family: str) -> dict[str, str]:
     return out
 
 
-def import_weights(family: str, c: GPTConfig, hf_state: dict, wanted: set[str]) -> dict:
-    """Our state dict (names in wanted) from a Hugging Face one; raises naming what is missing."""
+def _join(parts: list, transposed: bool) -> torch.Tensor:
+    if transposed:
+        parts = [p.t() for p in parts]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+
+
+def _joiner(parts: list, transposed: bool):
+    """A file tensor itself when nothing has to be joined or turned; else a function that
+    joins the parts when called (a memory-mapped model is not joined all at once)."""
+    if len(parts) == 1 and not transposed:
+        return parts[0]
+    return lambda: _join(parts, transposed)
+
+
+def import_weights(family: str, c: GPTConfig, hf_state: dict, wanted: set[str],
+                   lazy: bool = False) -> dict:  # fmt: skip
+    """Our state dict (names in wanted) from a Hugging Face one; raises naming what is missing.
+    lazy: a weight that must be joined (fused q/k/v, gate/up) or transposed comes as a
+    function that makes it."""
     names = _normalise_hf(list(hf_state), family)
     out = {}
     for ours, hf_names, transposed in table(family, c):
@@ -229,9 +246,7 @@ def import_weights(family: str, c: GPTConfig, hf_state: dict, wanted: set[str]) 
         if missing:
             raise UnsupportedModel(f"weights: {missing[0]} is missing from the model files")
         parts = [hf_state[names[n]] for n in hf_names]
-        if transposed:
-            parts = [p.t() for p in parts]
-        out[ours] = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+        out[ours] = _joiner(parts, transposed) if lazy else _join(parts, transposed)
     left = sorted(wanted - set(out) - ({"head.weight"} if c.tie_embeddings else set()))
     if left:
         raise UnsupportedModel(f"weights: nothing in the model files maps to {left[0]}")

@@ -109,16 +109,44 @@ def weight_files(folder: Path) -> list[Path]:
     )
 
 
-def read_weights(folder: Path) -> dict[str, torch.Tensor]:
+SAFETENSORS_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+    "U8": torch.uint8, "BOOL": torch.bool,
+}  # fmt: skip
+
+
+def map_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """A .safetensors file's tensors as views of a copy-on-write memory map of it: nothing is
+    read until a tensor is used, and what is read stays file pages the system can drop."""
+    import numpy as np
+
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size))
+    raw = torch.from_numpy(np.memmap(path, dtype=np.uint8, mode="c"))
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = (8 + size + x for x in info["data_offsets"])
+        dtype = SAFETENSORS_DTYPES[info["dtype"]]
+        out[name] = raw[begin:end].view(dtype).reshape(info["shape"])
+    return out
+
+
+def read_weights(folder: Path, mapped: bool = False) -> dict[str, torch.Tensor]:
+    """Every tensor of a model folder's weight files; mapped: memory-mapped, in the files'
+    own dtype, read only when used (exports of models larger than memory)."""
     from safetensors.torch import load_file
 
     state = {}
     for f in weight_files(folder):
         if f.suffix == ".safetensors":
-            state.update(load_file(str(f)))
+            state.update(map_safetensors(f) if mapped else load_file(str(f)))
             continue
         try:  # data only: a pickle that needs code to load is refused
-            state.update(torch.load(f, map_location="cpu", weights_only=True))
+            state.update(torch.load(f, map_location="cpu", weights_only=True, mmap=mapped))
         except Exception as e:
             raise ModelSourceError(
                 f"init_from: {f} cannot be read as plain weights ({type(e).__name__}); "
@@ -192,15 +220,22 @@ class Pretrained:
         fingerprint to refuse resuming on another base."""
         return {**self.base_info(), "fingerprint": fingerprint(self.folder)}
 
-    def load_model(self, c: GPTConfig | None = None) -> GPT:
-        """The model with the pretrained weights, in fp32 on the CPU."""
+    def load_model(self, c: GPTConfig | None = None, mapped: bool = False) -> GPT:
+        """The model with the pretrained weights, in fp32 on the CPU; mapped: in the files'
+        dtype, memory-mapped where a weight is one file tensor (exports)."""
         c = c or self.config
         with torch.device("meta"):
             model = GPT(c)
         wanted = set(model.state_dict())
-        state = families.import_weights(self.family, c, read_weights(self.folder), wanted)
-        model = model.to_empty(device="cpu")
-        model.load_state_dict({k: v.float() for k, v in state.items()}, strict=False, assign=True)
+        files = read_weights(self.folder, mapped)
+        state = families.import_weights(self.family, c, files, wanted, lazy=mapped)
+        if mapped:  # file tensors go in as they are; joined ones stay meta, made on demand
+            model.weight_sources = {k: v for k, v in state.items() if callable(v)}
+            state = {k: v for k, v in state.items() if not callable(v)}
+        else:
+            model = model.to_empty(device="cpu")
+            state = {k: v.float() for k, v in state.items()}
+        model.load_state_dict(state, strict=False, assign=True)
         if c.tie_embeddings:
             model.head.weight = model.tok_emb.weight
         return model
@@ -329,19 +364,20 @@ def model_config_of(state: dict, cfg: TrainConfig) -> GPTConfig:
     return GPTConfig.from_train(cfg, training=False)
 
 
-def load_weights(model: GPT, state: dict) -> None:
+def load_weights(model: GPT, state: dict, assign: bool = False) -> None:
     """A checkpoint's weights into model: all of them, or (a LoRA fine-tune of a
-    pretrained model) only the adapters, the base being loaded already."""
+    pretrained model) only the adapters, the base being loaded already. assign: use the
+    state's tensors themselves (memory-mapped ones stay mapped)."""
     if not state.get("adapters_only"):
-        model.load_state_dict(state["model"])
+        model.load_state_dict(state["model"], assign=assign)
         return
-    missing, unexpected = model.load_state_dict(state["model"], strict=False)
+    missing, unexpected = model.load_state_dict(state["model"], strict=False, assign=assign)
     adapters_missing = [k for k in missing if lora.is_adapter(k)]
     if unexpected or adapters_missing:
         raise RuntimeError(f"adapters differ: {(unexpected or adapters_missing)[0]}")
 
 
-def _base_model(state: dict, cfg: TrainConfig, c: GPTConfig, path: Path) -> GPT:
+def _base_model(state: dict, cfg: TrainConfig, c: GPTConfig, path: Path, mapped=False) -> GPT:
     """The model a checkpoint's weights go into: for a LoRA fine-tune of a pretrained model,
     its base (checked against the fingerprint the checkpoint names) with adapters."""
     base = state.get("base")
@@ -352,26 +388,28 @@ def _base_model(state: dict, cfg: TrainConfig, c: GPTConfig, path: Path) -> GPT:
                 f"checkpoint: {path} holds LoRA adapters for {base['init_from']} (weights "
                 f"{base['fingerprint']}), which now holds other weights; restore that model"
             )
-        model = pre.load_model(c)
+        model = pre.load_model(c, mapped)
     else:
-        model = GPT(c)
+        with torch.device("meta" if mapped else "cpu"):  # the checkpoint's tensors go in
+            model = GPT(c)
     lora.apply_config(model, cfg)
     return model
 
 
-def load_checkpoint(target: str | Path, which: str = "best", device: str = "cpu") -> Loaded:
+def load_checkpoint(target: str | Path, which: str = "best", device: str = "cpu",
+                    mapped: bool = False) -> Loaded:  # fmt: skip
     path = checkpoint_path(target, which)
-    state = ckpt.load(path)
+    state = ckpt.load(path, mmap=mapped)
     cfg = validate(from_dict(state["config"], source=str(path)))
     c = model_config_of(state, cfg)
     c.grad_checkpointing = False
-    model = _base_model(state, cfg, c, path)
+    model = _base_model(state, cfg, c, path, mapped)
     try:
-        load_weights(model, state)
+        load_weights(model, state, assign=mapped)
     except (RuntimeError, KeyError) as e:
         msg = f"checkpoint: {path} does not hold this model's weights ({e})"
         raise CheckpointError(msg) from None
-    model.to(device).eval()
+    (model if mapped else model.to(device)).eval()
     meta = state.get("meta") or {}
     base = state.get("base")
     return Loaded(
@@ -387,17 +425,20 @@ def is_model_folder(target: str | Path) -> bool:
     )
 
 
-def load(target: str | Path, which: str = "best", device: str = "cpu") -> Loaded:
+def load(target: str | Path, which: str = "best", device: str = "cpu",
+         mapped: bool = False) -> Loaded:  # fmt: skip
     """Model (eval mode, fp32, on device) and tokenizer of a run folder, a checkpoint file,
-    a Hugging Face model folder or a hub id."""
+    a Hugging Face model folder or a hub id. mapped (exports): the weights memory-mapped in
+    their files' dtype where they can be, so a model larger than memory can be written out."""
     path = Path(target)
     if path.exists() and not is_model_folder(path):
-        return load_checkpoint(path, which, device)
+        return load_checkpoint(path, which, device, mapped)
     if not path.exists() and not HUB_ID.match(str(target)):
         raise CheckpointError(
             f"checkpoint: {target} is neither a run folder, a checkpoint file, a model folder "
             "nor a hub id"
         )
     pre = open_pretrained(target)
-    model = pre.load_model().to(device).eval()
+    model = pre.load_model(mapped=mapped)
+    model = (model if mapped else model.to(device)).eval()
     return Loaded(model, pre.tokenizer, None, pre.folder, 0, None, pre.family, pre.base_info())
