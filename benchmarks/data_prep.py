@@ -24,7 +24,8 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from core.data.prepare import DataSpec, find_sources, prepare  # noqa: E402
+from core.data.prepare import DataSpec, prepare  # noqa: E402
+from core.data.sources import find_sources  # noqa: E402
 
 WORDS = " ".join(
     [

@@ -33,7 +33,8 @@ def build_model(folder: Path) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    from core.data.prepare import _read_blocks, _stdlib_files
+    from core.data.prepare import _read_blocks
+    from core.data.sources import _stdlib_files
     from core.data.tokenizer import train_bpe
 
     text = b"".join(_read_blocks(_stdlib_files(), 2_000_000))

@@ -29,15 +29,10 @@ from PySide6.QtWidgets import (
 )
 
 from core.config import recipe
+from core.config.fields import ADVANCED, BATCH, DATA, EXECUTION, INTERVALS, MODEL
 from core.config.spec import (
-    ADVANCED,
-    BATCH,
-    DATA,
-    EXECUTION,
-    INTERVALS,
     KINDS,
     LIMITS,
-    MODEL,
     SPECS,
     TrainConfig,
     describe_limit,
@@ -305,7 +300,7 @@ def describe_chat(cfg: TrainConfig, tokenizer=None) -> str:
     run will use (bytes until a BPE is learned: an upper bound)."""
     from core.data.chat import special_tokens, template_of
     from core.data.chatdata import summary
-    from core.data.prepare import find_sources
+    from core.data.sources import find_sources
     from core.data.tokenizer import bytes_tokenizer
 
     tokenizer = tokenizer or bytes_tokenizer()

@@ -1,11 +1,8 @@
-"""Training data: a file, a folder, or the embedded default corpus (Python's own stdlib).
-
-The sources are read once, tokenized (bytes or BPE) and written to a cache folder as one
-flat token file plus a manifest. Training opens that file with np.memmap (its train and
-validation split) and reads each window with a plain positioned read (pread), so memory does
-not grow with the corpus. Training windows are drawn by a seeded
-torch.Generator whose state is saved in checkpoints; validation uses fixed windows at the
-end of the token file, so evaluating never moves the training stream.
+"""Preparing training data once: the sources (core.data.sources) are read, tokenized (bytes,
+BPE, a pretrained model's tokenizer; chat examples rendered and masked) and written to a cache
+folder as one flat token file plus a manifest, which training then reads in windows
+(core.data.windows). A changed source file invalidates the entry; a half-written one is never
+trusted.
 """
 
 from __future__ import annotations
@@ -14,23 +11,20 @@ import hashlib
 import json
 import os
 import shutil
-import sysconfig
-import threading
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from core.data import chatdata
 from core.data.chat import DEFAULT_STOP, DEFAULT_TEMPLATE, render, special_tokens, template_of
+from core.data.sources import Sources, find_sources
 from core.data.tokenizer import Tokenizer, bytes_tokenizer, train_bpe
 from core.errors import DataError, DiskFullError, UserError
 from core.platform.atomic import as_disk_full, free_bytes, fsync_dir, is_disk_full, write_text
 
-DEFAULT_CORPUS = "embedded: Python standard library sources"
 CACHE_FORMAT = 1
 BLOCK = 4 << 20  # bytes read per chunk: memory stays flat whatever the corpus size
 BPE_SAMPLE_BYTES = 100 << 20  # BPE learns its merges from at most this much training text
@@ -48,85 +42,6 @@ def default_cache_dir() -> Path:
     import platformdirs
 
     return Path(platformdirs.user_cache_dir("traindeck", appauthor=False)) / "data"
-
-
-# -- sources -------------------------------------------------------------------------------
-
-
-def _stdlib_files() -> list[Path]:
-    root = Path(sysconfig.get_paths()["stdlib"])
-    # Sorted relative paths make the order the same on every run of this Python.
-    # Third-party packages differ from machine to machine; tests are mostly noise.
-    skip = ("test", "site-packages", "dist-packages")
-    files = sorted(root.glob("*.py")) + sorted(
-        p
-        for p in root.glob("*/**/*.py")
-        if not any(word in p.relative_to(root).parts[0] for word in skip)
-    )
-    return files
-
-
-def _folder_files(folder: Path, extensions: list[str]) -> list[Path]:
-    exts = {e.lower() for e in extensions}
-    return sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in exts)
-
-
-@dataclass
-class Sources:
-    description: str
-    files: list[Path]
-    cap: int | None  # bytes used at most (the embedded corpus is always capped)
-
-    def listing(self) -> list[dict]:
-        """path, size and modification time of each file: what the cache key is made of."""
-        out = []
-        for p in self.files:
-            try:
-                st = p.stat()
-            except OSError as e:
-                raise DataError(f"data: cannot read {p} ({e.strerror})") from None
-            out.append({"path": str(p), "size": st.st_size, "mtime_ns": st.st_mtime_ns})
-        return out
-
-
-def find_sources(
-    data: str | None,
-    extensions: list[str],
-    embedded_cap: int,
-    max_bytes: int | None = None,
-    chat: bool = False,
-) -> Sources:
-    if data is None:
-        files = _stdlib_files()
-        if not files:
-            raise DataError("data: no --data given and the Python stdlib sources were not found")
-        return Sources(DEFAULT_CORPUS, files, embedded_cap)
-    path = Path(data).expanduser().resolve()
-    if path.is_file():
-        return Sources(str(path), [path], max_bytes)
-    if path.is_dir():
-        if chat:  # a folder of chat data: its .jsonl files
-            extensions = [chatdata.CHAT_SUFFIX]
-        files = _folder_files(path, extensions)
-        if not files:
-            raise DataError(f"data: folder {path} holds no files ending in {', '.join(extensions)}")
-        return Sources(f"{path} ({len(files)} files)", files, max_bytes)
-    raise DataError(f"data: {data} is neither a file nor a folder")
-
-
-def data_changes(old: list[dict], new: list[dict]) -> list[str]:
-    """Human-readable differences between two source listings."""
-    before = {f["path"]: f for f in old}
-    after = {f["path"]: f for f in new}
-    changes = [f"added {p}" for p in after if p not in before]
-    changes += [f"removed {p}" for p in before if p not in after]
-    changes += [
-        f"modified {p}"
-        for p in after
-        if p in before
-        and (after[p]["size"], after[p]["mtime_ns"]) != (before[p]["size"], before[p]["mtime_ns"])
-    ]
-    return changes
 
 
 # -- preparation ---------------------------------------------------------------------------
@@ -283,6 +198,24 @@ def _bpe_sample(sources: Sources, train_bytes: int):
     return _line_chunks(_read_blocks(sources.files, limit))
 
 
+def _regroup(split_pieces):
+    """BPE: each split's blocks regrouped at line ends (bytes pass blocks as they come)."""
+    current, buf = None, []
+    for split, block in split_pieces:
+        if block is DOC_END:
+            yield from ((current, c) for c in _line_chunks(buf))
+            buf = []
+            yield split, DOC_END
+            continue
+        if split != current and buf:
+            yield from ((current, c) for c in _line_chunks(buf))
+            buf = []
+        current = split
+        buf.append(block)
+    if buf:
+        yield from ((current, c) for c in _line_chunks(buf))
+
+
 def _write_tokens(f, tok: Tokenizer, pieces, progress: _Progress, hasher) -> dict:
     """Tokenize the split stream into f; returns token and byte counts per split."""
     counts = {"train_tokens": 0, "val_tokens": 0, "train_bytes": 0, "val_bytes": 0}
@@ -303,23 +236,6 @@ def _write_tokens(f, tok: Tokenizer, pieces, progress: _Progress, hasher) -> dic
             counts[f"{batch_split}_tokens"] += len(ids)
         batch = []
 
-    def chunks_of(split_pieces):
-        # BPE: regroup each split at line ends; bytes: pass blocks as they come.
-        current, buf = None, []
-        for split, block in split_pieces:
-            if block is DOC_END:
-                yield from ((current, c) for c in _line_chunks(buf))
-                buf = []
-                yield split, DOC_END
-                continue
-            if split != current and buf:
-                yield from ((current, c) for c in _line_chunks(buf))
-                buf = []
-            current = split
-            buf.append(block)
-        if buf:
-            yield from ((current, c) for c in _line_chunks(buf))
-
     def special(split, token_id):
         flush()
         f.write(np.array([token_id], dtype=tok.dtype).tobytes())
@@ -329,7 +245,7 @@ def _write_tokens(f, tok: Tokenizer, pieces, progress: _Progress, hasher) -> dic
     # one) before each, EOS after each.
     bos = tok.bos_id if tok.add_bos else None
     doc_start = True
-    source = chunks_of(pieces) if tok.kind != "bytes" else pieces
+    source = _regroup(pieces) if tok.kind != "bytes" else pieces
     for split, chunk in source:
         if chunk is DOC_END:
             if tok.eos_id is not None:
@@ -640,147 +556,3 @@ def prepare(
             f"preparing the data (nothing was cached; {free / 1e6:,.1f} MB free now); free some "
             "space, or prepare the data on another disk with --data-cache DIR (or TRAINDECK_CACHE)"
         ) from None
-
-
-# -- training windows ----------------------------------------------------------------------
-
-
-class _WindowReader:
-    """Reads token windows with plain file reads. A memory map would do, but on kernels that
-    cache files in large folios each touched window maps megabytes of the file into the
-    process (measured: +300 MB RSS for 800 windows of a 300 MB file; file reads: +0.1 MB)."""
-
-    def __init__(self, path: Path, dtype):
-        self.file = open(path, "rb")  # noqa: SIM115 (open for the data's lifetime)
-        self.dtype = np.dtype(dtype)
-        self.lock = threading.Lock()
-
-    def read(self, start: int, n: int) -> np.ndarray:
-        size, offset = n * self.dtype.itemsize, start * self.dtype.itemsize
-        if hasattr(os, "pread"):
-            raw = os.pread(self.file.fileno(), size, offset)
-        else:  # Windows: no pread; seek and read under a lock
-            with self.lock:
-                self.file.seek(offset)
-                raw = self.file.read(size)
-        return np.frombuffer(raw, dtype=self.dtype)
-
-
-class TokenData:
-    """The token file of a cache entry: train/validation split and sampler. Text is one
-    stream that windows start anywhere in; chat data is packed rows (manifest "row") with a
-    weight a token, and a window is one whole row."""
-
-    def __init__(self, folder: Path, manifest: dict, seq_len: int, seed: int):
-        self.folder = Path(folder)
-        self.manifest = manifest
-        self.tokenizer = Tokenizer.load(
-            self.folder / "tokenizer.json", manifest.get("tokenizer_meta")
-        )
-        self.source = manifest["source"]
-        self.seq_len = seq_len
-        self.row = manifest.get("row")  # None: plain text
-        if self.row is not None and self.row != seq_len + 1:
-            raise DataError(f"data: {self.folder} was packed for seq_len {self.row - 1}")
-        n_train = manifest["train_tokens"]
-        need = self.row or seq_len + 2
-        if n_train < need or manifest["val_tokens"] < need:
-            raise DataError(
-                f"data: {self.source} gives {n_train} training and {manifest['val_tokens']} "
-                f"validation tokens; seq_len {seq_len} needs at least {need} of each "
-                "(lower seq_len, raise val_fraction or add text)"
-            )
-        # The memory map serves whole-file access; training windows use plain reads.
-        tokens = np.memmap(self.folder / "tokens.bin", dtype=manifest["dtype"], mode="r")
-        self._reader = _WindowReader(self.folder / "tokens.bin", manifest["dtype"])
-        self._mask = _WindowReader(self.folder / "mask.bin", np.uint8) if self.row else None
-        self.train = tokens[:n_train]
-        self.val = tokens[n_train:]
-        self.generator = torch.Generator().manual_seed(seed)
-
-    @property
-    def is_chat(self) -> bool:
-        return self.row is not None
-
-    @property
-    def train_tokens(self) -> int:
-        return len(self.train)
-
-    @property
-    def val_bytes_per_token(self) -> float:
-        """Bytes per scored token of the held-out data (chat: of the answers)."""
-        m = self.manifest
-        return m["val_bytes"] / max(1, m.get("val_target_tokens", m["val_tokens"]))
-
-    def _windows(self, base: int, starts: torch.Tensor):
-        """(inputs, targets, target weights or None) of the windows at starts."""
-        n = self.seq_len + 1
-        rows = [self._reader.read(base + int(s), n) for s in starts]
-        chunk = torch.from_numpy(np.stack(rows).astype(np.int64))
-        mask = None
-        if self._mask is not None:
-            weights = [self._mask.read(base + int(s), n) for s in starts]
-            mask = torch.from_numpy(np.stack(weights)[:, 1:].astype(np.float32))
-        return chunk[:, :-1], chunk[:, 1:], mask
-
-    def sample_starts(self, n: int) -> torch.Tensor:
-        """Start offsets for one optimizer step's n sequences (drawn once, split later)."""
-        if self.row is not None:
-            rows = len(self.train) // self.row
-            return torch.randint(0, rows, (n,), generator=self.generator) * self.row
-        high = len(self.train) - self.seq_len - 1
-        return torch.randint(0, high + 1, (n,), generator=self.generator)
-
-    def train_batch(self, starts: torch.Tensor):
-        return self._windows(0, starts)
-
-    def val_batches(self, n_windows: int, batch_size: int):
-        """Fixed, evenly spaced validation windows, the same every evaluation, in chunks
-        (chat: at most every held-out row once)."""
-        if self.row is not None:
-            rows = len(self.val) // self.row
-            starts = torch.linspace(0, rows - 1, min(n_windows, rows)).long().unique()
-            starts = starts * self.row
-        else:
-            high = len(self.val) - self.seq_len - 1
-            starts = torch.linspace(0, high, n_windows).long()
-        for chunk in starts.split(batch_size):
-            yield self._windows(len(self.train), chunk)
-
-    def prompt(self, n: int = 16) -> torch.Tensor:
-        """The start of the held-out data; for chat, a held-out question up to where its
-        answer begins, so samples show the model answering."""
-        if self.row is not None:
-            weights = self._mask.read(len(self.train), self.row)
-            first = int(np.argmax(weights > 0)) if weights.any() else n
-            n = max(1, first)
-        return torch.from_numpy(self._reader.read(len(self.train), n).astype(np.int64))
-
-    def state_dict(self) -> dict:
-        return {"generator": self.generator.get_state()}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.generator.set_state(state["generator"])
-
-    def summary(self) -> dict:
-        """data.json: what this run trains on."""
-        m = self.manifest
-        return {
-            "source": m["source"],
-            "source_bytes": m["source_bytes"],
-            "total_bytes": m["total_bytes"],
-            "files": len(m["files"]),
-            "empty_files": m["empty_files"],
-            "train_tokens": m["train_tokens"],
-            "val_tokens": m["val_tokens"],
-            "train_bytes": m["train_bytes"],
-            "val_bytes": m["val_bytes"],
-            "tokenizer": m["tokenizer"],
-            "vocab_size": m["vocab_size"],
-            "bytes_per_token": round(
-                m["source_bytes"] / max(1, m["train_tokens"] + m["val_tokens"]), 4
-            ),
-            "fingerprint": m["fingerprint"],
-            "cache": str(self.folder),
-            **({"data_format": "chat", "examples": m["examples"]} if self.is_chat else {}),
-        }

@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from core.data.prepare import TokenData
+from core.data.windows import TokenData
 from core.training.steps import autocast, to_device
 
 

@@ -10,8 +10,10 @@ import numpy as np
 import torch
 
 from core.config.spec import TrainConfig
-from core.data.prepare import TokenData, data_changes, data_spec, examples_line, prepare
+from core.data.prepare import data_spec, examples_line, prepare
+from core.data.sources import data_changes
 from core.data.tokenizer import Tokenizer
+from core.data.windows import TokenData
 from core.errors import CheckpointError
 from core.models import lora
 from core.models.model import GPT, GPTConfig

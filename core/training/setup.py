@@ -1,6 +1,7 @@
-"""Everything a run does before its first step, in the order that keeps bad input from
-touching the disk: checkpoint checks (resume), device, data, then the run folder, the model,
-optimizer and scaler, and the exact state of a resumed run. Functions of the Trainer t."""
+"""Everything a run does before its first step, and at its end; functions of the Trainer t.
+Before, in the order that keeps bad input from touching the disk: checkpoint checks (resume),
+device, data, then the run folder, the model, optimizer and scaler, and the exact state of a
+resumed run."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from core.errors import CheckpointError
+from core.platform.atomic import is_disk_full
 from core.platform.device import resolve_device, resolve_precision
 from core.runs import checkpoint as ckpt
 from core.training import inputs, optim, resume
@@ -90,3 +92,26 @@ def restore(t, state: dict) -> None:
         f"resumed from {t.resume_from} at step {t.step}"
         + (f"; dropped {dropped} metric records past it" if dropped else "")
     )
+
+
+def end(t, status: str, error: str | None = None) -> dict:
+    """The run's last word: status.json and the log, the folder closed, the lock and the
+    process group released, on_train_end; a full disk here does not hide the real error."""
+    step, max_steps = t.step, t.max_steps
+    result = {"status": status, "step": step, "run_dir": str(t.folder.path)}
+    if error:
+        result["error"] = error
+    try:
+        if t.folder.path.is_dir() and max_steps is not None:
+            extra = {"error": error} if error else {}
+            t.folder.write_status(status, step, max_steps, **extra)
+            t.log(f"{status} at step {step}" + (f": {error}" if error else ""))
+        t.folder.close()
+    except OSError as e:  # a full disk must not hide the error that ended the run
+        if not is_disk_full(e):
+            raise
+    t.lock.release()
+    if t.owns_group:
+        torch.distributed.destroy_process_group()
+    t.events.on_train_end(result)
+    return result

@@ -15,7 +15,8 @@ import torch
 
 from core.config import recipe
 from core.config.spec import TrainConfig, parse_duration, validate
-from core.data.prepare import PrepareCancelled, TokenData
+from core.data.prepare import PrepareCancelled
+from core.data.windows import TokenData
 from core.errors import DiskFullError, TrainingError, UserError
 from core.models import lora
 from core.models.model import GPT, GPTConfig
@@ -266,24 +267,7 @@ class Trainer:
         self.log(f"optimizer: {recipe.optimizer_line(cfg)}; schedule: {plan}")
 
     def _end(self, status: str, error: str | None = None) -> dict:
-        step, max_steps = self.step, self.max_steps
-        result = {"status": status, "step": step, "run_dir": str(self.folder.path)}
-        if error:
-            result["error"] = error
-        try:
-            if self.folder.path.is_dir() and max_steps is not None:
-                extra = {"error": error} if error else {}
-                self.folder.write_status(status, step, max_steps, **extra)
-                self.log(f"{status} at step {step}" + (f": {error}" if error else ""))
-            self.folder.close()
-        except OSError as e:  # a full disk must not hide the error that ended the run
-            if not is_disk_full(e):
-                raise
-        self.lock.release()
-        if self.owns_group:
-            torch.distributed.destroy_process_group()
-        self.events.on_train_end(result)
-        return result
+        return setup.end(self, status, error)
 
     # -- checkpoints, metrics, evaluation ------------------------------------------------
 

@@ -75,8 +75,8 @@ def sources(model) -> dict[str, object]:
         prefix, _, leaf = name.rpartition(".")
         m = modules.get(prefix)
         if leaf == "weight" and isinstance(m, LoRALinear):
-            out[name] = lambda m=m, base=base: base() + m.scale * (
-                m.lora_B.detach().float() @ m.lora_A.detach().float()
+            out[name] = lambda m=m, base=base: (
+                base() + m.scale * (m.lora_B.detach().float() @ m.lora_A.detach().float())
             )
         else:
             out[name] = base

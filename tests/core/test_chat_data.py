@@ -16,8 +16,9 @@ from helpers import StopAfter, tiny_config
 from core.cli.train import main as train_main
 from core.data.chat import DEFAULT_TEMPLATE, special_tokens, template_of
 from core.data.chatdata import Packer, encode_example, is_chat, parse_example, read_examples
-from core.data.prepare import TokenData, data_spec, prepare
+from core.data.prepare import data_spec, prepare
 from core.data.tokenizer import bytes_tokenizer, pretrained_tokenizer
+from core.data.windows import TokenData
 from core.errors import DataError
 from core.runs.folder import read_metrics
 from core.training.trainer import Trainer

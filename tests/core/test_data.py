@@ -10,15 +10,10 @@ import torch
 from helpers import Recorder, StopAfter, tiny_config
 
 from core.data import prepare as data_mod
-from core.data.prepare import (
-    DEFAULT_CORPUS,
-    DataSpec,
-    PrepareCancelled,
-    TokenData,
-    find_sources,
-    prepare,
-)
+from core.data.prepare import DataSpec, PrepareCancelled, prepare
+from core.data.sources import DEFAULT_CORPUS, find_sources
 from core.data.tokenizer import Tokenizer, bytes_tokenizer, train_bpe
+from core.data.windows import TokenData
 from core.errors import CheckpointError, DataError
 from core.runs.folder import read_metrics
 from core.training.trainer import Trainer
@@ -175,7 +170,8 @@ def test_cancelled_preparation_leaves_nothing_trusted(tmp_path, text_file):
 CHILD = """
 import os, signal, sys
 from pathlib import Path
-from core.data.prepare import DataSpec, find_sources, prepare
+from core.data.sources import find_sources
+from core.data.prepare import DataSpec, prepare
 spec = DataSpec(find_sources(sys.argv[1], [".txt"], 10_000), "bytes", 512, 0.1)
 def die(phase, done, total):
     os.kill(os.getpid(), signal.SIGKILL)  # a power cut in the middle of tokenizing

@@ -106,7 +106,8 @@ def test_fine_tune_lowers_val_loss_and_hf_export_matches(models, data_file, tmp_
 
 
 def test_documents_are_separated_by_the_models_eos_and_bos(models, tmp_path):
-    from core.data.prepare import DataSpec, find_sources, prepare
+    from core.data.prepare import DataSpec, prepare
+    from core.data.sources import find_sources
 
     folder, _, tok = models["llama"]  # its tokenizer adds BOS
     docs = tmp_path / "docs"

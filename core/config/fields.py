@@ -1,0 +1,465 @@
+"""The fields of TrainConfig, one declaration each (default, help, form label and group, range,
+resume rules, CLI flag), in five groups: core.config.spec joins them and validates."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+LORA_TARGETS = ("attn", "mlp", "all")
+LORA_TARGET_HELP = (
+    "layers that get LoRA adapters; attn: attention projections (Llama, Mistral, Qwen: "
+    "q_proj, k_proj, v_proj, o_proj; GPT-2: c_attn, attn.c_proj); mlp: feed-forward "
+    "(gate_proj, up_proj, down_proj; GPT-2: c_fc, mlp.c_proj); all: both"
+)
+TOKENIZERS = ("bytes", "bpe", "model")  # model: the pretrained model's own (init_from)
+DATA_FORMATS = ("auto", "text", "chat")  # chat: .jsonl examples (core.data.chatdata)
+ARCHS = ("gpt2", "llama")
+OPTIMIZERS = ("auto", "adamw", "muon")  # auto: muon for a new model, adamw for a fine-tune
+SCHEDULES = ("cosine", "wsd")
+DECAY_SHAPES = ("linear", "sqrt")  # sqrt: 1 - sqrt(progress)
+
+
+@dataclass(frozen=True)
+class Spec:
+    """Everything said about one config field: CLI flag, form widget and validation read it."""
+
+    help: str
+    label: str = ""  # the form's label; empty: the field has no widget in the form
+    group: str | None = None  # the form's group box
+    low: float | None = None  # inclusive bounds for numbers; None: unbounded
+    high: float | None = None
+    choices: tuple[str, ...] = ()
+    optional: bool = False  # None is allowed (and means "not set")
+    arch: bool = False  # changes tensor shapes: a checkpoint cannot be loaded into another value
+    stream: bool = False  # changes which tokens are drawn: a resumed run would be another run
+    state: bool = False  # changes what the optimizer state holds: a checkpoint cannot resume
+    cli: bool = True  # has a --flag of its own (booleans that default to true get --no-flag)
+    widget: str = ""  # a special form widget: "limit", "device", "text"
+
+
+def spec(default, help: str, **kw):
+    """A dataclass field carrying its Spec; a list default is copied per instance."""
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"spec": Spec(help, **kw)})
+    return field(default=default, metadata={"spec": Spec(help, **kw)})
+
+
+MODEL, BATCH, EXECUTION, INTERVALS, DATA, ADVANCED = (
+    "Model", "Batch and schedule", "Execution", "Intervals (steps)", "Data", "Advanced",
+)  # fmt: skip
+
+
+@dataclass
+class ModelFields:
+    """What the network is: shape, architecture, LoRA."""
+
+    # model
+    init_from: str | None = spec(
+        None,
+        "start from a pretrained model: a Hugging Face model folder or hub id "
+        "(GPT-2, Llama, Mistral, Qwen2, Qwen3 families); default: a new model",
+        optional=True,
+        arch=True,
+    )
+    hidden_dim: int = spec(
+        128,
+        "model width; must divide by n_heads",
+        label="Hidden dim",
+        group=MODEL,
+        low=8,
+        high=16384,
+        arch=True,
+    )
+    n_layers: int = spec(
+        2, "transformer blocks", label="Layers", group=MODEL, low=1, high=256, arch=True
+    )
+    n_heads: int = spec(
+        4,
+        "attention heads; hidden_dim / n_heads is the head size",
+        label="Heads",
+        group=MODEL,
+        low=1,
+        high=256,
+        arch=True,
+    )
+    seq_len: int = spec(
+        128,
+        "context length in tokens",
+        label="Context length",
+        group=MODEL,
+        low=8,
+        high=65536,
+        arch=True,
+    )
+    arch: str = spec(
+        "llama",
+        "a new model's architecture; llama: RMSNorm, rotary positions, SwiGLU, no biases "
+        "(exports as a Llama model); gpt2: LayerNorm, learned positions, GELU (nanoGPT's). "
+        "A pretrained model keeps its own",
+        label="Architecture",
+        group=MODEL,
+        choices=ARCHS,
+        arch=True,
+    )
+    n_kv_heads: int | None = spec(
+        None,
+        "llama: key/value heads for grouped-query attention; must divide n_heads "
+        "(default: n_heads)",
+        low=1,
+        high=256,
+        optional=True,
+        arch=True,
+    )
+    qk_norm: bool = spec(
+        False,
+        "llama: RMSNorm over each head of q and k (exports as a Qwen3 model)",
+        label="QK-norm",
+        group=ADVANCED,
+        arch=True,
+    )
+    dropout: float = spec(
+        0.0, "dropout probability", label="Dropout", group=ADVANCED, low=0.0, high=0.9
+    )
+    # LoRA: 0 trains every weight; R > 0 freezes them and trains rank-R adapters
+    lora_rank: int = spec(
+        0,
+        "LoRA adapter rank; 0: full fine-tuning (every weight trains)",
+        label="LoRA rank",
+        group=MODEL,
+        low=0,
+        high=4096,
+        arch=True,
+    )
+    lora_alpha: float | None = spec(
+        None,
+        "LoRA scale numerator (the update is alpha / rank * B A); default: 2 x rank",
+        low=1e-6,
+        high=1e6,
+        optional=True,
+        arch=True,
+    )
+    lora_dropout: float = spec(
+        0.0, "dropout on the LoRA input", label="LoRA dropout", group=ADVANCED, low=0.0, high=0.9
+    )
+    lora_targets: str = spec(
+        "all",
+        LORA_TARGET_HELP,
+        label="LoRA targets",
+        group=ADVANCED,
+        choices=LORA_TARGETS,
+        arch=True,
+    )
+    bias: bool = spec(
+        True,
+        "biases in Linear and LayerNorm layers (without, as nanoGPT's bias=False: a bit faster)",
+        label="Biases",
+        group=ADVANCED,
+        arch=True,
+    )
+
+
+@dataclass
+class ScheduleFields:
+    """How it learns: batch, optimizer, schedule, length of the run."""
+
+    # batch and schedule
+    batch_size: int = spec(
+        8, "sequences per micro-batch", label="Batch size", group=BATCH, low=1, high=65536
+    )
+    grad_accum: int = spec(
+        1,
+        "micro-batches per optimizer step",
+        label="Grad accumulation",
+        group=BATCH,
+        low=1,
+        high=65536,
+    )
+    optimizer: str = spec(
+        "auto",
+        "muon: Muon for the hidden weight matrices, AdamW for embeddings, head and norms; "
+        "adamw: AdamW for all; auto: muon for a new model, adamw for a pretrained one",
+        label="Optimizer",
+        group=BATCH,
+        choices=OPTIMIZERS,
+        state=True,
+    )
+    lr: float | None = spec(
+        None,
+        "peak learning rate of AdamW (with muon: of the embeddings, head and norms); "
+        "default: scaled with the model's width (core.config.recipe)",
+        label="Learning rate",
+        group=BATCH,
+        low=1e-8,
+        high=1.0,
+        optional=True,
+    )
+    muon_lr: float | None = spec(
+        None,
+        "peak learning rate of Muon's hidden matrices (default: core.config.recipe's)",
+        label="Muon lr",
+        group=ADVANCED,
+        low=1e-8,
+        high=10.0,
+        optional=True,
+    )
+    warmup_steps: int = spec(20, "linear warmup steps", label="Warmup steps", group=BATCH, low=0)
+    schedule: str = spec(
+        "cosine",
+        "cosine: decay from the first step after warmup; wsd: warmup, a stable phase, then "
+        "a decay over the last decay_fraction of the run (a run can be finished early)",
+        label="Schedule",
+        group=BATCH,
+        choices=SCHEDULES,
+    )
+    decay_fraction: float = spec(
+        0.2,
+        "wsd: share of the run spent decaying the learning rate; also the default length "
+        "of a Finish cooldown, as a share of the steps done",
+        label="Decay share",
+        group=ADVANCED,
+        low=0.0,
+        high=1.0,
+    )
+    decay_shape: str = spec(
+        "linear",
+        "wsd and Finish: linear, or sqrt (1 - sqrt of the progress: drops fast, then slowly)",
+        label="Decay shape",
+        group=ADVANCED,
+        choices=DECAY_SHAPES,
+    )
+    finish_steps: int | None = spec(
+        None,
+        "steps of the cooldown a Finish request runs before saving and stopping "
+        "(default: decay_fraction x the steps done)",
+        low=1,
+        optional=True,
+    )
+    max_time: str | None = spec(
+        None,
+        "train for this long, e.g. 90s, 45m, 2h, 1h30m (overrides --max-steps and "
+        "--max-epochs): steps are planned from the measured speed",
+        optional=True,
+    )
+    max_steps: int | None = spec(
+        500,
+        "optimizer steps to train",
+        label="Train for",
+        group=BATCH,
+        low=1,
+        optional=True,
+        widget="limit",
+    )
+    max_epochs: float | None = spec(
+        None, "passes over the training tokens (overrides --max-steps)", low=0.001, optional=True
+    )
+    min_lr_ratio: float = spec(
+        0.1,
+        "final lr as a fraction of the peak",
+        label="Min lr ratio",
+        group=ADVANCED,
+        low=0.0,
+        high=1.0,
+    )
+    weight_decay: float = spec(
+        0.1, "AdamW weight decay", label="Weight decay", group=ADVANCED, low=0.0, high=1.0
+    )
+    beta1: float = spec(
+        0.9, "AdamW beta1 (momentum)", label="AdamW beta1", group=ADVANCED, low=0.0, high=0.9999
+    )
+    beta2: float = spec(
+        0.95,
+        "AdamW beta2 (0.99 suits small models and data)",
+        label="AdamW beta2",
+        group=ADVANCED,
+        low=0.0,
+        high=0.99999,
+    )
+    grad_clip: float = spec(
+        1.0, "max gradient norm; 0 disables clipping", label="Grad clip", group=ADVANCED, low=0.0
+    )
+
+
+@dataclass
+class ExecutionFields:
+    """Where and how it runs: precision, device, compile, seed."""
+
+    # execution
+    precision: str = spec(
+        "auto",
+        "auto: bf16 where the GPU supports it, else fp16; fp32 on the CPU",
+        label="Precision",
+        group=EXECUTION,
+        choices=PRECISIONS,
+    )
+    device: str = spec(
+        "auto",
+        "auto | cpu | cuda | cuda:N (auto: the first CUDA GPU if there is one, else the CPU)",
+        label="Device",
+        group=EXECUTION,
+        widget="device",
+    )
+    compile: bool = spec(
+        False,
+        "torch.compile the model: faster steps on a GPU after a slow first step",
+        label="torch.compile",
+        group=EXECUTION,
+    )
+    grad_checkpointing: bool = spec(
+        False,
+        "recompute activations in the backward pass: less memory, about 30% slower",
+        label="Gradient checkpointing",
+        group=EXECUTION,
+    )
+    deterministic: bool = spec(
+        False,
+        "deterministic kernels, so CUDA runs repeat bit for bit (slower)",
+        label="Deterministic",
+        group=ADVANCED,
+    )
+    seed: int = spec(
+        1337,
+        "random seed",
+        label="Seed",
+        group=ADVANCED,
+        low=0,
+        high=2**63 - 1,
+        stream=True,
+        widget="text",
+    )
+
+
+@dataclass
+class DataFields:
+    """What it learns from: data, tokenizer, format, split."""
+
+    # data: None means the embedded default corpus
+    data: str | None = spec(
+        None,
+        "a text file or a folder of them (default: the embedded corpus)",
+        optional=True,
+        stream=True,
+    )
+    tokenizer: str = spec(
+        "bytes",
+        "bytes: 256 tokens, nothing to learn; bpe: a byte-level BPE learned from your data "
+        "once (Hugging Face tokenizers), fewer tokens per byte; model: a pretrained "
+        "model's own (set by init_from)",
+        label="Tokenizer",
+        group=DATA,
+        choices=TOKENIZERS,
+        arch=True,
+    )
+    vocab_size: int = spec(
+        8192,
+        "BPE vocabulary size (with tokenizer bpe; bytes always have 256)",
+        label="BPE vocab",
+        group=DATA,
+        low=512,
+        high=65536,
+        arch=True,
+    )
+    data_format: str = spec(
+        "auto",
+        "text: plain text; chat: .jsonl examples (messages, prompt/completion or Alpaca) "
+        "rendered with the model's chat template, loss on the answers only; auto: chat for "
+        ".jsonl data, else text",
+        label="Data format",
+        group=DATA,
+        choices=DATA_FORMATS,
+        stream=True,
+    )
+    train_on_prompts: bool = spec(
+        False,
+        "chat data: let system and user turns carry the loss too (default: answers only)",
+        label="Train on prompts",
+        group=ADVANCED,
+        stream=True,
+    )
+    drop_long: bool = spec(
+        False,
+        "chat data: skip examples longer than the context (default: truncate them)",
+        label="Drop long examples",
+        group=ADVANCED,
+        stream=True,
+    )
+    skip_bad_lines: bool = spec(
+        False,
+        "chat data: skip and count malformed lines (default: stop at the first, naming it)",
+        label="Skip bad lines",
+        group=ADVANCED,
+        stream=True,
+    )
+    data_extensions: list[str] = spec(
+        [".txt", ".md"],
+        "file endings read from a data folder, comma separated",
+        label="File endings",
+        group=ADVANCED,
+        stream=True,
+        widget="text",
+    )
+    val_fraction: float = spec(
+        0.05,
+        "share of the data held out for validation",
+        label="Validation share",
+        group=ADVANCED,
+        low=0.001,
+        high=0.5,
+        stream=True,
+    )
+    corpus_max_bytes: int = spec(
+        4_000_000,
+        "bytes of the embedded corpus used (your own data is used whole)",
+        label="Corpus cap (bytes)",
+        group=ADVANCED,
+        low=10_000,
+        stream=True,
+    )
+    max_data_bytes: int | None = spec(
+        None,
+        "use only the first N bytes of your data (default: all of it)",
+        low=1000,
+        optional=True,
+        stream=True,
+    )
+
+
+@dataclass
+class IntervalFields:
+    """How often it evaluates, saves and samples."""
+
+    # intervals
+    eval_every: int = spec(
+        100, "steps between validation runs", label="Eval every", group=INTERVALS, low=1
+    )
+    ckpt_every: int = spec(
+        200, "steps between checkpoints", label="Checkpoint every", group=INTERVALS, low=1
+    )
+    log_every: int = spec(
+        10,
+        "steps between metric reads (each read syncs the GPU)",
+        label="Log every",
+        group=INTERVALS,
+        low=1,
+    )
+    eval_batches: int = spec(
+        8,
+        "validation batches (optimizer-step sized) per eval",
+        label="Eval batches",
+        group=ADVANCED,
+        low=1,
+        high=10_000,
+    )
+    keep_checkpoints: int = spec(
+        3, "step-NNNNNN.pt files kept", label="Keep checkpoints", group=ADVANCED, low=0, high=1000
+    )
+    sample_tokens: int = spec(
+        200,
+        "tokens of text generated at each evaluation",
+        label="Sample tokens",
+        group=ADVANCED,
+        low=0,
+        high=100_000,
+    )
+    # informational: which preset filled this in
+    preset: str | None = spec(None, "the preset this config came from", optional=True, cli=False)
