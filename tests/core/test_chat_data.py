@@ -233,6 +233,7 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+@pytest.mark.slow  # over ~10 s on 2 cores
 def test_answers_only_loss_learns_a_skill_that_plain_training_learns_worse(tmp_path, one_thread):
     data = skill_data(tmp_path)
     r = random.Random(1000)

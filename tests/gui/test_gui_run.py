@@ -69,6 +69,7 @@ def test_run_from_the_window_updates_plots_progress_and_run_folder(make_window, 
     assert window.start_button.isEnabled() and window.out_edit.text() == ""
 
 
+@pytest.mark.slow  # over ~10 s on 2 cores
 def test_stop_leaves_a_checkpoint_and_resume_continues_the_curve(make_window, qtbot, dialogs):
     window = tiny_window(make_window, max_steps=5000, ckpt_every=1000, eval_every=10)
     assert window.start()
@@ -187,6 +188,7 @@ def test_out_of_memory_notice_updates_the_form_then_fails_at_batch_1(
     assert title == "Training stopped" and "out of memory" in text and "batch_size 1" in text
 
 
+@pytest.mark.slow  # over ~10 s on 2 cores
 def test_autostart_resume_latest_and_resume_from_the_command_line(make_window, qtbot, gui_env):
     from gui.__main__ import build_parser, launch
 

@@ -20,6 +20,7 @@ def run(*args, cwd):
     return proc
 
 
+@pytest.mark.slow  # over ~10 s on 2 cores
 def test_two_processes_match_one_process_with_the_whole_batch(tmp_path):
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     out = run(*torchrun, "--nproc_per_node", "2", "-m", "core.train", *ARGS,
