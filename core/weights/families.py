@@ -206,7 +206,7 @@ def split_rows(name: str, c: GPTConfig, tensor: torch.Tensor, n_parts: int) -> l
     return list(tensor.split(sizes, dim=0))
 
 
-def _normalise_hf(names: list[str], family: str) -> dict[str, str]:
+def normalise_hf(names: list[str], family: str) -> dict[str, str]:
     """Map every name a checkpoint may use to the table's: GPT-2 files saved by the original
     release have no 'transformer.' prefix."""
     out = {}
@@ -237,7 +237,7 @@ def import_weights(family: str, c: GPTConfig, hf_state: dict, wanted: set[str],
     """Our state dict (names in wanted) from a Hugging Face one; raises naming what is missing.
     lazy: a weight that must be joined (fused q/k/v, gate/up) or transposed comes as a
     function that makes it."""
-    names = _normalise_hf(list(hf_state), family)
+    names = normalise_hf(list(hf_state), family)
     out = {}
     for ours, hf_names, transposed in table(family, c):
         if ours not in wanted:

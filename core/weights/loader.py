@@ -24,6 +24,7 @@ from core.models import lora
 from core.models.model import GPT, GPTConfig
 from core.runs import checkpoint as ckpt
 from core.weights import families
+from core.weights.check import check_weight_files
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 # Small text files of a model folder that an export carries along.
@@ -309,6 +310,8 @@ def open_pretrained(source: str | Path) -> Pretrained:
             f"init_from: the tokenizer has {tokenizer.vocab_size} tokens but the model only "
             f"{config.vocab_size} embedding rows"
         )
+    # Before anything is read or prepared: a damaged or mismatched folder is one line now.
+    check_weight_files(folder, family, config, weight_files(folder))
     files = {
         n: (folder / n).read_text(encoding="utf-8") for n in TEXT_FILES if (folder / n).is_file()
     }
