@@ -14,7 +14,11 @@ REF_WIDTH = 256  # the width the constants below were measured around (and below
 ADAMW_LR = 3e-3  # AdamW alone, at REF_WIDTH and below
 MUON_LR = 0.02  # Muon's hidden matrices, with torch's "original" shape adjustment
 MUON_ADAMW_LR = 6e-3  # the embeddings, head and norms next to Muon
-FINETUNE_LR = 1e-3  # a pretrained start (full or LoRA) when lr is not set
+# A pretrained start (when lr is not set), measured at REF_WIDTH (docs/performance.md,
+# "Fine-tuning defaults"): the largest lr that forgot little, then 1/width as above, with
+# floors at what peers ship for 1-8B models.
+FINETUNE_FULL_LR, FINETUNE_FULL_FLOOR = 1e-4, 1e-5
+FINETUNE_LORA_LR, FINETUNE_LORA_FLOOR = 5e-4, 1e-4
 
 
 def width_factor(hidden_dim: int) -> float:
@@ -34,9 +38,16 @@ def adamw_lr(cfg: TrainConfig) -> float:
     if cfg.lr is not None:
         return cfg.lr
     if cfg.init_from is not None:
-        return FINETUNE_LR
+        return finetune_lr(cfg)
     base = MUON_ADAMW_LR if optimizer(cfg) == "muon" else ADAMW_LR
     return base * width_factor(cfg.hidden_dim)
+
+
+def finetune_lr(cfg: TrainConfig) -> float:
+    """A fine-tune's default: LoRA's adapters take a larger lr than all the weights do."""
+    if cfg.lora_rank:
+        return max(FINETUNE_LORA_FLOOR, FINETUNE_LORA_LR * width_factor(cfg.hidden_dim))
+    return max(FINETUNE_FULL_FLOOR, FINETUNE_FULL_LR * width_factor(cfg.hidden_dim))
 
 
 def muon_lr(cfg: TrainConfig) -> float:

@@ -34,12 +34,29 @@ class Plan:
         return from_known(cls, d)
 
 
+WARMUP_FRACTION = 0.1  # a fine-tune warms up for at most this share of its run (as peers do)
+
+
+def warmup_steps(cfg: TrainConfig, max_steps: int, warm_from: int = 0) -> int:
+    """The warmup a run gets: the config's, never longer than the run, and for a pretrained
+    start at most a tenth of it (a short fine-tune must not spend itself warming up)."""
+    run = max(1, max_steps - warm_from)
+    if cfg.init_from is not None:
+        return max(1, min(cfg.warmup_steps, math.ceil(WARMUP_FRACTION * run)))
+    return min(cfg.warmup_steps, run)
+
+
+def _warmup(cfg: TrainConfig, plan: Plan) -> int:
+    """A plan's warmup, from the length it was laid out for (a Finish keeps it)."""
+    return warmup_steps(cfg, plan.cosine_steps or plan.max_steps, plan.warm_from)
+
+
 def plan_for(cfg: TrainConfig, max_steps: int, warm_from: int = 0) -> Plan:
     """The schedule laid out for max_steps; warm_from: extending an ended run from there."""
     if cfg.schedule == "cosine":
         return Plan(max_steps, max_steps, cosine_steps=max_steps, warm_from=warm_from)
     decay = max(1, round(cfg.decay_fraction * (max_steps - warm_from)))
-    start = max(warm_from + cfg.warmup_steps, max_steps - decay)
+    start = max(warm_from + warmup_steps(cfg, max_steps, warm_from), max_steps - decay)
     return Plan(max_steps, min(start, max_steps), warm_from=warm_from)
 
 
@@ -47,7 +64,7 @@ def _main(step: int, cfg: TrainConfig, plan: Plan) -> float:
     """The factor outside warmup and decay: 1 (wsd's stable phase) or the cosine."""
     if cfg.schedule != "cosine":
         return 1.0
-    start = plan.warm_from + cfg.warmup_steps
+    start = plan.warm_from + _warmup(cfg, plan)
     span = max(1, plan.cosine_steps - start)
     progress = min(1.0, max(0, step - start) / span)
     return cfg.min_lr_ratio + 0.5 * (1 - cfg.min_lr_ratio) * (1 + math.cos(math.pi * progress))
@@ -60,9 +77,9 @@ def _decay(progress: float, shape: str) -> float:
 def lr_factor(step: int, cfg: TrainConfig, plan: Plan) -> float:
     """The peak lr's multiplier at step (0-based): warmup, then the main phase, then the
     decay to min_lr_ratio, which the last step reaches."""
-    warm = step - plan.warm_from
-    if 0 <= warm < cfg.warmup_steps and step < plan.decay_start:
-        return (warm + 1) / cfg.warmup_steps * _main(step, cfg, plan)
+    warm, length = step - plan.warm_from, _warmup(cfg, plan)
+    if 0 <= warm < length and step < plan.decay_start:
+        return (warm + 1) / length * _main(step, cfg, plan)
     if step < plan.decay_start:
         return _main(step, cfg, plan)
     top = plan.decay_top if plan.decay_top is not None else _main(plan.decay_start, cfg, plan)

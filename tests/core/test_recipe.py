@@ -285,3 +285,28 @@ def test_a_fine_tune_from_before_v3_resumes_though_its_config_says_gpt2():
     new_model = validate(TrainConfig())
     refused, _ = compare_for_resume(new_model, dataclasses.replace(new_model, arch="gpt2"))
     assert refused == ["arch 'llama' -> 'gpt2' (architecture)"]
+
+
+def test_a_fine_tune_defaults_to_a_small_lr_full_and_a_larger_one_for_lora():
+    full = tiny_config(hidden_dim=576, n_heads=4, lr=None)
+    full = dataclasses.replace(full, init_from="some/model", tokenizer="model")
+    lora = dataclasses.replace(full, lora_rank=16)
+    assert recipe.adamw_lr(full) == pytest.approx(1e-4 * 256 / 576)
+    assert recipe.adamw_lr(lora) == pytest.approx(5e-4 * 256 / 576)
+    big = dataclasses.replace(full, hidden_dim=4096)
+    assert recipe.adamw_lr(big) == pytest.approx(1e-5)  # the floor: what peers ship at 8B
+    assert recipe.adamw_lr(dataclasses.replace(big, lora_rank=16)) == pytest.approx(1e-4)
+    assert recipe.optimizer_line(lora) == f"AdamW lr {5e-4 * 256 / 576:.3g}"
+
+
+def test_warmup_never_outlasts_the_run_and_a_fine_tune_warms_up_for_a_tenth():
+    from core.training.schedule import lr_factor, plan_for, warmup_steps
+
+    new = tiny_config(warmup_steps=50, max_steps=8)
+    assert warmup_steps(new, 8) == 8
+    factors = [lr_factor(s, new, plan_for(new, 8)) for s in range(8)]
+    assert factors[-1] > 0.1 and factors == sorted(factors)  # it never reached the plateau
+    tuned = dataclasses.replace(new, init_from="some/model", tokenizer="model")
+    assert warmup_steps(tuned, 100) == 10 and warmup_steps(tuned, 7) == 1
+    assert warmup_steps(dataclasses.replace(tuned, warmup_steps=4), 100) == 4
+    assert lr_factor(10, tuned, plan_for(tuned, 100)) == pytest.approx(1.0, abs=0.01)

@@ -37,6 +37,16 @@ def test_pretrained_start_shows_the_model_and_fixes_its_shape(make_window, llama
     assert (cfg.init_from, cfg.tokenizer, cfg.hidden_dim, cfg.n_layers, cfg.arch) == (
         str(llama_folder), "model", 32, 2, "llama",
     )  # fmt: skip
+    # auto lr: the fine-tuning default, LoRA's larger than full fine-tuning's
+    from core.config import recipe
+
+    form.set_values(lr=None, lora_rank=0)
+    full = recipe.adamw_lr(form.validated())
+    assert form.widgets["lr"].text() == f"auto ({full:.3g})" and full < 1e-3
+    form.set_values(lora_rank=8)
+    assert form.widgets["lr"].text() == f"auto ({recipe.adamw_lr(form.validated()):.3g})"
+    assert recipe.adamw_lr(form.validated()) > full
+    form.set_values(lora_rank=0)
     # a context longer than the model's is named, and Start waits for a fix
     form.set_values(seq_len=128)
     assert "longer than the pretrained model's context" in (form.error or "")
