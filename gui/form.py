@@ -46,6 +46,7 @@ from core.weights.loader import apply_pretrained
 
 INT_MAX = 2**31 - 1  # QSpinBox holds a C int
 
+PLACEHOLDERS = {"eval_data": "none; a file, a folder, or embedded (general text)"}
 # Box order in the form; each field names its box (core.config.spec's Spec.group).
 GROUP_ORDER = (DATA, MODEL, BATCH, EXECUTION, INTERVALS)
 LABELS = {name: spec.label for name, spec in SPECS.items() if spec.label}
@@ -399,6 +400,7 @@ class ConfigForm(QWidget):
             w.currentTextChanged.connect(self._edited)
         elif spec.widget == "text":
             w = QLineEdit()  # e.g. a seed past a C int, or free text
+            w.setPlaceholderText(PLACEHOLDERS.get(name, ""))
             w.textChanged.connect(self._edited)
         elif KINDS[name] is int:
             w = IntSpin(name)
@@ -466,7 +468,8 @@ class ConfigForm(QWidget):
         elif isinstance(w, Combo):
             w.set_text(str(value))
         elif isinstance(w, QLineEdit):
-            w.setText(", ".join(value) if isinstance(value, list) else str(value))
+            text = "" if value is None else value
+            w.setText(", ".join(text) if isinstance(text, list) else str(text))
         elif isinstance(w, FloatSpin):
             w.set_field_value(value)
         else:
@@ -494,6 +497,8 @@ class ConfigForm(QWidget):
             cfg = dataclasses.replace(cfg, init_from=None, tokenizer=tokenizer)
         else:
             cfg = apply_pretrained(dataclasses.replace(cfg, init_from=pre.name), pre)
+            if not cfg.eval_data:  # offered: a fine-tune's plot then shows forgetting
+                cfg = dataclasses.replace(cfg, eval_data="embedded")
         self.set_config(cfg)
 
     def set_values(self, **values) -> None:

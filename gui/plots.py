@@ -125,6 +125,15 @@ CURVES = [
         right_axis=True,
         antialias=True,
     ),  # fmt: skip
+    CurveSpec(
+        "eval_data_loss",
+        "loss",
+        "second validation set",
+        "#ff7f0e",
+        2.0,
+        symbol="s",
+        antialias=True,
+    ),  # fmt: skip
     CurveSpec("mem_allocated_mb", "memory", "allocated", "#1f77b4"),
     CurveSpec("mem_reserved_mb", "memory", "reserved", "#ff7f0e"),
     CurveSpec("mem_peak_mb", "memory", "peak", "#d62728"),
@@ -144,7 +153,7 @@ PLOTS = {
     "gpu": ("GPU (NVML)", "% / °C"),
 }
 SMOOTH_KEY = "loss_smooth"
-EVAL_KEYS = ("val_loss", "val_bpb")
+EVAL_KEYS = ("val_loss", "val_bpb", "eval_data_loss")
 
 
 class PlotPanel(QWidget):

@@ -340,6 +340,17 @@ class DataFields:
         optional=True,
         stream=True,
     )
+    eval_data: str | None = spec(
+        None,
+        "a second validation set, scored at every evaluation beside the run's own: a text "
+        "file, a folder of them, or 'embedded' (the embedded corpus, general code and "
+        "English). A fine-tune whose own validation loss falls while this one rises is "
+        "forgetting what it knew",
+        label="Second validation",
+        group=DATA,
+        optional=True,
+        widget="text",
+    )
     tokenizer: str = spec(
         "bytes",
         "bytes: 256 tokens, nothing to learn; bpe: a byte-level BPE learned from your data "

@@ -135,7 +135,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     if not isinstance(exts, list) or not exts or not all(isinstance(e, str) for e in exts):
         raise ConfigError("data_extensions: expected a list of file endings such as ['.txt']")
     values["data_extensions"] = [e if e.startswith(".") else "." + e for e in exts]
-    for name in ("data", "init_from"):
+    for name in ("data", "init_from", "eval_data"):
         if values[name] is not None and not isinstance(values[name], str):
             raise ConfigError(f"{name}: expected a path, got {values[name]!r}")
         if values[name] == "":

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import os
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from core.data.sources import find_sources
 from core.data.tokenizer import Tokenizer
 from core.errors import DataError
 
@@ -155,3 +157,53 @@ class TokenData:
             "cache": str(self.folder),
             **({"data_format": "chat", "examples": m["examples"]} if self.is_chat else {}),
         }
+
+
+EVAL_TEXT_BYTES = 1 << 20  # a second validation set reads at most this much text
+
+
+@dataclass
+class TextWindows:
+    """Fixed windows of a text for scoring (the second validation set): inputs, targets, and
+    the text's bytes per token, for bits per byte."""
+
+    source: str
+    x: torch.Tensor  # (windows, seq_len) token ids
+    y: torch.Tensor  # the next tokens
+    bytes_per_token: float
+
+
+TEXT_EXTENSIONS = (".txt", ".md", ".py")
+
+
+def text_sources(data: str):
+    """A second validation set's files (a file, a folder, or 'embedded'); refused in one line
+    naming eval_data when there is nothing to read. Nothing is read yet."""
+    try:
+        return find_sources(None if data == "embedded" else data, list(TEXT_EXTENSIONS), None)
+    except DataError as e:  # named after this field, not --data
+        raise DataError("eval_data:" + str(e).removeprefix("data:")) from None
+
+
+def text_windows(data: str, tokenizer: Tokenizer, seq_len: int, count: int) -> TextWindows:
+    """Up to count windows of seq_len + 1 tokens from the start of a text file or folder, or
+    of the embedded corpus for 'embedded'; a text too short for one window is refused."""
+    sources = text_sources(data)
+    text, left = [], EVAL_TEXT_BYTES
+    for path in sources.files:
+        if left <= 0:
+            break
+        raw = path.read_bytes()[:left]
+        text.append(raw.decode("utf-8", errors="replace"))
+        left -= len(raw)
+    joined = "\n".join(text)
+    ids = tokenizer.encode(joined)
+    n = min(count, len(ids) // (seq_len + 1))
+    if n == 0:
+        raise DataError(
+            f"eval_data: {sources.description} gives {len(ids)} tokens; one window needs "
+            f"{seq_len + 1}"
+        )
+    rows = torch.tensor(ids[: n * (seq_len + 1)], dtype=torch.int64).view(n, seq_len + 1)
+    per_token = len(joined.encode("utf-8")) / max(1, len(ids))
+    return TextWindows(sources.description, rows[:, :-1], rows[:, 1:], per_token)

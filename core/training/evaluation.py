@@ -45,3 +45,24 @@ def sample_text(model, data: TokenData, tokens: int, seed: int, device, precisio
         out = model.generate(prompt, tokens, gen)
     model.train()
     return data.tokenizer.decode(out[0].tolist())
+
+
+@torch.no_grad()
+def windows_loss(model, train_model, windows, batch: int, device, precision) -> float:
+    """Mean loss over a TextWindows set (the second validation set), in batches."""
+    model.eval()
+    total = 0.0
+    for start in range(0, len(windows.x), batch):
+        x, y = windows.x[start : start + batch], windows.y[start : start + batch]
+        with autocast(device, precision):
+            _, loss = train_model(to_device(x, device), to_device(y, device))
+        total += float(loss) * len(x)
+    model.train()
+    return total / len(windows.x)
+
+
+def second_scores(t) -> dict:
+    """eval_data_loss and eval_data_bpb of trainer t's second validation set."""
+    w = t.second_val
+    loss = windows_loss(t.model, t.train_model, w, t.cfg.batch_size, t.device, t.precision)
+    return {"eval_data_loss": loss, "eval_data_bpb": loss / math.log(2) / w.bytes_per_token}

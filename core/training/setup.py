@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from core.data.windows import text_sources, text_windows
 from core.errors import CheckpointError
 from core.platform.atomic import is_disk_full
 from core.platform.device import resolve_device, resolve_precision
@@ -27,6 +28,8 @@ def setup(t) -> None:
     state = None
     if t.resume_from:
         state = resume.load_resume_state(t.resume_from, cfg, t.pretrained, t.log)
+    if cfg.eval_data:  # a wrong path is named before any data is prepared
+        text_sources(cfg.eval_data)
     t.device = resolve_device(t.world.device_name(cfg.device))
     t.owns_group = t.world.init(t.device)
     t.precision = resolve_precision(cfg.precision, t.device)
@@ -35,6 +38,14 @@ def setup(t) -> None:
         allow_change=t.allow_data_change, events=t.events,
         stop=t.control.stop_set, log=t.log_early,
     )  # fmt: skip
+    t.second_val = None
+    if cfg.eval_data:  # the same windows every evaluation: a curve that shows forgetting
+        count = cfg.eval_batches * cfg.batch_size * cfg.grad_accum
+        t.second_val = text_windows(cfg.eval_data, t.data.tokenizer, cfg.seq_len, count)
+        t.log_early(f"second validation set: {t.second_val.source}, {len(t.second_val.x)} windows")
+    elif t.pretrained is not None:
+        t.log_early("tip: --eval-data embedded scores general text at every evaluation too, "
+                    "so the plot shows what the fine-tune forgets")  # fmt: skip
     # Only now, with the input known good, does a new run get its folder.
     t.folder.create(resuming=state is not None)
     if t.world.main and not t.lock.held:

@@ -70,6 +70,7 @@ class Trainer:
         self.budget = TimeBudget(budget, 0) if budget else None
         self.step, self.best_val, self.last_loss = 0, float("inf"), None
         self.base: dict | None = None  # the pretrained base a checkpoint names
+        self.second_val = None  # --eval-data's windows (core.data.windows.TextWindows)
         self._pending: list[tuple[int, torch.Tensor, float]] = []  # (step, loss, lr) unread
         self.early_logs: list[str] = []
         self.owns_group = False  # this trainer created the process group
@@ -314,9 +315,13 @@ class Trainer:
         train_s = round(self.clock.elapsed() - self.clock.paused_total, 3)  # eval excluded
         bpb = evaluation.bits_per_byte(val, self.data)
         record = {"step": self.step, "val_loss": val, "val_bpb": bpb, "train_s": train_s}
+        line = f"{what}: val_loss {val:.4f}, {bpb:.4f} bits/byte"
+        if self.second_val is not None:
+            record.update(evaluation.second_scores(self))
+            line += f"; second validation set {record['eval_data_loss']:.4f}"
         self.folder.append_metric(record)
         self.events.on_eval(record)
-        self.log(f"{what}: val_loss {val:.4f}, {bpb:.4f} bits/byte")
+        self.log(line)
         return val
 
     def _eval_and_sample(self) -> None:
