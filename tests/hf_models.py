@@ -88,13 +88,14 @@ def make_tokenizer(folder: Path, family: str):
 def make_config(family: str, vocab: int, **extra):
     import transformers as t
 
-    common = {"vocab_size": vocab, "initializer_range": 0.3}
+    common = {"vocab_size": vocab, "initializer_range": extra.pop("initializer_range", 0.3)}
     if family == "gpt2":
         return t.GPT2Config(n_positions=64, n_embd=32, n_layer=2, n_head=4, **common, **extra)
     shape = {
         "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64,
     }  # fmt: skip
+    shape = {**shape, **{k: extra.pop(k) for k in list(extra) if k in shape}}
     if family == "llama2":
         return t.LlamaConfig(**shape, **common, **extra)
     if family == "llama":

@@ -15,6 +15,7 @@ LORA_TARGET_HELP = (
 TOKENIZERS = ("bytes", "bpe", "model")  # model: the pretrained model's own (init_from)
 DATA_FORMATS = ("auto", "text", "chat")  # chat: .jsonl examples (core.data.chatdata)
 ARCHS = ("gpt2", "llama")
+BASE_BITS = ("auto", "4", "8", "16", "32")  # as strings: as written on the command line
 OPTIMIZERS = ("auto", "adamw", "muon")  # auto: muon for a new model, adamw for a fine-tune
 SCHEDULES = ("cosine", "wsd")
 DECAY_SHAPES = ("linear", "sqrt")  # sqrt: 1 - sqrt(progress)
@@ -149,6 +150,15 @@ class ModelFields:
         group=ADVANCED,
         choices=LORA_TARGETS,
         arch=True,
+    )
+    base_bits: str = spec(
+        "auto",
+        "the frozen base's precision under LoRA: 4 (NF4 with double quantization: QLoRA, "
+        "through bitsandbytes), 8 (int8), 16, 32; auto: 16 on a GPU in 16-bit precision, "
+        "else 32",
+        label="Base precision",
+        group=ADVANCED,
+        choices=BASE_BITS,
     )
     bias: bool = spec(
         True,

@@ -143,6 +143,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     _check_arch(values)
     if values["max_time"] is not None:
         values["max_time"] = format_duration(parse_duration(values["max_time"]))
+    _check_base_bits(values)
     if values["lora_rank"] == 0 and values["lora_alpha"] is not None:
         raise ConfigError("lora_alpha: set only with lora_rank > 0 (rank 0 is full fine-tuning)")
     if (values["tokenizer"] == "model") != (values["init_from"] is not None):
@@ -155,6 +156,17 @@ def validate(cfg: TrainConfig) -> TrainConfig:
 
 # A new model's architecture fields: for a pretrained start its own config.json decides them.
 PRETRAINED_SHAPE = ("arch", "n_kv_heads", "qk_norm")
+
+
+def _check_base_bits(values: dict) -> None:
+    bits = values["base_bits"]
+    if bits in ("4", "8") and values["init_from"] is None:
+        raise ConfigError(f"base_bits: a {bits}-bit base needs a pretrained start (init_from)")
+    if bits in ("4", "8") and not values["lora_rank"]:
+        raise ConfigError(
+            f"base_bits: a {bits}-bit base trains only with LoRA (lora_rank > 0); full "
+            "fine-tuning needs base_bits 16, 32 or auto"
+        )
 
 
 def _check_arch(values: dict) -> None:
@@ -264,7 +276,9 @@ def compare_for_resume(saved: TrainConfig, requested: TrainConfig) -> tuple[list
         if f.name in PRETRAINED_SHAPE and saved.init_from and requested.init_from:
             continue  # the base model's shape decides (and a v2 config says gpt2 for any)
         change = f"{f.name} {old!r} -> {new!r}"
-        if f.name in ARCH_FIELDS:
+        if f.name == "base_bits":
+            refused.append(f"{change} (the base model's precision the adapters trained on)")
+        elif f.name in ARCH_FIELDS:
             refused.append(f"{change} (architecture)")
         elif f.name in STREAM_FIELDS:
             refused.append(f"{change} (data stream)")

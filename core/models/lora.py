@@ -33,13 +33,20 @@ class LoRALinear(nn.Linear):
         self.rank, self.alpha = rank, alpha
         self.scale = alpha / rank
         device = base.weight.device
+        if device.type == "meta":  # a memory-mapped base made later: the adapters are real
+            device = torch.device("cpu")
         self.lora_A = nn.Parameter(torch.empty(rank, self.in_features, device=device))
         self.lora_B = nn.Parameter(torch.zeros(self.out_features, rank, device=device))
         nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))  # as PEFT initialises A
         self.lora_dropout = nn.Dropout(dropout)
+        self.base_quantized = None  # a bitsandbytes layer holding the base (core.models.quant)
 
     def forward(self, x):
-        base = F.linear(x, self.weight, self.bias)
+        if self.base_quantized is not None:
+            base = self.base_quantized(x)
+            base = base + self.bias if self.bias is not None else base
+        else:
+            base = F.linear(x, self.weight, self.bias)
         a, b = self.lora_A, self.lora_B
         delta = F.linear(F.linear(self.lora_dropout(x).to(a.dtype), a), b)
         return base + (self.scale * delta).to(base.dtype)

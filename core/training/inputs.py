@@ -15,7 +15,7 @@ from core.data.sources import data_changes
 from core.data.tokenizer import Tokenizer
 from core.data.windows import TokenData
 from core.errors import CheckpointError
-from core.models import lora
+from core.models import lora, quant
 from core.models.model import GPT, GPTConfig
 from core.weights.loader import Pretrained
 
@@ -70,17 +70,61 @@ def data_info(data: TokenData) -> dict:
     }
 
 
+def base_bits(cfg: TrainConfig, device, precision) -> int:
+    """The frozen base's bits: as asked, or auto: 16 under a GPU's 16-bit precision, else 32."""
+    if cfg.base_bits != "auto":
+        return int(cfg.base_bits)
+    return 16 if precision in ("bf16", "fp16") and device.type == "cuda" else 32
+
+
 def build_model(cfg: TrainConfig, pretrained: Pretrained | None, device, precision, log) -> GPT:
     if pretrained is None:
         model = GPT(GPTConfig.from_train(cfg))
-    else:
-        model = pretrained.load_model(GPTConfig.from_train(cfg, base=pretrained.config))
-        log(f"starting from {pretrained.name} ({pretrained.family})")
+        lora.apply_config(model, cfg)
+        return model
+    bits = base_bits(cfg, device, precision) if cfg.lora_rank else 32
+    shape = GPTConfig.from_train(cfg, base=pretrained.config)
+    # A quantized base is made layer by layer from the memory-mapped files: the
+    # full-precision model never exists at once.
+    model = pretrained.load_model(shape, mapped=bits in (4, 8))
+    log(f"starting from {pretrained.name} ({pretrained.family})")
     lora.apply_config(model, cfg)
-    if cfg.lora_rank and precision in ("bf16", "fp16") and device.type == "cuda":
-        # the frozen base in 16 bits: half its memory
+    if bits in (4, 8):
+        compute = torch.float32 if precision == "fp32" else torch.bfloat16
+        if precision == "fp16":
+            compute = torch.float16
+        held = quant.quantize_base(model, bits, compute, device)
+        _materialize(model, torch.float32 if device.type == "cpu" else compute)
+        log(f"base in {bits} bits: its adapted layers hold {held / 1024:,.0f} KiB")
+    elif bits == 16:  # the frozen base in 16 bits: half its memory
         lora.freeze_to(model, torch.bfloat16 if precision == "bf16" else torch.float16)
     return model
+
+
+def _materialize(model: GPT, dtype: torch.dtype) -> None:
+    """After the quantized layers are made: the other weights of a memory-mapped model (the
+    embeddings, norms, head, and fused layers without adapters) in dtype, in memory."""
+    import torch.nn as nn
+
+    sources = getattr(model, "weight_sources", {})
+    for name, param in list(model.named_parameters()):
+        if ".base_quantized." in name:
+            continue  # bitsandbytes' own packed weights
+        owner, _, leaf = name.rpartition(".")
+        module = model.get_submodule(owner)
+        if name in sources:
+            value = sources[name]()
+        elif param.is_meta:
+            continue
+        else:
+            value = param.detach()
+        wanted = dtype if value.is_floating_point() else value.dtype
+        tensor = value.to(wanted).clone()
+        setattr(module, leaf, nn.Parameter(tensor, requires_grad=param.requires_grad))
+    if hasattr(model, "weight_sources"):
+        del model.weight_sources
+    if model.config.tie_embeddings:
+        model.head.weight = model.tok_emb.weight
 
 
 def set_switches(cfg: TrainConfig, device: torch.device) -> None:
