@@ -53,7 +53,7 @@ def llama_cpp_figures(path: Path, windows) -> tuple[float, str]:
     n = len(windows[0][0][0]) + 1
     llm = llama_cpp.Llama(str(path), n_ctx=n, logits_all=True, verbose=False)
     nll = count = 0.0
-    for x, y, _ in windows:
+    for x, y, *_ in windows:
         ids = [*x[0].tolist(), int(y[0, -1])]
         llm.reset()
         llm.eval(ids)

@@ -188,10 +188,14 @@ def encode_example(
     return ids, weights
 
 
+START = 2  # a mask byte's second bit: the first token of an example (its first bit: loss)
+
+
 @dataclass
 class Packer:
     """Packs examples into rows of `row` tokens (context + 1), each example followed by EOS
-    (weight 0); a row that cannot take the next example is padded (weight 0)."""
+    (weight 0); a row that cannot take the next example is padded (weight 0). Each example's
+    first token carries the START bit, so training keeps packed examples apart."""
 
     row: int
     pad: int
@@ -206,6 +210,7 @@ class Packer:
     examples: int = 0
 
     def add(self, ids: np.ndarray, weights: np.ndarray) -> None:
+        weights = weights.astype(np.uint8)  # a copy: the first token gets the START bit below
         if self.sep is not None and (not len(ids) or ids[-1] != self.sep):
             ids = np.append(ids, self.sep)
             weights = np.append(weights, 0).astype(np.uint8)
@@ -218,6 +223,7 @@ class Packer:
         if not weights[1:].any():
             self.no_answer += 1
             return
+        weights[0] |= START  # where this example begins: attention does not reach before it
         if sum(map(len, self.ids)) + len(ids) > self.row:
             self._close()
         self.ids.append(ids)

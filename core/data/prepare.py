@@ -25,7 +25,7 @@ from core.data.tokenizer import Tokenizer, bytes_tokenizer, train_bpe
 from core.errors import DataError, DiskFullError, UserError
 from core.platform.atomic import as_disk_full, free_bytes, fsync_dir, is_disk_full, write_text
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: chat masks mark where each packed example starts
 BLOCK = 4 << 20  # bytes read per chunk: memory stays flat whatever the corpus size
 BPE_SAMPLE_BYTES = 100 << 20  # BPE learns its merges from at most this much training text
 MB = 1 << 20
@@ -464,8 +464,9 @@ def _write_rows(folder: Path, tokenizer: Tokenizer, rows: dict) -> dict:
                 hasher.update(data)
                 hasher.update(weights.tobytes())
                 n_tokens += len(ids)
-                n_weighted += int(weights[1:].sum())
-                n_bytes += int(lengths[ids[1:][weights[1:] > 0]].sum())
+                loss = weights[1:] & 1  # the START bit is not a weight
+                n_weighted += int(loss.sum())
+                n_bytes += int(lengths[ids[1:][loss > 0]].sum())
             counts[f"{split}_tokens"] = n_tokens
             counts[f"{split}_target_tokens"] = n_weighted
             counts[f"{split}_bytes"] = n_bytes

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from core.data.chatdata import START
 from core.data.sources import find_sources
 from core.data.tokenizer import Tokenizer
 from core.errors import DataError
@@ -86,15 +87,17 @@ class TokenData:
         return m["val_bytes"] / max(1, m.get("val_target_tokens", m["val_tokens"]))
 
     def _windows(self, base: int, starts: torch.Tensor):
-        """(inputs, targets, target weights or None) of the windows at starts."""
+        """(inputs, targets, target weights or None, segments or None) of the windows at
+        starts; chat: segments number the packed examples, so each attends only to itself."""
         n = self.seq_len + 1
         rows = [self._reader.read(base + int(s), n) for s in starts]
         chunk = torch.from_numpy(np.stack(rows).astype(np.int64))
-        mask = None
-        if self._mask is not None:
-            weights = [self._mask.read(base + int(s), n) for s in starts]
-            mask = torch.from_numpy(np.stack(weights)[:, 1:].astype(np.float32))
-        return chunk[:, :-1], chunk[:, 1:], mask
+        if self._mask is None:
+            return chunk[:, :-1], chunk[:, 1:], None, None
+        raw = np.stack([self._mask.read(base + int(s), n) for s in starts])
+        mask = torch.from_numpy((raw[:, 1:] & 1).astype(np.float32))
+        segments = torch.from_numpy(np.cumsum((raw[:, :-1] & START) > 0, axis=1))
+        return chunk[:, :-1], chunk[:, 1:], mask, segments
 
     def sample_starts(self, n: int) -> torch.Tensor:
         """Start offsets for one optimizer step's n sequences (drawn once, split later)."""
@@ -124,7 +127,7 @@ class TokenData:
         """The start of the held-out data; for chat, a held-out question up to where its
         answer begins, so samples show the model answering."""
         if self.row is not None:
-            weights = self._mask.read(len(self.train), self.row)
+            weights = self._mask.read(len(self.train), self.row) & 1
             first = int(np.argmax(weights > 0)) if weights.any() else n
             n = max(1, first)
         return torch.from_numpy(self._reader.read(len(self.train), n).astype(np.int64))

@@ -181,19 +181,22 @@ class SelfAttention(nn.Module):
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         return q, k, v
 
-    def _attend(self, q, k, v, causal: bool):
+    def _attend(self, q, k, v, causal: bool, mask=None):
         if self.n_kv != self.n_heads:  # grouped-query: each k/v head serves several q heads
             k = k.repeat_interleave(self.n_heads // self.n_kv, dim=1)
             v = v.repeat_interleave(self.n_heads // self.n_kv, dim=1)
         drop = self.dropout if self.training else 0.0
-        # SDPA picks the flash / memory-efficient kernel on CUDA.
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=causal)
+        # SDPA picks the flash / memory-efficient kernel on CUDA; with packed examples the
+        # mask (causal within each example) takes the place of is_causal.
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=drop, is_causal=causal and mask is None
+        )
         b, _, t, _ = y.shape
         return self.proj(y.transpose(1, 2).reshape(b, t, self.n_heads * self.hd))
 
-    def forward(self, x, rope=None):
+    def forward(self, x, rope=None, mask=None):
         q, k, v = self._qkv(x, rope)
-        return self.resid_drop(self._attend(q, k, v, causal=True))
+        return self.resid_drop(self._attend(q, k, v, causal=True, mask=mask))
 
     def cached(self, x, past, rope=None):
         """forward() for generation: attends to past (k, v) too; returns (y, new (k, v)).
@@ -231,14 +234,27 @@ class Block(nn.Module):
         self.ln2 = make_norm(c)
         self.mlp = MLP(c)
 
-    def forward(self, x, rope=None):
-        x = x + self.attn(self.ln1(x), rope)
+    def forward(self, x, rope=None, mask=None):
+        x = x + self.attn(self.ln1(x), rope, mask)
         return x + self.mlp(self.ln2(x))
 
     def cached(self, x, past, rope=None):
         y, kv = self.attn.cached(self.ln1(x), past, rope)
         x = x + y
         return x + self.mlp(self.ln2(x)), kv
+
+
+def packed(segments: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions restarting at each example, and the attention mask (B, 1, T, T) that is
+    causal within an example and closed across examples."""
+    t = segments.shape[1]
+    index = torch.arange(t, device=segments.device).expand_as(segments)
+    begins = torch.ones_like(segments, dtype=torch.bool)
+    begins[:, 1:] = segments[:, 1:] != segments[:, :-1]
+    first = torch.where(begins, index, torch.zeros_like(index)).cummax(dim=1).values
+    causal = torch.ones(t, t, dtype=torch.bool, device=segments.device).tril()
+    same = segments[:, :, None] == segments[:, None, :]
+    return index - first, (same & causal).unsqueeze(1)
 
 
 class GPT(nn.Module):
@@ -292,26 +308,34 @@ class GPT(nn.Module):
             cache = self._rope_cache = (emb.cos(), emb.sin())
         return cache[0][start:end], cache[1][start:end]
 
-    def _embed(self, idx, pos: int):
+    def _embed(self, idx, pos: int, positions=None):
         t = idx.shape[1]
         if pos + t > self.config.seq_len:
             raise ValueError(f"position {pos + t} is past seq_len {self.config.seq_len}")
         x = self.tok_emb(idx)
+        if positions is None:
+            positions = torch.arange(pos, pos + t, device=idx.device)
         if self.config.positions == "learned":
-            x = x + self.pos_emb(torch.arange(pos, pos + t, device=idx.device))
-        return x, self._rope(pos, pos + t, idx.device)
+            return x + self.pos_emb(positions), None
+        cos, sin = self._rope(0, pos + t, idx.device)
+        if positions.dim() == 2:  # each packed example from position 0: (B, 1, T, head)
+            return x, (cos[positions].unsqueeze(1), sin[positions].unsqueeze(1))
+        return x, (cos[positions], sin[positions])
 
-    def forward(self, idx, targets=None, loss_mask=None):
+    def forward(self, idx, targets=None, loss_mask=None, segments=None):
         """(logits, None) without targets; (None, loss) with them: the mean cross-entropy
         over targets where loss_mask is non-zero, computed in chunks (core.models.loss) so
-        the whole vocabulary's logits never exist at once."""
-        x, rope = self._embed(idx, 0)
+        the whole vocabulary's logits never exist at once. segments (B, T): packed examples
+        (chat data) numbered; each attends only to itself and counts positions from 0, as
+        it would alone."""
+        positions, mask = packed(segments) if segments is not None else (None, None)
+        x, rope = self._embed(idx, 0, positions)
         x = self.drop(x)
         for block in self.blocks:
             if self.config.grad_checkpointing and self.training:
-                x = checkpoint(block, x, rope, use_reentrant=False)
+                x = checkpoint(block, x, rope, mask, use_reentrant=False)
             else:
-                x = block(x, rope)
+                x = block(x, rope, mask)
         if targets is None:
             return self.head(self.ln_f(x)), None
         return None, lm_loss(self.head, self.ln_f(x), targets, loss_mask)

@@ -17,9 +17,9 @@ def validation_loss(model, train_model, data: TokenData, windows: int, batch: in
     """The mean loss over the scored tokens of `windows` validation windows."""
     model.eval()
     losses, weights = [], []
-    for x, y, mask in data.val_batches(windows, batch):
+    for x, y, mask, seg in data.val_batches(windows, batch):
         with autocast(device, precision):
-            _, loss = train_model(*(to_device(t, device) for t in (x, y, mask)))
+            _, loss = train_model(*(to_device(t, device) for t in (x, y, mask, seg)))
         losses.append(loss.float())
         # chat: a mean over the scored tokens of all windows, not of per-batch means
         weights.append(float(mask.sum()) if mask is not None else 1.0)

@@ -178,12 +178,12 @@ class Trainer:
         total = torch.zeros((), device=self.device)
         chunks = starts.split(self.cfg.batch_size)
         for i, chunk in enumerate(chunks):
-            x, y, mask = (to_device(t, self.device) for t in self.data.train_batch(chunk))
+            x, y, mask, seg = (to_device(t, self.device) for t in self.data.train_batch(chunk))
             if self.fault is not None:
                 self.fault(self.step + 1, i)
             with grad_sync(self.train_model, self.world.enabled, last=i == len(chunks) - 1):
                 with autocast(self.device, self.precision):
-                    _, loss = self.train_model(x, y, mask)
+                    _, loss = self.train_model(x, y, mask, seg)
                 loss = loss / self.cfg.grad_accum
                 self.scaler.scale(loss).backward()
             total += loss.detach()

@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from core.data.windows import TokenData
+from core.errors import UserError
 from core.models import lora
 from core.use.gguf_export import fp32_model, gguf_origins, unpermute
 from core.weights import families
@@ -21,33 +23,24 @@ MAX_PARAMS = 500_000_000  # above this the check (two fp32 copies on the CPU) is
 
 
 def validation_windows(loaded: Loaded, tokens_wanted: int = TOKENS):
-    """(x, y, mask) batches of the run's held-out tokens from its data cache; None when the
-    model is not a run or its cache is gone."""
+    """(x, y, mask, segments) batches of the run's held-out windows, read from its data cache
+    as training reads them; None when the model is not a run or its cache is gone."""
     run = loaded.checkpoint.parent.parent
     try:
         cache = Path(json.loads((run / "data.json").read_text(encoding="utf-8"))["cache"])
         manifest = json.loads((cache / "manifest.json").read_text(encoding="utf-8"))
-    except (OSError, KeyError, ValueError):
+        data = TokenData(cache, manifest, loaded.model.config.seq_len, 0)
+    except (OSError, KeyError, ValueError, UserError):
         return None
-    tokens = np.memmap(cache / "tokens.bin", dtype=manifest["dtype"], mode="r")
-    start, n = manifest["train_tokens"], loaded.model.config.seq_len + 1
-    row = manifest.get("row") or n
-    max_windows = max(1, tokens_wanted // row)
-    mask = np.memmap(cache / "mask.bin", dtype=np.uint8, mode="r") if manifest.get("row") else None
-    windows = []
-    for s in range(start, len(tokens) - row + 1, row)[:max_windows]:
-        ids = torch.from_numpy(tokens[s : s + row].astype(np.int64))[None]
-        m = None if mask is None else torch.from_numpy(mask[s + 1 : s + row].copy())[None]
-        windows.append((ids[:, :-1], ids[:, 1:], m))
-    return windows or None
+    return list(data.val_batches(max(1, tokens_wanted // (data.seq_len + 1)), 1)) or None
 
 
 @torch.no_grad()
 def perplexity(model, windows) -> float:
     model.eval()
     total = weight = 0.0
-    for x, y, mask in windows:
-        _, loss = model(x, y, mask)
+    for x, y, mask, segments in windows:
+        _, loss = model(x, y, mask, segments)
         w = float(mask.sum()) if mask is not None else float(y.numel())
         total, weight = total + float(loss) * w, weight + w
     return math.exp(total / max(weight, 1e-9))

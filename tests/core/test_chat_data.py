@@ -165,7 +165,8 @@ def test_packing_separates_with_eos_truncates_and_drops():
         [1, 2, 3, 4, 99, 1, 2, 3, 4, 99],
         list(range(1, 11)),
     ]
-    assert rows[0][1].tolist() == [0, 0, 0, 1, 0, 0, 0, 0, 1, 0]  # EOS carries no loss
+    assert (rows[0][1] & 1).tolist() == [0, 0, 0, 1, 0, 0, 0, 0, 1, 0]  # EOS carries no loss
+    assert (rows[0][1] & 2).nonzero()[0].tolist() == [0, 5]  # where each example begins
     assert packer.truncated == 1 and packer.examples == 3
     dropping = Packer(row=10, pad=0, sep=99, drop_long=True)
     dropping.add(np.arange(1, 15), np.ones(14, dtype=np.uint8))
@@ -183,7 +184,7 @@ def test_prepared_rows_hold_whole_examples_with_the_mask_alongside(tmp_path):
     assert manifest["examples"]["no_answer"] == 1  # truncation left it no answer
     td = TokenData(folder, manifest, seq_len=64, seed=0)
     assert td.is_chat and td.train_tokens % 65 == 0
-    x, y, mask = td.train_batch(td.sample_starts(4))
+    x, y, mask, _ = td.train_batch(td.sample_starts(4))
     assert x.shape == y.shape == mask.shape == (4, 64)
     for row_y, row_mask in zip(y, mask, strict=True):
         text = td.tokenizer.decode(row_y[row_mask > 0].tolist())

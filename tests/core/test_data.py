@@ -275,13 +275,13 @@ def test_resume_refuses_changed_data_unless_allowed(tmp_path):
 def test_windows_are_shifted_by_one_and_validation_never_moves_the_sampler(tmp_path, text_file):
     folder, m = prepare(spec_for(text_file), tmp_path / "cache")
     d = TokenData(folder, m, seq_len=16, seed=0)
-    x, y, mask = d.train_batch(d.sample_starts(5))
+    x, y, mask, _ = d.train_batch(d.sample_starts(5))
     assert mask is None  # plain text: every token carries the loss
     assert x.shape == y.shape == (5, 16) and x.dtype == torch.int64
     assert torch.equal(x[:, 1:], y[:, :-1])
     state = d.state_dict()
-    first = [x for x, _, _ in d.val_batches(12, 4)]
-    second = [x for x, _, _ in d.val_batches(12, 4)]
+    first = [x for x, *_ in d.val_batches(12, 4)]
+    second = [x for x, *_ in d.val_batches(12, 4)]
     assert [x.shape[0] for x in first] == [4, 4, 4]
     assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
     assert torch.equal(state["generator"], d.state_dict()["generator"])
