@@ -61,3 +61,15 @@ def adapter_count(c: GPTConfig, rank: int, targets: str) -> int:
         return sum(rank * (m.in_features + m.out_features) for _, m in linears)
 
     return counted(shape_key(c, rank, targets), count)
+
+
+def adapted_weights(c: GPTConfig, targets: str) -> int:
+    """Weights of the layers LoRA adapts (the ones a 4- or 8-bit base quantizes)."""
+    from core.models.lora import adapted_linears
+
+    def count():
+        return sum(
+            m.in_features * m.out_features for _, m in adapted_linears(meta_model(c), targets)
+        )
+
+    return counted(shape_key(c, "adapted", targets), count)

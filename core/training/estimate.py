@@ -10,8 +10,10 @@ from dataclasses import dataclass
 
 from core.config import recipe
 from core.config.spec import TrainConfig
+from core.models.loss import chunk_positions
 from core.models.model import GPTConfig
 from core.models.params import (
+    adapted_weights,
     adapter_count,
     counted,
     meta_model,
@@ -142,6 +144,23 @@ class Estimate:
         return "\n".join(lines)
 
 
+# Bytes a weight of a quantized base layer: NF4 codes, an 8-bit scale per 64 weights and an
+# fp32 scale per 256 of those (double quantization); int8 with a scale per row.
+QUANT_BYTES = {4: 0.5 + 1 / 64 + 4 / (64 * 256), 8: 1.0}
+
+
+def _base_bytes(cfg: TrainConfig, c: GPTConfig, n: int, sixteen: bool) -> int:
+    """The frozen base under LoRA: base_bits, or auto (16 bits on a GPU in bf16/fp16, else 32);
+    a 4- or 8-bit base quantizes the adapted layers only."""
+    rest = 2 if sixteen else 4
+    if cfg.base_bits in ("16", "32"):
+        return int(cfg.base_bits) // 8 * n
+    if cfg.base_bits in ("4", "8"):
+        q = adapted_weights(c, cfg.lora_targets)
+        return int(q * QUANT_BYTES[int(cfg.base_bits)]) + rest * (n - q)
+    return rest * n
+
+
 def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True) -> Estimate:
     """Peak memory of one micro-batch's forward/backward plus the optimizer step."""
     if precision is None:
@@ -162,14 +181,15 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
     if not on_gpu:  # the CPU math attention kernel materialises the T x T scores
         activations += c.n_layers * cfg.batch_size * c.n_heads * cfg.seq_len**2 * 4 * 2
     e = _act_bytes(precision)
-    logits = tokens * c.vocab_size * (e + 4 + 4)  # logits, their fp32 copy, and its gradient
+    # Logits, their fp32 copy and its gradient, for one chunk of positions at a time.
+    logits = min(tokens, chunk_positions(c.vocab_size)) * c.vocab_size * (e + 4 + 4)
     mixed = precision in ("bf16", "fp16")
     weight_casts = 2 * (n - _position_params(c)) if mixed else 0
     trained, weights = n, 4 * n
-    if cfg.lora_rank:  # frozen base (16-bit on a GPU in mixed precision) + fp32 adapters
+    if cfg.lora_rank:  # a frozen base + fp32 adapters
         trained = adapter_count(c, cfg.lora_rank, cfg.lora_targets)
-        weights = (2 if mixed and on_gpu else 4) * n + 4 * trained
-        weight_casts = 0  # the base is kept in 16 bits; the adapters' casts are negligible
+        weights = _base_bytes(cfg, c, n, mixed and on_gpu) + 4 * trained
+        weight_casts = 0  # the base is kept as it is; the adapters' casts are negligible
     optimizer = 8 * trained
     if recipe.optimizer(cfg) == "muon":
         optimizer -= 4 * hidden_matrix_params(c)
@@ -231,34 +251,44 @@ def fine_tune_choices(cfg: TrainConfig) -> tuple[TrainConfig, TrainConfig]:
     return full, low
 
 
-def fit_pretrained(cfg: TrainConfig, free_bytes: int) -> tuple[TrainConfig | None, str]:
-    """For a pretrained start, in this order: full fine-tuning if it fits (largest
-    micro-batch), else LoRA with activation checkpointing and the largest micro-batch that
-    fits. Returns (config or None, what was chosen and why)."""
+def ladder(cfg: TrainConfig) -> list[tuple[str, TrainConfig]]:
+    """The ways to fine-tune a pretrained model, from the most memory to the least: full,
+    LoRA (16-bit base) with activation checkpointing, and the same over a 4-bit base."""
     import dataclasses
 
-    full_cfg, lora_cfg = fine_tune_choices(cfg)
-    full = fit_micro_batch(full_cfg, free_bytes)
+    full, low = fine_tune_choices(cfg)
+    sixteen = dataclasses.replace(low, base_bits="16" if low.base_bits == "16" else "auto")
+    four = dataclasses.replace(low, base_bits="4")
+    rank = low.lora_rank
+    return [
+        ("full fine-tuning", full),
+        (f"LoRA rank {rank} with activation checkpointing", sixteen),
+        (f"QLoRA: LoRA rank {rank} on a 4-bit base, with activation checkpointing", four),
+    ]
+
+
+def fit_pretrained(cfg: TrainConfig, free_bytes: int) -> tuple[TrainConfig | None, str]:
+    """The first rung of the ladder that fits, at its largest micro-batch (the effective
+    batch kept). Returns (config or None, every rung's need at batch 1 and what was chosen)."""
+    import dataclasses
+
     usable = usable_bytes(free_bytes) / GB
-    if full is not None:
-        return full, (
-            f"full fine-tuning fits ({estimate(full).device_total / GB:.1f} of {usable:.1f} "
-            f"GiB usable): batch {full.batch_size} x {full.grad_accum}"
-        )
-    rank = lora_cfg.lora_rank
-    fitted = fit_micro_batch(lora_cfg, free_bytes)
-    need = estimate(dataclasses.replace(full_cfg, batch_size=1, grad_accum=1)).device_total / GB
-    if fitted is None:
-        return None, (
-            f"neither fits: full fine-tuning needs {need:.1f} GiB at batch 1, and LoRA rank "
-            f"{rank} with activation checkpointing does not fit {usable:.1f} GiB either; "
-            "lower seq_len or pick a smaller model"
-        )
-    return fitted, (
-        f"full fine-tuning needs {need:.1f} GiB even at batch 1, more than the {usable:.1f} "
-        f"GiB usable: LoRA rank {rank} with activation checkpointing "
-        f"({estimate(fitted).device_total / GB:.1f} GiB), batch {fitted.batch_size} x "
-        f"{fitted.grad_accum}"
+    needs = []
+    for name, rung in ladder(cfg):
+        one = dataclasses.replace(rung, batch_size=1, grad_accum=1)
+        needs.append(f"{name} {estimate(one).device_total / GB:.1f} GiB")
+        fitted = fit_micro_batch(rung, free_bytes)
+        if fitted is not None:
+            chosen = (
+                f"{name} fits ({estimate(fitted).device_total / GB:.1f} of {usable:.1f} GiB "
+                f"usable): batch {fitted.batch_size} x {fitted.grad_accum}"
+            )
+            if len(needs) > 1:
+                chosen = f"{chosen}; at batch 1 " + ", ".join(needs[:-1]) + " do not fit"
+            return fitted, chosen
+    return None, (
+        f"none fits {usable:.1f} GiB usable; at batch 1: {'; '.join(needs)}; lower seq_len "
+        "or pick a smaller model"
     )
 
 

@@ -218,18 +218,37 @@ def test_estimate_counts_the_frozen_base_and_the_adapters(big_config):
     assert full.device_total - low.device_total > 14 * full.n_params
 
 
-def test_fit_picks_full_fine_tuning_if_it_fits_else_lora_with_checkpointing(big_config):
+def test_fit_walks_full_then_lora_then_a_4_bit_base(big_config):
     from core.training.estimate import GB, estimate, fit_pretrained
 
     roomy, why = fit_pretrained(big_config, 80 * GB)
-    assert roomy.lora_rank == 0 and "full fine-tuning fits" in why
+    assert roomy.lora_rank == 0 and why.startswith("full fine-tuning fits")
     small, why = fit_pretrained(big_config, 12 * GB)
-    assert small.lora_rank == 16 and small.grad_checkpointing
+    assert small.lora_rank == 16 and small.grad_checkpointing and small.base_bits != "4"
     assert small.batch_size * small.grad_accum == 8  # the effective batch is kept
     assert estimate(small).device_total <= 0.9 * 12 * GB
-    assert "LoRA rank 16 with activation checkpointing" in why and "even at batch 1" in why
+    assert why.startswith("LoRA rank 16 with activation checkpointing fits")
+    assert "full fine-tuning" in why and "do not fit" in why  # the rung above, with its need
+    tiny, why = fit_pretrained(big_config, int(3.2 * GB))
+    assert tiny.base_bits == "4" and why.startswith("QLoRA")
+    assert estimate(tiny).device_total <= 0.9 * 3.2 * GB
     nothing, why = fit_pretrained(big_config, 1 * GB)
-    assert nothing is None and "neither fits" in why
+    assert nothing is None and "none fits" in why and "QLoRA" in why
+
+
+def test_a_4_bit_base_is_estimated_at_about_half_a_byte_a_weight(big_config):
+    import dataclasses
+
+    from core.models.params import adapted_weights
+    from core.training.estimate import estimate, model_shape
+
+    lora = dataclasses.replace(big_config, lora_rank=16)
+    sixteen = estimate(lora, precision="bf16", on_gpu=True)
+    four = estimate(dataclasses.replace(lora, base_bits="4"), precision="bf16", on_gpu=True)
+    q = adapted_weights(model_shape(lora), "all")
+    assert 0.8 * sixteen.n_params < q < sixteen.n_params  # the blocks' matrices
+    saved = sixteen.weights - four.weights
+    assert saved == pytest.approx(q * (2 - 0.5 - 1 / 64), rel=0.01)
 
 
 def test_gradient_checkpointing_trains_the_same_adapters(models, data_file, tmp_path):
