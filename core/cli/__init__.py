@@ -1,2 +1,2 @@
 """The command lines: one argparse base and the error-to-one-line wrapper (`base`), and one module
-per command (`train`, `generate`, `export`). The top of the stack: may import any layer."""
+per command (`train`, `generate`, `export`, `eval`). The top of the stack: may import any layer."""

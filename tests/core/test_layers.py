@@ -11,10 +11,10 @@ import pytest
 
 CORE = Path(__file__).resolve().parents[2] / "core"
 # Bottom to top. "errors" is the leaf module every layer shares; the entry modules
-# (core.train, core.generate, core.export) sit with the command lines.
+# (core.train, core.generate, core.export, core.eval) sit with the command lines.
 LAYERS = ["errors", "platform", "config", "models", "runs", "data", "weights", "training",
           "use", "cli"]  # fmt: skip
-ENTRY = {"train", "generate", "export"}
+ENTRY = {"train", "generate", "export", "eval"}
 
 
 def module_name(path: Path) -> str:

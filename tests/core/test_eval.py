@@ -1,0 +1,143 @@
+"""python -m core.eval: perplexity and bits per byte of a text, multiple-choice accuracy as
+lm-evaluation-harness scores it, proven against transformers on tiny random models."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from helpers import tiny_config  # noqa: E402
+from hf_models import TEXT, make_model  # noqa: E402
+
+from core.cli.eval import main as eval_main  # noqa: E402
+from core.training.trainer import Trainer  # noqa: E402
+from core.use import evaluate  # noqa: E402
+from core.weights.loader import load  # noqa: E402
+
+ITEMS = [
+    {"question": "2 + 2 is", "choices": ["four", "five", "a fox"], "answer": 0},
+    {"question": "The quick brown fox jumps over the", "choices": ["lazy dog", "moon"],
+     "answer": "A"},
+    {"question": "def add(a, b): return", "choices": ["a + b", "hello world", "0"], "answer": 1},
+    {"question": "Numbers: 0 1 2", "choices": ["3 4", "x y"], "answer": "0"},
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("eval") / "llama"
+    make_model(folder, "llama")
+    return folder
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def hf_loglikelihood(hf, tok, context, continuation):
+    ids = tok(context + continuation)["input_ids"]
+    n = len(ids) - len(tok(context)["input_ids"])
+    with torch.no_grad():
+        logp = torch.log_softmax(hf(torch.tensor([ids])).logits[0, :-1].float(), -1)
+    return float(logp[torch.arange(len(ids) - 1), torch.tensor(ids[1:])][-n:].sum())
+
+
+def test_choice_log_likelihoods_and_answers_equal_transformers(model):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    hf = AutoModelForCausalLM.from_pretrained(model).float().eval()
+    tok = AutoTokenizer.from_pretrained(model)
+    loaded = load(model)
+    for raw in ITEMS:
+        item = evaluate._item(raw, "test")
+        ours = evaluate.choice_scores(loaded, item)
+        context = f"Question: {item['question']}\nAnswer:"
+        theirs = [hf_loglikelihood(hf, tok, context, " " + c) for c in item["choices"]]
+        assert [s for s, _ in ours] == pytest.approx(theirs, abs=1e-4)
+        assert max(range(len(ours)), key=lambda i: ours[i][0]) == max(
+            range(len(theirs)), key=theirs.__getitem__
+        )
+
+
+def test_perplexity_is_exp_of_the_mean_loss_of_the_same_tokens(model):
+    loaded = load(model)
+    text = TEXT[:300]
+    result = evaluate.text_metrics(loaded, text)
+    ids = evaluate._ids(loaded, text)
+    n = loaded.model.config.seq_len
+    losses, count = 0.0, 0
+    for start in range(0, len(ids) - 1, n):
+        window = torch.tensor([ids[start : start + n + 1]])
+        with torch.no_grad():
+            _, loss = loaded.model(window[:, :-1], window[:, 1:])
+        losses += float(loss) * (window.shape[1] - 1)
+        count += window.shape[1] - 1
+    assert result["ppl"] == pytest.approx(math.exp(losses / count), rel=1e-5)
+    assert result["bpb"] == pytest.approx(losses / math.log(2) / len(text.encode()), rel=1e-5)
+
+
+def test_csv_jsonl_and_the_letter_layout_read_the_same(model, tmp_path):
+    jsonl = write_jsonl(tmp_path / "q.jsonl", ITEMS)
+    with open(tmp_path / "q.csv", "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, ["question", "choices", "answer"])
+        w.writeheader()
+        for r in ITEMS:
+            w.writerow({**r, "choices": json.dumps(r["choices"])})
+    letters = [{"question": r["question"], **dict(zip("ABC", r["choices"], strict=False)),
+                "answer": "ABC"[evaluate._item(r, "t")["answer"]]} for r in ITEMS]  # fmt: skip
+    layout = write_jsonl(tmp_path / "letters.jsonl", letters)
+    read = [evaluate.read_choices(p) for p in (jsonl, tmp_path / "q.csv", layout)]
+    assert read[0] == read[1] == read[2]
+    assert [r["answer"] for r in read[0]] == [0, 0, 1, 0]
+    loaded = load(model)
+    assert evaluate.choice_metrics(loaded, read[0]) == evaluate.choice_metrics(loaded, read[2])
+
+
+def test_json_output_and_the_run_folder_record(tmp_path, capsys):
+    Trainer(tiny_config(max_steps=3, eval_every=3, ckpt_every=3), tmp_path / "run").run()
+    questions = write_jsonl(tmp_path / "q.jsonl", ITEMS)
+    text = tmp_path / "t.txt"
+    text.write_text(TEXT[:500], encoding="utf-8")
+    capsys.readouterr()
+    args = [str(tmp_path / "run"), "--text", str(text), "--choices", str(questions),
+            "--fewshot", "1", "--json"]  # fmt: skip
+    assert eval_main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == {"text", "choices"} and out["choices"]["n"] == 3
+    assert out["text"]["ppl"] > 1 and 0 <= out["choices"]["acc"] <= 1
+    record = json.loads((tmp_path / "run" / "eval" / "q.json").read_text())
+    assert record["result"] == out["choices"] and record["settings"]["fewshot"] == 1
+    assert len(record["data_fingerprint"]) == 16 and record["step"] == 3
+
+
+@pytest.mark.parametrize(
+    "rows, words",
+    [
+        ([{"question": "q", "choices": ["a", "b"], "answer": 5}], "answer '5' is not one of"),
+        ([{"question": "q", "choices": ["a", "b"], "answer": "C"}], "answer 'C' is not one of"),
+        ([{"prompt": "q", "answer": 0}], "found answer, prompt"),
+    ],
+)
+def test_bad_questions_are_one_line_and_exit_2(model, tmp_path, capsys, rows, words):
+    path = write_jsonl(tmp_path / "bad.jsonl", rows)
+    assert eval_main([str(model), "--choices", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert words in err and "line 1" in err and len(err.splitlines()) == 1
+
+
+def test_missing_files_and_no_data_are_one_line_exit_2(model, tmp_path, capsys):
+    assert eval_main([str(model)]) == 2
+    assert "give --text FILE, --choices FILE or both" in capsys.readouterr().err
+    assert eval_main([str(model), "--text", str(tmp_path / "nope.txt")]) == 2
+    assert "nope.txt not found" in capsys.readouterr().err
+    parquet = tmp_path / "q.parquet"
+    parquet.write_bytes(b"not parquet")
+    assert eval_main([str(model), "--choices", str(parquet)]) == 2
+    assert "q.parquet" in capsys.readouterr().err
