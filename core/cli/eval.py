@@ -26,6 +26,10 @@ def build_parser() -> Parser:
                    help="show the first K questions, answered, before each other")  # fmt: skip
     p.add_argument("--limit", type=non_negative(int), default=None, metavar="N",
                    help="score at most N questions")  # fmt: skip
+    p.add_argument(
+        "--compare", action="store_true",
+        help="a fine-tune: also evaluate the model it started from, side by side",
+    )  # fmt: skip
     p.add_argument("--checkpoint", choices=("best", "latest"), default="best")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     return p
@@ -48,29 +52,52 @@ def run_cli(argv=None) -> int:
     if items is not None and args.limit is not None:
         items = items[: args.fewshot + args.limit]
     loaded = load(args.target, args.checkpoint)
+    start = None
+    if args.compare:
+        base = loaded.base["init_from"] if loaded.base else None
+        if base is None:
+            raise UsageError("--compare: the target is not a fine-tune of a pretrained model")
+        start = load(base)
+    out = measure(loaded, args, items, write=True)
+    if start is not None:
+        out["start"] = measure(start, args, items, write=False)
+    print(json.dumps(out) if args.json else table(out))
+    return EXIT_OK
+
+
+def measure(loaded, args, items, write: bool) -> dict:
     out = {}
     if args.text:
         text = Path(args.text).read_text(encoding="utf-8", errors="replace")
         bar, tick = _bar(len(text.encode()) // 4, "tok")
         out["text"] = evaluate.text_metrics(loaded, text, tick)
         bar.close()
-        evaluate.write_result(loaded, Path(args.text), "text", {}, out["text"])
+        if write:
+            evaluate.write_result(loaded, Path(args.text), "text", {}, out["text"])
     if items is not None:
         bar, tick = _bar(len(items) - args.fewshot, "q")
         out["choices"] = evaluate.choice_metrics(loaded, items, args.fewshot, tick)
         bar.close()
-        settings = {"fewshot": args.fewshot, "limit": args.limit}
-        evaluate.write_result(loaded, Path(args.choices), "choices", settings, out["choices"])
-    print(json.dumps(out) if args.json else table(out))
-    return EXIT_OK
+        if write:
+            settings = {"fewshot": args.fewshot, "limit": args.limit}
+            evaluate.write_result(loaded, Path(args.choices), "choices", settings, out["choices"])
+    return out
+
+
+ROWS = {"text": ("ppl", "bpb"), "choices": ("acc", "acc_norm", "n")}
 
 
 def table(out: dict) -> str:
-    rows = [("text", k, out["text"][k]) for k in ("ppl", "bpb")] if "text" in out else []
-    if "choices" in out:
-        rows += [("choices", k, out["choices"][k]) for k in ("acc", "acc_norm", "n")]
-    return "\n".join(f"{a:<8} {b:<9} {c:.4f}" if isinstance(c, float) else f"{a:<8} {b:<9} {c}"
-                     for a, b, c in rows)  # fmt: skip
+    """metric, value (and with --compare: the start model's value beside it)."""
+    start = out.get("start")
+    head = [f"{'':<8} {'':<9} {'start':>10} {'fine-tuned':>10}"] if start else []
+    rows = []
+    for part, keys in ROWS.items():
+        for key in keys if part in out else ():
+            values = ([start[part][key]] if start else []) + [out[part][key]]
+            cells = " ".join(f"{v:>10.4f}" if isinstance(v, float) else f"{v:>10}" for v in values)
+            rows.append(f"{part:<8} {key:<9} {cells}")
+    return "\n".join(head + rows)
 
 
 def main(argv=None) -> int:

@@ -141,3 +141,23 @@ def test_missing_files_and_no_data_are_one_line_exit_2(model, tmp_path, capsys):
     parquet.write_bytes(b"not parquet")
     assert eval_main([str(model), "--choices", str(parquet)]) == 2
     assert "q.parquet" in capsys.readouterr().err
+
+
+def test_compare_evaluates_the_model_a_fine_tune_started_from(model, tmp_path, capsys):
+    text = tmp_path / "t.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    cfg = tiny_config(init_from=str(model), tokenizer="model", data=str(text), lr=3e-3,
+                      lora_rank=4, max_steps=10, eval_every=10, ckpt_every=10, hidden_dim=32,
+                      n_heads=4, bias=False, dropout=0.0, sample_tokens=0)  # fmt: skip
+    Trainer(cfg, tmp_path / "run").run()
+    capsys.readouterr()
+    assert eval_main([str(tmp_path / "run"), "--text", str(text), "--compare", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["start"]["text"] == evaluate.text_metrics(load(model), TEXT)
+    assert out["text"]["ppl"] < out["start"]["text"]["ppl"]  # it learned this very text
+    assert eval_main([str(tmp_path / "run"), "--text", str(text), "--compare"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "start" in lines[0] and "fine-tuned" in lines[0] and lines[1].startswith("text")
+    Trainer(tiny_config(max_steps=2), tmp_path / "new").run()
+    assert eval_main([str(tmp_path / "new"), "--text", str(text), "--compare"]) == 2
+    assert "not a fine-tune" in capsys.readouterr().err
