@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
 
 from core.runs.folder import RunFolder, read_metrics
 from core.runs.progress import Progress, describe_run_data
+from gui.evaluate_tab import EvaluateTab
 from gui.hardware_panel import HardwareInfo
 from gui.playground import Playground
 from gui.plots import PlotPanel, fixed_label
@@ -98,6 +99,8 @@ class RunView(QWidget):
         self.tabs.addTab(self.sample_view, "Latest sample")
         self.playground = Playground(runs_root, training_active=lambda: self.session.running)
         self.tabs.addTab(self.playground, "Playground")
+        self.evaluate = EvaluateTab(runs_root)
+        self.tabs.addTab(self.evaluate, "Evaluate")
 
         lower = QSplitter(Qt.Orientation.Vertical)
         lower.addWidget(self.plots)

@@ -180,3 +180,62 @@ def write_result(loaded: Loaded, data: Path, kind: str, settings: dict, result: 
     path = folder / f"{Path(data).stem}.json"
     path.write_text(json.dumps(record, indent=1), encoding="utf-8")
     return path
+
+
+def _measure(loaded: Loaded, text: str | None, items, fewshot: int, settings: dict,
+             write: bool, progress) -> dict:  # fmt: skip
+    out = {}
+    if text:
+        content = Path(text).read_text(encoding="utf-8", errors="replace")
+        out["text"] = text_metrics(loaded, content, progress)
+        if write:
+            write_result(loaded, Path(text), "text", {}, out["text"])
+    if items is not None:
+        out["choices"] = choice_metrics(loaded, items, fewshot, progress)
+        if write:
+            write_result(loaded, Path(settings["choices"]), "choices", settings, out["choices"])
+    return out
+
+
+def evaluate_files(target, text=None, choices=None, fewshot: int = 0, limit=None,
+                   compare: bool = False, which: str = "best", progress=None) -> dict:  # fmt: skip
+    """What `python -m core.eval` and the window's Evaluate tab compute: {"text": ...,
+    "choices": ..., and with compare "start": the same for the model a fine-tune began from}.
+    Results of a run are written to RUN/eval/."""
+    from core.weights.loader import load
+
+    if not text and not choices:
+        raise DataError("evaluate: give a text file, a choices file or both")
+    for name, path in (("text", text), ("choices", choices)):
+        if path and not Path(path).is_file():
+            raise DataError(f"{name}: {path} not found")
+    items = read_choices(choices) if choices else None
+    if items is not None and limit is not None:
+        items = items[: fewshot + limit]
+    loaded = load(target, which)
+    start = None
+    if compare:
+        if not loaded.base:
+            raise DataError("compare: the target is not a fine-tune of a pretrained model")
+        start = load(loaded.base["init_from"])
+    settings = {"fewshot": fewshot, "limit": limit, "choices": str(choices)}
+    out = _measure(loaded, text, items, fewshot, settings, True, progress)
+    if start is not None:
+        out["start"] = _measure(start, text, items, fewshot, settings, False, progress)
+    return out
+
+
+ROWS = {"text": ("ppl", "bpb"), "choices": ("acc", "acc_norm", "n")}
+
+
+def format_table(out: dict) -> str:
+    """metric, value (and with compare: the start model's value beside it)."""
+    start = out.get("start")
+    head = [f"{'':<8} {'':<9} {'start':>10} {'fine-tuned':>10}"] if start else []
+    rows = []
+    for part, keys in ROWS.items():
+        for key in keys if part in out else ():
+            values = ([start[part][key]] if start else []) + [out[part][key]]
+            cells = " ".join(f"{v:>10.4f}" if isinstance(v, float) else f"{v:>10}" for v in values)
+            rows.append(f"{part:<8} {key:<9} {cells}")
+    return "\n".join(head + rows)

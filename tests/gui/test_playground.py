@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from helpers import tiny_config
 
@@ -111,3 +113,25 @@ def test_a_missing_run_is_a_dialog_not_a_crash(make_window, qtbot, dialogs, gui_
         pg.generate()
     assert "is neither a run folder" in dialogs.named("critical")[0][1]
     assert pg.status.text().startswith("Failed")
+
+
+def test_evaluate_tab_scores_a_run_and_names_bad_input(make_window, trained, gui_env, qtbot,
+                                                         dialogs):  # fmt: skip
+    tab = make_window().run_view.evaluate
+    tab.refresh_runs(trained)
+    text = gui_env / "t.txt"
+    text.write_text("def add(a, b):\n    return a + b\n" * 20, encoding="utf-8")
+    tab.text.setText(str(text))
+    with qtbot.waitSignal(tab.finished, timeout=60_000):
+        tab.button.click()
+    assert tab.result["text"]["ppl"] > 1 and "ppl" in tab.output.toPlainText()
+    assert (Path(trained) / "eval" / "t.json").is_file()
+    tab.text.setText(str(gui_env / "missing.txt"))
+    with qtbot.waitSignal(tab.finished, timeout=60_000):
+        tab.button.click()
+    assert "missing.txt not found" in dialogs.named("critical")[0][1]
+    tab.text.setText(str(text))
+    tab.compare.setChecked(True)  # a run trained from scratch has no start model
+    with qtbot.waitSignal(tab.finished, timeout=60_000):
+        tab.button.click()
+    assert "not a fine-tune" in dialogs.named("critical")[1][1]

@@ -1,0 +1,142 @@
+"""The Evaluate tab: perplexity of a text and multiple-choice accuracy for a run (and, for a
+fine-tune, the model it started from beside it), computed by core.use.evaluate in a thread."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtCore import QThread, Signal
+from PySide6.QtGui import QFontDatabase
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QFileDialog,
+    QGridLayout,
+    QLabel,
+    QLineEdit,
+    QMessageBox,
+    QPlainTextEdit,
+    QPushButton,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from core.errors import UserError
+from core.runs.folder import list_runs
+from core.use.evaluate import evaluate_files, format_table
+
+
+class EvalThread(QThread):
+    done = Signal(dict)
+    failed = Signal(str)
+
+    def __init__(self, request: dict):
+        super().__init__()
+        self.request = request
+
+    def run(self) -> None:
+        try:
+            self.done.emit(evaluate_files(**self.request))
+        except UserError as e:
+            self.failed.emit(str(e))
+        except Exception as e:  # the thread must never die silently
+            self.failed.emit(f"{type(e).__name__}: {e}")
+
+
+def _file_row(edit: QLineEdit, pick) -> QWidget:
+    row = QWidget()
+    layout = QGridLayout(row)
+    layout.setContentsMargins(0, 0, 0, 0)
+    button = QPushButton("File…")
+    button.clicked.connect(pick)
+    layout.addWidget(edit, 0, 0)
+    layout.addWidget(button, 0, 1)
+    return row
+
+
+class EvaluateTab(QWidget):
+    finished = Signal()  # an evaluation ended, with a result or an error
+
+    def __init__(self, runs_root: Path, parent=None):
+        super().__init__(parent)
+        self.runs_root = Path(runs_root)
+        self.thread: EvalThread | None = None
+        self.result: dict | None = None
+        self.run_combo = QComboBox()
+        self.run_combo.setEditable(True)
+        self.run_combo.lineEdit().setPlaceholderText("a run folder, a model folder or hub id")
+        self.text = QLineEdit()
+        self.text.setPlaceholderText("a text file: perplexity and bits per byte")
+        self.choices = QLineEdit()
+        self.choices.setPlaceholderText("questions (.jsonl, .csv, .parquet): accuracy")
+        self.fewshot = QSpinBox()
+        self.fewshot.setRange(0, 25)
+        self.fewshot.setToolTip("questions shown with their answers before each other")
+        self.compare = QCheckBox("Compare with the model it started from")
+        self.button = QPushButton("Evaluate")
+        self.button.setStyleSheet("font-weight: bold;")
+        self.button.clicked.connect(self.evaluate)
+        self.status = QLabel("Pick a run and a text or questions, then press Evaluate.")
+        self.output = QPlainTextEdit()
+        self.output.setReadOnly(True)
+        self.output.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
+        grid = QGridLayout()
+        rows = [("Run", self.run_combo), ("Text", _file_row(self.text, self._pick_text)),
+                ("Questions", _file_row(self.choices, self._pick_choices)),
+                ("Few-shot", self.fewshot)]  # fmt: skip
+        for i, (label, widget) in enumerate(rows):
+            grid.addWidget(QLabel(label), i, 0)
+            grid.addWidget(widget, i, 1)
+        grid.addWidget(self.compare, len(rows), 1)
+        grid.addWidget(self.button, len(rows) + 1, 1)
+        layout = QVBoxLayout(self)
+        layout.addLayout(grid)
+        layout.addWidget(self.status)
+        layout.addWidget(self.output, 1)
+        self.refresh_runs()
+
+    def refresh_runs(self, current: str | Path | None = None) -> None:
+        keep = str(current) if current else self.run_combo.currentText()
+        self.run_combo.clear()
+        self.run_combo.addItems([str(r.path) for r in list_runs(self.runs_root)])
+        if keep:
+            self.run_combo.setCurrentText(keep)
+
+    def _pick_text(self) -> None:
+        path = QFileDialog.getOpenFileName(self, "Text to score")[0]
+        if path:
+            self.text.setText(path)
+
+    def _pick_choices(self) -> None:
+        path = QFileDialog.getOpenFileName(self, "Questions", "", "*.jsonl *.csv *.parquet")[0]
+        if path:
+            self.choices.setText(path)
+
+    def evaluate(self) -> None:
+        request = {
+            "target": self.run_combo.currentText().strip(),
+            "text": self.text.text().strip() or None,
+            "choices": self.choices.text().strip() or None,
+            "fewshot": self.fewshot.value(),
+            "compare": self.compare.isChecked(),
+        }
+        self.button.setEnabled(False)
+        self.status.setText("Evaluating…")
+        self.thread = EvalThread(request)
+        self.thread.done.connect(self._done)
+        self.thread.failed.connect(self._failed)
+        self.thread.start()
+
+    def _done(self, result: dict) -> None:
+        self.result = result
+        self.output.setPlainText(format_table(result))
+        self.status.setText("Done. A run's results are also in its eval/ folder.")
+        self.button.setEnabled(True)
+        self.finished.emit()
+
+    def _failed(self, message: str) -> None:
+        self.status.setText("Evaluation failed.")
+        self.button.setEnabled(True)
+        QMessageBox.critical(self, "Evaluate", message)
+        self.finished.emit()
