@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
 
 from core.runs.folder import RunFolder, read_metrics
 from core.runs.progress import Progress, describe_run_data
+from gui.compare_tab import CompareTab
 from gui.evaluate_tab import EvaluateTab
 from gui.hardware_panel import HardwareInfo
 from gui.playground import Playground
@@ -101,6 +102,8 @@ class RunView(QWidget):
         self.tabs.addTab(self.playground, "Playground")
         self.evaluate = EvaluateTab(runs_root)
         self.tabs.addTab(self.evaluate, "Evaluate")
+        self.compare = CompareTab(runs_root)
+        self.tabs.addTab(self.compare, "Compare runs")
 
         lower = QSplitter(Qt.Orientation.Vertical)
         lower.addWidget(self.plots)

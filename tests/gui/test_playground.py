@@ -135,3 +135,24 @@ def test_evaluate_tab_scores_a_run_and_names_bad_input(make_window, trained, gui
     with qtbot.waitSignal(tab.finished, timeout=60_000):
         tab.button.click()
     assert "not a fine-tune" in dialogs.named("critical")[1][1]
+
+
+def test_compare_tab_overlays_ticked_runs_with_their_settings(make_window, gui_env, qtbot):
+    from core.training.trainer import Trainer
+
+    runs = gui_env / "runs"
+    for name, lr in (("a", 3e-3), ("b", 1e-2)):
+        Trainer(tiny_config(max_steps=6, eval_every=3, ckpt_every=3, lr=lr), runs / name).run()
+    tab = make_window().run_view.compare
+    tab.refresh_runs()
+    assert tab.runs.count() == 2 and tab.ticked() == []
+    tab.tick(runs / "a")
+    tab.tick(runs / "b")
+    items = tab.plot.getPlotItem().listDataItems()
+    assert len(items) == 4  # train and validation of each run
+    names = [item.name() for item in items]
+    assert any("a (new 32x2, embedded, lr 0.003" in n for n in names)
+    assert any("b (new 32x2, embedded, lr 0.01" in n and "validation" in n for n in names)
+    tab.axis.setCurrentText("training time (s)")  # by time: elapsed seconds, not steps
+    xs = tab.plot.getPlotItem().listDataItems()[0].getData()[0]
+    assert 0 < xs[-1] < 100 and list(xs) != [3, 6]

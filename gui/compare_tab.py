@@ -1,0 +1,119 @@
+"""The Compare tab: tick several runs and their loss curves (train, and validation with
+points) are drawn over each other, by step or by training time, each run's settings in the
+legend, like TensorBoard's run selector."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyqtgraph as pg
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import (
+    QComboBox,
+    QFileDialog,
+    QHBoxLayout,
+    QLabel,
+    QListWidget,
+    QListWidgetItem,
+    QPushButton,
+    QSplitter,
+    QVBoxLayout,
+    QWidget,
+)
+
+from core.runs.compare import run_curves
+from core.runs.folder import list_runs
+
+COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2"]
+AXES = {"step": (0, "step"), "training time (s)": (1, "s")}
+
+
+class CompareTab(QWidget):
+    def __init__(self, runs_root: Path, parent=None):
+        super().__init__(parent)
+        self.runs_root = Path(runs_root)
+        self.runs = QListWidget()
+        self.runs.itemChanged.connect(self.redraw)
+        self.axis = QComboBox()
+        self.axis.addItems(list(AXES))
+        self.axis.currentTextChanged.connect(self.redraw)
+        refresh = QPushButton("Refresh")
+        refresh.clicked.connect(self.refresh_runs)
+        add = QPushButton("Add folder…")
+        add.clicked.connect(self._add_folder)
+        self.plot = pg.PlotWidget(title="Loss")
+        self.plot.showGrid(x=True, y=True, alpha=0.3)
+        self.legend = self.plot.addLegend(offset=(-10, 10))
+        left = QWidget()
+        column = QVBoxLayout(left)
+        column.setContentsMargins(0, 0, 0, 0)
+        column.addWidget(QLabel("Runs (tick to compare)"))
+        column.addWidget(self.runs, 1)
+        buttons = QHBoxLayout()
+        buttons.addWidget(refresh)
+        buttons.addWidget(add)
+        column.addLayout(buttons)
+        column.addWidget(QLabel("x axis"))
+        column.addWidget(self.axis)
+        split = QSplitter(Qt.Orientation.Horizontal)
+        split.addWidget(left)
+        split.addWidget(self.plot)
+        split.setStretchFactor(1, 1)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(split)
+        self.refresh_runs()
+
+    def refresh_runs(self) -> None:
+        ticked = set(self.ticked())
+        self.runs.blockSignals(True)
+        self.runs.clear()
+        for run in list_runs(self.runs_root):
+            self._add(run.path, str(run.path) in ticked)
+        self.runs.blockSignals(False)
+        self.redraw()
+
+    def _add(self, path: Path, checked: bool = False) -> None:
+        item = QListWidgetItem(path.name)
+        item.setData(Qt.ItemDataRole.UserRole, str(path))
+        item.setToolTip(str(path))
+        item.setFlags(item.flags() | Qt.ItemFlag.ItemIsUserCheckable)
+        item.setCheckState(Qt.CheckState.Checked if checked else Qt.CheckState.Unchecked)
+        self.runs.addItem(item)
+
+    def _add_folder(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "Run folder", str(self.runs_root))
+        if folder:
+            self._add(Path(folder), checked=True)
+
+    def tick(self, path: str | Path) -> None:
+        """Tick a run (adding it to the list when it is not under the runs folder)."""
+        for i in range(self.runs.count()):
+            item = self.runs.item(i)
+            if item.data(Qt.ItemDataRole.UserRole) == str(path):
+                item.setCheckState(Qt.CheckState.Checked)
+                return
+        self._add(Path(path), checked=True)
+        self.redraw()
+
+    def ticked(self) -> list[str]:
+        items = (self.runs.item(i) for i in range(self.runs.count()))
+        return [
+            it.data(Qt.ItemDataRole.UserRole)
+            for it in items
+            if it.checkState() == Qt.CheckState.Checked
+        ]
+
+    def redraw(self, *_) -> None:
+        self.plot.clear()
+        self.legend.clear()
+        column, unit = AXES[self.axis.currentText()]
+        self.plot.setLabel("bottom", self.axis.currentText())
+        for i, path in enumerate(self.ticked()):
+            curves = run_curves(path)
+            color = COLORS[i % len(COLORS)]
+            xs, ys = [r[column] for r in curves["train"]], [r[2] for r in curves["train"]]
+            self.plot.plot(xs, ys, pen=pg.mkPen(color, width=1), name=f"{curves['label']} train")
+            xs, ys = [r[column] for r in curves["val"]], [r[2] for r in curves["val"]]
+            self.plot.plot(xs, ys, pen=pg.mkPen(color, width=2), symbol="o", symbolSize=5,
+                           symbolBrush=color, name=f"{curves['label']} validation")  # fmt: skip
