@@ -1,0 +1,3 @@
+"""A run on disk and on the wire: the run folder (config.yaml, metrics.jsonl, logs), the
+checkpoint file format, the run lock, the events a trainer sends and the controls it reads, and
+the progress arithmetic the front ends show. May import `core.config` and `core.platform`."""
