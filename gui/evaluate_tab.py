@@ -12,6 +12,7 @@ from PySide6.QtWidgets import (
     QComboBox,
     QFileDialog,
     QGridLayout,
+    QHBoxLayout,
     QLabel,
     QLineEdit,
     QMessageBox,
@@ -83,13 +84,17 @@ class EvaluateTab(QWidget):
         self.output.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
         grid = QGridLayout()
         rows = [("Run", self.run_combo), ("Text", _file_row(self.text, self._pick_text)),
-                ("Questions", _file_row(self.choices, self._pick_choices)),
-                ("Few-shot", self.fewshot)]  # fmt: skip
+                ("Questions", _file_row(self.choices, self._pick_choices))]  # fmt: skip
         for i, (label, widget) in enumerate(rows):
             grid.addWidget(QLabel(label), i, 0)
             grid.addWidget(widget, i, 1)
-        grid.addWidget(self.compare, len(rows), 1)
-        grid.addWidget(self.button, len(rows) + 1, 1)
+        options = QHBoxLayout()  # one row: the tab stays as short as the Playground
+        for widget in (QLabel("Few-shot"), self.fewshot, self.compare):
+            options.addWidget(widget)
+        options.addStretch(1)
+        options.addWidget(self.button)
+        grid.addLayout(options, len(rows), 1)
+        self.output.setMinimumHeight(60)
         layout = QVBoxLayout(self)
         layout.addLayout(grid)
         layout.addWidget(self.status)
@@ -123,6 +128,8 @@ class EvaluateTab(QWidget):
         }
         self.button.setEnabled(False)
         self.status.setText("Evaluating…")
+        if self.thread is not None:  # the last one has reported; let it end before it goes
+            self.thread.wait()
         self.thread = EvalThread(request)
         self.thread.done.connect(self._done)
         self.thread.failed.connect(self._failed)

@@ -152,6 +152,8 @@ class ExportDialog(QDialog):
             request["system"] = self.system.text().strip()
         self.export_button.setEnabled(False)
         self.bar.setRange(0, 0)  # busy until the first tensor is written
+        if self.thread is not None:  # the last one has reported; let it end before it goes
+            self.thread.wait()
         self.thread = ExportThread(request)
         self.thread.progress.connect(self._progress)
         self.thread.line.connect(self.log.appendPlainText)

@@ -495,6 +495,8 @@ class MainWindow(QMainWindow):
             return
         self.save_settings()
         self.run_view.set_timers(False)
+        if self.run_view.evaluate.thread is not None:  # a QThread must end before it goes
+            self.run_view.evaluate.thread.wait()
         super().closeEvent(event)
 
     def showEvent(self, event) -> None:  # noqa: N802 (Qt override)
