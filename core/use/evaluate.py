@@ -60,6 +60,8 @@ def text_metrics(loaded: Loaded, text: str, progress=None) -> dict:
 
 
 def _answer(value, choices: list[str], where: str) -> int:
+    if isinstance(value, float) and value.is_integer():  # 1.0 from a Parquet or JSON float
+        value = int(value)
     text = str(value).strip()
     if text.upper() in LETTERS[: len(choices)] and len(text) == 1:
         return LETTERS.index(text.upper())
@@ -67,12 +69,15 @@ def _answer(value, choices: list[str], where: str) -> int:
         return int(text)
     last = len(choices) - 1
     raise DataError(f"{where}: answer {text!r} is not one of the {len(choices)} choices "
-                    f"(an index 0-{last} or a letter A-{LETTERS[last]})")  # fmt: skip
+                    f"(an index 0-{last} or a letter A-{LETTERS[min(last, 9)]})")  # fmt: skip
 
 
-def _item(row: dict, where: str) -> dict:
+def _item(row, where: str) -> dict:
+    if not isinstance(row, dict):
+        raise DataError(f"{where}: expected an object with question, choices and answer, got "
+                        f"{type(row).__name__}")  # fmt: skip
     if "question" not in row or "answer" not in row:
-        found = ", ".join(sorted(row)) or "none"
+        found = ", ".join(sorted(str(k) for k in row)) or "none"
         raise DataError(f"{where}: needs the columns question, answer and choices (or A, B, "
                         f"C, ...); found {found}")  # fmt: skip
     if "choices" in row:
@@ -97,21 +102,53 @@ def read_choices(path: str | Path) -> list[dict]:
     path = Path(path)
     if not path.is_file():
         raise DataError(f"choices: {path} not found")
-    if path.suffix == ".csv":
-        with open(path, newline="", encoding="utf-8") as f:
-            rows = list(csv.DictReader(f))
-    elif path.suffix == ".parquet":
-        rows = _parquet_rows(path)
-    else:
-        rows = []
-        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except ValueError:
-                    raise DataError(f"{path}: line {n} is not JSON") from None
-    where = "row" if path.suffix in (".csv", ".parquet") else "line"
-    return [_item(row, f"{path}: {where} {n}") for n, row in enumerate(rows, 1)]
+    try:
+        if path.suffix == ".csv":
+            rows = _csv_rows(path)
+        elif path.suffix == ".parquet":
+            rows = [(f"row {n}", row) for n, row in enumerate(_parquet_rows(path), 1)]
+        else:
+            rows = _jsonl_rows(path)
+    except UnicodeDecodeError as e:
+        raise DataError(
+            f"choices: {path} is not UTF-8 text ({e.reason} at byte {e.start})"
+        ) from None
+    if not rows:
+        raise DataError(f"choices: {path} holds no questions")
+    return [_item(row, f"{path}: {where}") for where, row in rows]
+
+
+def _jsonl_rows(path: Path) -> list[tuple[str, object]]:
+    """(where, row) per non-blank line, numbered as the file's lines (blank ones count)."""
+    rows = []
+    # split on newlines only: str.splitlines would also split at U+2028 inside a JSON string
+    for n, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):
+        if line.strip():
+            try:
+                rows.append((f"line {n}", json.loads(line)))
+            except ValueError:
+                raise DataError(f"{path}: line {n} is not JSON") from None
+    return rows
+
+
+def _csv_rows(path: Path) -> list[tuple[str, dict]]:
+    """(where, row) per data row: "row N (line L)", N counting the rows after the header and L
+    the file line the row ends on. A row with more or fewer fields than the header is an error:
+    an unquoted comma would otherwise shift the answer into another column."""
+    rows = []
+    with open(path, newline="", encoding="utf-8-sig") as f:  # -sig: Excel's byte-order mark
+        reader = csv.DictReader(f)
+        for n, row in enumerate(reader, 1):
+            where = f"row {n} (line {reader.line_num})"
+            header = len(reader.fieldnames)
+            if None in row:  # DictReader keeps the extra fields under the key None
+                fields = header + len(row[None])
+            else:  # and fills missing ones with None
+                fields = sum(v is not None for v in row.values())
+            if fields != header:
+                raise DataError(f"{path}: {where} has {fields} fields, the header {header}")
+            rows.append((where, row))
+    return rows
 
 
 def _parquet_rows(path: Path) -> list[dict]:
@@ -132,7 +169,15 @@ def _prompt(item: dict) -> str:
 def choice_scores(loaded: Loaded, item: dict, shots: str = "") -> list[tuple[float, int]]:
     """(sum of the choice's log-probabilities after the prompt, its length in bytes) per
     choice. The continuation's tokens are those of prompt + choice past the prompt's own, as
-    the harness takes them (a choice starts with a space, which joins its first word)."""
+    the harness takes them (a choice starts with a space, which joins its first word).
+
+    Tokenizer boundary: prompt + " choice" is tokenized whole, and the continuation is its
+    tokens past len(prompt tokens). That assumes the prompt's tokens are a prefix of the
+    whole's, which holds where the tokenizer splits before a space (byte-level BPE); where a
+    merge crosses the boundary the harness takes the same tokens. BOS: added where the
+    tokenizer adds one, as transformers' tokenizer(text) does; lm-evaluation-harness's HF
+    backend leaves it out unless given add_bos_token=True, so compare a BOS-adding model
+    (Llama, Mistral) with the harness run that way."""
     context = shots + _prompt(item)
     base = _ids(loaded, context)
     out = []
@@ -170,7 +215,8 @@ def fingerprint(path: Path) -> str:
 def write_result(loaded: Loaded, data: Path, kind: str, settings: dict, result: dict):
     """RUN/eval/<data name>.json for a run (None for a plain model folder)."""
     run = loaded.checkpoint.parent.parent
-    if not (run / "config.yaml").is_file():
+    # a plain model folder (config None) writes nothing, even one kept inside a run folder
+    if loaded.config is None or not (run / "config.yaml").is_file():
         return None
     folder = run / "eval"
     folder.mkdir(exist_ok=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import shutil
 
 import pytest
 import torch
@@ -49,38 +50,54 @@ def hf_loglikelihood(hf, tok, context, continuation):
     return float(logp[torch.arange(len(ids) - 1), torch.tensor(ids[1:])][-n:].sum())
 
 
-def test_choice_log_likelihoods_and_answers_equal_transformers(model):
+@pytest.fixture(scope="module")
+def hf(model):
+    """(transformers' own model, its tokenizer) of the same folder."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    hf = AutoModelForCausalLM.from_pretrained(model).float().eval()
-    tok = AutoTokenizer.from_pretrained(model)
-    loaded = load(model)
-    for raw in ITEMS:
-        item = evaluate._item(raw, "test")
-        ours = evaluate.choice_scores(loaded, item)
-        context = f"Question: {item['question']}\nAnswer:"
-        theirs = [hf_loglikelihood(hf, tok, context, " " + c) for c in item["choices"]]
-        assert [s for s, _ in ours] == pytest.approx(theirs, abs=1e-4)
-        assert max(range(len(ours)), key=lambda i: ours[i][0]) == max(
-            range(len(theirs)), key=theirs.__getitem__
-        )
+    hf_model = AutoModelForCausalLM.from_pretrained(model).float().eval()
+    return hf_model, AutoTokenizer.from_pretrained(model)
 
 
-def test_perplexity_is_exp_of_the_mean_loss_of_the_same_tokens(model):
+def test_choice_log_likelihoods_and_answers_equal_transformers(model, hf):
+    hf_model, tok = hf
     loaded = load(model)
-    text = TEXT[:300]
+    items = [evaluate._item(raw, "test") for raw in ITEMS]
+    shot = f"Question: {items[0]['question']}\nAnswer: {items[0]['choices'][0]}\n\n"
+    for shots in ("", shot):  # zero-shot and with one worked example before the question
+        for item in items:
+            ours = evaluate.choice_scores(loaded, item, shots)
+            context = f"{shots}Question: {item['question']}\nAnswer:"
+            theirs = [hf_loglikelihood(hf_model, tok, context, " " + c) for c in item["choices"]]
+            assert [s for s, _ in ours] == pytest.approx(theirs, abs=1e-4)
+            assert max(range(len(ours)), key=lambda i: ours[i][0]) == max(
+                range(len(theirs)), key=theirs.__getitem__
+            )
+            assert [b for _, b in ours] == [len((" " + c).encode()) for c in item["choices"]]
+
+
+def test_perplexity_equals_transformers_on_the_same_tokens(model, hf):
+    hf_model, tok = hf
+    loaded = load(model)
+    text = TEXT[:600]
     result = evaluate.text_metrics(loaded, text)
-    ids = evaluate._ids(loaded, text)
+    ids = tok(text)["input_ids"]  # BOS first, as this tokenizer adds one
+    assert ids == evaluate._ids(loaded, text) and ids[0] == tok.bos_token_id
     n = loaded.model.config.seq_len
-    losses, count = 0.0, 0
-    for start in range(0, len(ids) - 1, n):
+    nll, count = 0.0, 0
+    for start in range(0, len(ids) - 1, n):  # non-overlapping windows of the context
         window = torch.tensor([ids[start : start + n + 1]])
         with torch.no_grad():
-            _, loss = loaded.model(window[:, :-1], window[:, 1:])
-        losses += float(loss) * (window.shape[1] - 1)
+            logits = hf_model(window[:, :-1]).logits[0].float()
+        nll += float(torch.nn.functional.cross_entropy(logits, window[0, 1:], reduction="sum"))
         count += window.shape[1] - 1
-    assert result["ppl"] == pytest.approx(math.exp(losses / count), rel=1e-5)
-    assert result["bpb"] == pytest.approx(losses / math.log(2) / len(text.encode()), rel=1e-5)
+    assert count == result["tokens"] == len(ids) - 1 and count > 2 * n  # several windows
+    assert result["ppl"] == pytest.approx(math.exp(nll / count), rel=1e-5)
+    assert result["bytes"] == len(text.encode())
+    assert result["bpb"] == pytest.approx(nll / math.log(2) / len(text.encode()), rel=1e-5)
+    assert result["bpb"] == pytest.approx(
+        math.log(result["ppl"]) * result["tokens"] / math.log(2) / result["bytes"], rel=1e-9
+    )
 
 
 def test_csv_jsonl_and_the_letter_layout_read_the_same(model, tmp_path):
@@ -96,6 +113,15 @@ def test_csv_jsonl_and_the_letter_layout_read_the_same(model, tmp_path):
     read = [evaluate.read_choices(p) for p in (jsonl, tmp_path / "q.csv", layout)]
     assert read[0] == read[1] == read[2]
     assert [r["answer"] for r in read[0]] == [0, 0, 1, 0]
+    as_letters = write_jsonl(
+        tmp_path / "letters_answer.jsonl",
+        [{**r, "answer": "abc"[a["answer"]]} for r, a in zip(ITEMS, read[0], strict=True)],
+    )
+    as_indexes = write_jsonl(
+        tmp_path / "index_answer.jsonl",
+        [{**r, "answer": a["answer"]} for r, a in zip(ITEMS, read[0], strict=True)],
+    )
+    assert evaluate.read_choices(as_letters) == evaluate.read_choices(as_indexes) == read[0]
     loaded = load(model)
     assert evaluate.choice_metrics(loaded, read[0]) == evaluate.choice_metrics(loaded, read[2])
 
@@ -130,6 +156,51 @@ def test_bad_questions_are_one_line_and_exit_2(model, tmp_path, capsys, rows, wo
     assert eval_main([str(model), "--choices", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert words in err and "line 1" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "name, content, words",
+    [
+        ("bad.csv", "prompt,A,B,answer\nq,a,b,A\n", "row 1 (line 2): needs the columns"),
+        ("bad.csv", "question,A,B,answer\nq,a,b,A\nq, a, b,c,A\n", "row 2 (line 3) has 5 fields"),
+        ("bad.csv", 'question,choices,answer\nq,"[""a"", ""b""]",2\n', "answer '2' is not one"),
+        ("bad.jsonl", '{"question": "q", "choices": ["a", "b"], "answer": 0}\n\n[1]\n',
+         "line 3: expected an object"),
+        ("bad.jsonl", '{"question": "q", "choices": ["a", "b"], "answer": 0}\n{"question"\n',
+         "line 2 is not JSON"),
+        ("bad.jsonl", "", "holds no questions"),
+    ],
+)  # fmt: skip
+def test_bad_rows_name_the_row_or_line(model, tmp_path, capsys, name, content, words):
+    path = tmp_path / name
+    path.write_text(content, encoding="utf-8")
+    assert eval_main([str(model), "--choices", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert words in err and str(path) in err and len(err.splitlines()) == 1
+    if "needs the columns" in words:
+        assert "found A, B, answer, prompt" in err
+
+
+def test_odd_but_valid_files_read(tmp_path):
+    bom = tmp_path / "excel.csv"  # saved by Excel: a byte-order mark before the header
+    bom.write_text("\ufeffquestion,A,B,answer\nq,a,b,B\n", encoding="utf-8")
+    floats = write_jsonl(tmp_path / "floats.jsonl", [{"question": "q", "choices": ["a", "b"],
+                                                      "answer": 1.0}])  # fmt: skip
+    assert evaluate.read_choices(bom) == evaluate.read_choices(floats)
+    latin = tmp_path / "latin.csv"
+    latin.write_bytes("question,A,B,answer\nq,\xe9,b,A\n".encode("latin-1"))
+    with pytest.raises(evaluate.DataError, match="is not UTF-8 text"):
+        evaluate.read_choices(latin)
+
+
+def test_a_plain_model_folder_writes_no_record(model, tmp_path):
+    data = write_jsonl(tmp_path / "q.jsonl", ITEMS)
+    inside = tmp_path / "run" / "export" / "model"  # an export kept inside a run folder
+    shutil.copytree(model, inside)
+    (tmp_path / "run" / "config.yaml").write_text("seq_len: 32\n", encoding="utf-8")
+    for folder in (model, inside):
+        assert evaluate.write_result(load(folder), data, "choices", {}, {"acc": 1.0}) is None
+    assert not (tmp_path / "run" / "eval").exists() and not (model.parent / "eval").exists()
 
 
 def test_missing_files_and_no_data_are_one_line_exit_2(model, tmp_path, capsys):
