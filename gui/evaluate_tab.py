@@ -24,8 +24,8 @@ from PySide6.QtWidgets import (
 )
 
 from core.errors import UserError
-from core.runs.folder import list_runs
 from core.use.evaluate import evaluate_files, format_table
+from gui.playground import fill_run_combo
 
 
 class EvalThread(QThread):
@@ -102,11 +102,7 @@ class EvaluateTab(QWidget):
         self.refresh_runs()
 
     def refresh_runs(self, current: str | Path | None = None) -> None:
-        keep = str(current) if current else self.run_combo.currentText()
-        self.run_combo.clear()
-        self.run_combo.addItems([str(r.path) for r in list_runs(self.runs_root)])
-        if keep:
-            self.run_combo.setCurrentText(keep)
+        fill_run_combo(self.run_combo, self.runs_root, current)
 
     def _pick_text(self) -> None:
         path = QFileDialog.getOpenFileName(self, "Text to score")[0]

@@ -43,6 +43,15 @@ def text_height(edit: QPlainTextEdit, lines: int) -> int:
     return int(lines * edit.fontMetrics().lineSpacing() + margins)
 
 
+def fill_run_combo(combo, runs_root: Path, current: str | Path | None = None) -> None:
+    """List the runs with checkpoints, newest first; select current (or keep the text)."""
+    keep = str(current) if current else combo.currentText()
+    combo.clear()
+    combo.addItems([str(r.path) for r in list_runs(runs_root)])
+    if keep:
+        combo.setCurrentText(keep)
+
+
 class GenerateThread(QThread):
     """Loads the checkpoint and streams the continuation of a prompt."""
 
@@ -213,12 +222,7 @@ class Playground(QWidget):
     # -- runs ----------------------------------------------------------------------------
 
     def refresh_runs(self, current: str | Path | None = None) -> None:
-        """List the runs with checkpoints, newest first; select current (or keep the text)."""
-        keep = str(current) if current else self.run_combo.currentText()
-        self.run_combo.clear()
-        self.run_combo.addItems([str(r.path) for r in list_runs(self.runs_root)])
-        if keep:
-            self.run_combo.setCurrentText(keep)
+        fill_run_combo(self.run_combo, self.runs_root, current)
 
     def _browse(self) -> None:
         folder = QFileDialog.getExistingDirectory(self, "Run folder", str(self.runs_root))

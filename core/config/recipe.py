@@ -50,6 +50,14 @@ def finetune_lr(cfg: TrainConfig) -> float:
     return max(FINETUNE_FULL_FLOOR, FINETUNE_FULL_LR * width_factor(cfg.hidden_dim))
 
 
+def base_bits(cfg: TrainConfig, sixteen: bool) -> int:
+    """A LoRA run's frozen base: base_bits as asked, or auto: 16 when the run computes in 16
+    bits on a GPU (sixteen), else 32."""
+    if cfg.base_bits != "auto":
+        return int(cfg.base_bits)
+    return 16 if sixteen else 32
+
+
 def muon_lr(cfg: TrainConfig) -> float:
     return cfg.muon_lr if cfg.muon_lr is not None else MUON_LR
 

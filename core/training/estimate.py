@@ -150,15 +150,13 @@ QUANT_BYTES = {4: 0.5 + 1 / 64 + 4 / (64 * 256), 8: 1.0}
 
 
 def _base_bytes(cfg: TrainConfig, c: GPTConfig, n: int, sixteen: bool) -> int:
-    """The frozen base under LoRA: base_bits, or auto (16 bits on a GPU in bf16/fp16, else 32);
-    a 4- or 8-bit base quantizes the adapted layers only."""
-    rest = 2 if sixteen else 4
-    if cfg.base_bits in ("16", "32"):
-        return int(cfg.base_bits) // 8 * n
-    if cfg.base_bits in ("4", "8"):
+    """The frozen base under LoRA (recipe.base_bits); a 4- or 8-bit base quantizes the adapted
+    layers only, the rest stays in 16 or 32 bits."""
+    bits = recipe.base_bits(cfg, sixteen)
+    if bits in QUANT_BYTES:
         q = adapted_weights(c, cfg.lora_targets)
-        return int(q * QUANT_BYTES[int(cfg.base_bits)]) + rest * (n - q)
-    return rest * n
+        return int(q * QUANT_BYTES[bits]) + (2 if sixteen else 4) * (n - q)
+    return bits // 8 * n
 
 
 def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True) -> Estimate:

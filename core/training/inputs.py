@@ -9,6 +9,7 @@ import random
 import numpy as np
 import torch
 
+from core.config import recipe
 from core.config.spec import TrainConfig
 from core.data.prepare import data_spec, examples_line, prepare
 from core.data.sources import data_changes
@@ -70,19 +71,13 @@ def data_info(data: TokenData) -> dict:
     }
 
 
-def base_bits(cfg: TrainConfig, device, precision) -> int:
-    """The frozen base's bits: as asked, or auto: 16 under a GPU's 16-bit precision, else 32."""
-    if cfg.base_bits != "auto":
-        return int(cfg.base_bits)
-    return 16 if precision in ("bf16", "fp16") and device.type == "cuda" else 32
-
-
 def build_model(cfg: TrainConfig, pretrained: Pretrained | None, device, precision, log) -> GPT:
     if pretrained is None:
         model = GPT(GPTConfig.from_train(cfg))
         lora.apply_config(model, cfg)
         return model
-    bits = base_bits(cfg, device, precision) if cfg.lora_rank else 32
+    sixteen = precision in ("bf16", "fp16") and device.type == "cuda"
+    bits = recipe.base_bits(cfg, sixteen) if cfg.lora_rank else 32
     shape = GPTConfig.from_train(cfg, base=pretrained.config)
     # A quantized base is made layer by layer from the memory-mapped files: the
     # full-precision model never exists at once.
