@@ -8,6 +8,7 @@ go to PEFT's own layout for `--format peft`.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -40,6 +41,7 @@ class LoRALinear(nn.Linear):
         nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))  # as PEFT initialises A
         self.lora_dropout = nn.Dropout(dropout)
         self.base_quantized = None  # a bitsandbytes layer holding the base (core.models.quant)
+        self.adapters_off = False  # True: the base layer alone (DPO's reference model)
 
     def forward(self, x):
         if self.base_quantized is not None:
@@ -47,6 +49,8 @@ class LoRALinear(nn.Linear):
             base = base + self.bias if self.bias is not None else base
         else:
             base = F.linear(x, self.weight, self.bias)
+        if self.adapters_off:
+            return base
         a, b = self.lora_A, self.lora_B
         delta = F.linear(F.linear(self.lora_dropout(x).to(a.dtype), a), b)
         return base + (self.scale * delta).to(base.dtype)
@@ -90,6 +94,20 @@ def apply_config(model, cfg) -> None:
     if cfg.lora_rank:
         alpha = cfg.lora_scale_alpha
         apply_lora(model, cfg.lora_rank, alpha, cfg.lora_dropout, cfg.lora_targets)
+
+
+@contextlib.contextmanager
+def adapters_disabled(model):
+    """The base model alone while inside: with LoRA, the reference of preference tuning
+    needs no second copy of the model."""
+    layers = [m for m in model.modules() if isinstance(m, LoRALinear)]
+    for m in layers:
+        m.adapters_off = True
+    try:
+        yield model
+    finally:
+        for m in layers:
+            m.adapters_off = False
 
 
 def is_adapter(name: str) -> bool:

@@ -50,3 +50,32 @@ def lm_loss(head, hidden: torch.Tensor, targets: torch.Tensor, mask=None, chunk=
             _chunk_loss, head, hidden[part], targets[part], weights[part], use_reentrant=False
         )
     return total / count
+
+
+def _chunk_logps(head: torch.nn.Module, hidden, targets, weights, rows, n_rows: int):
+    logits = head(hidden).float()
+    logps = -F.cross_entropy(logits, targets, reduction="none") * weights
+    return logps.new_zeros(n_rows).index_add(0, rows, logps)
+
+
+def sequence_logps(head, hidden: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor,
+                   chunk=None) -> torch.Tensor:  # fmt: skip
+    """Each sequence's summed log-probability of its targets where mask is non-zero (B,):
+    what preference tuning compares. Logits only at masked positions, a chunk at a time."""
+    n_rows, t = targets.shape
+    hidden = hidden.reshape(-1, hidden.size(-1))
+    weights = mask.reshape(-1).float()
+    keep = weights.nonzero().squeeze(1)
+    hidden, targets, weights = hidden[keep], targets.reshape(-1)[keep], weights[keep]
+    rows = torch.div(keep, t, rounding_mode="floor")
+    chunk = chunk or chunk_positions(head.weight.shape[0])
+    if len(targets) <= chunk:
+        return _chunk_logps(head, hidden, targets, weights, rows, n_rows)
+    total = hidden.new_zeros(n_rows, dtype=torch.float32)
+    for start in range(0, len(targets), chunk):
+        part = slice(start, start + chunk)
+        total = total + checkpoint(
+            _chunk_logps, head, hidden[part], targets[part], weights[part], rows[part], n_rows,
+            use_reentrant=False,
+        )  # fmt: skip
+    return total

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from core.config.spec import TrainConfig, from_known
-from core.models.loss import lm_loss
+from core.models.loss import lm_loss, sequence_logps
 
 VOCAB_SIZE = 256  # bytes: no tokenizer to download
 NORMS = ("layernorm", "rmsnorm")
@@ -322,12 +322,13 @@ class GPT(nn.Module):
             return x, (cos[positions].unsqueeze(1), sin[positions].unsqueeze(1))
         return x, (cos[positions], sin[positions])
 
-    def forward(self, idx, targets=None, loss_mask=None, segments=None):
+    def forward(self, idx, targets=None, loss_mask=None, segments=None, per_sequence=False):
         """(logits, None) without targets; (None, loss) with them: the mean cross-entropy
         over targets where loss_mask is non-zero, computed in chunks (core.models.loss) so
         the whole vocabulary's logits never exist at once. segments (B, T): packed examples
         (chat data) numbered; each attends only to itself and counts positions from 0, as
-        it would alone."""
+        it would alone. per_sequence: (None, each sequence's summed log-probability of
+        its masked targets) instead of the mean loss (preference tuning)."""
         positions, mask = packed(segments) if segments is not None else (None, None)
         x, rope = self._embed(idx, 0, positions)
         x = self.drop(x)
@@ -338,6 +339,8 @@ class GPT(nn.Module):
                 x = block(x, rope, mask)
         if targets is None:
             return self.head(self.ln_f(x)), None
+        if per_sequence:
+            return None, sequence_logps(self.head, self.ln_f(x), targets, loss_mask)
         return None, lm_loss(self.head, self.ln_f(x), targets, loss_mask)
 
     @torch.no_grad()
