@@ -4,7 +4,6 @@ question, acc from the sum, acc_norm from the sum per byte of the choice."""
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import json
 import math
@@ -14,6 +13,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from core.data import tables
 from core.errors import DataError
 from core.weights.loader import Loaded
 
@@ -97,69 +97,22 @@ def _item(row, where: str) -> dict:
 
 
 def read_choices(path: str | Path) -> list[dict]:
-    """Multiple-choice items from .jsonl, .csv or .parquet: the columns question, choices (a
-    list) and answer (an index or a letter), or question, A, B, C, ... and answer."""
+    """Multiple-choice items from .jsonl, .json, .csv or .parquet (core.data.tables): the
+    columns question, choices (a list) and answer (an index or a letter), or question, A, B,
+    C, ... and answer."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"choices: {path} not found")
-    try:
-        if path.suffix == ".csv":
-            rows = _csv_rows(path)
-        elif path.suffix == ".parquet":
-            rows = [(f"row {n}", row) for n, row in enumerate(_parquet_rows(path), 1)]
+    rows = []
+    for n, (number, row) in enumerate(tables.iter_records(path), 1):
+        if path.suffix.lower() == ".csv":  # the row among the data rows, and its file line
+            where = f"row {n} (line {number})"
         else:
-            rows = _jsonl_rows(path)
-    except UnicodeDecodeError as e:
-        raise DataError(
-            f"choices: {path} is not UTF-8 text ({e.reason} at byte {e.start})"
-        ) from None
+            where = f"{tables.unit(path)} {number}"
+        rows.append((where, row))
     if not rows:
         raise DataError(f"choices: {path} holds no questions")
     return [_item(row, f"{path}: {where}") for where, row in rows]
-
-
-def _jsonl_rows(path: Path) -> list[tuple[str, object]]:
-    """(where, row) per non-blank line, numbered as the file's lines (blank ones count)."""
-    rows = []
-    # split on newlines only: str.splitlines would also split at U+2028 inside a JSON string
-    for n, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):
-        if line.strip():
-            try:
-                rows.append((f"line {n}", json.loads(line)))
-            except ValueError:
-                raise DataError(f"{path}: line {n} is not JSON") from None
-    return rows
-
-
-def _csv_rows(path: Path) -> list[tuple[str, dict]]:
-    """(where, row) per data row: "row N (line L)", N counting the rows after the header and L
-    the file line the row ends on. A row with more or fewer fields than the header is an error:
-    an unquoted comma would otherwise shift the answer into another column."""
-    rows = []
-    with open(path, newline="", encoding="utf-8-sig") as f:  # -sig: Excel's byte-order mark
-        reader = csv.DictReader(f)
-        for n, row in enumerate(reader, 1):
-            where = f"row {n} (line {reader.line_num})"
-            header = len(reader.fieldnames)
-            if None in row:  # DictReader keeps the extra fields under the key None
-                fields = header + len(row[None])
-            else:  # and fills missing ones with None
-                fields = sum(v is not None for v in row.values())
-            if fields != header:
-                raise DataError(f"{path}: {where} has {fields} fields, the header {header}")
-            rows.append((where, row))
-    return rows
-
-
-def _parquet_rows(path: Path) -> list[dict]:
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise DataError(f"choices: reading {path} needs pyarrow: pip install pyarrow") from None
-    try:
-        return pq.read_table(path).to_pylist()
-    except Exception as e:
-        raise DataError(f"choices: {path} is not a readable Parquet file ({e})") from None
 
 
 def _prompt(item: dict) -> str:

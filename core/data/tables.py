@@ -1,0 +1,350 @@
+"""Records from table files: JSON Lines (.jsonl), JSON (.json: an array of objects, or an object
+holding one such list), CSV (.csv, UTF-8 with or without Excel's byte-order mark) and Parquet
+(.parquet, through pyarrow), one reader for training data and question files alike.
+
+Each record comes with the row number a user finds it by (the line for .jsonl and .csv, the
+1-based row for .json and .parquet) and with canonical keys: the file's columns renamed by a
+column mapping (canonical key -> the file's column), ShareGPT `conversations` (`from`/`value`,
+human/gpt) turned into `messages` (`role`/`content`). Large files stream: Parquet a record
+batch at a time, CSV and JSON Lines a row at a time (a .json array is read whole).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from core.errors import DataError
+
+TABLE_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
+# canonical key -> the TrainConfig field naming the file's column for it
+COLUMN_FIELDS = {
+    "text": "text_column",
+    "messages": "messages_column",
+    "prompt": "prompt_column",
+    "completion": "completion_column",
+    "chosen": "chosen_column",
+    "rejected": "rejected_column",
+}
+LAYOUTS = ("preference", "messages", "prompt/completion", "alpaca", "text")
+CHAT_LAYOUTS = ("messages", "prompt/completion", "alpaca")
+SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+                  "system": "system", "chatgpt": "assistant", "bing": "assistant"}  # fmt: skip
+PARQUET_BATCH = 1024  # rows a Parquet batch holds: memory stays flat whatever the file size
+
+OnBad = Callable[[int, str], None]  # (row number, what is wrong) of a row to skip
+
+
+def is_table(path: Path) -> bool:
+    return path.suffix.lower() in TABLE_SUFFIXES
+
+
+def unit(path: Path) -> str:
+    """What a row number counts in this file: "line" (.jsonl, .csv) or "row"."""
+    return "line" if Path(path).suffix.lower() in (".jsonl", ".csv") else "row"
+
+
+def columns_of(cfg) -> dict[str, str]:
+    """The column mapping a TrainConfig sets: canonical key -> the file's column name."""
+    out = {}
+    for key, name in COLUMN_FIELDS.items():
+        value = getattr(cfg, name, None)
+        if value:
+            out[key] = value
+    return out
+
+
+def detect_layout(keys) -> str:
+    """Which layout records with these (canonical) keys have: preference (prompt, chosen,
+    rejected), messages, prompt/completion, alpaca (instruction, input, output) or text; ""
+    when none fits."""
+    keys = set(keys)
+    if {"chosen", "rejected"} <= keys:
+        return "preference"
+    if "messages" in keys or "conversations" in keys:
+        return "messages"
+    if "prompt" in keys or "completion" in keys:
+        return "prompt/completion"
+    if "instruction" in keys or "output" in keys:
+        return "alpaca"
+    if "text" in keys:
+        return "text"
+    return ""
+
+
+def layout_of(keys, columns: dict | None = None) -> str:
+    """The layout, the mapped columns deciding first: --text-column on a file that also has
+    a messages column means text."""
+    mapped = detect_layout(k for k in (columns or {}) if k in COLUMN_FIELDS)
+    return mapped or detect_layout(keys)
+
+
+def describe_columns(columns: dict | None) -> str:
+    """ "prompt <- question, completion <- answer", or "as named in the file"."""
+    if not columns:
+        return "as named in the file"
+    return ", ".join(f"{key} \u2190 {col}" for key, col in columns.items())
+
+
+# -- canonical records ---------------------------------------------------------------------------
+
+
+def _sharegpt(turns):
+    """ShareGPT turns ({"from": "human", "value": ...}) as role/content messages; other
+    shapes pass unchanged (core.data.chatdata names what is wrong with them)."""
+    if not isinstance(turns, list):
+        return turns
+    out = []
+    for t in turns:
+        if isinstance(t, dict) and "from" in t and "value" in t and "content" not in t:
+            role = SHAREGPT_ROLES.get(str(t["from"]).lower(), t["from"])
+            t = {"role": role, "content": t["value"]}
+        out.append(t)
+    return out
+
+
+def _missing(path: Path, key: str, column: str, found) -> str:
+    found = ", ".join(map(str, found)) or "none"
+    return (f"{path}: no column {column!r} (the {key} column, {COLUMN_FIELDS[key]}); "
+            f"columns found: {found}")  # fmt: skip
+
+
+def canonical(record: dict, columns: dict | None) -> dict:
+    """The record with mapped columns under their canonical keys and ShareGPT turns as
+    messages (mapped columns must be present: check with missing_column first)."""
+    out = dict(record)
+    for key, column in (columns or {}).items():
+        value = record[column]
+        out.pop(column, None)
+        out[key] = value
+    if "messages" not in out and "conversations" in out:
+        out["messages"] = out.pop("conversations")
+    if "messages" in out:
+        messages = out["messages"]
+        if isinstance(messages, str) and messages.lstrip().startswith("["):  # a CSV cell
+            with contextlib.suppress(ValueError):  # chatdata says it is not a list
+                messages = json.loads(messages)
+        out["messages"] = _sharegpt(messages)
+    return out
+
+
+def missing_column(columns: dict | None, found) -> tuple[str, str] | None:
+    """The first (key, column) of the mapping that is not among the found columns."""
+    found = set(found)
+    for key, column in (columns or {}).items():
+        if column not in found:
+            return key, column
+    return None
+
+
+# -- readers: (row number, the file's own record) --------------------------------------------------
+
+
+def _open_text(path: Path):
+    try:
+        return open(path, encoding="utf-8-sig", newline="")  # noqa: SIM115 (the caller closes)
+    except OSError as e:
+        raise DataError(f"{path}: cannot read it ({e.strerror or e})") from None
+
+
+def _jsonl(path: Path, bad) -> Iterator[tuple[int, object]]:
+    with _open_text(path) as f:
+        # newline="" keeps "\r\n" whole; lines split at "\n" as the file's own numbering does
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError as e:
+                bad(number, f"not valid JSON ({e})", f"line {number} is not JSON ({e})")
+                continue
+            yield number, obj
+
+
+def _csv(path: Path, bad) -> Iterator[tuple[int, dict]]:
+    """Each data row with the file line it ends on. A row with more or fewer fields than the
+    header is bad: an unquoted comma would shift a value into another column."""
+    csv.field_size_limit(2**31 - 1)  # a document in one cell is far over the 128 KB default
+    with _open_text(path) as f:
+        reader = csv.DictReader(f)
+        for n, row in enumerate(reader, 1):
+            line, header = reader.line_num, len(reader.fieldnames)
+            if None in row:  # DictReader keeps the extra fields under the key None
+                fields = header + len(row[None])
+            else:  # and fills missing ones with None
+                fields = sum(v is not None for v in row.values())
+            if fields != header:
+                reason = f"has {fields} fields, the header {header}"
+                bad(line, reason, f"row {n} (line {line}) {reason}")
+                continue
+            yield line, row
+
+
+def csv_header(path: Path) -> list[str]:
+    with _open_text(path) as f:
+        return next(csv.reader(f), [])
+
+
+def _json_rows(path: Path) -> list:
+    """The list of records of a .json file: the file itself, or the one list of objects an
+    object holds ({"data": [...]}). A file of JSON lines named .json is read as such."""
+    with _open_text(path) as f:
+        text = f.read()
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        if "Extra data" in str(e):  # JSON Lines saved as .json (datasets' to_json does)
+            return None
+        raise DataError(f"{path}: not valid JSON ({e})") from None
+    if isinstance(value, dict):
+        lists = [v for v in value.values() if isinstance(v, list)]
+        if len(lists) == 1:
+            value = lists[0]
+    if not isinstance(value, list) or not all(isinstance(r, dict) for r in value):
+        got = type(value).__name__ if not isinstance(value, list) else "a list of non-objects"
+        raise DataError(
+            f"{path}: expected a JSON array of objects, or an object holding one such list; "
+            f"got {got}"
+        )
+    return value
+
+
+def _parquet_file(path: Path):
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DataError(f"{path}: reading Parquet needs pyarrow: pip install pyarrow") from None
+    try:
+        return pq.ParquetFile(path)
+    except Exception as e:  # pyarrow's ArrowInvalid, OSError, ...: one line naming the file
+        raise DataError(f"{path}: not a readable Parquet file ({_first_line(e)})") from None
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def _parquet(path: Path) -> Iterator[tuple[int, dict]]:
+    pf = _parquet_file(path)
+    number = 0
+    batches = pf.iter_batches(batch_size=PARQUET_BATCH)
+    while True:
+        try:
+            batch = next(batches, None)
+        except Exception as e:
+            raise DataError(f"{path}: not a readable Parquet file ({_first_line(e)})") from None
+        if batch is None:
+            return
+        for record in batch.to_pylist():
+            number += 1
+            yield number, record
+
+
+def column_names(path: Path) -> list[str] | None:
+    """The columns a CSV or Parquet file declares (None for JSON: each record has its own)."""
+    suffix = path.suffix.lower()
+    if suffix == ".csv":
+        return csv_header(path)
+    if suffix == ".parquet":
+        return list(_parquet_file(path).schema_arrow.names)
+    return None
+
+
+def iter_records(
+    path: str | Path, columns: dict | None = None, on_bad: OnBad | None = None
+) -> Iterator[tuple[int, dict]]:
+    """(row number, record with canonical keys) for each record of a .jsonl, .json, .csv or
+    .parquet file. A bad row (not JSON, not an object, a CSV row with the wrong number of
+    fields, a .jsonl record without a mapped column) raises a one-line DataError, or with
+    on_bad is passed to it and skipped. A mapped column a CSV or Parquet file lacks, an
+    unreadable file or a .json that is not an array of objects always raises."""
+    path = Path(path)
+
+    def bad(number: int, reason: str, message: str) -> None:
+        if on_bad is None:
+            raise DataError(f"{path}: {message}")
+        on_bad(number, reason)
+
+    try:
+        declared = column_names(path)
+        if declared is not None:
+            gone = missing_column(columns, declared)
+            if gone:
+                raise DataError(_missing(path, *gone, declared))
+        for number, record in _raw(path, bad):
+            if not isinstance(record, dict):
+                kind = f"a {type(record).__name__}"
+                bad(number, f"expected a JSON object, got {kind}",
+                    f"line {number}: expected an object, got {kind}")  # fmt: skip
+                continue
+            if declared is None:
+                gone = missing_column(columns, record)
+                if gone:
+                    message = _missing(path, *gone, record).split(": ", 1)[1]
+                    bad(number, message, f"{unit(path)} {number}: {message}")
+                    continue
+            yield number, canonical(record, columns)
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path} is not UTF-8 text ({e.reason}); save it as UTF-8") from None
+
+
+def _raw(path: Path, bad) -> Iterator[tuple[int, object]]:
+    suffix = path.suffix.lower()
+    if suffix == ".csv":
+        yield from _csv(path, bad)
+    elif suffix == ".parquet":
+        yield from _parquet(path)
+    elif suffix == ".json":
+        rows = _json_rows(path)
+        if rows is None:
+            yield from _jsonl(path, bad)
+        else:
+            yield from enumerate(rows, 1)
+    else:
+        yield from _jsonl(path, bad)
+
+
+def first_records(path: str | Path, columns: dict | None = None, n: int = 3) -> list[dict]:
+    """Up to n leading records (bad rows skipped): what layout detection and the window's
+    preview read."""
+    out = []
+    for _, record in iter_records(path, columns, on_bad=lambda *_: None):
+        out.append(record)
+        if len(out) >= n:
+            break
+    return out
+
+
+def file_layout(path: str | Path, columns: dict | None = None) -> str:
+    """The layout of a file's first record ("" for an empty file or an unknown layout)."""
+    records = first_records(path, columns, 1)
+    return layout_of(records[0], columns) if records else ""
+
+
+# -- plain text from a text column -----------------------------------------------------------------
+
+
+def iter_texts(path: str | Path, columns: dict | None = None) -> Iterator[str]:
+    """Each row's text (the text column, or the column mapped to it): one document a row;
+    empty and null cells are skipped."""
+    path = Path(path)
+    for number, record in iter_records(path, columns):
+        if "text" not in record:
+            found = ", ".join(map(str, record)) or "none"
+            raise DataError(
+                f"{path}: {unit(path)} {number} has no text column; columns found: {found} "
+                "(name the column to train on with text_column)"
+            )
+        value = record["text"]
+        if value is None or value == "":
+            continue
+        if not isinstance(value, str):
+            raise DataError(
+                f"{path}: {unit(path)} {number}: the text column holds a "
+                f"{type(value).__name__}, not text"
+            )
+        yield value
