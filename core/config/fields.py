@@ -13,10 +13,11 @@ LORA_TARGET_HELP = (
     "(gate_proj, up_proj, down_proj; GPT-2: c_fc, mlp.c_proj); all: both"
 )
 TOKENIZERS = ("bytes", "bpe", "model")  # model: the pretrained model's own (init_from)
-DATA_FORMATS = ("auto", "text", "chat")  # chat: .jsonl examples (core.data.chatdata)
+DATA_FORMATS = ("auto", "text", "chat", "preference")  # chat: core.data.chatdata; preference: pairs
+METHODS = ("sft", "dpo")  # dpo: preference pairs (core.training.dpo)
 ARCHS = ("gpt2", "llama")
 BASE_BITS = ("auto", "4", "8", "16", "32")  # as strings: as written on the command line
-OPTIMIZERS = ("auto", "adamw", "muon")  # auto: muon for a new model, adamw for a fine-tune
+OPTIMIZERS = ("auto", "adamw", "adamw8bit", "muon")  # auto: muon new, adamw fine-tune
 SCHEDULES = ("cosine", "wsd")
 DECAY_SHAPES = ("linear", "sqrt")  # sqrt: 1 - sqrt(progress)
 
@@ -188,7 +189,8 @@ class ScheduleFields:
     optimizer: str = spec(
         "auto",
         "muon: Muon for the hidden weight matrices, AdamW for embeddings, head and norms; "
-        "adamw: AdamW for all; auto: muon for a new model, adamw for a pretrained one",
+        "adamw: AdamW for all; adamw8bit: AdamW with 8-bit state (bitsandbytes, 2 bytes a "
+        "weight instead of 8); auto: muon for a new model, adamw for a pretrained one",
         label="Optimizer",
         group=BATCH,
         choices=OPTIMIZERS,
@@ -346,8 +348,30 @@ class DataFields:
     # data: None means the embedded default corpus
     data: str | None = spec(
         None,
-        "a text file or a folder of them (default: the embedded corpus)",
+        "a text file or a folder of them, or a Hugging Face dataset id (owner/name); give "
+        "--data again to mix several sources (default: the embedded corpus)",
         optional=True,
+        stream=True,
+    )
+    # more sources mixed with data (the CLI's repeated --data); core.data.mix draws from them
+    extra_data: list[str] = spec(
+        [],
+        "more data sources mixed with the first: files, folders, Hugging Face dataset ids "
+        "or 'embedded' (the CLI: --data given again)",
+        cli=False,
+        stream=True,
+    )
+    data_weights: str | None = spec(
+        None,
+        "each data source's share of the training sequences, comma separated, one per "
+        "--data, e.g. 0.8,0.2 (default: proportional to each source's training tokens)",
+        optional=True,
+        stream=True,
+    )
+    data_split: str = spec(
+        "train",
+        "the split read from a Hugging Face dataset id given as --data (its files whose "
+        "path names the split)",
         stream=True,
     )
     eval_data: str | None = spec(
@@ -383,12 +407,39 @@ class DataFields:
     data_format: str = spec(
         "auto",
         "text: plain text; chat: .jsonl examples (messages, prompt/completion or Alpaca) "
-        "rendered with the model's chat template, loss on the answers only; auto: chat for "
-        ".jsonl data, else text",
+        "rendered with the model's chat template, loss on the answers only; preference: "
+        ".jsonl pairs (prompt, chosen, rejected) for method dpo; auto: preference or chat "
+        "for .jsonl data by its fields, else text",
         label="Data format",
         group=DATA,
         choices=DATA_FORMATS,
         stream=True,
+    )
+    method: str = spec(
+        "sft",
+        "sft: learn the data's text or answers; dpo: preference tuning (Direct Preference "
+        "Optimization) on pairs of a chosen and a rejected answer, from a pretrained model or "
+        "a finished run (init_from)",
+        label="Method",
+        group=DATA,
+        choices=METHODS,
+        stream=True,
+    )
+    dpo_beta: float = spec(
+        0.1,
+        "dpo: how far the model may move from the reference (higher: closer to it)",
+        label="DPO beta",
+        group=DATA,
+        low=1e-4,
+        high=100.0,
+    )
+    dpo_label_smoothing: float = spec(
+        0.0,
+        "dpo: the share of pairs assumed mislabelled (conservative DPO; 0: plain DPO)",
+        label="DPO label smoothing",
+        group=ADVANCED,
+        low=0.0,
+        high=0.49,
     )
     train_on_prompts: bool = spec(
         False,
@@ -410,6 +461,62 @@ class DataFields:
         label="Skip bad lines",
         group=ADVANCED,
         stream=True,
+    )
+    text_column: str | None = spec(
+        None,
+        "the column of a .parquet, .csv, .json or .jsonl data file holding plain text, one "
+        "document a row (default: text)",
+        label="Text column",
+        group=ADVANCED,
+        optional=True,
+        stream=True,
+        widget="text",
+    )
+    messages_column: str | None = spec(
+        None,
+        "the column holding a conversation: a list of role/content (or ShareGPT from/value) "
+        "turns (default: messages or conversations)",
+        label="Messages column",
+        group=ADVANCED,
+        optional=True,
+        stream=True,
+        widget="text",
+    )
+    prompt_column: str | None = spec(
+        None,
+        "the column holding the prompt or question (default: prompt)",
+        label="Prompt column",
+        group=ADVANCED,
+        optional=True,
+        stream=True,
+        widget="text",
+    )
+    completion_column: str | None = spec(
+        None,
+        "the column holding the answer to learn (default: completion)",
+        label="Completion column",
+        group=ADVANCED,
+        optional=True,
+        stream=True,
+        widget="text",
+    )
+    chosen_column: str | None = spec(
+        None,
+        "preference data: the column holding the preferred answer (default: chosen)",
+        label="Chosen column",
+        group=ADVANCED,
+        optional=True,
+        stream=True,
+        widget="text",
+    )
+    rejected_column: str | None = spec(
+        None,
+        "preference data: the column holding the rejected answer (default: rejected)",
+        label="Rejected column",
+        group=ADVANCED,
+        optional=True,
+        stream=True,
+        widget="text",
     )
     data_extensions: list[str] = spec(
         [".txt", ".md"],

@@ -7,6 +7,7 @@ allowed range in every message.
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass, fields
 
@@ -140,10 +141,16 @@ def validate(cfg: TrainConfig) -> TrainConfig:
             raise ConfigError(f"{name}: expected a path, got {values[name]!r}")
         if values[name] == "":
             values[name] = None
+    for name in [n for n in SPECS if n.endswith("_column")]:  # a data table's column names
+        if values[name] is not None and not isinstance(values[name], str):
+            raise ConfigError(f"{name}: expected a column name, got {values[name]!r}")
+        values[name] = (values[name] or "").strip() or None
     _check_arch(values)
+    _check_mix(values)
     if values["max_time"] is not None:
         values["max_time"] = format_duration(parse_duration(values["max_time"]))
     _check_base_bits(values)
+    _check_method(values)
     if values["lora_rank"] == 0 and values["lora_alpha"] is not None:
         raise ConfigError("lora_alpha: set only with lora_rank > 0 (rank 0 is full fine-tuning)")
     if (values["tokenizer"] == "model") != (values["init_from"] is not None):
@@ -167,6 +174,63 @@ def _check_base_bits(values: dict) -> None:
             f"base_bits: a {bits}-bit base trains only with LoRA (lora_rank > 0); full "
             "fine-tuning needs base_bits 16, 32 or auto"
         )
+
+
+def _check_method(values: dict) -> None:
+    if values["method"] != "dpo":
+        return
+    if values["init_from"] is None:
+        raise ConfigError(
+            "method: dpo tunes a model that can already answer; give init_from (a pretrained "
+            "model or a finished run)"
+        )
+    if values["data_format"] in ("text", "chat"):
+        raise ConfigError(
+            f"method: dpo learns from preference pairs, not data_format {values['data_format']}; "
+            "use data_format preference or auto"
+        )
+
+
+def _check_mix(values: dict) -> None:
+    """extra_data as a list of paths; data_weights as text that parses, one per source."""
+    extra = values["extra_data"]
+    extra = [] if extra is None else [extra] if isinstance(extra, str) else extra
+    if not isinstance(extra, list) or not all(isinstance(e, str) and e for e in extra):
+        raise ConfigError(f"extra_data: expected a list of paths, got {extra!r}")
+    values["extra_data"] = list(extra)
+    weights = values["data_weights"]
+    if isinstance(weights, (list, tuple)):  # a YAML list
+        weights = ",".join(str(w) for w in weights)
+    if isinstance(weights, (int, float)) and not isinstance(weights, bool):
+        weights = str(weights)
+    if weights is not None and not isinstance(weights, str):
+        raise ConfigError(f"data_weights: expected numbers such as 0.8,0.2, got {weights!r}")
+    values["data_weights"] = weights or None
+    if weights:
+        parse_weights(weights, 1 + len(extra))
+
+
+def parse_weights(text: str, count: int) -> list[float]:
+    """The numbers of a data_weights text such as '0.8,0.2', one per data source; a one-line
+    ConfigError naming data_weights when they do not parse, are negative, all zero, or their
+    count is not the sources' count."""
+    parts = [p.strip() for p in str(text).split(",")]
+    try:
+        numbers = [float(p) for p in parts]
+    except ValueError:
+        raise ConfigError(
+            f"data_weights: expected numbers separated by commas such as 0.8,0.2, got {text!r}"
+        ) from None
+    if any(not math.isfinite(n) or n < 0 for n in numbers):
+        raise ConfigError(f"data_weights: weights must be 0 or more, got {text!r}")
+    if not any(numbers):
+        raise ConfigError(f"data_weights: at least one weight must be above 0, got {text!r}")
+    if len(numbers) != count:
+        raise ConfigError(
+            f"data_weights: {len(numbers)} weight(s) for {count} data source(s); give one "
+            "per --data, in the same order"
+        )
+    return numbers
 
 
 def _check_arch(values: dict) -> None:
