@@ -1,0 +1,199 @@
+"""Before and after: the first held-out examples of a chat fine-tune, each answered greedily by
+the model it started from and by the fine-tuned one, side by side in RUN/eval/report.md.
+
+The examples are read again from the run's data files (with its config: the same files, order
+and held-out rule as core.data.prepare), not decoded from the packed token cache, so the
+prompt, the reference answer and the conversation's roles come back as the data wrote them.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+from pathlib import Path
+
+from core.config.spec import TrainConfig, from_dict, validate
+from core.data import chatdata
+from core.data.chat import chat_ids
+from core.data.prepare import _split_examples, data_spec
+from core.data.sources import data_changes
+from core.errors import DataError
+from core.models.lora import LoRALinear
+from core.platform.atomic import write_text
+from core.runs import checkpoint as ckpt
+from core.use.generate import generate_ids, stream_text
+from core.weights.loader import checkpoint_path, is_model_folder, load
+
+DEFAULT_EXAMPLES = 5
+DEFAULT_NEW_TOKENS = 128
+
+
+def run_config(target, which: str = "best") -> tuple[Path, TrainConfig]:
+    """(checkpoint file, its config) of a run folder or checkpoint, without building the model."""
+    path = Path(target)
+    if not path.exists() or is_model_folder(path):
+        raise DataError(
+            f"report: {target} is not a run folder; the report compares a fine-tune run with "
+            "the model it started from"
+        )
+    file = checkpoint_path(path, which)
+    state = ckpt.load(file, mmap=True)  # mapped: only the config is read
+    return file, validate(from_dict(state["config"], source=str(file)))
+
+
+def _cached_listing(run: Path) -> list[dict] | None:
+    """The data files the run was prepared from (its cache entry's manifest), if still there."""
+    try:
+        cache = Path(json.loads((run / "data.json").read_text(encoding="utf-8"))["cache"])
+        return json.loads((cache / "manifest.json").read_text(encoding="utf-8"))["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def check_run(cfg: TrainConfig, target) -> None:
+    """One line for a run the report cannot be made for."""
+    if not cfg.init_from:
+        raise DataError(
+            f"report: {target} is not a fine-tune of a pretrained model (it has no start model "
+            "to compare with); train with --init-from"
+        )
+    if getattr(cfg, "method", "sft") != "sft":
+        raise DataError(f"report: {target} was trained with method {cfg.method}; the report "
+                        "needs a chat fine-tune (method sft)")  # fmt: skip
+    if cfg.data is None or cfg.data_format not in ("auto", "chat"):
+        data = cfg.data or "the embedded corpus"
+        raise DataError(f"report: {target} was not trained on chat data (data: {data}, "
+                        f"format {cfg.data_format})")  # fmt: skip
+    if not Path(cfg.data).expanduser().exists():
+        raise DataError(f"report: the run's data {cfg.data} is gone; put it back to read the "
+                        "held-out examples from it")  # fmt: skip
+    if not chatdata.is_chat(cfg.data, cfg.data_format, cfg.data_extensions):
+        raise DataError(f"report: {target} was not trained on chat data ({cfg.data} is text, "
+                        "not .jsonl examples)")  # fmt: skip
+
+
+def held_out(cfg: TrainConfig, run: Path, n: int) -> tuple[list[list[dict]], str]:
+    """The first n held-out conversations (each ends with its last assistant turn), and a
+    note when the data files changed since the run prepared them."""
+    sources = data_spec(cfg).sources
+    old = _cached_listing(run)
+    note = ""
+    if old is not None:
+        gone = [f["path"] for f in old if not Path(f["path"]).is_file()]
+        if gone:
+            raise DataError(f"report: the run's data file {gone[0]} is gone; put it back to "
+                            "read the held-out examples from it")  # fmt: skip
+        changes = data_changes(old, sources.listing())
+        if changes:
+            note = (f"The data changed since the run prepared it ({', '.join(changes[:3])}): "
+                    "these examples may not be the ones it held out.")  # fmt: skip
+    examples = chatdata.read_examples(sources.files, cfg.skip_bad_lines)
+    conversations = examples.conversations
+    held = _split_examples(len(conversations), cfg.val_fraction, sources.description)
+    picked = [c for c, h in zip(conversations, held, strict=True) if h][:n]
+    return [_upto_last_answer(c) for c in picked], note
+
+
+def _upto_last_answer(messages: list[dict]) -> list[dict]:
+    last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
+    return messages[: last + 1]
+
+
+@contextmanager
+def adapters_off(model):
+    """The LoRA model as its base: every adapter's scale 0 adds exactly nothing."""
+    layers = [m for m in model.modules() if isinstance(m, LoRALinear)]
+    scales = [m.scale for m in layers]
+    for m in layers:
+        m.scale = 0.0
+    try:
+        yield model
+    finally:
+        for m, s in zip(layers, scales, strict=True):
+            m.scale = s
+
+
+def answer(model, tok, prompt: list[int], max_new_tokens: int) -> str:
+    """A greedy answer, ended where chatting ends it (end-of-turn token or mark, not shown)."""
+    stops = tok.stop_ids
+    ids = generate_ids(model, prompt, max_new_tokens, temperature=0, stop_ids=stops)
+    return "".join(stream_text(tok, ids, hide=stops, until=tok.stop_strings))
+
+
+def _answers(model, tok, prompts, max_new_tokens, progress) -> list[str]:
+    out = []
+    for prompt in prompts:
+        out.append(answer(model, tok, prompt, max_new_tokens))
+        if progress:
+            progress(1)
+    return out
+
+
+def make_report(target, n: int = DEFAULT_EXAMPLES, max_new_tokens: int = DEFAULT_NEW_TOKENS,
+                which: str = "best", progress=None) -> dict:  # fmt: skip
+    """Write RUN/eval/report.md; returns {"path", "markdown", "examples"}, each example
+    {"prompt": messages, "reference", "start", "fine_tuned"}."""
+    if n < 1:
+        raise DataError(f"report: the number of examples must be at least 1, got {n}")
+    file, cfg = run_config(target, which)
+    check_run(cfg, target)
+    run = file.parent.parent
+    conversations, note = held_out(cfg, run, n)
+    loaded = load(file)
+    tok = loaded.tokenizer  # the run's: it carries the chat template the data was rendered with
+    prompts = [chat_ids(tok, c[:-1]) for c in conversations]
+    tuned = _answers(loaded.model, tok, prompts, max_new_tokens, progress)
+    if cfg.lora_rank:  # the same model, adapters off: no second copy in memory
+        with adapters_off(loaded.model) as base:
+            start = _answers(base, tok, prompts, max_new_tokens, progress)
+    else:
+        del loaded  # one model in memory at a time
+        start = _answers(load(cfg.init_from).model, tok, prompts, max_new_tokens, progress)
+    examples = [
+        {"prompt": c[:-1], "reference": c[-1]["content"], "start": s, "fine_tuned": t}
+        for c, s, t in zip(conversations, start, tuned, strict=True)
+    ]
+    header = {"run": run.name, "base": cfg.init_from, "checkpoint": file.name,
+              "lora": cfg.lora_rank, "data": cfg.data, "max_new_tokens": max_new_tokens,
+              "note": note}  # fmt: skip
+    markdown = to_markdown(header, examples)
+    folder = run / "eval"
+    folder.mkdir(exist_ok=True)
+    path = folder / "report.md"
+    write_text(path, markdown, durable=False)
+    return {"path": str(path), "markdown": markdown, "examples": examples}
+
+
+# -- Markdown ---------------------------------------------------------------------------------
+
+
+def _block(text: str) -> str:
+    """Text shown verbatim: a fence longer than any run of backticks inside it."""
+    longest, run = 0, 0
+    for ch in text:
+        run = run + 1 if ch == "`" else 0
+        longest = max(longest, run)
+    fence = "`" * max(3, longest + 1)
+    body = text.rstrip("\n") if text.strip() else "(empty)"
+    return f"{fence}text\n{body}\n{fence}"
+
+
+def to_markdown(header: dict, examples: list[dict]) -> str:
+    kind = f"LoRA rank {header['lora']}, adapters off" if header["lora"] else "loaded as is"
+    lines = [
+        f"# Before and after: {header['run']}",
+        "",
+        f"The first {len(examples)} held-out examples of `{header['data']}`, answered greedily "
+        f"(at most {header['max_new_tokens']} new tokens) by the start model "
+        f"`{header['base']}` ({kind}) and by the fine-tuned one ({header['checkpoint']}).",
+    ]
+    if header["note"]:
+        lines += ["", f"**Note:** {header['note']}"]
+    for i, ex in enumerate(examples, 1):
+        lines += ["", f"## Example {i}", "", "**Prompt**", ""]
+        for m in ex["prompt"]:
+            lines += [f"*{m['role']}*", "", _block(m["content"]), ""]
+        lines += ["**Reference answer**", "", _block(ex["reference"]), ""]
+        lines += ["**Start model**", "", _block(ex["start"]), ""]
+        lines += ["**Fine-tuned**", "", _block(ex["fine_tuned"])]
+    return "\n".join(lines) + "\n"
