@@ -59,7 +59,11 @@ def add_field_flags(p: argparse.ArgumentParser) -> None:
             continue
         kind = KINDS[name] if KINDS[name] in (int, float) else str
         metavar = METAVARS.get(kind, name.split("_")[-1].upper())
-        p.add_argument(flag, type=kind, default=None, metavar=metavar, help=flag_help(name))
+        # --data again adds a source to the mix (not commas: Windows paths hold any of them)
+        action = "append" if name == "data" else "store"
+        p.add_argument(
+            flag, type=kind, default=None, metavar=metavar, help=flag_help(name), action=action
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -111,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _overrides(args) -> dict:
     values = {n: getattr(args, n) for n, s in SPECS.items() if s.cli}
     values = {n: v for n, v in values.items() if v is not None}  # validate() splits the commas
+    if "data" in values:  # the first --data is data, the others are mixed with it
+        values["data"], *extra = values["data"]
+        values["extra_data"] = extra
     if args.no_mixed_precision:
         values["precision"] = "fp32"
     # The limit the user typed wins over the one the preset carries.

@@ -11,10 +11,23 @@ from core.data.windows import TokenData
 from core.training.steps import autocast, to_device
 
 
-@torch.no_grad()
 def validation_loss(model, train_model, data: TokenData, windows: int, batch: int,
                     device, precision) -> float:  # fmt: skip
-    """The mean loss over the scored tokens of `windows` validation windows."""
+    """The mean loss over the scored tokens of `windows` validation windows; for a mix of
+    sources (core.data.mix), the weighted mean of each source's own over its share of them."""
+    parts = getattr(data, "parts", None)
+    if not parts:
+        return _validation_loss(model, train_model, data, windows, batch, device, precision)
+    each = -(-windows // len(parts))  # as many windows in all as a single source gets
+    losses = [
+        _validation_loss(model, train_model, p, each, batch, device, precision) for p in parts
+    ]
+    return data.mixed_loss(losses)
+
+
+@torch.no_grad()
+def _validation_loss(model, train_model, data: TokenData, windows: int, batch: int,
+                     device, precision) -> float:  # fmt: skip
     model.eval()
     losses, weights = [], []
     for x, y, mask, seg in data.val_batches(windows, batch):

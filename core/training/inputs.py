@@ -11,7 +11,9 @@ import torch
 
 from core.config import recipe
 from core.config.spec import TrainConfig
-from core.data.prepare import data_spec, examples_line, prepare
+from core.data import mix
+from core.data.mix import MixedData
+from core.data.prepare import examples_line, prepare
 from core.data.sources import data_changes
 from core.data.tokenizer import Tokenizer
 from core.data.windows import TokenData
@@ -22,18 +24,28 @@ from core.weights.loader import Pretrained
 
 
 def prepare_data(cfg: TrainConfig, pretrained: Pretrained | None, saved: dict | None, *,
-                 cache, allow_change: bool, events, stop, log) -> TokenData:  # fmt: skip
-    """Prepare (or reuse) the cached token file; saved is a resumed checkpoint's data_info,
-    whose data must be the same unless allow_change."""
-    spec = data_spec(cfg)
+                 cache, allow_change: bool, events, stop,
+                 log) -> TokenData | MixedData:  # fmt: skip
+    """Prepare (or reuse) the cached token file of each data source (several: a MixedData);
+    saved is a resumed checkpoint's data_info, whose data must be the same unless
+    allow_change."""
+    sources = mix.sources_of(cfg)
+    specs = [mix.source_spec(cfg, src, events.on_prepare) for src in sources]
     if saved:
         tokenizer = Tokenizer.from_json(saved["tokenizer_json"], saved.get("tokenizer_meta"))
     else:
         tokenizer = pretrained.tokenizer if pretrained else None
-    changes = data_changes(saved["files"], spec.sources.listing()) if saved else []
-    folder, manifest = prepare(spec, cache, tokenizer, events.on_prepare, stop, log)
-    data = TokenData(folder, manifest, cfg.seq_len, cfg.seed)
-    if saved and manifest["fingerprint"] != saved["fingerprint"]:
+    listing = [f for spec in specs for f in spec.sources.listing()]
+    changes = data_changes(saved["files"], listing) if saved else []
+    parts = []
+    for spec in specs:
+        folder, manifest = prepare(spec, cache, tokenizer, events.on_prepare, stop, log)
+        parts.append(TokenData(folder, manifest, cfg.seq_len, cfg.seed))
+        tokenizer = tokenizer or parts[0].tokenizer  # one tokenizer for every source
+    data = parts[0]
+    if len(parts) > 1:
+        data = MixedData(parts, mix.source_names(sources), mix.weights_of(cfg, parts), cfg.seed)
+    if saved and data_info(data)["fingerprint"] != saved["fingerprint"]:
         what = "; ".join(changes[:5]) or "the content"
         if len(changes) > 5:
             what += f"; and {len(changes) - 5} more"
@@ -43,7 +55,10 @@ def prepare_data(cfg: TrainConfig, pretrained: Pretrained | None, saved: dict | 
                 "pass --allow-data-change to go on with the new data"
             )
         log(f"resume: data changed ({what}); going on as allowed")
-    log_data_notes(data, log)
+    for part in parts:
+        log_data_notes(part, log)
+    if len(parts) > 1:
+        log(data.shares_line())
     return data
 
 
@@ -55,13 +70,13 @@ def log_data_notes(data: TokenData, log) -> None:
     if manifest["empty_files"]:
         log(f"data: skipped {manifest['empty_files']} empty file(s)")
     if data.is_chat:
-        log(f"chat data: {examples_line(manifest)}")
+        log(f"{'preference' if data.is_pairs else 'chat'} data: {examples_line(manifest)}")
 
 
 def data_info(data: TokenData) -> dict:
     """What a checkpoint keeps of its data: enough to check it on resume and to decode."""
     m = data.manifest
-    return {
+    info = {
         "fingerprint": m["fingerprint"],
         "files": m["files"],
         "source": m["source"],
@@ -69,6 +84,10 @@ def data_info(data: TokenData) -> dict:
         "tokenizer_json": data.tokenizer.hf_json(),
         "tokenizer_meta": data.tokenizer.meta or None,
     }
+    if isinstance(data, MixedData):  # every source's files and content are checked on resume
+        files = [f for part in data.parts for f in part.manifest["files"]]
+        info.update(fingerprint=data.fingerprint, files=files, source=data.source)
+    return info
 
 
 def build_model(cfg: TrainConfig, pretrained: Pretrained | None, device, precision, log) -> GPT:

@@ -316,6 +316,10 @@ class Trainer:
         bpb = evaluation.bits_per_byte(val, self.data)
         record = {"step": self.step, "val_loss": val, "val_bpb": bpb, "train_s": train_s}
         line = f"{what}: val_loss {val:.4f}, {bpb:.4f} bits/byte"
+        by_source = getattr(self.data, "val_losses", {})  # a mix: each source's own
+        if by_source:
+            record.update({f"val_loss/{name}": v for name, v in by_source.items()})
+            line += " (" + ", ".join(f"{n} {v:.4f}" for n, v in by_source.items()) + ")"
         if self.second_val is not None:
             record.update(evaluation.second_scores(self))
             line += f"; second validation set {record['eval_data_loss']:.4f}"
