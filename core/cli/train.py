@@ -29,6 +29,7 @@ from core.runs.folder import (
     resume_config,
 )
 from core.training.trainer import FINISH_FILE, Trainer
+from core.use import start_model
 
 METAVARS = {int: "N", float: "X"}
 
@@ -149,6 +150,9 @@ def build_config(args) -> tuple[TrainConfig, Path, Path | None]:
     base = preset_lib.to_config(preset_lib.load_preset(args.preset or default_preset_name()))
     overrides = _overrides(args)
     cfg = dataclasses.replace(base, **overrides)
+    if start_model.is_run(cfg.init_from):  # a finished run: its model as a model folder
+        folder = start_model.start_folder(cfg.init_from, args.data_cache)
+        cfg = dataclasses.replace(cfg, init_from=str(folder))
     if cfg.init_from:  # the model's shape and tokenizer; flags that contradict it are refused
         from core.weights.loader import apply_pretrained, info_line, open_pretrained
 

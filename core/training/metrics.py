@@ -11,11 +11,12 @@ from core.models import lora
 
 
 def train_records(steps: list[tuple[int, float]], losses: list[float], cfg: TrainConfig,
-                  train_tokens: int, common: dict) -> list[dict]:  # fmt: skip
-    """One record per (step, lr) with its loss; raises TrainingError when a loss is not
-    finite: this is where divergence is seen."""
+                  train_tokens: int, common: dict, extras=None) -> list[dict]:  # fmt: skip
+    """One record per (step, lr) with its loss (and extras[i], DPO's signals, merged in);
+    raises TrainingError when a loss is not finite: this is where divergence is seen."""
     records = []
-    for (step, lr), loss in zip(steps, losses, strict=True):
+    extras = extras or [{}] * len(steps)
+    for (step, lr), loss, extra in zip(steps, losses, extras, strict=True):
         if not math.isfinite(loss):
             raise TrainingError(
                 f"loss became {loss} at step {step}: lower lr (now "
@@ -26,7 +27,7 @@ def train_records(steps: list[tuple[int, float]], losses: list[float], cfg: Trai
             "step": step, "loss": loss, "lr": lr, "max_steps": common["max_steps"],
             "tokens_per_s": common["tokens_per_s"], "epoch": epoch,
             "elapsed_s": common["elapsed_s"], "batch_size": cfg.batch_size,
-            "grad_accum": cfg.grad_accum, **common["memory"],
+            "grad_accum": cfg.grad_accum, **extra, **common["memory"],
         })  # fmt: skip
     return records
 

@@ -13,7 +13,7 @@ from core.errors import CheckpointError
 from core.platform.atomic import is_disk_full
 from core.platform.device import resolve_device, resolve_precision
 from core.runs import checkpoint as ckpt
-from core.training import inputs, optim, resume
+from core.training import dpo, inputs, optim, resume
 from core.training.schedule import max_steps_for, plan_for
 from core.training.time_budget import untimed_plan
 from core.weights.loader import load_weights
@@ -74,6 +74,8 @@ def build(t, state: dict | None) -> None:
     if t.world.enabled:
         ids = [t.device.index] if t.device.type == "cuda" else None
         t.train_model = DistributedDataParallel(t.train_model, device_ids=ids)
+    if t.cfg.method == "dpo":  # the starting model's view, before a checkpoint replaces it
+        t.reference = dpo.make_reference(t)
     if state is not None:
         restore(t, state)
     else:

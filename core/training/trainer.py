@@ -28,7 +28,7 @@ from core.runs import checkpoint as ckpt
 from core.runs.events import TrainControl, TrainEvents
 from core.runs.folder import RunFolder, SilentFolder
 from core.runs.lock import RunLock
-from core.training import evaluation, metrics, optim, resume, setup
+from core.training import dpo, evaluation, metrics, optim, resume, setup
 from core.training.checkpointing import Checkpointer, checkpoint_state
 from core.training.clock import Clock
 from core.training.schedule import Plan, finish_plan, lr_factor
@@ -71,7 +71,10 @@ class Trainer:
         self.step, self.best_val, self.last_loss = 0, float("inf"), None
         self.base: dict | None = None  # the pretrained base a checkpoint names
         self.second_val = None  # --eval-data's windows (core.data.windows.TextWindows)
-        self._pending: list[tuple[int, torch.Tensor, float]] = []  # (step, loss, lr) unread
+        # (step, loss, lr, DPO signal sums or None), not yet read from the device
+        self._pending: list[tuple[int, torch.Tensor, float, torch.Tensor | None]] = []
+        self.reference = None  # DPO: the reference model's log-probs (core.training.dpo)
+        self._step_signals = None
         self.early_logs: list[str] = []
         self.owns_group = False  # this trainer created the process group
         # Made by _setup once the input is known good; None until then.
@@ -155,7 +158,7 @@ class Trainer:
             factor = lr_factor(self.step, self.cfg, self.plan)
             loss = self._step_with_oom_recovery(factor)
             self.step += 1
-            self._pending.append((self.step, loss, peak_lr * factor))
+            self._pending.append((self.step, loss, peak_lr * factor, self._step_signals))
             if self.step % self.cfg.log_every == 0:
                 self._emit_metrics()
             if self.step % self.cfg.eval_every == 0 or self.step == self.max_steps:
@@ -177,13 +180,16 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), device=self.device)
         chunks = starts.split(self.cfg.batch_size)
+        signal_sums = torch.zeros(4, device=self.device)
         for i, chunk in enumerate(chunks):
-            x, y, mask, seg = (to_device(t, self.device) for t in self.data.train_batch(chunk))
             if self.fault is not None:
                 self.fault(self.step + 1, i)
             with grad_sync(self.train_model, self.world.enabled, last=i == len(chunks) - 1):
-                with autocast(self.device, self.precision):
-                    _, loss = self.train_model(x, y, mask, seg)
+                if self.reference is not None:  # DPO: pairs, and a reference to beat
+                    loss, sums = dpo.micro_loss(self, chunk)
+                    signal_sums += sums
+                else:
+                    loss = self._lm_loss(chunk)
                 loss = loss / self.cfg.grad_accum
                 self.scaler.scale(loss).backward()
             total += loss.detach()
@@ -193,7 +199,14 @@ class Trainer:
         self.optimizer.set_lr(factor)
         self.optimizer.step(self.scaler)
         self.scaler.update()
+        self._step_signals = signal_sums if self.reference is not None else None
         return total
+
+    def _lm_loss(self, starts: torch.Tensor) -> torch.Tensor:
+        x, y, mask, seg = (to_device(t, self.device) for t in self.data.train_batch(starts))
+        with autocast(self.device, self.precision):
+            _, loss = self.train_model(x, y, mask, seg)
+        return loss
 
     def _step_with_oom_recovery(self, factor: float) -> torch.Tensor:
         data_state, rng = self.data.state_dict(), ckpt.step_rng_state()
@@ -288,18 +301,27 @@ class Trainer:
         if not self._pending:
             return
         pending, self._pending = self._pending, []
-        losses = self.world.mean(torch.stack([loss for _, loss, _ in pending])).tolist()
+        losses = self.world.mean(torch.stack([loss for _, loss, _, _ in pending])).tolist()
         tokens = len(pending) * self.cfg.tokens_per_step * self.world.size
         # Training time only: evaluation, sampling and checkpoint writes are not throughput.
         common = {"max_steps": self.max_steps, "elapsed_s": self.clock.elapsed(),
                   "tokens_per_s": round(tokens / self.clock.training_seconds(), 1),
                   "memory": memory_stats(self.device)}  # fmt: skip
-        steps = [(step, lr) for step, _, lr in pending]
+        steps = [(step, lr) for step, _, lr, _ in pending]
+        extras = self._signal_records([sums for *_, sums in pending])
         for record in metrics.train_records(steps, losses, self.cfg, self.data.train_tokens,
-                                            common):  # fmt: skip
+                                            common, extras):  # fmt: skip
             self.folder.append_metric(record)
             self.events.on_train_batch_end(record)
         self.last_loss = losses[-1]
+
+    def _signal_records(self, sums: list) -> list[dict] | None:
+        """DPO's signals of each pending step, read in the same sync as the losses."""
+        if sums[0] is None:
+            return None
+        pairs = self.cfg.batch_size * self.cfg.grad_accum * self.world.size
+        stacked = self.world.mean(torch.stack(sums)) * self.world.size
+        return [dpo.signals(s, pairs) for s in stacked.cpu()]
 
     def evaluate(self) -> float:
         # As many windows as eval_batches optimizer steps hold, so neither an out-of-memory
@@ -311,11 +333,19 @@ class Trainer:
 
     def _record_eval(self, what: str) -> float:
         """Evaluate, then write the record, report it and log it as `what`."""
-        val = self.evaluate()
         train_s = round(self.clock.elapsed() - self.clock.paused_total, 3)  # eval excluded
-        bpb = evaluation.bits_per_byte(val, self.data)
-        record = {"step": self.step, "val_loss": val, "val_bpb": bpb, "train_s": train_s}
-        line = f"{what}: val_loss {val:.4f}, {bpb:.4f} bits/byte"
+        if self.reference is not None:
+            cfg = self.cfg
+            pairs = cfg.eval_batches * cfg.batch_size * cfg.grad_accum
+            val, extra = dpo.evaluate(self, pairs)
+            record = {"step": self.step, "val_loss": val, **extra, "train_s": train_s}
+            line = (f"{what}: val_loss {val:.4f}, margin {extra['eval_rewards/margins']:.4f}, "
+                    f"accuracy {extra['eval_rewards/accuracies']:.3f}")  # fmt: skip
+        else:
+            val = self.evaluate()
+            bpb = evaluation.bits_per_byte(val, self.data)
+            record = {"step": self.step, "val_loss": val, "val_bpb": bpb, "train_s": train_s}
+            line = f"{what}: val_loss {val:.4f}, {bpb:.4f} bits/byte"
         by_source = getattr(self.data, "val_losses", {})  # a mix: each source's own
         if by_source:
             record.update({f"val_loss/{name}": v for name, v in by_source.items()})

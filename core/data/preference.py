@@ -1,0 +1,123 @@
+"""Preference pairs for DPO: a prompt, a chosen and a rejected answer, in the layout TRL's DPO
+trainer reads (one object a line):
+
+    {"prompt": "...", "chosen": "...", "rejected": "..."}                       plain
+    {"prompt": [{"role": "user", "content": "..."}],                             conversational
+     "chosen": [{"role": "assistant", "content": "..."}], "rejected": [...]}
+
+Each side is rendered with the model's chat template as prompt + answer; only the answer's
+tokens (its end-of-turn mark included) carry a weight. Each pair becomes two rows of seq_len + 1
+tokens, chosen then rejected, padded with weight 0: they go through the model in one batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from core.data.chat import answer_spans
+from core.data.chatdata import BadLine, _messages, _offsets
+
+FIELDS = ("prompt", "chosen", "rejected")
+
+
+def is_pair(obj) -> bool:
+    """A record with chosen and rejected answers (checked whole by parse_pair)."""
+    return isinstance(obj, dict) and ("chosen" in obj or "rejected" in obj)
+
+
+def _side(obj: dict, key: str) -> list[dict]:
+    value = obj.get(key)
+    if value is None:
+        raise BadLine(f"{key!r} is missing; a preference pair needs prompt, chosen and rejected")
+    if isinstance(value, str):
+        return [{"role": "assistant", "content": value}]
+    answer = _messages(value, repr(key))
+    if any(m["role"] != "assistant" for m in answer):
+        raise BadLine(f"{key!r} must hold assistant messages only (the answer)")
+    return answer
+
+
+def parse_pair(obj) -> tuple[list[dict], list[dict], list[dict]]:
+    """(prompt messages, chosen answer, rejected answer) of one record; BadLine says what
+    is wrong with it."""
+    if not isinstance(obj, dict):
+        raise BadLine("expected a JSON object")
+    prompt = obj.get("prompt")
+    if prompt is None:
+        raise BadLine("'prompt' is missing; a preference pair needs prompt, chosen and rejected")
+    if isinstance(prompt, str):
+        prompt = [{"role": "user", "content": prompt}]
+    else:
+        prompt = _messages(prompt, "'prompt'")
+    chosen, rejected = _side(obj, "chosen"), _side(obj, "rejected")
+    if chosen == rejected:
+        raise BadLine("'chosen' and 'rejected' are the same answer: nothing to prefer")
+    return prompt, chosen, rejected
+
+
+def encode_side(tokenizer, template: str, prompt: list[dict], answer: list[dict],
+                tokens: dict) -> tuple[np.ndarray, int]:  # fmt: skip
+    """(ids, where the answer starts) of prompt + answer as the template renders it; the
+    answer runs from the start of its first turn to the end of the text."""
+    messages = prompt + answer
+    text, spans = answer_spans(template, messages, **tokens)
+    first = spans[len(spans) - len(answer)][0]
+    ids, starts = _offsets(tokenizer, text)
+    return ids, int(np.searchsorted(starts, first))
+
+
+def fit(ids: np.ndarray, answer_at: int, row: int) -> tuple[np.ndarray, int, bool]:
+    """Cut a side to row tokens: the prompt keeps its end (at least half the row when it is
+    that long), the answer its beginning. Returns (ids, answer start, whether it was cut)."""
+    prompt, answer = ids[:answer_at], ids[answer_at:]
+    if len(ids) <= row:
+        return ids, answer_at, False
+    keep_prompt = max(row - len(answer), min(len(prompt), row // 2))
+    prompt = prompt[len(prompt) - keep_prompt :] if keep_prompt else prompt[:0]
+    answer = answer[: row - len(prompt)]
+    return np.concatenate([prompt, answer]), len(prompt), True
+
+
+@dataclass
+class PairRows:
+    """Pairs as rows of `row` tokens and their weights: chosen, rejected, chosen, ..."""
+
+    row: int
+    pad: int
+    ids: list = field(default_factory=list)
+    weights: list = field(default_factory=list)
+    pairs: int = 0
+    truncated: int = 0  # pairs with a side cut to the row
+
+    def add(self, chosen: tuple[np.ndarray, int], rejected: tuple[np.ndarray, int]) -> bool:
+        """Add one pair; False (nothing added) when an answer has no token left to score."""
+        sides = [fit(ids, at, self.row) for ids, at in (chosen, rejected)]
+        if any(len(ids) <= max(at, 1) for ids, at, _ in sides):
+            return False
+        for ids, at, _ in sides:
+            weights = np.zeros(self.row, dtype=np.uint8)
+            weights[max(at, 1) : len(ids)] = 1  # position 0 is never a target
+            padded = np.full(self.row, self.pad, dtype=np.int64)
+            padded[: len(ids)] = ids
+            self.ids.append(padded)
+            self.weights.append(weights)
+        self.pairs += 1
+        self.truncated += any(cut for _, _, cut in sides)
+        return True
+
+
+def holds_pairs(files) -> bool:
+    """Whether the first record of the first file is a preference pair (auto detection)."""
+    import json
+
+    for path in files[:1]:
+        try:
+            with open(path, encoding="utf-8") as f:
+                for line in f:
+                    if line.strip():
+                        return is_pair(json.loads(line))
+        except (OSError, ValueError):
+            return False  # reading it properly names the problem
+    return False
