@@ -1,5 +1,6 @@
 """The Evaluate tab: perplexity of a text and multiple-choice accuracy for a run (and, for a
-fine-tune, the model it started from beside it), computed by core.use.evaluate in a thread."""
+fine-tune, the model it started from beside it), computed by core.use.evaluate in a thread;
+for a chat fine-tune, held-out prompts answered before and after (core.use.report)."""
 
 from __future__ import annotations
 
@@ -19,13 +20,27 @@ from PySide6.QtWidgets import (
     QPlainTextEdit,
     QPushButton,
     QSpinBox,
+    QTextBrowser,
     QVBoxLayout,
     QWidget,
 )
 
 from core.errors import UserError
 from core.use.evaluate import evaluate_files, format_table
+from core.use.report import DEFAULT_EXAMPLES, make_report
 from gui.playground import fill_run_combo
+
+
+def evaluate_request(request: dict) -> dict:
+    """The tab's evaluations: text and questions (evaluate_files), then the report."""
+    request = dict(request)
+    n = request.pop("report", None)
+    out = {}
+    if request["text"] or request["choices"] or not n:
+        out = evaluate_files(**request)
+    if n:
+        out["report"] = make_report(request["target"], n)
+    return out
 
 
 class EvalThread(QThread):
@@ -38,7 +53,7 @@ class EvalThread(QThread):
 
     def run(self) -> None:
         try:
-            self.done.emit(evaluate_files(**self.request))
+            self.done.emit(evaluate_request(self.request))
         except UserError as e:
             self.failed.emit(str(e))
         except Exception as e:  # the thread must never die silently
@@ -75,6 +90,15 @@ class EvaluateTab(QWidget):
         self.fewshot.setRange(0, 25)
         self.fewshot.setToolTip("questions shown with their answers before each other")
         self.compare = QCheckBox("Compare with the model it started from")
+        self.report = QCheckBox("Before/after answers")
+        self.report.setToolTip(
+            "a chat fine-tune: its first held-out prompts answered by the model it started "
+            "from and by the fine-tuned one (greedy), side by side; also in RUN/eval/report.md"
+        )
+        self.report_n = QSpinBox()
+        self.report_n.setRange(1, 100)
+        self.report_n.setValue(DEFAULT_EXAMPLES)
+        self.report_n.setToolTip("how many held-out prompts")
         self.button = QPushButton("Evaluate")
         self.button.setStyleSheet("font-weight: bold;")
         self.button.clicked.connect(self.evaluate)
@@ -83,7 +107,7 @@ class EvaluateTab(QWidget):
         self.output.setReadOnly(True)
         self.output.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
         grid = QGridLayout()
-        rows = [("Run", self.run_combo), ("Text", _file_row(self.text, self._pick_text)),
+        rows = [("Run", self._run_row()), ("Text", _file_row(self.text, self._pick_text)),
                 ("Questions", _file_row(self.choices, self._pick_choices))]  # fmt: skip
         for i, (label, widget) in enumerate(rows):
             grid.addWidget(QLabel(label), i, 0)
@@ -95,11 +119,25 @@ class EvaluateTab(QWidget):
         options.addWidget(self.button)
         grid.addLayout(options, len(rows), 1)
         self.output.setMinimumHeight(60)
+        self.report_view = QTextBrowser()  # the before/after report, rendered Markdown
+        self.report_view.setMinimumHeight(60)
+        self.report_view.hide()
         layout = QVBoxLayout(self)
         layout.addLayout(grid)
         layout.addWidget(self.status)
         layout.addWidget(self.output, 1)
+        layout.addWidget(self.report_view, 3)
         self.refresh_runs()
+
+    def _run_row(self) -> QWidget:
+        """The run, and the report about the run itself (beside it: the options row is full)."""
+        row = QWidget()
+        layout = QHBoxLayout(row)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.run_combo, 1)
+        layout.addWidget(self.report)
+        layout.addWidget(self.report_n)
+        return row
 
     def refresh_runs(self, current: str | Path | None = None) -> None:
         fill_run_combo(self.run_combo, self.runs_root, current)
@@ -121,6 +159,7 @@ class EvaluateTab(QWidget):
             "choices": self.choices.text().strip() or None,
             "fewshot": self.fewshot.value(),
             "compare": self.compare.isChecked(),
+            "report": self.report_n.value() if self.report.isChecked() else None,
         }
         self.button.setEnabled(False)
         self.status.setText("Evaluating…")
@@ -133,7 +172,12 @@ class EvaluateTab(QWidget):
 
     def _done(self, result: dict) -> None:
         self.result = result
-        self.output.setPlainText(format_table(result))
+        table = format_table(result)
+        self.output.setPlainText(table)
+        self.output.setVisible(bool(table) or "report" not in result)
+        self.report_view.setVisible("report" in result)
+        if "report" in result:
+            self.report_view.setMarkdown(result["report"]["markdown"])
         self.status.setText("Done. A run's results are also in its eval/ folder.")
         self.button.setEnabled(True)
         self.finished.emit()
