@@ -118,7 +118,7 @@ class Estimate:
         return [
             ("weights (base + adapters)" if lora else "weights (fp32)", self.weights),
             ("gradients (adapters)" if lora else "gradients (fp32)", self.gradients),
-            ("AdamW state (adapters)" if lora else "optimizer state (fp32)", self.optimizer),
+            ("AdamW state (adapters)" if lora else "optimizer state", self.optimizer),
             ("autocast weight copies", self.weight_casts),
             ("activations", self.activations),
             ("logits and loss", self.logits),
@@ -143,6 +143,8 @@ class Estimate:
         ]
         return "\n".join(lines)
 
+
+OPTIMIZER_BYTES = {"adamw8bit": 2}  # a trained weight's optimizer state, when not 8
 
 # Bytes a weight of a quantized base layer: NF4 codes, an 8-bit scale per 64 weights and an
 # fp32 scale per 256 of those (double quantization); int8 with a scale per row.
@@ -188,7 +190,8 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
         trained = adapter_count(c, cfg.lora_rank, cfg.lora_targets)
         weights = _base_bytes(cfg, c, n, mixed and on_gpu) + 4 * trained
         weight_casts = 0  # the base is kept as it is; the adapters' casts are negligible
-    optimizer = 8 * trained
+    # AdamW: two fp32 moments; 8-bit AdamW: two 8-bit moments (and a scale per 256)
+    optimizer = OPTIMIZER_BYTES.get(recipe.optimizer(cfg), 8) * trained
     if recipe.optimizer(cfg) == "muon":
         optimizer -= 4 * hidden_matrix_params(c)
     live = weights + 4 * trained + optimizer + weight_casts + int(activations) + logits
@@ -250,44 +253,98 @@ def fine_tune_choices(cfg: TrainConfig) -> tuple[TrainConfig, TrainConfig]:
 
 
 def ladder(cfg: TrainConfig) -> list[tuple[str, TrainConfig]]:
-    """The ways to fine-tune a pretrained model, from the most memory to the least: full,
-    LoRA (16-bit base) with activation checkpointing, and the same over a 4-bit base."""
+    """The ways to fine-tune a pretrained model, from the most memory to the least: full
+    with AdamW, full with 8-bit AdamW, LoRA on a 16-bit base, QLoRA (a 4-bit base); each
+    first as it is, then with activation checkpointing (a third more compute a step)."""
     import dataclasses
 
     full, low = fine_tune_choices(cfg)
-    sixteen = dataclasses.replace(low, base_bits="16" if low.base_bits == "16" else "auto")
-    four = dataclasses.replace(low, base_bits="4")
+    full = dataclasses.replace(full, optimizer="adamw", base_bits="auto")
+    eight = dataclasses.replace(full, optimizer="adamw8bit")
+    lora_opt = "adamw" if low.optimizer == "muon" else low.optimizer
+    sixteen = dataclasses.replace(
+        low, base_bits="16" if low.base_bits == "16" else "auto", optimizer=lora_opt
+    )
+    four = dataclasses.replace(sixteen, base_bits="4")
     rank = low.lora_rank
-    return [
-        ("full fine-tuning", full),
-        (f"LoRA rank {rank} with activation checkpointing", sixteen),
-        (f"QLoRA: LoRA rank {rank} on a 4-bit base, with activation checkpointing", four),
+    methods = [
+        ("full fine-tuning (AdamW)", full),
+        ("full fine-tuning (8-bit AdamW)", eight),
+        (f"LoRA rank {rank} (16-bit base)", sixteen),
+        (f"QLoRA: LoRA rank {rank} on a 4-bit base", four),
     ]
+    out = []
+    for name, rung in methods:
+        out.append((name, dataclasses.replace(rung, grad_checkpointing=False)))
+        out.append((f"{name} with activation checkpointing",
+                    dataclasses.replace(rung, grad_checkpointing=True)))  # fmt: skip
+    return out
+
+
+@dataclass
+class Rung:
+    """One way to fine-tune, judged against free memory."""
+
+    name: str
+    config: TrainConfig
+    need_at_one: int  # device bytes at a micro-batch of 1
+    fitted: TrainConfig | None  # at its largest micro-batch that fits; None: does not fit
+    need: int = 0  # device bytes of fitted
+    chosen: bool = False
+
+
+def walk_ladder(cfg: TrainConfig, free_bytes: int) -> list[Rung]:
+    """Every rung of the ladder with its need; the first that fits is chosen (the ones
+    below it are still judged, for the window's table)."""
+    import dataclasses
+
+    rungs, found = [], False
+    for name, rung in ladder(cfg):
+        one = dataclasses.replace(rung, batch_size=1, grad_accum=1)
+        fitted = fit_micro_batch(rung, free_bytes)
+        need = estimate(fitted).device_total if fitted else 0
+        rungs.append(Rung(name, rung, estimate(one).device_total, fitted, need))
+        if fitted is not None and not found:
+            rungs[-1].chosen = found = True
+    return rungs
 
 
 def fit_pretrained(cfg: TrainConfig, free_bytes: int) -> tuple[TrainConfig | None, str]:
     """The first rung of the ladder that fits, at its largest micro-batch (the effective
     batch kept). Returns (config or None, every rung's need at batch 1 and what was chosen)."""
-    import dataclasses
-
     usable = usable_bytes(free_bytes) / GB
-    needs = []
-    for name, rung in ladder(cfg):
-        one = dataclasses.replace(rung, batch_size=1, grad_accum=1)
-        needs.append(f"{name} {estimate(one).device_total / GB:.1f} GiB")
-        fitted = fit_micro_batch(rung, free_bytes)
-        if fitted is not None:
+    rungs = walk_ladder(cfg, free_bytes)
+    needs = [f"{r.name} {r.need_at_one / GB:.1f} GiB" for r in rungs]
+    for i, r in enumerate(rungs):
+        if r.chosen:
+            f = r.fitted
             chosen = (
-                f"{name} fits ({estimate(fitted).device_total / GB:.1f} of {usable:.1f} GiB "
-                f"usable): batch {fitted.batch_size} x {fitted.grad_accum}"
+                f"{r.name} fits ({r.need / GB:.1f} of {usable:.1f} GiB usable): batch "
+                f"{f.batch_size} x {f.grad_accum}"
             )
-            if len(needs) > 1:
-                chosen = f"{chosen}; at batch 1 " + ", ".join(needs[:-1]) + " do not fit"
-            return fitted, chosen
+            if i:
+                chosen = f"{chosen}; at batch 1 " + ", ".join(needs[:i]) + " do not fit"
+            return f, chosen
     return None, (
         f"none fits {usable:.1f} GiB usable; at batch 1: {'; '.join(needs)}; lower seq_len "
         "or pick a smaller model"
     )
+
+
+def next_rung(cfg: TrainConfig) -> str | None:
+    """The ladder's rung below the one cfg is on (what to try when memory runs short)."""
+    names = [(n, r) for n, r in ladder(cfg)]
+    key = _rung_key(cfg)
+    for i, (_, rung) in enumerate(names):
+        if _rung_key(rung) == key and i + 1 < len(names):
+            return names[i + 1][0]
+    return None
+
+
+def _rung_key(cfg: TrainConfig) -> tuple:
+    sixteen = cfg.base_bits in ("auto", "16", "32")
+    opt = recipe.optimizer(cfg) if not cfg.lora_rank else "adamw"
+    return (bool(cfg.lora_rank), opt, sixteen, bool(cfg.grad_checkpointing))
 
 
 def recommend_preset(total_bytes: int | None = None, free_bytes: int | None = None, presets=None):

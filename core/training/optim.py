@@ -9,6 +9,7 @@ import torch.nn as nn
 
 from core.config import recipe
 from core.config.spec import TrainConfig
+from core.errors import ConfigError
 
 
 def muon_params(model: nn.Module) -> set[int]:
@@ -100,6 +101,19 @@ class Optimizers:
             opt.load_state_dict(s)
 
 
+def adamw_8bit(groups: list[dict], lr: float, betas: tuple) -> torch.optim.Optimizer:
+    """bitsandbytes' AdamW with block-wise 8-bit moments: 2 bytes of state a weight instead
+    of 8 (tensors under 4096 elements keep fp32 moments). It runs on the CPU as well."""
+    try:
+        from bitsandbytes.optim import AdamW8bit
+    except ImportError:
+        raise ConfigError(
+            "optimizer: adamw8bit needs the bitsandbytes package (pip install bitsandbytes); "
+            "use adamw"
+        ) from None
+    return AdamW8bit(groups, lr=lr, betas=betas)
+
+
 def make(model: nn.Module, cfg: TrainConfig) -> Optimizers:
     params = [p for p in model.parameters() if p.requires_grad]
     hidden = muon_params(model) if recipe.optimizer(cfg) == "muon" else set()
@@ -112,9 +126,11 @@ def make(model: nn.Module, cfg: TrainConfig) -> Optimizers:
     for group in groups:
         group["peak_lr"] = adam_lr
     betas = (cfg.beta1, cfg.beta2)
-    # Fused AdamW, on the CPU too: measured 5x faster per step than the default loop.
-    out = [torch.optim.AdamW([g for g in groups if g["params"]], lr=adam_lr, betas=betas,
-                             fused=True)]  # fmt: skip
+    kept = [g for g in groups if g["params"]]
+    if recipe.optimizer(cfg) == "adamw8bit":
+        out = [adamw_8bit(kept, adam_lr, betas)]
+    else:  # fused AdamW, on the CPU too: measured 5x faster per step than the default loop
+        out = [torch.optim.AdamW(kept, lr=adam_lr, betas=betas, fused=True)]
     if hidden:
         matrices = [p for p in params if id(p) in hidden]
         lr = recipe.muon_lr(cfg)

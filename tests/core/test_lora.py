@@ -218,19 +218,23 @@ def test_estimate_counts_the_frozen_base_and_the_adapters(big_config):
     assert full.device_total - low.device_total > 14 * full.n_params
 
 
-def test_fit_walks_full_then_lora_then_a_4_bit_base(big_config):
+def test_fit_walks_full_then_8_bit_adamw_then_lora_then_a_4_bit_base(big_config):
     from core.training.estimate import GB, estimate, fit_pretrained
 
     roomy, why = fit_pretrained(big_config, 80 * GB)
-    assert roomy.lora_rank == 0 and why.startswith("full fine-tuning fits")
+    assert roomy.lora_rank == 0 and roomy.optimizer == "adamw"
+    assert why.startswith("full fine-tuning (AdamW) fits")
+    eight, why = fit_pretrained(big_config, 24 * GB)
+    assert eight.lora_rank == 0 and eight.optimizer == "adamw8bit"
+    assert why.startswith("full fine-tuning (8-bit AdamW)")
     small, why = fit_pretrained(big_config, 12 * GB)
-    assert small.lora_rank == 16 and small.grad_checkpointing and small.base_bits != "4"
+    assert small.lora_rank == 16 and small.base_bits != "4"
     assert small.batch_size * small.grad_accum == 8  # the effective batch is kept
     assert estimate(small).device_total <= 0.9 * 12 * GB
-    assert why.startswith("LoRA rank 16 with activation checkpointing fits")
-    assert "full fine-tuning" in why and "do not fit" in why  # the rung above, with its need
+    assert why.startswith("LoRA rank 16 (16-bit base)")
+    assert "full fine-tuning (8-bit AdamW)" in why and "do not fit" in why  # rungs above
     tiny, why = fit_pretrained(big_config, int(3.2 * GB))
-    assert tiny.base_bits == "4" and why.startswith("QLoRA")
+    assert tiny.base_bits == "4" and tiny.grad_checkpointing and why.startswith("QLoRA")
     assert estimate(tiny).device_total <= 0.9 * 3.2 * GB
     nothing, why = fit_pretrained(big_config, 1 * GB)
     assert nothing is None and "none fits" in why and "QLoRA" in why
