@@ -1,7 +1,9 @@
-"""Instruction and chat data: .jsonl examples rendered with a chat template, each token
-weighted 1 (an answer: it carries the loss) or 0 (system and user turns, template marks).
+"""Instruction and chat data: examples rendered with a chat template, each token weighted 1
+(an answer: it carries the loss) or 0 (system and user turns, template marks).
 
-One example a line, in any of three shapes (a file may mix them):
+One example a record of a .jsonl, .json, .csv or .parquet file (core.data.tables; columns
+renamed by --prompt-column etc., ShareGPT conversations as messages), in any of three shapes
+(a file may mix them):
     {"messages": [{"role": "system"|"user"|"assistant", "content": "..."}, ...]}
     {"prompt": "...", "completion": "..."}
     {"instruction": "...", "input": "...", "output": "..."}   (Alpaca; input is optional)
@@ -9,17 +11,18 @@ One example a line, in any of three shapes (a file may mix them):
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from core.data import tables
 from core.data.chat import answer_spans, render
 from core.errors import DataError
 
 ROLES = ("system", "user", "assistant")
 CHAT_SUFFIX = ".jsonl"
+CHAT_SUFFIXES = tables.TABLE_SUFFIXES  # a folder of chat data: its files with these endings
 
 
 class BadLine(ValueError):
@@ -53,6 +56,8 @@ def shape_of(obj: dict) -> str:
     """Which of the three shapes a line has (parse_example checks it whole)."""
     if "messages" in obj:
         return "messages"
+    if "chosen" in obj or "rejected" in obj:
+        return "preference"
     if "prompt" in obj or "completion" in obj:
         return "prompt/completion"
     return "Alpaca"
@@ -102,39 +107,31 @@ class Examples:
     first_bad: str = ""
 
 
-def read_examples(files: list[Path], skip_bad_lines: bool) -> Examples:
-    """Every example of the files; a bad line stops with its file and number, or is
-    counted and skipped."""
+def read_examples(
+    files: list[Path], skip_bad_lines: bool, parse=parse_example, columns: dict | None = None
+) -> Examples:
+    """Every example of the files (.jsonl, .json, .csv, .parquet: core.data.tables, with the
+    column mapping), as parse makes it of a record (a conversation; a preference pair); a
+    bad line or row stops with its file and number, or is counted and skipped."""
     out = Examples()
+
+    def bad(path: Path, number: int, reason: str) -> None:
+        message = f"data: {path} {tables.unit(path)} {number}: {reason}"
+        if not skip_bad_lines:
+            raise DataError(message + " (fix it, or pass --skip-bad-lines to skip such lines)")
+        out.bad_lines += 1
+        out.first_bad = out.first_bad or message
+
     for path in files:
-        try:
-            handle = open(path, encoding="utf-8")  # noqa: SIM115 (closed below)
-        except OSError as e:
-            raise DataError(f"data: cannot read {path} ({e.strerror or e})") from None
-        with handle:
+        for number, obj in _records(path, columns, lambda n, r, p=path: bad(p, n, r)):
             try:
-                for number, line in enumerate(handle, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        try:
-                            obj = json.loads(line)
-                        except ValueError as e:
-                            raise BadLine(f"not valid JSON ({e})") from None
-                        out.conversations.append(parse_example(obj))
-                        out.sizes.append(len(line))
-                        shape = shape_of(obj)
-                        out.shapes[shape] = out.shapes.get(shape, 0) + 1
-                    except BadLine as e:
-                        message = f"data: {path} line {number}: {e}"
-                        if not skip_bad_lines:
-                            raise DataError(
-                                message + " (fix it, or pass --skip-bad-lines to skip such lines)"
-                            ) from None
-                        out.bad_lines += 1
-                        out.first_bad = out.first_bad or message
-            except UnicodeDecodeError as e:
-                raise DataError(f"data: {path} is not UTF-8 text ({e.reason})") from None
+                out.conversations.append(parse(obj))
+            except BadLine as e:
+                bad(path, number, str(e))
+                continue
+            out.sizes.append(_size(obj))
+            shape = shape_of(obj)
+            out.shapes[shape] = out.shapes.get(shape, 0) + 1
     if not out.conversations:
         raise DataError(
             f"data: no usable examples in {', '.join(map(str, files))} "
@@ -143,19 +140,47 @@ def read_examples(files: list[Path], skip_bad_lines: bool) -> Examples:
     return out
 
 
-def is_chat(path: str | None, data_format: str, text_extensions: list[str]) -> bool:
-    """auto: a .jsonl file, or a folder with .jsonl files and none of the text endings."""
+def _records(path: Path, columns: dict | None, on_bad):
+    """tables.iter_records, its errors labelled as the data's."""
+    try:
+        yield from tables.iter_records(path, columns, on_bad)
+    except DataError as e:
+        raise DataError(f"data: {e}") from None
+
+
+def _size(value) -> int:
+    """About the characters of a record (progress while rendering)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(_size(v) for v in value.values()) + 1
+    if isinstance(value, list):
+        return sum(_size(v) for v in value) + 1
+    return 1
+
+
+def is_chat(
+    path: str | None, data_format: str, text_extensions: list[str], columns: dict | None = None
+) -> bool:
+    """auto: a table file (.jsonl, .json, .csv, .parquet) whose records are not plain text
+    (a text column; core.data.tables' layouts), or a folder of such files and none of the
+    text endings."""
     if data_format != "auto":
         return data_format == "chat"
     if path is None:
         return False
     p = Path(path).expanduser()
-    if p.is_file():
-        return p.suffix.lower() == CHAT_SUFFIX
     if p.is_dir():
-        found = {f.suffix.lower() for f in p.rglob("*") if f.is_file()}
-        return CHAT_SUFFIX in found and not (found & {e.lower() for e in text_extensions})
-    return False
+        files = sorted(f for f in p.rglob("*") if f.is_file())
+        if {f.suffix.lower() for f in files} & {e.lower() for e in text_extensions}:
+            return False
+        p = next((f for f in files if tables.is_table(f)), p)
+    if not (p.is_file() and tables.is_table(p)):
+        return False
+    try:
+        return tables.file_layout(p, columns) != "text"
+    except DataError as e:
+        raise DataError(f"data: {e}") from None
 
 
 def _offsets(tokenizer, text: str) -> tuple[np.ndarray, np.ndarray]:

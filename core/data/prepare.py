@@ -13,12 +13,12 @@ import os
 import shutil
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from core.data import chatdata
+from core.data import chatdata, preference, tables
 from core.data.chat import DEFAULT_STOP, DEFAULT_TEMPLATE, render, special_tokens, template_of
 from core.data.sources import Sources, find_sources
 from core.data.tokenizer import Tokenizer, bytes_tokenizer, train_bpe
@@ -55,6 +55,7 @@ class ChatSpec:
     train_on_prompts: bool = False
     drop_long: bool = False
     skip_bad_lines: bool = False
+    pairs: bool = False  # preference pairs (method dpo): two rows a pair, not packed
 
 
 @dataclass
@@ -64,6 +65,8 @@ class DataSpec:
     vocab_size: int
     val_fraction: float
     chat: ChatSpec | None = None  # None: plain text
+    columns: dict = field(default_factory=dict)  # a table's column mapping (core.data.tables)
+    table: bool = False  # plain text from the text column of table files, a document a row
 
     def key(self, listing: list[dict], template: str | None = None) -> str:
         body = {
@@ -76,20 +79,63 @@ class DataSpec:
         }
         if self.chat is not None:
             body["chat"] = {**vars(self.chat), "template": template}
+        if self.table:
+            body["table"] = True
+        if self.columns:  # which column is the text or the answer decides the tokens
+            body["columns"] = self.columns
         return hashlib.blake2b(json.dumps(body).encode(), digest_size=12).hexdigest()
 
 
 def data_spec(cfg) -> DataSpec:
     """What a TrainConfig says to prepare: its sources, tokenizer and (for chat) packing."""
     chat = None
-    if chatdata.is_chat(cfg.data, cfg.data_format, cfg.data_extensions):
+    fmt = "chat" if cfg.data_format == "preference" else cfg.data_format
+    columns = tables.columns_of(cfg)
+    if chatdata.is_chat(cfg.data, fmt, cfg.data_extensions, columns):
         if cfg.data is None:
-            raise DataError("data_format: chat needs data, a .jsonl file or a folder of them")
+            raise DataError(f"data_format: {fmt} needs data, a .jsonl file or a folder of them")
         chat = ChatSpec(cfg.seq_len, cfg.train_on_prompts, cfg.drop_long, cfg.skip_bad_lines)
+    table = chat is None and _text_table(cfg.data, cfg.data_format, cfg.data_extensions)
     sources = find_sources(
-        cfg.data, cfg.data_extensions, cfg.corpus_max_bytes, cfg.max_data_bytes, bool(chat)
-    )
-    return DataSpec(sources, cfg.tokenizer, cfg.vocab_size, cfg.val_fraction, chat)
+        cfg.data, cfg.data_extensions, cfg.corpus_max_bytes, cfg.max_data_bytes,
+        bool(chat) or table,
+    )  # fmt: skip
+    if chat is not None:
+        chat.pairs = cfg.data_format == "preference" or preference.holds_pairs(sources.files)
+    _check_method(cfg, chat, sources)
+    return DataSpec(sources, cfg.tokenizer, cfg.vocab_size, cfg.val_fraction, chat, columns, table)
+
+
+def _text_table(data: str | None, data_format: str, text_extensions: list[str]) -> bool:
+    """Plain text read from a table's text column: a .parquet, .csv or .json file (a .jsonl
+    one too, except with data_format text, which reads it as it is), or a folder of them with
+    none of the text endings."""
+    if data is None:
+        return False
+    p = Path(data).expanduser()
+    if p.is_dir():
+        found = {f.suffix.lower() for f in p.rglob("*") if f.is_file()}
+        return bool(found & set(tables.TABLE_SUFFIXES)) and not (
+            found & {e.lower() for e in text_extensions}
+        )
+    raw_jsonl = p.suffix.lower() == ".jsonl" and data_format == "text"
+    return p.is_file() and tables.is_table(p) and not raw_jsonl
+
+
+def _check_method(cfg, chat: ChatSpec | None, sources: Sources) -> None:
+    """Preference pairs go with DPO, and DPO with them: one line before anything is read."""
+    pairs = chat is not None and chat.pairs
+    if cfg.method == "dpo" and not pairs:
+        kind = "chat examples" if chat is not None else "plain text"
+        raise DataError(
+            f"method: dpo learns from preference pairs (.jsonl lines with prompt, chosen and "
+            f"rejected); {sources.description} holds {kind}"
+        )
+    if pairs and cfg.method != "dpo":
+        raise DataError(
+            f"data: {sources.description} holds preference pairs (prompt, chosen, rejected); "
+            "train on them with method dpo (--method dpo)"
+        )
 
 
 def examples_line(manifest: dict) -> str:
@@ -97,7 +143,8 @@ def examples_line(manifest: dict) -> str:
     ex = manifest.get("examples")
     if not ex:
         return ""
-    line = f"{ex['train']:,} training and {ex['val']:,} held-out examples"
+    unit = ex.get("unit", "examples")
+    line = f"{ex['train']:,} training and {ex['val']:,} held-out {unit}"
     notes = [
         f"{ex[k]:,} {word}"
         for k, word in (
@@ -109,6 +156,8 @@ def examples_line(manifest: dict) -> str:
         if ex.get(k)
     ]
     scope = "every token" if manifest.get("train_on_prompts") else "answers only"
+    if unit == "pairs":
+        scope = "the answers of each pair"
     return f"{line}; loss on {scope}" + (f"; {', '.join(notes)}" if notes else "")
 
 
@@ -193,9 +242,43 @@ class _Progress:
             self.callback(self.phase, self.done, self.total)
 
 
-def _bpe_sample(sources: Sources, train_bytes: int):
+def _bpe_sample(spec: DataSpec, train_bytes: int):
     limit = min(train_bytes, BPE_SAMPLE_BYTES)
-    return _line_chunks(_read_blocks(sources.files, limit))
+    return _line_chunks(_blocks(spec, limit))
+
+
+def _table_blocks(spec: DataSpec, limit: int, doc_ends: bool = False):
+    """_read_blocks for tables: each row's text (a document: DOC_END after it with doc_ends,
+    else a newline keeps rows apart), limit bytes in all."""
+    left = limit
+    for path in spec.sources.files:
+        for text in _table_texts(path, spec.columns):
+            if left <= 0:
+                return
+            data = text.encode("utf-8") + (b"" if doc_ends else b"\n")
+            data = data[:left]
+            left -= len(data)
+            yield data
+            if doc_ends:
+                yield DOC_END
+
+
+def _table_texts(path: Path, columns: dict):
+    try:
+        yield from tables.iter_texts(path, columns)
+    except DataError as e:
+        raise DataError(f"data: {e}") from None
+
+
+def _table_bytes(spec: DataSpec, doc_ends: bool) -> int:
+    """The bytes of text the rows hold (a first pass: the split needs the total)."""
+    return sum(len(b) for b in _table_blocks(spec, 1 << 62, doc_ends) if b is not DOC_END)
+
+
+def _blocks(spec: DataSpec, limit: int, doc_ends: bool = False):
+    if spec.table:
+        return _table_blocks(spec, limit, doc_ends)
+    return _read_blocks(spec.sources.files, limit, doc_ends)
 
 
 def _regroup(split_pieces):
@@ -273,6 +356,11 @@ def _build(spec: DataSpec, listing, target: Path, tokenizer, progress_cb, cancel
         return _build_chat(spec, listing, target, tokenizer, progress_cb, cancelled, log)
     sizes = [f["size"] for f in listing]
     total = sum(sizes)
+    doc_ends = tokenizer is not None and tokenizer.kind == "model"
+    if spec.table:
+        total = _table_bytes(spec, doc_ends)
+        if not total:
+            raise DataError(f"data: {spec.sources.description} holds no text in its text column")
     used = total if spec.sources.cap is None else min(total, spec.sources.cap)
     val_bytes = int(used * spec.val_fraction)
     train_bytes = used - val_bytes
@@ -287,7 +375,7 @@ def _build(spec: DataSpec, listing, target: Path, tokenizer, progress_cb, cancel
                 progress.advance(len(c))
                 yield c
 
-        tokenizer = train_bpe(counted(_bpe_sample(spec.sources, train_bytes)), spec.vocab_size)
+        tokenizer = train_bpe(counted(_bpe_sample(spec, train_bytes)), spec.vocab_size)
     tokenizer = tokenizer or bytes_tokenizer()
     tmp = _temp_entry(target)
     try:
@@ -295,7 +383,7 @@ def _build(spec: DataSpec, listing, target: Path, tokenizer, progress_cb, cancel
         hasher = hashlib.blake2b(digest_size=16)
         t0 = time.perf_counter()
         with open(tmp / "tokens.bin", "wb") as f:
-            blocks = _read_blocks(spec.sources.files, used, doc_ends=tokenizer.kind == "model")
+            blocks = _blocks(spec, used, doc_ends=tokenizer.kind == "model")
             pieces = _split_stream(blocks, train_bytes)
             counts = _write_tokens(f, tokenizer, pieces, progress, hasher)
             f.flush()
@@ -391,9 +479,59 @@ def _split_examples(n: int, val_fraction: float, source: str) -> list[bool]:
     return held
 
 
+def _build_pairs(spec: DataSpec, listing, target: Path, tokenizer, progress_cb, cancelled, log):
+    """Preference pairs: each pair two rows (chosen, rejected) of seq_len + 1 tokens, the
+    answers' tokens weighted; held-out pairs as for chat examples."""
+    chat = spec.chat
+    examples = chatdata.read_examples(
+        spec.sources.files, chat.skip_bad_lines, preference.parse_pair, spec.columns
+    )
+    if examples.bad_lines:
+        log(f"data: skipped {examples.bad_lines} bad line(s); the first: {examples.first_bad}")
+    pairs = examples.conversations
+    tokenizer = _chat_tokenizer(spec, tokenizer, [p + c for p, c, _ in pairs], log)
+    template, tokens = template_of(tokenizer), special_tokens(tokenizer)
+    held = _split_examples(len(pairs), spec.val_fraction, spec.sources.description)
+    pad = tokenizer.eos_id if tokenizer.eos_id is not None else 0
+    out = {s: preference.PairRows(chat.seq_len + 1, pad) for s in ("train", "val")}
+    progress = _Progress(progress_cb, cancelled, sum(examples.sizes), "rendering pairs")
+    t0 = time.perf_counter()
+    for number, ((prompt, chosen, rejected), is_val, size) in enumerate(
+        zip(pairs, held, examples.sizes, strict=True), 1
+    ):
+        sides = [preference.encode_side(tokenizer, template, prompt, a, tokens)
+                 for a in (chosen, rejected)]  # fmt: skip
+        if not out["val" if is_val else "train"].add(*sides):
+            raise DataError(
+                f"data: pair {number} of {spec.sources.description} keeps no answer token "
+                f"within seq_len {chat.seq_len}; raise seq_len or shorten its prompt"
+            )
+        progress.advance(size)
+    rows = {split: list(zip(r.ids, r.weights, strict=True)) for split, r in out.items()}
+    tmp = _temp_entry(target)
+    try:
+        counts = _write_rows(tmp, tokenizer, rows)
+        tokenizer.save(tmp / "tokenizer.json")
+        content = counts.pop("hash")
+        manifest = _manifest(spec, listing, tokenizer, content, time.perf_counter() - t0)
+        manifest.update(data_format="preference", row=chat.seq_len + 1, **counts)
+        manifest["examples"] = {
+            "unit": "pairs", "train": out["train"].pairs, "val": out["val"].pairs,
+            "truncated": out["train"].truncated + out["val"].truncated,
+            "bad_lines": examples.bad_lines, "seq_len": chat.seq_len,
+        }  # fmt: skip
+        _commit(tmp, target, manifest)
+    except BaseException as e:
+        _discard(tmp, target, e)
+        raise
+    return manifest
+
+
 def _build_chat(spec: DataSpec, listing, target: Path, tokenizer, progress_cb, cancelled, log):
     chat = spec.chat
-    examples = chatdata.read_examples(spec.sources.files, chat.skip_bad_lines)
+    if chat.pairs:
+        return _build_pairs(spec, listing, target, tokenizer, progress_cb, cancelled, log)
+    examples = chatdata.read_examples(spec.sources.files, chat.skip_bad_lines, columns=spec.columns)
     if examples.bad_lines:
         log(f"data: skipped {examples.bad_lines} bad line(s); the first: {examples.first_bad}")
     conversations = examples.conversations

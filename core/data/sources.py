@@ -66,8 +66,8 @@ def find_sources(
     if path.is_file():
         return Sources(str(path), [path], max_bytes)
     if path.is_dir():
-        if chat:  # a folder of chat data: its .jsonl files
-            extensions = [chatdata.CHAT_SUFFIX]
+        if chat:  # a folder of chat data or tables: its .jsonl, .json, .csv, .parquet files
+            extensions = list(chatdata.CHAT_SUFFIXES)
         files = _folder_files(path, extensions)
         if not files:
             raise DataError(f"data: folder {path} holds no files ending in {', '.join(extensions)}")
