@@ -1,0 +1,210 @@
+"""Preference tuning (DPO) on a tiny random Qwen2-shaped model built with transformers' own
+config class: the loss and TRL's reward signals, the reference (adapters off, or cached),
+exact resume, SFT then DPO, and one-line refusals."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("transformers")
+
+from helpers import StopAfter, tiny_config  # noqa: E402
+from hf_models import make_model  # noqa: E402
+
+from core.cli.train import main as train_main  # noqa: E402
+from core.models import lora  # noqa: E402
+from core.runs.events import TrainEvents  # noqa: E402
+from core.runs.folder import read_metrics  # noqa: E402
+from core.training import dpo  # noqa: E402
+from core.training.trainer import Trainer  # noqa: E402
+from core.weights.loader import load  # noqa: E402
+
+
+def pair(i: int) -> dict:
+    """Separable: the chosen answers always end one way, the rejected ones another."""
+    return {"prompt": f"Add {i} and {i + 1}.", "chosen": f"{2 * i + 1}. Done!",
+            "rejected": f"{2 * i + 1}. Hmm?"}  # fmt: skip
+
+
+def write_jsonl(path, rows) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dpo")
+    make_model(root / "model", "qwen2")
+    data = write_jsonl(root / "pairs.jsonl", [pair(i) for i in range(40)])
+    cfg = tiny_config(init_from=str(root / "model"), tokenizer="model", data=data, method="dpo",
+                      lora_rank=4, lr=1e-2, seq_len=48, dropout=0.0, max_steps=12,
+                      eval_every=6, ckpt_every=6, sample_tokens=0, val_fraction=0.1,
+                      warmup_steps=1)  # fmt: skip
+    return root, cfg
+
+
+@pytest.fixture(scope="module")
+def lora_run(setup, tmp_path_factory):
+    _, cfg = setup
+    trainer = Trainer(cfg, tmp_path_factory.mktemp("runs") / "lora")
+    trainer.run()
+    return trainer
+
+
+def test_step_zero_is_ln2_with_zero_rewards_and_a_short_run_learns_the_preference(lora_run):
+    train, evals = read_metrics(lora_run.folder.path / "metrics.jsonl")
+    first, base = train[0], evals[0]
+    assert base["step"] == 0 and base["val_loss"] == pytest.approx(math.log(2), abs=1e-6)
+    assert first["loss"] == pytest.approx(math.log(2), abs=1e-6)
+    for name in dpo.SIGNALS:
+        assert first[name] == 0.0 and base[f"eval_{name}"] == 0.0
+    last = evals[-1]
+    assert last["eval_rewards/margins"] > 0.5 and last["eval_rewards/accuracies"] == 1.0
+    assert last["val_loss"] < 0.5 * math.log(2)
+    assert train[-1]["rewards/accuracies"] > first["rewards/accuracies"]
+    assert train[-1]["rewards/margins"] > 0
+
+
+def direct_logps(model, x, y, mask) -> torch.Tensor:
+    """Each row's answer log-probability from its own forward pass and full logits."""
+    out = []
+    for i in range(len(x)):
+        logits, _ = model(x[i : i + 1])
+        logp = F.log_softmax(logits.float(), dim=-1)[0].gather(1, y[i][:, None])[:, 0]
+        out.append((logp * mask[i]).sum())
+    return torch.stack(out)
+
+
+def test_loss_and_rewards_equal_a_direct_computation(lora_run):
+    t = lora_run
+    starts = t.data.val_pair_starts(3)
+    x, y, mask, pair_ids = t.data.pair_batch(starts, val=True)
+    t.model.eval()
+    with torch.no_grad():
+        _, batched = t.model(x, y, mask, per_sequence=True)
+        policy = direct_logps(t.model, x, y, mask)
+        with lora.adapters_disabled(t.model):
+            ref = direct_logps(t.model, x, y, mask)
+        ref_c, ref_r = t.reference(x, y, mask, pair_ids, "fp32")
+    torch.testing.assert_close(batched, policy, atol=1e-5, rtol=0)
+    n = len(starts)
+    torch.testing.assert_close(ref_c, ref[:n], atol=1e-5, rtol=0)
+    torch.testing.assert_close(ref_r, ref[n:], atol=1e-5, rtol=0)
+    beta = t.cfg.dpo_beta
+    losses, rc, rr = dpo.dpo_loss(policy[:n], policy[n:], ref[:n], ref[n:], beta)
+    margin = beta * ((policy[:n] - ref[:n]) - (policy[n:] - ref[n:]))
+    torch.testing.assert_close(losses, -F.logsigmoid(margin), atol=1e-5, rtol=0)
+    torch.testing.assert_close(rc, beta * (policy[:n] - ref[:n]), atol=1e-5, rtol=0)
+    assert float((policy[:n] - policy[n:]).abs().max()) > 0  # the pairs' answers differ
+
+
+def test_adapters_off_reproduce_the_starting_models_log_probs_exactly(setup, lora_run):
+    t = lora_run
+    x, y, mask, _ = t.data.pair_batch(t.data.val_pair_starts(2), val=True)
+    base = load(setup[1].init_from).model
+    with torch.no_grad(), lora.adapters_disabled(t.model):
+        t.model.eval()
+        _, off = t.model(x, y, mask, per_sequence=True)
+        _, start = base(x, y, mask, per_sequence=True)
+    assert torch.equal(off, start)
+
+
+def run_losses(folder) -> list:
+    train, evals = read_metrics(folder / "metrics.jsonl")
+    return [(r["loss"], r["rewards/margins"]) for r in train] + [
+        (r["val_loss"], r["eval_rewards/margins"]) for r in evals
+    ]
+
+
+class Logs(TrainEvents):
+    def __init__(self):
+        self.lines = []
+
+    def on_log(self, message):
+        self.lines.append(message)
+
+
+def test_full_fine_tuning_caches_the_reference_and_resumes_bitwise(setup, tmp_path):
+    root, cfg = setup
+    cfg = tiny_config(**{**_fields(cfg), "lora_rank": 0, "lr": 1e-3, "max_steps": 6,
+                         "eval_every": 3, "ckpt_every": 3, "log_every": 1})  # fmt: skip
+    logs = Logs()
+    Trainer(cfg, tmp_path / "straight").run(logs)
+    assert any("reference log-probs of" in line and "computed" in line for line in logs.lines)
+    Trainer(cfg, tmp_path / "split").run(None, StopAfter(4))
+    logs = Logs()
+    latest = tmp_path / "split" / "checkpoints" / "latest.pt"
+    Trainer(cfg, tmp_path / "split", resume_from=latest).run(logs)
+    assert any("reference log-probs reused" in line for line in logs.lines)
+    assert run_losses(tmp_path / "split") == run_losses(tmp_path / "straight")
+    # another model (other weights) gets a reference of its own, not the cached one
+    make_model(root / "other-model", "qwen2", seed=1)
+    logs = Logs()
+    other = tiny_config(**{**_fields(cfg), "init_from": str(root / "other-model"),
+                           "max_steps": 1})  # fmt: skip
+    Trainer(other, tmp_path / "other").run(logs)
+    assert any("computed" in line for line in logs.lines if "reference" in line)
+
+
+def _fields(cfg) -> dict:
+    return {k: v for k, v in cfg.to_dict().items() if k != "config_version"}
+
+
+def test_sft_then_dpo_starts_from_the_sft_model(setup, tmp_path):
+    root, cfg = setup
+    chat = write_jsonl(root / "chat.jsonl", [{"prompt": f"Add {i} and {i + 1}.",
+                       "completion": f"{2 * i + 1}. Done!"} for i in range(20)])  # fmt: skip
+    common = ["--init-from", cfg.init_from, "--seq-len", "48", "--lora-rank", "4",
+              "--device", "cpu", "--data-cache", str(tmp_path / "cache"), "--eval-every", "3",
+              "--sample-tokens", "0", "--lr", "1e-2"]  # fmt: skip
+    assert train_main([*common, "--data", chat, "--max-steps", "3", "--out",
+                       str(tmp_path / "sft")]) == 0  # fmt: skip
+    common[1] = str(tmp_path / "sft")
+    assert train_main([*common, "--data", cfg.data, "--method", "dpo", "--max-steps", "1",
+                       "--out", str(tmp_path / "dpo")]) == 0  # fmt: skip
+    sft = load(tmp_path / "sft").model
+    dpo_run = load(tmp_path / "dpo", "latest")
+    base_eval = read_metrics(tmp_path / "dpo" / "metrics.jsonl")[1][0]
+    assert base_eval["val_loss"] == pytest.approx(math.log(2), abs=1e-6)
+    ids = torch.tensor([[5, 9, 17, 33, 2, 40, 41]])
+    with torch.no_grad(), lora.adapters_disabled(dpo_run.model):
+        torch.testing.assert_close(dpo_run.model(ids)[0], sft(ids)[0], atol=1e-5, rtol=0)
+    plain = load(cfg.init_from).model  # the SFT model is not the original base
+    assert not torch.allclose(sft(ids)[0], plain(ids)[0], atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "rows, flags, expected",
+    [
+        ([{"prompt": "a", "rejected": "b"}] * 3, [], "line 1: 'chosen' is missing"),
+        ([pair(0), {"prompt": "a", "chosen": "b", "rejected": "b"}], [],
+         "line 2: 'chosen' and 'rejected' are the same answer"),
+        ([pair(0), pair(1)], ["--method", "sft"], "holds preference pairs"),
+        ([{"prompt": "a", "completion": "b"}] * 3, [], "method: dpo learns from preference pairs"),
+    ],
+)  # fmt: skip
+def test_bad_preference_input_is_one_line_exit_2(setup, tmp_path, capsys, rows, flags, expected):
+    _, cfg = setup
+    data = write_jsonl(tmp_path / "d.jsonl", rows)
+    argv = ["--init-from", cfg.init_from, "--data", data, "--method", "dpo", "--max-steps", "1",
+            "--data-cache", str(tmp_path / "c"), "--out", str(tmp_path / "r"), *flags]  # fmt: skip
+    assert train_main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and expected in err[0], err
+    assert not (tmp_path / "r").exists()
+
+
+def test_dpo_on_plain_text_or_without_a_start_model_is_refused(setup, tmp_path, capsys):
+    _, cfg = setup
+    text = tmp_path / "t.txt"
+    text.write_text("plain text " * 200, encoding="utf-8")
+    base = ["--method", "dpo", "--max-steps", "1", "--out", str(tmp_path / "r")]
+    assert train_main([*base, "--init-from", cfg.init_from, "--data", str(text)]) == 2
+    assert "holds plain text" in capsys.readouterr().err
+    assert train_main([*base, "--data", cfg.data]) == 2
+    assert "method: dpo tunes a model that can already answer" in capsys.readouterr().err
