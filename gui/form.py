@@ -40,7 +40,9 @@ from core.config.spec import (
     parse_duration,
     validate,
 )
+from core.data import preference
 from core.data.chatdata import is_chat
+from core.data.sources import find_sources
 from core.errors import ConfigError, UserError
 from core.weights.loader import apply_pretrained
 
@@ -306,6 +308,9 @@ def describe_chat(cfg: TrainConfig, tokenizer=None) -> str:
 
     tokenizer = tokenizer or bytes_tokenizer()
     files = find_sources(cfg.data, cfg.data_extensions, 0, chat=True).files
+    if preference.holds_pairs(files):
+        line = preference.summary(files)
+        return line[0].upper() + line[1:]
     template, tokens = template_of(tokenizer), special_tokens(tokenizer)
     line = summary(files, cfg.seq_len, tokenizer, template, tokens, cfg.drop_long)
     note = "" if cfg.train_on_prompts else "; loss on answers only"
@@ -564,6 +569,19 @@ class ConfigForm(QWidget):
         self._data_info_key = key
         tokenizer = pretrained.tokenizer if pretrained is not None else None
         self.data_info.setText(describe_data(cfg, tokenizer))
+        self._method_follows_data(cfg)
+
+    def _method_follows_data(self, cfg: TrainConfig) -> None:
+        """Preference pairs train with DPO and nothing else does: offer the method that fits."""
+        try:
+            pairs = cfg.data is not None and preference.holds_pairs(
+                find_sources(cfg.data, cfg.data_extensions, 0, chat=True).files
+            )
+        except UserError:
+            return
+        method = self.widgets["method"]
+        if method.currentText() != ("dpo" if pairs else "sft"):
+            method.setCurrentText("dpo" if pairs else "sft")
 
     def check(self) -> str | None:
         """Validate with core and flag the named field; returns the message or None."""

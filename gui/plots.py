@@ -144,6 +144,32 @@ CURVES = [
     CurveSpec("gpu_util", "gpu", "utilization %", "#1f77b4"),
     CurveSpec("gpu_temp_c", "gpu", "temperature °C", "#d62728"),
     CurveSpec("gpu_power_w", "gpu", "power W (right axis)", "#ff7f0e", right_axis=True),
+    # DPO (TRL's names): rewards are beta x how far the model moved from the reference
+    CurveSpec("rewards/chosen", "preference", "chosen reward", "#2ca02c", 1.0),
+    CurveSpec("rewards/rejected", "preference", "rejected reward", "#d62728", 1.0),
+    CurveSpec("rewards/margins", "preference", "margin", "#1f77b4", 1.0),
+    CurveSpec(
+        "eval_rewards/margins",
+        "preference",
+        "validation margin",
+        "#0b3d91",
+        2.0,
+        symbol="o",
+        antialias=True,
+    ),  # fmt: skip
+    CurveSpec(
+        "rewards/accuracies", "preference", "accuracy (right axis)", "#9467bd", 1.0, right_axis=True
+    ),  # fmt: skip
+    CurveSpec(
+        "eval_rewards/accuracies",
+        "preference",
+        "validation accuracy (right axis)",
+        "#ff7f0e",
+        2.0,
+        symbol="s",
+        right_axis=True,
+        antialias=True,
+    ),  # fmt: skip
 ]
 PLOTS = {
     "loss": ("Loss", "loss"),
@@ -151,9 +177,11 @@ PLOTS = {
     "throughput": ("Throughput", "tokens/s"),
     "lr": ("Learning rate", "lr"),
     "gpu": ("GPU (NVML)", "% / °C"),
+    "preference": ("Preference (DPO)", "reward"),
 }
 SMOOTH_KEY = "loss_smooth"
-EVAL_KEYS = ("val_loss", "val_bpb", "eval_data_loss")
+EVAL_KEYS = ("val_loss", "val_bpb", "eval_data_loss", "eval_rewards/margins",
+             "eval_rewards/accuracies")  # fmt: skip
 
 
 class PlotPanel(QWidget):
@@ -194,6 +222,7 @@ class PlotPanel(QWidget):
             "gpu": self._add_right_axis(self.plots["gpu"], "power", "W"),
             # bits per byte compare across tokenizers; nats per token do not
             "loss": self._add_right_axis(self.plots["loss"], "bits/byte", ""),
+            "preference": self._add_right_axis(self.plots["preference"], "accuracy", ""),
         }
         self.grid = QGridLayout()
         self.grid.setSpacing(4)
@@ -244,11 +273,16 @@ class PlotPanel(QWidget):
         return view
 
     def _place_plots(self) -> None:
-        """Loss on top; the GPU plot only takes a slot once NVML data has arrived."""
+        """Loss on top, the preference plot beside it once a DPO run reports; the GPU plot
+        only takes a slot once NVML data has arrived."""
         for w in self.plots.values():
             self.grid.removeWidget(w)
         gpu_shown = self._has_gpu_data()
-        self.grid.addWidget(self.plots["loss"], 0, 0, 1, 2)
+        preference_shown = self._has_preference_data()
+        self.grid.addWidget(self.plots["loss"], 0, 0, 1, 1 if preference_shown else 2)
+        self.plots["preference"].setVisible(preference_shown)
+        if preference_shown:
+            self.grid.addWidget(self.plots["preference"], 0, 1)
         self.grid.addWidget(self.plots["memory"], 1, 0)
         self.grid.addWidget(self.plots["throughput"], 1, 1)
         self.grid.addWidget(self.plots["lr"], 2, 0, 1, 1 if gpu_shown else 2)
@@ -259,6 +293,10 @@ class PlotPanel(QWidget):
         self.grid.setRowStretch(1, 2)
         self.grid.setRowStretch(2, 2)
         self._gpu_placed = gpu_shown
+        self._preference_placed = preference_shown
+
+    def _has_preference_data(self) -> bool:
+        return any(self.series[k].size for k in ("rewards/margins", "eval_rewards/margins"))
 
     def _has_gpu_data(self) -> bool:
         return any(self.series[k].size for k in ("gpu_util", "gpu_temp_c", "gpu_power_w"))
@@ -321,6 +359,8 @@ class PlotPanel(QWidget):
     def clear(self) -> None:
         for series in self.series.values():
             series.clear()
+        if self._preference_placed:  # the next run may not be a DPO run
+            self._place_plots()
 
     def set_device_total(self, total_mb: float) -> None:
         """The card's total memory as a dashed line on the memory plot."""
@@ -393,7 +433,9 @@ class PlotPanel(QWidget):
             # of it axis text. Fitting them now makes it one (measured 41 -> 21 paints and
             # 136 -> 76 ms of GUI thread per second, 4 plots fed 200 steps/s).
             self.plots[name].scene().prepareForPaint()
-        if self._has_gpu_data() and not self._gpu_placed:
+        if (self._has_gpu_data() and not self._gpu_placed) or (
+            self._has_preference_data() and not self._preference_placed
+        ):
             self._place_plots()
         total = sum(s.size for s in self.series.values())
         self.points_label.setText(f"{self.series['loss'].size:,} steps, {total:,} points")

@@ -121,3 +121,15 @@ def holds_pairs(files) -> bool:
         except (OSError, ValueError):
             return False  # reading it properly names the problem
     return False
+
+
+def summary(files) -> str:
+    """One line for the window: how many pairs, and which bad lines there are."""
+    from core.data.chatdata import read_examples
+
+    found = read_examples(files, True, parse_pair)
+    line = f"preference data: {len(found.conversations):,} pairs (prompt, chosen, rejected)"
+    line += "; trained with DPO, the answers of each pair compared"
+    if found.bad_lines:
+        line += f"; {found.bad_lines:,} bad line(s), e.g. {found.first_bad.removeprefix('data: ')}"
+    return line

@@ -99,8 +99,30 @@ class TokenData:
         segments = torch.from_numpy(np.cumsum((raw[:, :-1] & START) > 0, axis=1))
         return chunk[:, :-1], chunk[:, 1:], mask, segments
 
+    @property
+    def is_pairs(self) -> bool:
+        """Preference pairs: two rows a pair (chosen, rejected), a window is one pair."""
+        return self.manifest.get("data_format") == "preference"
+
+    def pair_batch(self, starts: torch.Tensor, val: bool = False):
+        """(inputs, targets, weights, pair ids) of the pairs at starts: the chosen rows
+        first, then the rejected ones in the same order; pair ids count from the file's
+        first pair (training, then held-out), for cached reference log-probs."""
+        base = len(self.train) if val else 0
+        x, y, mask, _ = self._windows(base, torch.cat([starts, starts + self.row]))
+        return x, y, mask, torch.div(base + starts, 2 * self.row, rounding_mode="floor")
+
+    def val_pair_starts(self, n_pairs: int | None = None) -> torch.Tensor:
+        """Every held-out pair (at most n_pairs, evenly spread), the same every evaluation."""
+        pairs = len(self.val) // (2 * self.row)
+        n = pairs if n_pairs is None else min(n_pairs, pairs)
+        return torch.linspace(0, pairs - 1, n).long().unique() * 2 * self.row
+
     def sample_starts(self, n: int) -> torch.Tensor:
         """Start offsets for one optimizer step's n sequences (drawn once, split later)."""
+        if self.is_pairs:
+            pairs = len(self.train) // (2 * self.row)
+            return torch.randint(0, pairs, (n,), generator=self.generator) * 2 * self.row
         if self.row is not None:
             rows = len(self.train) // self.row
             return torch.randint(0, rows, (n,), generator=self.generator) * self.row
@@ -158,7 +180,11 @@ class TokenData:
             ),
             "fingerprint": m["fingerprint"],
             "cache": str(self.folder),
-            **({"data_format": "chat", "examples": m["examples"]} if self.is_chat else {}),
+            **(
+                {"data_format": m.get("data_format", "chat"), "examples": m["examples"]}
+                if self.is_chat
+                else {}
+            ),  # fmt: skip
         }
 
 
