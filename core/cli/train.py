@@ -154,10 +154,14 @@ def build_config(args) -> tuple[TrainConfig, Path, Path | None]:
         folder = start_model.start_folder(cfg.init_from, args.data_cache)
         cfg = dataclasses.replace(cfg, init_from=str(folder))
     if cfg.init_from:  # the model's shape and tokenizer; flags that contradict it are refused
-        from core.weights.loader import apply_pretrained, info_line, open_pretrained
+        from core.weights.loader import apply_pretrained, config_only, info_line, open_pretrained
 
-        pre = open_pretrained(cfg.init_from)
-        print(f"Pretrained model: {pre.name}: {info_line(pre.info())}")
+        if args.estimate:  # config.json is all an estimate reads: nothing else is downloaded
+            pre = config_only(cfg.init_from)
+            print(f"Pretrained model: {pre.name}: {pre.family}, {pre.n_params() / 1e6:,.1f}M")
+        else:
+            pre = open_pretrained(cfg.init_from)
+            print(f"Pretrained model: {pre.name}: {info_line(pre.info())}")
         cfg = apply_pretrained(cfg, pre, explicit=set(overrides))
     cfg = validate(cfg)
     run_dir = Path(args.out) if args.out else new_run_dir(root, cfg.preset)
@@ -247,6 +251,10 @@ def print_estimate(cfg: TrainConfig) -> None:
         free = found[0]["free_bytes"]
         verdict = "fits" if est.device_total <= usable_bytes(free) else "does NOT fit"
         print(f"{found[0]['name']}: {free / 1024**3:.1f} GiB free - {verdict} (10% margin kept)")
+        if cfg.init_from:
+            from core.training.estimate import fit_pretrained
+
+            print(f"Fit to this GPU: {fit_pretrained(cfg, free)[1]}")
 
 
 def prepare_only(cfg: TrainConfig, cache_dir: str | None) -> int:

@@ -45,27 +45,24 @@ class ModelSourceError(ConfigError):
 
 
 def _download(repo_id: str) -> Path:
-    """The hub model's folder in the normal Hugging Face cache, downloaded if need be."""
-    try:
-        from huggingface_hub import snapshot_download
-    except ImportError:
+    """The hub model's folder in the normal Hugging Face cache, downloaded if need be (a
+    progress bar, a disk-space check, one line for a gated, missing or unreachable model)."""
+    import importlib.util
+
+    if importlib.util.find_spec("huggingface_hub") is None:
         raise ModelSourceError(
             "init_from: a hub id needs the huggingface_hub package (pip install huggingface_hub)"
-        ) from None
-    patterns = ["*.json", "*.safetensors", "*.jinja", "tokenizer.model"]
-    try:
-        return Path(snapshot_download(repo_id, allow_patterns=patterns, local_files_only=True))
-    except Exception:
-        pass  # not cached yet
-    try:
-        return Path(snapshot_download(repo_id, allow_patterns=patterns))
-    except Exception as e:
-        reason = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
-        raise ModelSourceError(
-            f"init_from: {repo_id} is not a folder here, not in the Hugging Face cache, and "
-            f"could not be downloaded ({reason}); download it where there is internet, or "
-            "point --init-from at a model folder (config.json, model.safetensors, tokenizer.json)"
-        ) from None
+        )
+    from core.weights import download
+
+    return download.download(repo_id)
+
+
+def is_hub_id(source: str | Path) -> bool:
+    """owner/name that is no path here."""
+    text = str(source)
+    path = Path(text).expanduser()
+    return bool(HUB_ID.match(text)) and not text.startswith((".", "/", "~")) and not path.exists()
 
 
 def resolve_folder(source: str | Path) -> Path:
@@ -257,9 +254,34 @@ def _read_config(folder: Path) -> tuple[dict, str, GPTConfig]:
     return hf_config, *families.model_config(hf_config, str(folder / "config.json"))
 
 
+_SHAPES: dict[str, GPTConfig] = {}
+
+
 def pretrained_shape(source: str | Path) -> GPTConfig:
-    """A pretrained model's shape from its config.json alone (for estimates)."""
+    """A pretrained model's shape from its config.json alone (for estimates): a hub id's
+    config.json is all that is downloaded for it."""
+    if is_hub_id(source):
+        if str(source) not in _SHAPES:  # an estimate asks many times: one look-up
+            from core.weights.download import config_file
+
+            path = config_file(str(source))
+            _SHAPES[str(source)] = families.model_config(read_json(path), str(path))[1]
+        return _SHAPES[str(source)]
     return _read_config(resolve_folder(source))[2]
+
+
+def config_only(source: str | Path) -> Pretrained:
+    """A pretrained model as its config.json alone (no tokenizer, no weights): enough for
+    apply_pretrained and an estimate; a hub id downloads nothing else."""
+    if is_hub_id(source):
+        from core.weights.download import config_file
+
+        path = config_file(str(source))
+    else:
+        path = resolve_folder(source) / "config.json"
+    hf_config = read_json(path)
+    family, config = families.model_config(hf_config, str(path))
+    return Pretrained(str(source), path.parent, family, config, hf_config, tokenizer=None)
 
 
 def apply_pretrained(cfg: TrainConfig, pre: Pretrained, explicit=()) -> TrainConfig:

@@ -1,0 +1,205 @@
+"""A hub model's files into the normal Hugging Face cache: a disk-space check before the
+first byte, progress (a tqdm bar on the command line, a callback for the window), a cancel
+callback checked between chunks and files, and one line for a gated, missing or unreachable
+model instead of a traceback.
+
+Resuming: files are fetched one at a time at one pinned revision, and each finished file
+stays in the cache, so a cancelled or broken download goes on from the first file it lacks.
+Within a file, huggingface_hub (2.x) retries a dropped connection from the byte it reached
+(an HTTP Range request, up to 5 times); a file cut off for good is deleted by it and fetched
+again whole the next time (its partial `.incomplete` files are unique per process and not
+reused).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import shutil
+from pathlib import Path
+
+from core.errors import ConfigError
+
+PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer.model"]
+GB = 1024**3
+DISK_SLACK = 256 * 1024**2  # leave this much free beyond the files themselves
+
+
+class DownloadError(ConfigError):
+    """A hub model could not be had: the message is one line saying what to do."""
+
+
+class DownloadCancelled(DownloadError):
+    pass
+
+
+def cache_dir() -> Path:
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE)
+
+
+def wanted(name: str) -> bool:
+    return any(fnmatch.fnmatch(name, p) for p in PATTERNS)
+
+
+def explain(repo_id: str, e: BaseException, what: str = "init_from") -> DownloadError:
+    """huggingface_hub's exceptions as one line each."""
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        OfflineModeIsEnabled,
+        RepositoryNotFoundError,
+    )
+
+    status = getattr(getattr(e, "response", None), "status_code", None)
+    if isinstance(e, GatedRepoError) or (isinstance(e, HfHubHTTPError) and status in (401, 403)):
+        return DownloadError(
+            f"{what}: {repo_id} is a gated model: accept its licence on "
+            f"https://huggingface.co/{repo_id}, then set HF_TOKEN or run `huggingface-cli login`"
+        )
+    if isinstance(e, RepositoryNotFoundError):
+        return DownloadError(
+            f"{what}: {repo_id} is neither a folder here nor a model on the Hugging Face hub "
+            "(check the spelling; a private model needs HF_TOKEN or `huggingface-cli login`)"
+        )
+    if isinstance(e, (LocalEntryNotFoundError, OfflineModeIsEnabled)) or _is_offline(e):
+        return DownloadError(
+            f"{what}: {repo_id} is not in the Hugging Face cache ({cache_dir()}) and the hub "
+            "cannot be reached (offline); connect once, unset HF_HUB_OFFLINE, or point "
+            "--init-from at a model folder"
+        )
+    first = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+    return DownloadError(f"{what}: downloading {repo_id} failed ({first})")
+
+
+def _is_offline(e: BaseException) -> bool:
+    """A connection that could not be made (no network, DNS, a proxy refusing)."""
+    try:
+        import httpx2 as httpx
+    except ImportError:  # older huggingface_hub: httpx or requests
+        import httpx
+    return isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout, ConnectionError))
+
+
+def list_files(repo_id: str) -> tuple[str, list[tuple[str, int]]]:
+    """(revision, [(file, bytes)]) of the files TrainDeck reads from a hub model."""
+    from huggingface_hub import HfApi
+
+    info = HfApi().model_info(repo_id, files_metadata=True)
+    files = [(s.rfilename, int(s.size or 0)) for s in info.siblings or [] if wanted(s.rfilename)]
+    return info.sha, files
+
+
+def missing_files(repo_id: str, revision: str, files: list[tuple[str, int]]):
+    """The files not yet in the cache at that revision."""
+    from huggingface_hub import try_to_load_from_cache
+
+    return [
+        (name, size)
+        for name, size in files
+        if not isinstance(try_to_load_from_cache(repo_id, name, revision=revision), str)
+    ]
+
+
+def check_disk(repo_id: str, need: int, folder: Path | None = None) -> None:
+    """Refuse before the first byte when the files do not fit the cache's disk."""
+    folder = folder or cache_dir()
+    probe = folder
+    while not probe.exists() and probe.parent != probe:  # the cache may not exist yet
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if need + DISK_SLACK > free:
+        raise DownloadError(
+            f"init_from: {repo_id} needs {need / GB:.1f} GB to download but only "
+            f"{free / GB:.1f} GB is free for the Hugging Face cache {folder}; free some "
+            "space, or set HF_HOME (or HF_HUB_CACHE) to a folder on a larger disk"
+        )
+
+
+def _reporting_tqdm(on_bytes, cancel):
+    """A tqdm class for hf_hub_download: each chunk goes to on_bytes, cancel is asked
+    between chunks (raising aborts the file; the files before it stay cached)."""
+    from tqdm.auto import tqdm
+
+    class Reporting(tqdm):
+        def __init__(self, *args, **kwargs):
+            kwargs["disable"] = True
+            super().__init__(*args, **kwargs)
+
+        def update(self, n=1):
+            if cancel is not None and cancel():
+                raise DownloadCancelled("download cancelled")
+            on_bytes(n or 0)
+
+    return Reporting
+
+
+def _cli_bar(total: int, repo_id: str):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit="B", unit_scale=True, desc=f"downloading {repo_id}")
+
+
+def download(repo_id: str, progress=None, cancel=None) -> Path:
+    """The model's snapshot folder, downloading what the cache lacks. progress(done, total)
+    in bytes (None: a tqdm bar on stderr); cancel() -> True stops it with DownloadCancelled."""
+    from huggingface_hub import hf_hub_download, snapshot_download
+
+    try:  # cached already: no network at all
+        return Path(snapshot_download(repo_id, allow_patterns=PATTERNS, local_files_only=True))
+    except Exception:
+        pass
+    try:
+        revision, files = list_files(repo_id)
+    except Exception as e:
+        raise explain(repo_id, e) from None
+    todo = missing_files(repo_id, revision, files)
+    total = sum(size for _, size in todo)
+    check_disk(repo_id, total)
+    bar = _cli_bar(total, repo_id) if progress is None else None
+    done = 0
+
+    def on_bytes(n: int) -> None:
+        nonlocal done
+        done += n
+        if bar is not None:
+            bar.update(n)
+        else:
+            progress(done, total)
+
+    tqdm_class = _reporting_tqdm(on_bytes, cancel)
+    try:
+        for name, _ in todo:
+            if cancel is not None and cancel():
+                raise DownloadCancelled("download cancelled")
+            hf_hub_download(repo_id, name, revision=revision, tqdm_class=tqdm_class)
+        folder = snapshot_download(
+            repo_id, revision=revision, allow_patterns=PATTERNS, local_files_only=True
+        )
+    except DownloadCancelled:
+        raise DownloadCancelled(
+            f"init_from: downloading {repo_id} was cancelled at {done / GB:.2f} of "
+            f"{total / GB:.2f} GB; the finished files stay in {cache_dir()} and the next "
+            "start goes on from there"
+        ) from None
+    except Exception as e:
+        raise explain(repo_id, e) from None
+    finally:
+        if bar is not None:
+            bar.close()
+    return Path(folder)
+
+
+def config_file(repo_id: str) -> Path:
+    """A hub model's config.json alone (for an estimate before any weights come)."""
+    from huggingface_hub import hf_hub_download
+
+    try:
+        return Path(hf_hub_download(repo_id, "config.json", local_files_only=True))
+    except Exception:
+        pass
+    try:
+        return Path(hf_hub_download(repo_id, "config.json"))
+    except Exception as e:
+        raise explain(repo_id, e) from None

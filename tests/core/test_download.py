@@ -1,0 +1,172 @@
+"""Hub downloads without a network: huggingface_hub's functions replaced by fakes that raise
+its real exception classes or write files, a fake file-size listing for the disk check."""
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import httpx2
+import huggingface_hub
+import pytest
+from huggingface_hub.errors import (
+    GatedRepoError,
+    LocalEntryNotFoundError,
+    RepositoryNotFoundError,
+)
+
+from core.errors import EXIT_BAD_INPUT, UserError
+from core.weights import download
+
+REPO = "someone/big-model"
+GB = 1024**3
+
+
+def response(status: int):
+    return httpx2.Response(status, request=httpx2.Request("GET", "https://huggingface.co/x"))
+
+
+class FakeHub:
+    """A hub with one repo of files (name -> bytes), a cache folder, call records."""
+
+    def __init__(self, monkeypatch, tmp_path, files, error=None):
+        self.files, self.error = files, error
+        self.snapshot = tmp_path / "hub" / "snapshots" / "abc123"
+        self.fetched = []
+        monkeypatch.setattr(download, "cache_dir", lambda: tmp_path / "hub")
+        monkeypatch.setattr(huggingface_hub, "snapshot_download", self.snapshot_download)
+        monkeypatch.setattr(huggingface_hub, "hf_hub_download", self.hf_hub_download)
+        monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", self.cached)
+        monkeypatch.setattr(huggingface_hub, "HfApi", lambda: self)
+
+    def model_info(self, repo_id, files_metadata=False):
+        assert files_metadata
+        if self.error is not None:
+            raise self.error
+        siblings = [SimpleNamespace(rfilename=n, size=len(b)) for n, b in self.files.items()]
+        siblings.append(SimpleNamespace(rfilename="README.md", size=10**12))  # not wanted
+        return SimpleNamespace(sha="abc123", siblings=siblings)
+
+    def cached(self, repo_id, name, revision=None):
+        path = self.snapshot / name
+        return str(path) if path.is_file() else None
+
+    def snapshot_download(self, repo_id, local_files_only=False, **kw):
+        if not all((self.snapshot / n).is_file() for n in self.files):
+            raise LocalEntryNotFoundError("not cached")
+        return str(self.snapshot)
+
+    def hf_hub_download(self, repo_id, name, revision=None, tqdm_class=None, **kw):
+        assert revision == "abc123"  # every file from one pinned revision
+        data = self.files[name]
+        bar = tqdm_class(total=len(data))
+        for i in range(0, len(data), 4):  # chunks, as http_get reports them
+            bar.update(len(data[i : i + 4]))
+        self.snapshot.mkdir(parents=True, exist_ok=True)
+        (self.snapshot / name).write_bytes(data)
+        self.fetched.append(name)
+        return str(self.snapshot / name)
+
+
+FILES = {"config.json": b"{}" * 8, "model.safetensors": b"x" * 64, "tokenizer.json": b"t" * 8}
+
+
+def test_progress_reaches_the_total_and_a_cached_model_needs_no_network(monkeypatch, tmp_path):
+    hub = FakeHub(monkeypatch, tmp_path, FILES)
+    seen = []
+    folder = download.download(REPO, progress=lambda done, total: seen.append((done, total)))
+    assert folder == hub.snapshot and sorted(hub.fetched) == sorted(FILES)
+    assert seen[-1] == (88, 88) and len(seen) > 3  # chunk by chunk, README.md left out
+    hub.error = RuntimeError("no network wanted")
+    assert download.download(REPO, progress=lambda *a: None) == hub.snapshot
+
+
+def test_cancel_keeps_finished_files_and_the_next_start_goes_on(monkeypatch, tmp_path):
+    hub = FakeHub(monkeypatch, tmp_path, FILES)
+    with pytest.raises(download.DownloadCancelled, match="cancelled at .* stay in"):
+        download.download(REPO, progress=lambda *a: None, cancel=lambda: len(hub.fetched) == 1)
+    assert len(hub.fetched) == 1  # stopped between the chunks of the second file
+    first = hub.fetched[0]
+    hub.fetched.clear()
+    download.download(REPO, progress=lambda *a: None)
+    assert first not in hub.fetched and len(hub.fetched) == 2  # only what was missing
+
+
+def test_a_model_larger_than_the_free_disk_is_refused_before_any_byte(monkeypatch, tmp_path):
+    hub = FakeHub(monkeypatch, tmp_path, FILES)
+    monkeypatch.setattr(
+        download, "list_files", lambda r: ("abc123", [("model.safetensors", 16 * GB)])
+    )
+    monkeypatch.setattr(download.shutil, "disk_usage", lambda p: SimpleNamespace(free=5 * GB))
+    with pytest.raises(download.DownloadError) as e:
+        download.download(REPO, progress=lambda *a: None)
+    line = str(e.value)
+    assert "16.0 GB" in line and "5.0 GB" in line and "HF_HOME" in line
+    assert str(tmp_path / "hub") in line and "\n" not in line
+    assert hub.fetched == []
+
+
+@pytest.mark.parametrize(
+    "error, needles",
+    [
+        (GatedRepoError("gated", response=response(403)),
+         ["gated", "HF_TOKEN", "huggingface-cli login", f"https://huggingface.co/{REPO}"]),
+        (huggingface_hub.errors.HfHubHTTPError("401", response=response(401)),
+         ["HF_TOKEN", f"https://huggingface.co/{REPO}"]),
+        (RepositoryNotFoundError("404", response=response(404)),
+         ["nor a model on the Hugging Face hub", "spelling"]),
+        (httpx2.ConnectError("Name or service not known"), ["offline", "HF_HUB_OFFLINE"]),
+    ],
+)  # fmt: skip
+def test_hub_failures_are_one_line(monkeypatch, tmp_path, error, needles):
+    FakeHub(monkeypatch, tmp_path, FILES, error=error)
+    with pytest.raises(UserError) as e:
+        download.download(REPO, progress=lambda *a: None)
+    assert "\n" not in str(e.value) and str(e.value).startswith(f"init_from: {REPO}")
+    for needle in needles:
+        assert needle in str(e.value)
+
+
+def test_the_cli_says_a_gated_model_in_one_line_and_exits_2(monkeypatch, tmp_path, capsys):
+    from core.train import main
+
+    monkeypatch.chdir(tmp_path)
+    FakeHub(monkeypatch, tmp_path, FILES, error=GatedRepoError("x", response=response(401)))
+    assert main(["--init-from", REPO, "--max-steps", "1"]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "huggingface-cli login" in err
+
+
+def test_an_estimate_of_a_hub_model_downloads_its_config_json_only(monkeypatch, tmp_path, capsys):
+    from core.train import main
+
+    config = {
+        "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_size": 1536,
+        "intermediate_size": 8960, "num_hidden_layers": 28, "num_attention_heads": 12,
+        "num_key_value_heads": 2, "max_position_embeddings": 32768, "vocab_size": 151936,
+        "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": True,
+    }  # fmt: skip
+    hub = FakeHub(monkeypatch, tmp_path, {"config.json": json.dumps(config).encode()})
+    asked = []
+
+    def only_config(repo_id, name, **kw):
+        asked.append(name)
+        if kw.get("local_files_only"):
+            raise LocalEntryNotFoundError("not cached")
+        return hub.hf_hub_download(repo_id, name, revision="abc123", tqdm_class=_Quiet)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", only_config)
+    monkeypatch.chdir(tmp_path)
+    assert main(["--init-from", "Qwen/Qwen2.5-1.5B", "--estimate", "--seq-len", "256"]) == 0
+    out = capsys.readouterr().out
+    assert "qwen2, 1,543.7M" in out  # its parameters, from config.json alone
+    assert "parameters                 1,543,714,304" in out
+    assert set(asked) == {"config.json"}
+    assert Path(hub.snapshot / "config.json").is_file()
+
+
+class _Quiet:
+    def __init__(self, *a, **k):
+        pass
+
+    def update(self, n=1):
+        pass
