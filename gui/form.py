@@ -40,7 +40,7 @@ from core.config.spec import (
     parse_duration,
     validate,
 )
-from core.data import preference
+from core.data import hub, preference, tables
 from core.data.chatdata import is_chat
 from core.data.sources import find_sources
 from core.errors import ConfigError, UserError
@@ -254,7 +254,8 @@ class LimitField(QWidget):
 
 
 class DataChooser(QWidget):
-    """A file or a folder of text; empty means core's embedded corpus."""
+    """A file or a folder of text, or a Hugging Face dataset id; empty means core's embedded
+    corpus. Add source mixes more sources in, each with a weight (empty: by their tokens)."""
 
     changed = Signal()
 
@@ -263,33 +264,108 @@ class DataChooser(QWidget):
         self.edit = QLineEdit()
         self.edit.setPlaceholderText("embedded corpus (Python standard library sources)")
         self.edit.setToolTip(
-            "A text file, a .jsonl file of chat examples, or a folder of either; leave empty "
-            "for the embedded corpus"
+            "A text file, a table of chat examples or texts (.jsonl, .parquet, .csv, .json), "
+            "or a folder of either; leave empty for the embedded corpus"
         )
         self.edit.setClearButtonEnabled(True)
         file_btn = QPushButton("File…")
         folder_btn = QPushButton("Folder…")
         file_btn.clicked.connect(self._pick_file)
         folder_btn.clicked.connect(self._pick_folder)
-        layout = QHBoxLayout(self)
+        self.weight = self._weight_edit()
+        add_btn = QPushButton("Add source")
+        add_btn.setToolTip("Mix another file, folder or dataset into the training data")
+        add_btn.clicked.connect(lambda: self.add_source())
+        layout = QHBoxLayout()
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.edit, 1)
         layout.addWidget(file_btn)
         layout.addWidget(folder_btn)
+        layout.addWidget(self.weight)
+        layout.addWidget(add_btn)
+        self.rows_layout = QVBoxLayout(self)
+        self.rows_layout.setContentsMargins(0, 0, 0, 0)
+        self.rows_layout.addLayout(layout)
+        self.rows: list[tuple[QWidget, QLineEdit, QLineEdit]] = []  # (row, path, weight)
         self.edit.textChanged.connect(self.changed)
 
-    def _pick_file(self):
+    def _weight_edit(self, text: str = "") -> QLineEdit:
+        weight = QLineEdit(text)
+        weight.setPlaceholderText("weight")
+        weight.setFixedWidth(60)
+        weight.setToolTip(
+            "This source's share of the training sequences (e.g. 0.8 and 0.2); all empty: "
+            "proportional to each source's training tokens"
+        )
+        weight.setVisible(bool(getattr(self, "rows", None)))
+        weight.textChanged.connect(self.changed)
+        return weight
+
+    def add_source(self, path: str = "", weight: str = "") -> QLineEdit:
+        """A row for one more source of the mix: path, File…, Folder…, weight, Remove."""
+        row = QWidget()
+        edit = QLineEdit(path)
+        edit.setPlaceholderText("another file, folder, owner/dataset or 'embedded'")
+        edit.setClearButtonEnabled(True)
+        weight_edit = self._weight_edit(weight)
+        weight_edit.setVisible(True)
+        buttons = [QPushButton(t) for t in ("File…", "Folder…", "Remove")]
+        buttons[0].clicked.connect(lambda: self._pick_file(edit))
+        buttons[1].clicked.connect(lambda: self._pick_folder(edit))
+        buttons[2].clicked.connect(lambda: self._remove(row))
+        layout = QHBoxLayout(row)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(edit, 1)
+        for w in (buttons[0], buttons[1], weight_edit, buttons[2]):
+            layout.addWidget(w)
+        self.rows.append((row, edit, weight_edit))
+        self.rows_layout.addWidget(row)
+        self.weight.setVisible(True)
+        edit.textChanged.connect(self.changed)
+        self.changed.emit()
+        return edit
+
+    def _remove(self, row: QWidget) -> None:
+        self.rows = [r for r in self.rows if r[0] is not row]
+        row.setParent(None)
+        row.deleteLater()
+        self.weight.setVisible(bool(self.rows))
+        self.changed.emit()
+
+    def extra(self) -> list[str]:
+        """The mixed-in sources (config extra_data), rows left empty skipped."""
+        return [e.text().strip() for _, e, _ in self.rows if e.text().strip()]
+
+    def weights(self) -> str | None:
+        """data_weights: the weights as typed, in order; None when all are empty."""
+        used = [(self.weight, None)] + [(w, e) for _, e, w in self.rows if e.text().strip()]
+        texts = [w.text().strip() for w, _ in used]
+        return ",".join(texts) if len(texts) > 1 and any(texts) else None
+
+    def set_mix(self, extra: list[str], weights: str | None) -> None:
+        for row, _, _ in list(self.rows):
+            self._remove(row)
+        parts = [w.strip() for w in weights.split(",")] if weights else []
+        parts += [""] * (1 + len(extra) - len(parts))
+        self.weight.setText(parts[0])
+        for path, weight in zip(extra, parts[1:], strict=False):
+            self.add_source(path, weight)
+
+    def _pick_file(self, edit: QLineEdit | None = None):
+        edit = self.edit if edit is None else edit
         path, _ = QFileDialog.getOpenFileName(
-            self, "Training data", self.edit.text(),
-            "Text or chat data (*.txt *.md *.jsonl);;All files (*)",
+            self, "Training data", edit.text(),
+            "Text, chat or table data (*.txt *.md *.jsonl *.parquet *.csv *.json);;"
+            "All files (*)",
         )  # fmt: skip
         if path:
-            self.edit.setText(path)
+            edit.setText(path)
 
-    def _pick_folder(self):
-        path = QFileDialog.getExistingDirectory(self, "Folder of training text", self.edit.text())
+    def _pick_folder(self, edit: QLineEdit | None = None):
+        edit = self.edit if edit is None else edit
+        path = QFileDialog.getExistingDirectory(self, "Folder of training text", edit.text())
         if path:
-            self.edit.setText(path)
+            edit.setText(path)
 
     def value(self) -> str | None:
         return self.edit.text().strip() or None
@@ -308,11 +384,13 @@ def describe_chat(cfg: TrainConfig, tokenizer=None) -> str:
 
     tokenizer = tokenizer or bytes_tokenizer()
     files = find_sources(cfg.data, cfg.data_extensions, 0, chat=True).files
-    if preference.holds_pairs(files):
-        line = preference.summary(files)
+    columns = tables.columns_of(cfg)
+    if preference.holds_pairs(files, columns):
+        line = preference.summary(files, columns)
         return line[0].upper() + line[1:]
     template, tokens = template_of(tokenizer), special_tokens(tokenizer)
-    line = summary(files, cfg.seq_len, tokenizer, template, tokens, cfg.drop_long)
+    columns = tables.columns_of(cfg)
+    line = summary(files, cfg.seq_len, tokenizer, template, tokens, cfg.drop_long, columns)
     note = "" if cfg.train_on_prompts else "; loss on answers only"
     return line[0].upper() + line[1:] + note
 
@@ -322,8 +400,10 @@ def describe_data(cfg: TrainConfig, tokenizer=None) -> str:
         return f"Embedded corpus: the first {cfg.corpus_max_bytes / 1e6:.1f} MB of Python's stdlib"
     path = Path(cfg.data).expanduser()
     try:
-        if is_chat(cfg.data, cfg.data_format, cfg.data_extensions):
+        if is_chat(cfg.data, cfg.data_format, cfg.data_extensions, tables.columns_of(cfg)):
             return describe_chat(cfg, tokenizer)
+        if path.is_file() and tables.is_table(path):
+            return f"{path.stat().st_size / 1e6:,.1f} MB table: its text column, a document a row"
         if path.is_file():
             return f"{path.stat().st_size / 1e6:,.1f} MB, used whole"
         if path.is_dir():
@@ -335,7 +415,37 @@ def describe_data(cfg: TrainConfig, tokenizer=None) -> str:
         return f"cannot read {path} ({e.strerror})"
     except UserError as e:
         return str(e)
+    if hub.is_hub_id(cfg.data):
+        return (
+            f"Hugging Face dataset {cfg.data}, split {cfg.data_split}: downloaded into the "
+            "Hugging Face cache when the run starts"
+        )
     return "not found"
+
+
+def describe_mix(cfg: TrainConfig) -> str:
+    """What a mix of sources adds to the data line."""
+    n = len(cfg.extra_data)
+    how = f"weights {cfg.data_weights}" if cfg.data_weights else "shares by training tokens"
+    return f"mixed with {n} more source{'s' if n > 1 else ''} ({how})"
+
+
+def preview_data(cfg: TrainConfig) -> str:
+    """A table's layout, column mapping and first rows (the first table of a folder); empty
+    for text files and the embedded corpus."""
+    if cfg.data is None:
+        return ""
+    path = Path(cfg.data).expanduser()
+    try:
+        if path.is_dir():
+            path = next((f for f in sorted(path.rglob("*")) if tables.is_table(f)), path)
+        if not (path.is_file() and tables.is_table(path)):
+            return ""
+        return tables.preview(path, tables.columns_of(cfg))
+    except OSError as e:
+        return f"cannot read {path} ({e.strerror})"
+    except UserError as e:
+        return str(e)
 
 
 class ConfigForm(QWidget):
@@ -366,6 +476,12 @@ class ConfigForm(QWidget):
         top_layout.setContentsMargins(0, 0, 0, 0)
         top_layout.addWidget(self.data)
         top_layout.addWidget(self.data_info)
+        self.data_preview = QLabel()  # a table's layout, columns and first rows
+        self.data_preview.setObjectName("data_preview")
+        self.data_preview.setTextFormat(Qt.TextFormat.PlainText)
+        self.data_preview.setStyleSheet("color: #555; font-family: monospace; font-size: 11px;")
+        self.data_preview.setVisible(False)
+        top_layout.addWidget(self.data_preview)
         for group in GROUP_ORDER:
             top_widget = top if group == DATA else None
             layout.addWidget(self._group(group, group_fields(group), devices, top=top_widget))
@@ -462,6 +578,7 @@ class ConfigForm(QWidget):
                 else:
                     self._set_widget(w, getattr(cfg, name))
             self.data.set_value(cfg.data)
+            self.data.set_mix(cfg.extra_data, cfg.data_weights)
         finally:
             self._loading = False
         self._edited()
@@ -524,6 +641,7 @@ class ConfigForm(QWidget):
         seed = values["seed"]
         values["seed"] = int(seed) if seed.isdigit() else seed  # core names a bad seed
         values["data"] = self.data.value()
+        values["extra_data"], values["data_weights"] = self.data.extra(), self.data.weights()
         return dataclasses.replace(self._base, **values)
 
     def validated(self) -> TrainConfig:
@@ -563,19 +681,25 @@ class ConfigForm(QWidget):
         key = (
             cfg.data, tuple(cfg.data_extensions), cfg.corpus_max_bytes, cfg.data_format,
             cfg.seq_len, cfg.drop_long, cfg.train_on_prompts, pretrained and pretrained.name,
+            tuple(tables.columns_of(cfg).items()), tuple(cfg.extra_data), cfg.data_weights,
         )  # fmt: skip
         if key == self._data_info_key:
             return
         self._data_info_key = key
         tokenizer = pretrained.tokenizer if pretrained is not None else None
-        self.data_info.setText(describe_data(cfg, tokenizer))
+        text = describe_data(cfg, tokenizer)
+        self.data_info.setText(text + ("; " + describe_mix(cfg) if cfg.extra_data else ""))
+        preview = preview_data(cfg)
+        self.data_preview.setText(preview)
+        self.data_preview.setVisible(bool(preview))
         self._method_follows_data(cfg)
 
     def _method_follows_data(self, cfg: TrainConfig) -> None:
         """Preference pairs train with DPO and nothing else does: offer the method that fits."""
         try:
             pairs = cfg.data is not None and preference.holds_pairs(
-                find_sources(cfg.data, cfg.data_extensions, 0, chat=True).files
+                find_sources(cfg.data, cfg.data_extensions, 0, chat=True).files,
+                tables.columns_of(cfg),
             )
         except UserError:
             return

@@ -280,14 +280,15 @@ SUMMARY_SAMPLE = 2000  # examples rendered to count those longer than the contex
 
 
 def summary(
-    files: list[Path], seq_len: int, tokenizer, template: str, tokens: dict, drop_long: bool
-) -> str:
+    files: list[Path], seq_len: int, tokenizer, template: str, tokens: dict, drop_long: bool,
+    columns: dict | None = None,
+) -> str:  # fmt: skip
     """One line for the window: the shapes, the number of examples and how many are longer
     than the context, to be truncated or dropped (from a sample of a large set)."""
     size = sum(p.stat().st_size for p in files)
     if size > SUMMARY_MAX_BYTES:
         return f"chat data, {size / 1e6:,.1f} MB: examples are counted when the run prepares it"
-    found = read_examples(files, skip_bad_lines=True)
+    found = read_examples(files, skip_bad_lines=True, columns=columns)
     n = len(found.conversations)
     shapes = ", ".join(f"{k} {v:,}" for k, v in found.shapes.items())
     step = max(1, n // SUMMARY_SAMPLE)

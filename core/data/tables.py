@@ -348,3 +348,46 @@ def iter_texts(path: str | Path, columns: dict | None = None) -> Iterator[str]:
                 f"{type(value).__name__}, not text"
             )
         yield value
+
+
+# -- a preview for the window ----------------------------------------------------------------------
+
+KINDS = {".parquet": "Parquet", ".csv": "CSV", ".json": "JSON", ".jsonl": "JSON Lines"}
+SHOWN = {  # the columns a preview shows of each layout
+    "text": ("text",),
+    "prompt/completion": ("prompt", "completion"),
+    "alpaca": ("instruction", "input", "output"),
+    "preference": ("prompt", "chosen", "rejected"),
+}
+
+
+def _cut(value, width: int) -> str:
+    text = " ".join(str(value).split())  # newlines and runs of spaces as one space
+    return text if len(text) <= width else text[: max(1, width - 1)] + "\u2026"
+
+
+def _row_text(record: dict, layout: str, width: int) -> str:
+    if layout == "messages" and isinstance(record.get("messages"), list):
+        turns = [m for m in record["messages"] if isinstance(m, dict)]
+        each = max(12, width // max(1, len(turns)))
+        return " | ".join(_cut(f"{m.get('role')}: {m.get('content')}", each) for m in turns)
+    keys = [k for k in SHOWN.get(layout, record) if k in record]
+    each = max(12, width // max(1, len(keys)))
+    return " | ".join(_cut(f"{k}: {record[k]}", each) for k in keys)
+
+
+def preview(path: str | Path, columns: dict | None = None, n: int = 3, width: int = 110) -> str:
+    """A few lines for the window: the kind of file, the layout detected, the column mapping
+    in use and the first n rows, each cut to about width characters."""
+    path = Path(path)
+    records = first_records(path, columns, n)
+    layout = layout_of(records[0], columns) if records else ""
+    found = ", ".join(map(str, records[0])) if records else "none"
+    kind = KINDS.get(path.suffix.lower(), "table")
+    if layout:
+        what = f"layout {layout}"
+    else:
+        what = f"layout not recognised (columns {found}): name the columns to use"
+    lines = [f"{kind} file {path.name}: {what}; columns {describe_columns(columns)}"]
+    lines += [f"{i}. {_row_text(r, layout, width)}" for i, r in enumerate(records, 1)]
+    return "\n".join(lines)
