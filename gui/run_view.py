@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
 
 from core.runs.folder import RunFolder, read_metrics
 from core.runs.progress import Progress, describe_run_data
+from core.training import spill
 from gui.compare_tab import CompareTab
 from gui.evaluate_tab import EvaluateTab
 from gui.hardware_panel import HardwareInfo
@@ -243,6 +244,9 @@ class RunView(QWidget):
 
     def log(self, message: str) -> None:
         self.log_view.appendPlainText(f"{time.strftime('%H:%M:%S')}  {message}")
+        if message.startswith(spill.PREFIX):  # VRAM spilling into shared memory: in sight
+            self.notice.setText(message)
+            self.notice.setVisible(True)
 
     def set_timers(self, on: bool) -> None:
         """A hidden or closed window has nothing to draw."""

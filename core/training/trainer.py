@@ -32,6 +32,7 @@ from core.training import dpo, evaluation, metrics, optim, resume, setup
 from core.training.checkpointing import Checkpointer, checkpoint_state
 from core.training.clock import Clock
 from core.training.schedule import Plan, finish_plan, lr_factor
+from core.training.spill import SpillWatch
 from core.training.steps import OOM_ADVICE, autocast, grad_sync, smaller_micro_batch, to_device
 from core.training.time_budget import (
     FINISH_FILE,
@@ -55,6 +56,7 @@ class Trainer:
             self.pretrained = open_pretrained(cfg.init_from)
             cfg = apply_pretrained(cfg, self.pretrained)
         self.cfg = validate(cfg)
+        self.spill = SpillWatch(self.cfg)  # dedicated VRAM overflowing into shared memory
         self.world = World.from_env()
         self.folder = (RunFolder if self.world.main else SilentFolder)(Path(run_dir))
         self.resume_from = Path(resume_from) if resume_from else None
@@ -307,6 +309,8 @@ class Trainer:
         common = {"max_steps": self.max_steps, "elapsed_s": self.clock.elapsed(),
                   "tokens_per_s": round(tokens / self.clock.training_seconds(), 1),
                   "memory": memory_stats(self.device)}  # fmt: skip
+        if warning := self.spill.check(common["memory"]):
+            self.log(warning)
         steps = [(step, lr) for step, _, lr, _ in pending]
         extras = self._signal_records([sums for *_, sums in pending])
         for record in metrics.train_records(steps, losses, self.cfg, self.data.train_tokens,
