@@ -167,21 +167,24 @@ def make_report(target, n: int = DEFAULT_EXAMPLES, max_new_tokens: int = DEFAULT
 # -- Markdown ---------------------------------------------------------------------------------
 
 
-def _block(text: str) -> str:
-    """Text shown verbatim: a fence longer than any run of backticks inside it."""
-    longest, run = 0, 0
-    for ch in text:
-        run = run + 1 if ch == "`" else 0
-        longest = max(longest, run)
-    fence = "`" * max(3, longest + 1)
-    body = text.rstrip("\n") if text.strip() else "(empty)"
-    return f"{fence}text\n{body}\n{fence}"
+MARKS = set("\\`*_[]<>|~&#")  # what Markdown could read as formatting inside a line
+
+
+def inline(text: str) -> str:
+    """Text as one line of Markdown that shows it as it is: marks escaped, line breaks as
+    <br/> (inside a table cell too), control characters (a barely trained model makes them)
+    as U+FFFD, as a terminal shows them."""
+    text = "".join(c if c.isprintable() or c in "\n\t" else "\ufffd" for c in text)
+    if not text.strip():
+        return "*(empty)*"
+    escaped = "".join("\\" + c if c in MARKS else c for c in text.strip())
+    return escaped.replace("\n", "<br/>")
 
 
 def to_markdown(header: dict, examples: list[dict]) -> str:
     kind = f"LoRA rank {header['lora']}, adapters off" if header["lora"] else "loaded as is"
     lines = [
-        f"# Before and after: {header['run']}",
+        f"# Before and after: {inline(header['run'])}",
         "",
         f"The first {len(examples)} held-out examples of `{header['data']}`, answered greedily "
         f"(at most {header['max_new_tokens']} new tokens) by the start model "
@@ -190,10 +193,10 @@ def to_markdown(header: dict, examples: list[dict]) -> str:
     if header["note"]:
         lines += ["", f"**Note:** {header['note']}"]
     for i, ex in enumerate(examples, 1):
-        lines += ["", f"## Example {i}", "", "**Prompt**", ""]
+        lines += ["", f"## Example {i}", ""]
         for m in ex["prompt"]:
-            lines += [f"*{m['role']}*", "", _block(m["content"]), ""]
-        lines += ["**Reference answer**", "", _block(ex["reference"]), ""]
-        lines += ["**Start model**", "", _block(ex["start"]), ""]
-        lines += ["**Fine-tuned**", "", _block(ex["fine_tuned"])]
+            lines += [f"**{m['role']}:** {inline(m['content'])}", ""]
+        cells = (inline(ex[k]) for k in ("reference", "start", "fine_tuned"))
+        lines += ["| Reference | Start model | Fine-tuned |", "|---|---|---|",
+                  "| " + " | ".join(cells) + " |"]  # fmt: skip
     return "\n".join(lines) + "\n"

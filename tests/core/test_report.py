@@ -16,7 +16,7 @@ from core.cli.eval import main as eval_main  # noqa: E402
 from core.data.chatdata import is_val  # noqa: E402
 from core.training.trainer import Trainer  # noqa: E402
 from core.use.generate import generate_ids, start_ids, stream_text  # noqa: E402
-from core.use.report import make_report  # noqa: E402
+from core.use.report import inline, make_report  # noqa: E402
 from core.weights.loader import load  # noqa: E402
 
 ROWS = [{"prompt": f"Add {i} and {i + 1}", "completion": f"{2 * i + 1}"} for i in range(60)]
@@ -68,9 +68,10 @@ def test_report_answers_held_out_prompts_with_both_models(setup):
     text = (run / "eval" / "report.md").read_text(encoding="utf-8")
     assert text == out["markdown"] and out["path"] == str(run / "eval" / "report.md")
     assert text.count("## Example") == 2
-    for ex in examples:
-        for part in (ex["prompt"][0]["content"], ex["reference"], ex["start"], ex["fine_tuned"]):
-            assert f"```text\n{part}\n```" in text
+    for ex in examples:  # the prompt, then the three answers side by side in a table row
+        assert f"**user:** {inline(ex['prompt'][0]['content'])}\n" in text
+        row = " | ".join(inline(ex[k]) for k in ("reference", "start", "fine_tuned"))
+        assert f"\n| {row} |\n" in text
     assert make_report(run, 50, NEW)["examples"][2]["reference"] == HELD[2]["completion"]
 
 
@@ -110,3 +111,9 @@ def test_bad_targets_are_one_line_exit_2(setup, tmp_path, capsys):
     copy.unlink()
     err = one_line_error(capsys, [str(gone), "--report"])
     assert f"data {copy} is gone" in err
+
+
+def test_inline_markdown_keeps_text_as_it_is():
+    assert inline("a | b *c* `d` <e> [f](g) #h") == r"a \| b \*c\* \`d\` \<e\> \[f\](g) \#h"
+    assert inline("line 1\n\n- line 2\x1e") == "line 1<br/><br/>- line 2\ufffd"
+    assert inline(" \n") == "*(empty)*"

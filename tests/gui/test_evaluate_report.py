@@ -35,9 +35,14 @@ def test_evaluate_tab_shows_the_before_after_report(make_window, gui_env, qtbot,
     examples = tab.result["report"]["examples"]
     assert [ex["reference"] for ex in examples] == ["39", "79"]
     assert tab.report_view.isVisibleTo(tab) and not tab.output.isVisibleTo(tab)
-    shown = tab.report_view.toPlainText()  # rendered: headings and fences are gone
+    shown = tab.report_view.toPlainText()  # rendered: no Markdown marks left
     assert "Example 1" in shown and "Example 2" in shown and "## Example" not in shown
-    assert "Add 39 and 40" in shown and "Fine-tuned" in shown and "Start model" in shown
+    assert "user: Add 39 and 40" in shown and "Start model\nFine-tuned" in shown
+    for ex in examples:  # a random model's answers, punctuation and all, shown as they are
+        for key in ("start", "fine_tuned"):
+            visible = "".join(c if c.isprintable() or c == "\n" else "\ufffd" for c in ex[key])
+            for line in visible.strip().splitlines():
+                assert line.strip() in shown
     assert (run / "eval" / "report.md").read_text(encoding="utf-8").startswith("# Before")
     tab.run_combo.setCurrentText(str(gui_env / "base"))  # a model folder is no run
     with qtbot.waitSignal(tab.finished, timeout=60_000):
