@@ -441,7 +441,7 @@ def preview_data(cfg: TrainConfig) -> str:
             path = next((f for f in sorted(path.rglob("*")) if tables.is_table(f)), path)
         if not (path.is_file() and tables.is_table(path)):
             return ""
-        return tables.preview(path, tables.columns_of(cfg))
+        return tables.preview(path, tables.columns_of(cfg), width=70)
     except OSError as e:
         return f"cannot read {path} ({e.strerror})"
     except UserError as e:
@@ -479,6 +479,7 @@ class ConfigForm(QWidget):
         self.data_preview = QLabel()  # a table's layout, columns and first rows
         self.data_preview.setObjectName("data_preview")
         self.data_preview.setTextFormat(Qt.TextFormat.PlainText)
+        self.data_preview.setWordWrap(True)  # never wider than the form
         self.data_preview.setStyleSheet("color: #555; font-family: monospace; font-size: 11px;")
         self.data_preview.setVisible(False)
         top_layout.addWidget(self.data_preview)

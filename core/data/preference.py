@@ -108,26 +108,26 @@ class PairRows:
         return True
 
 
-def holds_pairs(files) -> bool:
-    """Whether the first record of the first file is a preference pair (auto detection)."""
-    import json
+def holds_pairs(files, columns: dict | None = None) -> bool:
+    """Whether the first file's records are preference pairs (auto detection), in any
+    table format core.data.tables reads, after the column mapping."""
+    from core.data import tables
+    from core.errors import UserError
 
     for path in files[:1]:
         try:
-            with open(path, encoding="utf-8") as f:
-                for line in f:
-                    if line.strip():
-                        return is_pair(json.loads(line))
-        except (OSError, ValueError):
+            records = tables.first_records(path, columns, 1)
+            return bool(records) and is_pair(records[0])
+        except (UserError, OSError, ValueError):
             return False  # reading it properly names the problem
     return False
 
 
-def summary(files) -> str:
+def summary(files, columns: dict | None = None) -> str:
     """One line for the window: how many pairs, and which bad lines there are."""
     from core.data.chatdata import read_examples
 
-    found = read_examples(files, True, parse_pair)
+    found = read_examples(files, True, parse_pair, columns)
     line = f"preference data: {len(found.conversations):,} pairs (prompt, chosen, rejected)"
     line += "; trained with DPO, the answers of each pair compared"
     if found.bad_lines:

@@ -101,7 +101,9 @@ def data_spec(cfg) -> DataSpec:
         bool(chat) or table,
     )  # fmt: skip
     if chat is not None:
-        chat.pairs = cfg.data_format == "preference" or preference.holds_pairs(sources.files)
+        chat.pairs = cfg.data_format == "preference" or preference.holds_pairs(
+            sources.files, columns
+        )
     _check_method(cfg, chat, sources)
     return DataSpec(sources, cfg.tokenizer, cfg.vocab_size, cfg.val_fraction, chat, columns, table)
 

@@ -208,3 +208,30 @@ def test_dpo_on_plain_text_or_without_a_start_model_is_refused(setup, tmp_path, 
     assert "holds plain text" in capsys.readouterr().err
     assert train_main([*base, "--data", cfg.data]) == 2
     assert "method: dpo tunes a model that can already answer" in capsys.readouterr().err
+
+
+def test_pairs_in_a_parquet_table_with_other_column_names_prepare_as_the_jsonl(setup, tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    from core.data.prepare import data_spec, prepare
+    from core.weights.loader import open_pretrained
+
+    _, cfg = setup
+    rows = [pair(i) for i in range(12)]
+    table = {"question": [r["prompt"] for r in rows], "good": [r["chosen"] for r in rows],
+             "bad": [r["rejected"] for r in rows]}  # fmt: skip
+    pq.write_table(pa.table(table), tmp_path / "pairs.parquet")
+    jsonl = write_jsonl(tmp_path / "pairs.jsonl", rows)
+    tokenizer = open_pretrained(cfg.init_from).tokenizer
+    cache = tmp_path / "cache"
+    mapped = tiny_config(**{**_fields(cfg), "data": str(tmp_path / "pairs.parquet"),
+                            "prompt_column": "question", "chosen_column": "good",
+                            "rejected_column": "bad"})  # fmt: skip
+    plain = tiny_config(**{**_fields(cfg), "data": jsonl})
+    outs = [prepare(data_spec(c), cache, tokenizer, log=lambda m: None) for c in (mapped, plain)]
+    (a, ma), (b, mb) = outs
+    assert ma["data_format"] == mb["data_format"] == "preference"
+    assert ma["examples"]["train"] + ma["examples"]["val"] == 12
+    for name in ("tokens.bin", "mask.bin"):
+        assert (a / name).read_bytes() == (b / name).read_bytes()
