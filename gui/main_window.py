@@ -167,6 +167,7 @@ class MainWindow(QMainWindow):
 
     def _preset_applied(self, cfg: TrainConfig) -> None:
         cfg.data = self.form.data.value()  # the data choice is the user's, not the preset's
+        cfg.extra_data, cfg.data_weights = self.form.data.extra(), self.form.data.weights()
         self.form.set_config(cfg)
         if self.start_from.pretrained is not None:  # the preset's batch, the model's shape
             self.form.set_pretrained(self.start_from.pretrained)
