@@ -258,19 +258,35 @@ def print_estimate(cfg: TrainConfig) -> None:
 
 
 def prepare_only(cfg: TrainConfig, cache_dir: str | None) -> int:
-    import time
+    """Prepare every data source (several: each into its own cache entry, one tokenizer)."""
+    from core.data import mix
+    from core.data.tokenizer import Tokenizer
 
-    from core.data.prepare import data_spec, examples_line, prepare
-
-    spec = data_spec(cfg)
     tokenizer = None
     if cfg.init_from:
         from core.weights.loader import open_pretrained
 
         tokenizer = open_pretrained(cfg.init_from).tokenizer
     events = CliEvents()
-    t0 = time.perf_counter()
     cache = Path(cache_dir) if cache_dir else None
+    sources = mix.sources_of(cfg)
+    try:
+        specs = [mix.source_spec(cfg, src, events.on_prepare) for src in sources]
+    finally:
+        events.close_prep_bar()
+    for spec in specs:
+        folder, m = _prepare_and_print(spec, cache, tokenizer, events)
+        if tokenizer is None:  # the first source's tokenizer encodes the others
+            tokenizer = Tokenizer.load(folder / "tokenizer.json", m.get("tokenizer_meta"))
+    return EXIT_OK
+
+
+def _prepare_and_print(spec, cache, tokenizer, events) -> tuple[Path, dict]:
+    import time
+
+    from core.data.prepare import examples_line, prepare
+
+    t0 = time.perf_counter()
     try:
         folder, m = prepare(spec, cache, tokenizer, progress=events.on_prepare)
     finally:
@@ -290,7 +306,7 @@ def prepare_only(cfg: TrainConfig, cache_dir: str | None) -> int:
         print(f"Bytes per token: {m['source_bytes'] / max(1, tokens):.3f}")
     print(f"Time: {seconds:.2f} s{reused}")
     print(f"Cache: {folder}")
-    return EXIT_OK
+    return folder, m
 
 
 def _install_signals(control: TrainControl) -> None:

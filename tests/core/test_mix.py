@@ -88,8 +88,10 @@ def run_losses(run):
 def test_a_mixed_run_resumes_bitwise_equal_to_a_straight_one(tmp_path):
     chat = write_chat(tmp_path / "qa.jsonl")
     text = write_text(tmp_path / "general.txt", 0)
-    cfg = tiny_config(data=str(chat), extra_data=[str(text)], data_weights="0.7,0.3",
-                      seq_len=96, max_steps=6, eval_every=3, ckpt_every=3, sample_tokens=0)  # fmt: skip
+    cfg = tiny_config(
+        data=str(chat), extra_data=[str(text)], data_weights="0.7,0.3", seq_len=96,
+        max_steps=6, eval_every=3, ckpt_every=3, sample_tokens=0,
+    )  # fmt: skip
     straight = tmp_path / "straight"
     Trainer(cfg, straight).run()
     run = tmp_path / "run"
@@ -222,3 +224,12 @@ def test_a_hub_dataset_trains_from_the_hf_cache_without_network(tmp_path, monkey
     missing = tiny_config(data="someone/absent")
     with pytest.raises(DataError, match="not in the Hugging Face cache"):
         source_spec(missing, missing.data)
+
+
+def test_prepare_only_prepares_every_source(tmp_path, capsys):
+    a, b = write_text(tmp_path / "a.txt", 0), write_text(tmp_path / "b.txt", 1, 5_000)
+    args = ["--preset", "cpu-tiny", "--data", str(a), "--data", str(b), "--prepare-only",
+            "--data-cache", str(tmp_path / "cache")]  # fmt: skip
+    assert train_main(args) == 0
+    out = capsys.readouterr().out
+    assert f"Data: {a}" in out and f"Data: {b}" in out and out.count("Cache: ") == 2
