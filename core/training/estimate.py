@@ -167,7 +167,10 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
         precision = pick_precision(cfg.precision, on_gpu)  # a modern GPU's choice
     c = model_shape(cfg)
     n = shape_params(c)
-    tokens = cfg.batch_size * cfg.seq_len
+    # DPO: a pair's chosen and rejected answers go through the model in one batch; the
+    # reference is the adapters-off model under no_grad (nothing kept) or cached log-probs.
+    rows = cfg.batch_size * (2 if cfg.method == "dpo" else 1)
+    tokens = rows * cfg.seq_len
     d = c.hidden_dim
     per_layer = _saved_bytes_per_token_layer(c, cfg.dropout, precision) * tokens
     if cfg.grad_checkpointing:
@@ -179,7 +182,7 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
     # more block's worth of activation gradients at a time.
     activations += 3 * 4 * d * tokens + per_layer
     if not on_gpu:  # the CPU math attention kernel materialises the T x T scores
-        activations += c.n_layers * cfg.batch_size * c.n_heads * cfg.seq_len**2 * 4 * 2
+        activations += c.n_layers * rows * c.n_heads * cfg.seq_len**2 * 4 * 2
     e = _act_bytes(precision)
     # Logits, their fp32 copy and its gradient, for one chunk of positions at a time.
     logits = min(tokens, chunk_positions(c.vocab_size)) * c.vocab_size * (e + 4 + 4)
@@ -309,11 +312,12 @@ def walk_ladder(cfg: TrainConfig, free_bytes: int) -> list[Rung]:
     return rungs
 
 
-def fit_pretrained(cfg: TrainConfig, free_bytes: int) -> tuple[TrainConfig | None, str]:
+def fit_pretrained(cfg: TrainConfig, free_bytes: int, rungs: list[Rung] | None = None):
     """The first rung of the ladder that fits, at its largest micro-batch (the effective
-    batch kept). Returns (config or None, every rung's need at batch 1 and what was chosen)."""
+    batch kept). Returns (config or None, every rung's need at batch 1 and what was chosen);
+    rungs: walk_ladder's answer when the caller has it already."""
     usable = usable_bytes(free_bytes) / GB
-    rungs = walk_ladder(cfg, free_bytes)
+    rungs = rungs if rungs is not None else walk_ladder(cfg, free_bytes)
     needs = [f"{r.name} {r.need_at_one / GB:.1f} GiB" for r in rungs]
     for i, r in enumerate(rungs):
         if r.chosen:
@@ -329,6 +333,18 @@ def fit_pretrained(cfg: TrainConfig, free_bytes: int) -> tuple[TrainConfig | Non
         f"none fits {usable:.1f} GiB usable; at batch 1: {'; '.join(needs)}; lower seq_len "
         "or pick a smaller model"
     )
+
+
+def base_saving(cfg: TrainConfig) -> tuple[int, int] | None:
+    """A LoRA run on a 4- or 8-bit base: (its bits, bytes saved against a 16-bit base)."""
+    import dataclasses
+
+    if not cfg.lora_rank or cfg.base_bits not in ("4", "8"):
+        return None
+    c = model_shape(cfg)
+    n = shape_params(c)
+    sixteen = dataclasses.replace(cfg, base_bits="16")
+    return int(cfg.base_bits), _base_bytes(sixteen, c, n, True) - _base_bytes(cfg, c, n, True)
 
 
 def next_rung(cfg: TrainConfig) -> str | None:

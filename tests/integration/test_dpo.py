@@ -235,3 +235,48 @@ def test_pairs_in_a_parquet_table_with_other_column_names_prepare_as_the_jsonl(s
     assert ma["examples"]["train"] + ma["examples"]["val"] == 12
     for name in ("tokens.bin", "mask.bin"):
         assert (a / name).read_bytes() == (b / name).read_bytes()
+
+
+def test_out_of_memory_halves_the_pairs_a_micro_batch_and_keeps_the_step(setup, tmp_path):
+    _, cfg = setup
+    cfg = tiny_config(**{**_fields(cfg), "max_steps": 4, "log_every": 1, "eval_every": 4})
+    fired = []
+
+    def fault(step, micro):
+        if (step, micro) == (3, 0) and not fired:
+            fired.append(step)
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    Trainer(cfg, tmp_path / "straight").run()
+    result = Trainer(cfg, tmp_path / "oom", fault=fault).run()
+    assert result["status"] == "finished" and fired == [3]
+    straight = read_metrics(tmp_path / "straight" / "metrics.jsonl")[0]
+    oom = read_metrics(tmp_path / "oom" / "metrics.jsonl")[0]
+    assert [(r["batch_size"], r["grad_accum"]) for r in oom][-1] == (2, 2)
+    for a, b in zip(straight, oom, strict=True):  # the same pairs, the same mean
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-6)
+        assert a["rewards/margins"] == pytest.approx(b["rewards/margins"], rel=1e-4, abs=1e-6)
+
+
+def test_a_dpo_runs_merged_export_loads_in_transformers_with_equal_logits(lora_run, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from core.use.export import export
+
+    export(lora_run.folder.path, "hf", tmp_path / "hf", log=lambda m: None)
+    theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    ours = load(lora_run.folder.path).model
+    ids = torch.tensor([[3, 14, 15, 92, 65, 35]])
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(ids).logits, ours(ids)[0], atol=1e-4, rtol=0)
+
+
+def test_the_estimate_counts_two_sequences_a_pair(setup):
+    from core.training.estimate import estimate
+
+    _, cfg = setup
+    dpo_cfg = tiny_config(**{**_fields(cfg), "seq_len": 64, "batch_size": 8})
+    sft = tiny_config(**{**_fields(dpo_cfg), "method": "sft", "data_format": "chat"})
+    a, b = estimate(sft, on_gpu=True), estimate(dpo_cfg, on_gpu=True)
+    assert b.activations == pytest.approx(2 * a.activations, rel=0.05)
+    assert b.weights == a.weights and b.optimizer == a.optimizer
