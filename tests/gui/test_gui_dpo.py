@@ -34,3 +34,23 @@ def test_preference_data_offers_dpo_and_its_run_plots_the_signals(make_window, t
     assert window.plots.curve_points("rewards/margins") == 4
     assert window.plots.curve_points("eval_rewards/accuracies") == 3  # steps 0, 2, 4
     window.plots.grab()  # a real paint of the preference plot
+
+
+def test_a_finished_run_is_a_start_model(make_window, tmp_path, gui_env):
+    from core.cli.train import main as train_main
+
+    make_model(tmp_path / "model", "qwen2")
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text("".join(json.dumps({"prompt": f"Q{i}", "completion": f"A{i}"}) + "\n"
+                            for i in range(8)), encoding="utf-8")  # fmt: skip
+    argv = ["--init-from", str(tmp_path / "model"), "--data", str(chat), "--max-steps", "2",
+            "--lora-rank", "4", "--sample-tokens", "0", "--out", str(tmp_path / "sft")]  # fmt: skip
+    assert train_main(argv) == 0
+    window = tiny_window(make_window, max_steps=2)
+    window.start_from.set_source(str(tmp_path / "sft"))
+    assert window.start_from.error is None
+    assert "the finished run" in window.start_from.info.text()
+    init_from = window.form.validated().init_from
+    assert (tmp_path / "sft").name in init_from and init_from.endswith(
+        window.start_from.pretrained.name.rsplit("/", 1)[-1]
+    )
