@@ -215,3 +215,40 @@ def test_the_cli_maps_columns(tmp_path):
     entries = [p for p in (tmp_path / "cache").glob("*") if not p.name.startswith(".")]
     manifest = json.loads((entries[0] / "manifest.json").read_text())
     assert manifest["examples"]["train"] + manifest["examples"]["val"] == 12
+
+
+def test_a_text_table_run_resumes_exactly(tmp_path):
+    from helpers import StopAfter
+
+    from core.runs.folder import read_metrics
+    from core.training.trainer import Trainer
+
+    docs = [{"body": f"Row {i}: the fox {'jumps' if i % 2 else 'sleeps'} {i % 7} times."}
+            for i in range(300)]  # fmt: skip
+    data = write(tmp_path / "docs.parquet", docs)
+    cfg = tiny_config(
+        data=str(data), text_column="body", max_steps=6, eval_every=3, ckpt_every=3,
+        sample_tokens=0, n_layers=1,
+    )  # fmt: skip
+
+    def losses(run):
+        train, evals = read_metrics(run / "metrics.jsonl")
+        return [(r["step"], r["loss"]) for r in train], [(r["step"], r["val_loss"]) for r in evals]
+
+    straight, run = tmp_path / "straight", tmp_path / "run"
+    Trainer(cfg, straight, data_cache=tmp_path / "c").run()
+    Trainer(cfg, run, data_cache=tmp_path / "c").run(control=StopAfter(4))
+    latest = run / "checkpoints" / "latest.pt"
+    Trainer(cfg, run, resume_from=latest, data_cache=tmp_path / "c").run()
+    assert losses(run) == losses(straight)  # exact float equality, every step and eval
+    assert len(losses(run)[0]) > 2
+
+
+def test_preference_columns_come_with_canonical_keys(tmp_path):
+    rows = [{"question": "2+2?", "good": "4", "bad": "5"}]
+    data = write(tmp_path / "pairs.csv", rows)
+    mapping = {"prompt": "question", "chosen": "good", "rejected": "bad"}
+    assert list(tables.iter_records(data, mapping)) == [
+        (2, {"prompt": "2+2?", "chosen": "4", "rejected": "5"})
+    ]
+    assert tables.file_layout(data, mapping) == "preference"
