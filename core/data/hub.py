@@ -95,7 +95,7 @@ def download(repo_id: str, progress=None) -> Path:
 
     kwargs = {}
     if progress is not None:
-        kwargs["tqdm_class"] = _progress_class(progress, f"downloading {repo_id}")
+        kwargs["tqdm_class"] = _progress_class(progress, f"downloading {repo_id} (files)")
     try:
         path = snapshot_download(repo_id, repo_type="dataset", allow_patterns=PATTERNS, **kwargs)
     except GatedRepoError:

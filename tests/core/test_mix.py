@@ -233,3 +233,30 @@ def test_prepare_only_prepares_every_source(tmp_path, capsys):
     assert train_main(args) == 0
     out = capsys.readouterr().out
     assert f"Data: {a}" in out and f"Data: {b}" in out and out.count("Cache: ") == 2
+
+
+@pytest.mark.parametrize(
+    ("error", "says"),
+    [
+        ("GatedRepoError", "is gated; accept its terms"),
+        ("RepositoryNotFoundError", "neither a local"),
+    ],
+)
+def test_a_gated_or_missing_hub_dataset_is_one_line_exit_2(tmp_path, capsys, monkeypatch,
+                                                          error, says):  # fmt: skip
+    from types import SimpleNamespace
+
+    import huggingface_hub
+    from huggingface_hub import errors
+
+    def refuse(repo_id, **kwargs):
+        assert kwargs["repo_type"] == "dataset" and "*.parquet" in kwargs["allow_patterns"]
+        response = SimpleNamespace(headers={}, request=None, status_code=403)
+        raise getattr(errors, error)("refused", response=response)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", refuse)
+    args = ["--preset", "cpu-tiny", "--data", "someone/private", "--out", str(tmp_path / "r")]
+    assert train_main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: data: ") and says in err and "\n" not in err
+    assert not (tmp_path / "r").exists()
