@@ -16,7 +16,7 @@ from core.config.spec import TrainConfig, from_dict, validate
 from core.data import chatdata
 from core.data.chat import chat_ids
 from core.data.prepare import _split_examples, data_spec
-from core.data.sources import data_changes
+from core.data.sources import Sources, data_changes
 from core.errors import DataError
 from core.models.lora import LoRALinear
 from core.platform.atomic import write_text
@@ -50,8 +50,9 @@ def _cached_listing(run: Path) -> list[dict] | None:
         return None
 
 
-def check_run(cfg: TrainConfig, target) -> None:
-    """One line for a run the report cannot be made for."""
+def chat_sources(cfg: TrainConfig, target, run: Path) -> Sources:
+    """The chat data files the run trained on; one line for a run the report cannot be made
+    for."""
     if not cfg.init_from:
         raise DataError(
             f"report: {target} is not a fine-tune of a pretrained model (it has no start model "
@@ -64,18 +65,23 @@ def check_run(cfg: TrainConfig, target) -> None:
         data = cfg.data or "the embedded corpus"
         raise DataError(f"report: {target} was not trained on chat data (data: {data}, "
                         f"format {cfg.data_format})")  # fmt: skip
-    if not Path(cfg.data).expanduser().exists():
-        raise DataError(f"report: the run's data {cfg.data} is gone; put it back to read the "
-                        "held-out examples from it")  # fmt: skip
-    if not chatdata.is_chat(cfg.data, cfg.data_format, cfg.data_extensions):
-        raise DataError(f"report: {target} was not trained on chat data ({cfg.data} is text, "
-                        "not .jsonl examples)")  # fmt: skip
+    if Path(cfg.data).expanduser().exists():
+        if not chatdata.is_chat(cfg.data, cfg.data_format, cfg.data_extensions):
+            raise DataError(f"report: {target} was not trained on chat data ({cfg.data} is "
+                            "text, not .jsonl examples)")  # fmt: skip
+        return data_spec(cfg).sources
+    # Not found from here (a relative path, or moved): the files the run was prepared from.
+    old = _cached_listing(run) or []
+    files = [Path(f["path"]) for f in old]
+    if files and all(f.is_file() and f.suffix == chatdata.CHAT_SUFFIX for f in files):
+        return Sources(str(cfg.data), files, None)
+    raise DataError(f"report: the run's data {cfg.data} is gone; put it back to read the "
+                    "held-out examples from it")  # fmt: skip
 
 
-def held_out(cfg: TrainConfig, run: Path, n: int) -> tuple[list[list[dict]], str]:
+def held_out(cfg: TrainConfig, sources: Sources, run: Path, n: int) -> tuple[list, str]:
     """The first n held-out conversations (each ends with its last assistant turn), and a
     note when the data files changed since the run prepared them."""
-    sources = data_spec(cfg).sources
     old = _cached_listing(run)
     note = ""
     if old is not None:
@@ -136,9 +142,8 @@ def make_report(target, n: int = DEFAULT_EXAMPLES, max_new_tokens: int = DEFAULT
     if n < 1:
         raise DataError(f"report: the number of examples must be at least 1, got {n}")
     file, cfg = run_config(target, which)
-    check_run(cfg, target)
     run = file.parent.parent
-    conversations, note = held_out(cfg, run, n)
+    conversations, note = held_out(cfg, chat_sources(cfg, target, run), run, n)
     loaded = load(file)
     tok = loaded.tokenizer  # the run's: it carries the chat template the data was rendered with
     prompts = [chat_ids(tok, c[:-1]) for c in conversations]

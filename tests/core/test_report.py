@@ -94,7 +94,7 @@ def one_line_error(capsys, argv) -> str:
     return err
 
 
-def test_bad_targets_are_one_line_exit_2(setup, tmp_path, capsys):
+def test_bad_targets_are_one_line_exit_2(setup, tmp_path, capsys, monkeypatch):
     base, data, run = setup
     err = one_line_error(capsys, [str(base), "--report"])
     assert "is not a run folder" in err
@@ -107,10 +107,15 @@ def test_bad_targets_are_one_line_exit_2(setup, tmp_path, capsys):
     plain = fine_tune(base, text, tmp_path / "plain", max_steps=2, lora_rank=4)
     assert "not trained on chat data" in one_line_error(capsys, [str(plain), "--report"])
     copy = write_jsonl(tmp_path / "copy.jsonl", ROWS)
-    gone = fine_tune(base, copy, tmp_path / "gone", max_steps=2, lora_rank=4)
+    monkeypatch.chdir(tmp_path)  # the data named relative to where the run was trained
+    gone = fine_tune(base, "copy.jsonl", tmp_path / "gone", max_steps=2, lora_rank=4)
+    monkeypatch.chdir(base)  # elsewhere: the files the run was prepared from are found
+    assert make_report(gone, 1, 2)["examples"][0]["reference"] == HELD[0]["completion"]
+    write_jsonl(copy, [*ROWS, ROWS[0]])  # changed since training: said at the top
+    note = f"The data changed since the run prepared it (modified {copy})"
+    assert note in make_report(gone, 1, 2)["markdown"]
     copy.unlink()
-    err = one_line_error(capsys, [str(gone), "--report"])
-    assert f"data {copy} is gone" in err
+    assert "data copy.jsonl is gone" in one_line_error(capsys, [str(gone), "--report"])
 
 
 def test_inline_markdown_keeps_text_as_it_is():
