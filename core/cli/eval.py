@@ -15,7 +15,11 @@ from core.use import evaluate, report
 
 
 def build_parser() -> Parser:
-    p = Parser(prog="python -m core.eval", description="Evaluate a model on text or questions.")
+    p = Parser(
+        prog="python -m core.eval",
+        description="Evaluate a model on text or questions; show a chat fine-tune's answers "
+        "before and after.",
+    )
     p.add_argument("target", help="a run folder, a checkpoint file, a model folder or hub id")
     p.add_argument("--text", metavar="FILE", help="perplexity and bits per byte of this text")
     p.add_argument(
