@@ -252,3 +252,15 @@ def test_preference_columns_come_with_canonical_keys(tmp_path):
         (2, {"prompt": "2+2?", "chosen": "4", "rejected": "5"})
     ]
     assert tables.file_layout(data, mapping) == "preference"
+
+
+def test_a_folder_of_tables_and_json_lines_named_json(tmp_path):
+    folder = tmp_path / "hub-export"
+    (folder / "data").mkdir(parents=True)
+    write(folder / "data" / "train-00000-of-00002.parquet", PAIRS[:6])
+    write(folder / "data" / "train-00001-of-00002.parquet", PAIRS[6:])
+    _, _, manifest = prepared(tmp_path, folder)
+    assert manifest["examples"]["train"] + manifest["examples"]["val"] == 12
+    lines = tmp_path / "lines.json"  # what datasets' to_json writes: JSON lines, named .json
+    lines.write_text("".join(json.dumps(r) + "\n" for r in PAIRS[:2]), encoding="utf-8")
+    assert [n for n, _ in tables.iter_records(lines)] == [1, 2]
