@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QGroupBox, QHBoxLayout, QLabel, QProgressBar, QPushButton, QVBoxLayout
 
 from core.config.spec import TrainConfig
-from core.training.estimate import SAFETY_MARGIN, estimate, fine_tune_choices, usable_bytes
+from core.training.estimate import (
+    SAFETY_MARGIN,
+    Rung,
+    base_saving,
+    estimate,
+    fine_tune_choices,
+    usable_bytes,
+)
 from gui.hardware_panel import HardwareInfo
 
 GiB = 1024**3
@@ -58,6 +66,39 @@ def both_estimates(cfg: TrainConfig, on_gpu: bool) -> str:
     )
 
 
+def base_line(cfg: TrainConfig) -> str:
+    """A 4- or 8-bit base: its bits and what it saves against a 16-bit one; else empty."""
+    saving = base_saving(cfg)
+    if saving is None:
+        return ""
+    bits, saved = saving
+    return f"{bits}-bit base: saves ~{saved / GiB:.2f} GiB against a 16-bit base"
+
+
+def ladder_html(gpu_name: str, rungs: list[Rung], why: str) -> str:
+    """Every rung of the fit ladder with its need, which was chosen, and why."""
+    rows = []
+    for r in rungs:
+        fit = "does not fit"
+        if r.fitted is not None:
+            f = r.fitted
+            fit = f"fits: batch {f.batch_size} x {f.grad_accum}, ~{r.need / GiB:.1f} GiB"
+        mark = "<b>◀ chosen</b>" if r.chosen else ""
+        style = " style='background:#e8f5e9'" if r.chosen else ""
+        rows.append(
+            f"<tr{style}><td>{html.escape(r.name)}</td><td align='right'>"
+            f"{r.need_at_one / GiB:.1f} GiB</td><td>{fit}</td><td>{mark}</td></tr>"
+        )
+    head = (
+        "<tr><th align='left'>Fit ladder</th><th>at batch 1</th>"
+        "<th align='left'>largest micro-batch</th><th></th></tr>"
+    )
+    return (
+        f"<b>{html.escape(gpu_name)}</b>: {html.escape(why)}"
+        f"<table cellspacing='0' cellpadding='2'>{head}{''.join(rows)}</table>"
+    )
+
+
 class EstimatePanel(QGroupBox):
     """A bar of estimated peak memory vs what is free, and "Fit to my GPU"."""
 
@@ -102,6 +143,11 @@ class EstimatePanel(QGroupBox):
         self.choice.setText(text)
         self.choice.setVisible(bool(text))
 
+    def set_ladder(self, gpu_name: str, rungs: list[Rung], why: str) -> None:
+        """The fit ladder as a table: every rung's need, the chosen one and why."""
+        self.choice.setTextFormat(Qt.TextFormat.RichText)
+        self.set_choice(ladder_html(gpu_name, rungs, why))
+
     def update_for(self, cfg: TrainConfig | None) -> None:
         """Show the estimate for a valid config, or a blank bar for an invalid one."""
         if cfg is None:
@@ -120,6 +166,8 @@ class EstimatePanel(QGroupBox):
         text = self.fit.describe()
         if cfg.init_from:  # the estimate for both ways of fine-tuning
             text += "\n" + both_estimates(cfg, self.fit.on_gpu)
+            if line := base_line(cfg):
+                text += "\n" + line
         self.label.setText(text)
         self.setToolTip(
             self.fit.report + f"\n\n{SAFETY_MARGIN:.0%} of free memory is kept as a margin."

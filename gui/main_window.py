@@ -33,7 +33,7 @@ from core.runs.folder import (
     new_run_dir,
     resume_config,
 )
-from core.training.estimate import fit_micro_batch, fit_pretrained
+from core.training.estimate import fit_micro_batch, fit_pretrained, walk_ladder
 from gui.estimate_panel import EstimatePanel, judge
 from gui.form import ConfigForm
 from gui.hardware_panel import HardwareInfo, HardwarePanel, detect
@@ -236,16 +236,19 @@ class MainWindow(QMainWindow):
         return True
 
     def _fit_pretrained(self, cfg: TrainConfig, gpu: dict, quiet: bool = False) -> bool:
-        """Full fine-tuning if it fits, else LoRA with activation checkpointing."""
-        fitted, why = fit_pretrained(cfg, gpu["free_bytes"])
-        self.estimate.set_choice(f"{gpu['name']}: {why}")
+        """The fit ladder's first rung that fits (full AdamW, full 8-bit AdamW, LoRA, QLoRA,
+        each then with activation checkpointing); every rung is shown with its need."""
+        rungs = walk_ladder(cfg, gpu["free_bytes"])
+        fitted, why = fit_pretrained(cfg, gpu["free_bytes"], rungs)
+        self.estimate.set_ladder(gpu["name"], rungs, why)
         if fitted is None:
             if not quiet:
                 self.show_error("Fit to my GPU", why)
             return False
         self.form.set_values(
             lora_rank=fitted.lora_rank, lora_alpha=fitted.lora_alpha,
-            grad_checkpointing=fitted.grad_checkpointing,
+            grad_checkpointing=fitted.grad_checkpointing, optimizer=fitted.optimizer,
+            base_bits=fitted.base_bits,
             batch_size=fitted.batch_size, grad_accum=fitted.grad_accum,
         )  # fmt: skip
         self.log(f"fit to {gpu['name']}: {why}")
@@ -498,6 +501,7 @@ class MainWindow(QMainWindow):
         self.run_view.set_timers(False)
         if self.run_view.evaluate.thread is not None:  # a QThread must end before it goes
             self.run_view.evaluate.thread.wait()
+        self.start_from.cancel_download()  # the files it finished stay in the cache
         super().closeEvent(event)
 
     def showEvent(self, event) -> None:  # noqa: N802 (Qt override)

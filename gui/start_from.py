@@ -128,6 +128,8 @@ class StartFromBox(QGroupBox):
         self.info.setText(f"Downloading {text} into the Hugging Face cache…")
         self.info.setStyleSheet("color: #555;")
         self.info.setVisible(True)
+        self.pretrained = None  # Start waits for the model
+        self.changed.emit(None)
         self.download = HubDownload(text, self)
         self.download.thread.done.connect(lambda _folder: self._downloaded(text))
         self.download.thread.failed.connect(self._download_failed)

@@ -141,15 +141,23 @@ def _cli_bar(total: int, repo_id: str):
     return tqdm(total=total, unit="B", unit_scale=True, desc=f"downloading {repo_id}")
 
 
+def cached(repo_id: str) -> Path | None:
+    """The model's snapshot folder when the cache has every file it needs; no network."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=PATTERNS, local_files_only=True))
+    except Exception:
+        return None
+
+
 def download(repo_id: str, progress=None, cancel=None) -> Path:
     """The model's snapshot folder, downloading what the cache lacks. progress(done, total)
     in bytes (None: a tqdm bar on stderr); cancel() -> True stops it with DownloadCancelled."""
     from huggingface_hub import hf_hub_download, snapshot_download
 
-    try:  # cached already: no network at all
-        return Path(snapshot_download(repo_id, allow_patterns=PATTERNS, local_files_only=True))
-    except Exception:
-        pass
+    if (folder := cached(repo_id)) is not None:  # no network at all
+        return folder
     try:
         revision, files = list_files(repo_id)
     except Exception as e:

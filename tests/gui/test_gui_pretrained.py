@@ -140,7 +140,7 @@ def test_fit_for_a_pretrained_start_on_a_simulated_gpu(make_window, llama_folder
     monkeypatch.setattr(hardware, "gpus", lambda: [dict(FAKE_8GB)])
     window = make_window()
     window.start_from.set_source(str(llama_folder))  # the recommendation runs at once
-    assert "full fine-tuning fits" in window.estimate.choice.text()
+    assert "full fine-tuning (AdamW) fits" in window.estimate.choice.text()
     assert window.form.validated().lora_rank == 0
     # a card too small for full fine-tuning even at batch 1, big enough for LoRA
     import dataclasses
@@ -153,7 +153,11 @@ def test_fit_for_a_pretrained_start_on_a_simulated_gpu(make_window, llama_folder
     ).device_total
     assert low < full
     monkeypatch.setattr(estimate_lib, "usable_bytes", lambda free: (full + low) // 2)
+    chosen = next(r for r in estimate_lib.walk_ladder(cfg, FAKE_8GB["free_bytes"]) if r.chosen)
     assert window.fit_to_gpu()
     cfg = window.form.validated()
-    assert cfg.lora_rank == 16 and cfg.grad_checkpointing
-    assert "LoRA rank 16 with activation checkpointing" in window.estimate.choice.text()
+    assert not chosen.name.startswith("full fine-tuning (AdamW) ")  # that one is too big
+    for name in ("lora_rank", "grad_checkpointing", "optimizer", "base_bits", "batch_size"):
+        assert getattr(cfg, name) == getattr(chosen.fitted, name), name
+    assert chosen.name in window.estimate.choice.text()
+    assert "◀ chosen" in window.estimate.choice.text()
