@@ -25,6 +25,13 @@ from core.runs.folder import checkpoint_summary, resolve_resume
 from gui.form import INT_MAX
 
 
+def _data_text(cfg: dict) -> str:
+    """The data source, and the others mixed with it (with their weights)."""
+    sources = [cfg.get("data") or "embedded corpus", *(cfg.get("extra_data") or [])]
+    weights = cfg.get("data_weights")
+    return " + ".join(sources) + (f" (weights {weights})" if weights and len(sources) > 1 else "")
+
+
 def _lr_text(cfg: dict) -> str:
     """The optimizer and its peak lr as saved; an unset lr was scaled with the width."""
     lr = cfg.get("lr")
@@ -64,7 +71,7 @@ def summary_html(ckpt: Path, run_dir: Path, summary: dict, state: str | None) ->
             f"{cfg['batch_size']} x {cfg['grad_accum']} accumulation, {_lr_text(cfg)}, "
             f"{cfg['precision']}",
         ),
-        ("Data", cfg.get("data") or "embedded corpus"),
+        ("Data", _data_text(cfg)),
     ]
     body = "".join(
         f"<tr><td><b>{html.escape(k)}</b>&nbsp;&nbsp;</td><td>{html.escape(str(v))}</td></tr>"

@@ -27,3 +27,11 @@ def test_add_source_rows_fill_extra_data_and_weights(make_window, tmp_path):
     assert form.config().extra_data == [str(b)] and form.config().data_weights == "0.8,0.2"
     form.data._remove(form.data.rows[0][0])
     assert form.config().extra_data == [] and form.config().data_weights is None
+
+
+def test_the_resume_dialog_names_every_source():
+    from gui.resume_dialog import _data_text
+
+    mixed = {"data": "a.jsonl", "extra_data": ["general.txt"], "data_weights": "0.8,0.2"}
+    assert _data_text(mixed) == "a.jsonl + general.txt (weights 0.8,0.2)"
+    assert _data_text({"data": None}) == "embedded corpus"  # a run from before the mix
