@@ -43,6 +43,13 @@ def hf_config(loaded: Loaded) -> dict:
     return config
 
 
+def data_line(cfg) -> str:
+    """The run's data for the model card: every source of a mix, and the weights."""
+    sources = [cfg.data or "embedded corpus (Python standard library sources)", *cfg.extra_data]
+    weights = f" (weights {cfg.data_weights})" if cfg.data_weights else ""
+    return " + ".join(sources) + weights
+
+
 def model_card(loaded: Loaded) -> str:
     cfg, c, tok = loaded.config, loaded.model.config, loaded.tokenizer
     val = f"{loaded.val_loss:.4f}" if loaded.val_loss is not None else "not measured"
@@ -56,7 +63,7 @@ def model_card(loaded: Loaded) -> str:
 
 A {arch} language model {origin} with TrainDeck.
 
-- Data: {cfg.data or "embedded corpus (Python standard library sources)"}
+- Data: {data_line(cfg)}
 - Tokenizer: {tok.kind} ({tok.vocab_size} tokens; model vocab {c.vocab_size})
 - Size: {loaded.model.num_params():,} parameters; {c.n_layers} layers, {c.n_heads} heads
   ({c.n_kv_heads} key/value), width {c.hidden_dim}, context {c.seq_len}

@@ -260,3 +260,11 @@ def test_a_gated_or_missing_hub_dataset_is_one_line_exit_2(tmp_path, capsys, mon
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: data: ") and says in err and "\n" not in err
     assert not (tmp_path / "r").exists()
+
+
+def test_the_model_card_names_every_source():
+    from core.use.export import data_line
+
+    cfg = tiny_config(data="a.jsonl", extra_data=["embedded"], data_weights="0.9,0.1")
+    assert data_line(cfg) == "a.jsonl + embedded (weights 0.9,0.1)"
+    assert data_line(tiny_config()).startswith("embedded corpus")
