@@ -93,8 +93,9 @@ def ladder_html(gpu_name: str, rungs: list[Rung], why: str) -> str:
         "<tr><th align='left'>Fit ladder</th><th>at batch 1</th>"
         "<th align='left'>largest micro-batch</th><th></th></tr>"
     )
+    headline = why.split("; at batch 1 ")[0]  # the rungs above are in the table
     return (
-        f"<b>{html.escape(gpu_name)}</b>: {html.escape(why)}"
+        f"<b>{html.escape(gpu_name)}</b>: {html.escape(headline)}"
         f"<table cellspacing='0' cellpadding='2'>{head}{''.join(rows)}</table>"
     )
 
