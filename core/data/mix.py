@@ -177,14 +177,16 @@ class MixedData:
     def summary(self) -> dict:
         """data.json: the main source's figures, the mix's totals and each source's own."""
         out = self.main.summary()
+        each = [p.summary() for p in self.parts]
+        totals = ("source_bytes", "total_bytes", "files", "empty_files", "train_tokens",
+                  "val_tokens", "train_bytes", "val_bytes")  # fmt: skip
+        out.update({key: sum(e[key] for e in each) for key in totals})
         out.update(
             source=self.source,
-            train_tokens=self.train_tokens,
-            val_tokens=sum(p.manifest["val_tokens"] for p in self.parts),
             fingerprint=self.fingerprint,
             mix=[
-                {"name": name, "weight": round(w, 6), **p.summary()}
-                for name, w, p in zip(self.names, self.weights, self.parts, strict=True)
+                {"name": name, "weight": round(w, 6), **e}
+                for name, w, e in zip(self.names, self.weights, each, strict=True)
             ],
         )
         return out

@@ -107,6 +107,9 @@ def test_a_mixed_run_resumes_bitwise_equal_to_a_straight_one(tmp_path):
     assert last["val_loss"] == pytest.approx(mean)
     log = (run / "train.log").read_text()
     assert "qa.jsonl 70.0%" in log and "general.txt 30.0%" in log
+    info = json.loads((run / "data.json").read_text())  # the mix's totals and each source
+    assert [m["name"] for m in info["mix"]] == ["qa.jsonl", "general.txt"]
+    assert info["train_tokens"] == sum(m["train_tokens"] for m in info["mix"])
 
 
 def test_a_changed_second_source_stops_resume(tmp_path):
