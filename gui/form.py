@@ -471,6 +471,7 @@ class ConfigForm(QWidget):
         self.data_info.setStyleSheet("color: #555;")
         self.data_info.setWordWrap(True)  # chat data gets a longer line
         self._data_info_key = None
+        self._pairs_key, self._pairs = None, False  # whether the data holds preference pairs
         top = QWidget()
         top_layout = QVBoxLayout(top)
         top_layout.setContentsMargins(0, 0, 0, 0)
@@ -678,6 +679,7 @@ class ConfigForm(QWidget):
     def _describe_data(self) -> None:
         """Size of the chosen data, so the user sees what a run will read (whole)."""
         cfg = self.config()
+        self._method_follows_data(cfg)
         pretrained = self._pretrained
         key = (
             cfg.data, tuple(cfg.data_extensions), cfg.corpus_max_bytes, cfg.data_format,
@@ -693,17 +695,21 @@ class ConfigForm(QWidget):
         preview = preview_data(cfg)
         self.data_preview.setText(preview)
         self.data_preview.setVisible(bool(preview))
-        self._method_follows_data(cfg)
 
     def _method_follows_data(self, cfg: TrainConfig) -> None:
-        """Preference pairs train with DPO and nothing else does: offer the method that fits."""
-        try:
-            pairs = cfg.data is not None and preference.holds_pairs(
-                find_sources(cfg.data, cfg.data_extensions, 0, chat=True).files,
-                tables.columns_of(cfg),
-            )
-        except UserError:
-            return
+        """Preference pairs train with DPO and nothing else does: the method that fits, on
+        every change (a preset or restored settings may have set the other one)."""
+        key = (cfg.data, tuple(cfg.data_extensions), tuple(tables.columns_of(cfg).items()))
+        if key != self._pairs_key:
+            try:
+                self._pairs = cfg.data is not None and preference.holds_pairs(
+                    find_sources(cfg.data, cfg.data_extensions, 0, chat=True).files,
+                    tables.columns_of(cfg),
+                )
+            except UserError:
+                self._pairs = False
+            self._pairs_key = key
+        pairs = self._pairs
         method = self.widgets["method"]
         if method.currentText() != ("dpo" if pairs else "sft"):
             method.setCurrentText("dpo" if pairs else "sft")
