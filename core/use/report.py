@@ -9,7 +9,6 @@ prompt, the reference answer and the conversation's roles come back as the data 
 from __future__ import annotations
 
 import json
-from contextlib import contextmanager
 from pathlib import Path
 
 from core.config.spec import TrainConfig, from_dict, validate
@@ -18,7 +17,7 @@ from core.data.chat import chat_ids
 from core.data.prepare import _split_examples, data_spec
 from core.data.sources import Sources, data_changes
 from core.errors import DataError
-from core.models.lora import LoRALinear
+from core.models.lora import adapters_disabled
 from core.platform.atomic import write_text
 from core.runs import checkpoint as ckpt
 from core.use.generate import generate_ids, stream_text
@@ -105,20 +104,6 @@ def _upto_last_answer(messages: list[dict]) -> list[dict]:
     return messages[: last + 1]
 
 
-@contextmanager
-def adapters_off(model):
-    """The LoRA model as its base: every adapter's scale 0 adds exactly nothing."""
-    layers = [m for m in model.modules() if isinstance(m, LoRALinear)]
-    scales = [m.scale for m in layers]
-    for m in layers:
-        m.scale = 0.0
-    try:
-        yield model
-    finally:
-        for m, s in zip(layers, scales, strict=True):
-            m.scale = s
-
-
 def answer(model, tok, prompt: list[int], max_new_tokens: int) -> str:
     """A greedy answer, ended where chatting ends it (end-of-turn token or mark, not shown)."""
     stops = tok.stop_ids
@@ -149,7 +134,7 @@ def make_report(target, n: int = DEFAULT_EXAMPLES, max_new_tokens: int = DEFAULT
     prompts = [chat_ids(tok, c[:-1]) for c in conversations]
     tuned = _answers(loaded.model, tok, prompts, max_new_tokens, progress)
     if cfg.lora_rank:  # the same model, adapters off: no second copy in memory
-        with adapters_off(loaded.model) as base:
+        with adapters_disabled(loaded.model) as base:
             start = _answers(base, tok, prompts, max_new_tokens, progress)
     else:
         del loaded  # one model in memory at a time

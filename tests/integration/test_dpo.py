@@ -149,6 +149,13 @@ def test_full_fine_tuning_caches_the_reference_and_resumes_bitwise(setup, tmp_pa
                            "max_steps": 1})  # fmt: skip
     Trainer(other, tmp_path / "other").run(logs)
     assert any("computed" in line for line in logs.lines if "reference" in line)
+    # other data (one pair more) too
+    more = write_jsonl(tmp_path / "more.jsonl", [pair(i) for i in range(41)])
+    logs = Logs()
+    Trainer(tiny_config(**{**_fields(cfg), "data": more, "max_steps": 1}), tmp_path / "more").run(
+        logs
+    )
+    assert any("computed" in line for line in logs.lines if "reference" in line)
 
 
 def _fields(cfg) -> dict:
