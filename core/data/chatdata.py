@@ -123,6 +123,11 @@ def read_examples(
         out.first_bad = out.first_bad or message
 
     for path in files:
+        if path.suffix.lower() != CHAT_SUFFIX:  # a table's rows share columns: check once
+            try:
+                tables.require_layout(path, columns)
+            except DataError as e:
+                raise DataError(f"data: {e}") from None
         for number, obj in _records(path, columns, lambda n, r, p=path: bad(p, n, r)):
             try:
                 out.conversations.append(parse(obj))

@@ -327,6 +327,23 @@ def file_layout(path: str | Path, columns: dict | None = None) -> str:
     return layout_of(records[0], columns) if records else ""
 
 
+def require_layout(path: str | Path, columns: dict | None = None) -> str:
+    """file_layout, or a DataError naming the columns found when no layout fits them (for
+    files whose rows share their columns: a table whose first row fits none, none does)."""
+    records = first_records(path, columns, 1)
+    if not records:
+        return ""
+    layout = layout_of(records[0], columns)
+    if not layout:
+        found = ", ".join(map(str, records[0])) or "none"
+        raise DataError(
+            f"{path}: no known layout in its columns ({found}); name the columns to use with "
+            "--text-column, --messages-column, --prompt-column and --completion-column (or "
+            "--chosen-column and --rejected-column)"
+        )
+    return layout
+
+
 # -- plain text from a text column -----------------------------------------------------------------
 
 

@@ -264,3 +264,12 @@ def test_a_folder_of_tables_and_json_lines_named_json(tmp_path):
     lines = tmp_path / "lines.json"  # what datasets' to_json writes: JSON lines, named .json
     lines.write_text("".join(json.dumps(r) + "\n" for r in PAIRS[:2]), encoding="utf-8")
     assert [n for n, _ in tables.iter_records(lines)] == [1, 2]
+
+
+def test_a_table_of_unknown_columns_names_them_once(tmp_path, capsys):
+    data = write(tmp_path / "qa.parquet", [{"question": "q", "answer": "a"}] * 3)
+    args = ["--data", str(data), "--prepare-only", "--data-cache", str(tmp_path / "cache")]
+    assert train_main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "qa.parquet: no known layout in its columns (question, answer)" in err
+    assert "--prompt-column" in err and len(err.splitlines()) == 1

@@ -18,7 +18,7 @@ def test_a_parquet_file_is_previewed_with_its_layout_columns_and_rows(make_windo
     preview = form.data_preview.text()
     assert not form.data_preview.isHidden()
     assert "layout not recognised (columns question, answer)" in preview
-    assert "no usable examples" in form.data_info.text()
+    assert "no known layout in its columns (question, answer)" in form.data_info.text()
     form.widgets["prompt_column"].setText("question")
     form.widgets["completion_column"].setText("answer")
     lines = form.data_preview.text().splitlines()
