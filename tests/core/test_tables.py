@@ -273,3 +273,12 @@ def test_a_table_of_unknown_columns_names_them_once(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert "qa.parquet: no known layout in its columns (question, answer)" in err
     assert "--prompt-column" in err and len(err.splitlines()) == 1
+
+
+def test_core_eval_reads_questions_through_the_same_reader(tmp_path):
+    from core.use.evaluate import read_choices
+
+    items = [{"question": "2 + 2 is", "choices": ["four", "five"], "answer": 0}] * 2
+    expected = read_choices(write(tmp_path / "q.jsonl", items))
+    assert read_choices(write(tmp_path / "q.json", items)) == expected
+    assert read_choices(write(tmp_path / "q.parquet", items)) == expected
