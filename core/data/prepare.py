@@ -510,18 +510,25 @@ def _build_pairs(spec: DataSpec, listing, target: Path, tokenizer, progress_cb, 
             )
         progress.advance(size)
     rows = {split: list(zip(r.ids, r.weights, strict=True)) for split, r in out.items()}
+    examples_info = {
+        "unit": "pairs", "train": out["train"].pairs, "val": out["val"].pairs,
+        "truncated": out["train"].truncated + out["val"].truncated,
+        "bad_lines": examples.bad_lines, "seq_len": chat.seq_len,
+    }  # fmt: skip
+    extra = {"data_format": "preference", "row": chat.seq_len + 1, "examples": examples_info}
+    return _write_row_entry(spec, listing, target, tokenizer, rows, t0, extra)
+
+
+def _write_row_entry(spec, listing, target: Path, tokenizer, rows: dict, t0: float, extra: dict):
+    """A cache entry of rows (chat examples, preference pairs): tokens, masks, tokenizer and
+    the manifest with extra in it, committed whole or not at all."""
     tmp = _temp_entry(target)
     try:
         counts = _write_rows(tmp, tokenizer, rows)
         tokenizer.save(tmp / "tokenizer.json")
         content = counts.pop("hash")
         manifest = _manifest(spec, listing, tokenizer, content, time.perf_counter() - t0)
-        manifest.update(data_format="preference", row=chat.seq_len + 1, **counts)
-        manifest["examples"] = {
-            "unit": "pairs", "train": out["train"].pairs, "val": out["val"].pairs,
-            "truncated": out["train"].truncated + out["val"].truncated,
-            "bad_lines": examples.bad_lines, "seq_len": chat.seq_len,
-        }  # fmt: skip
+        manifest.update(**counts, **extra)
         _commit(tmp, target, manifest)
     except BaseException as e:
         _discard(tmp, target, e)
@@ -563,29 +570,19 @@ def _build_chat(spec: DataSpec, listing, target: Path, tokenizer, progress_cb, c
                 f"within seq_len {chat.seq_len} ({p.dropped} too long, {p.no_answer} cut "
                 "before their answer); raise seq_len"
             )
-    tmp = _temp_entry(target)
-    try:
-        counts = _write_rows(tmp, tokenizer, rows)
-        tokenizer.save(tmp / "tokenizer.json")
-        content = counts.pop("hash")
-        manifest = _manifest(spec, listing, tokenizer, content, time.perf_counter() - t0)
-        manifest.update(data_format="chat", row=row, **counts)
-        manifest["examples"] = {
-            "train": packers["train"].examples,
-            "val": packers["val"].examples,
-            **{
-                k: sum(getattr(p, k) for p in packers.values())
-                for k in ("truncated", "dropped", "no_answer")
-            },
-            "bad_lines": examples.bad_lines,
-            "seq_len": chat.seq_len,
-        }
-        manifest["train_on_prompts"] = chat.train_on_prompts
-        _commit(tmp, target, manifest)
-    except BaseException as e:
-        _discard(tmp, target, e)
-        raise
-    return manifest
+    examples_info = {
+        "train": packers["train"].examples,
+        "val": packers["val"].examples,
+        **{
+            k: sum(getattr(p, k) for p in packers.values())
+            for k in ("truncated", "dropped", "no_answer")
+        },
+        "bad_lines": examples.bad_lines,
+        "seq_len": chat.seq_len,
+    }
+    extra = {"data_format": "chat", "row": row, "examples": examples_info,
+             "train_on_prompts": chat.train_on_prompts}  # fmt: skip
+    return _write_row_entry(spec, listing, target, tokenizer, rows, t0, extra)
 
 
 def _write_rows(folder: Path, tokenizer: Tokenizer, rows: dict) -> dict:
