@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from core.config.spec import TrainConfig, from_dict, validate
-from core.data import chatdata
+from core.data import chatdata, tables
 from core.data.chat import chat_ids
 from core.data.prepare import _split_examples, data_spec
 from core.data.sources import Sources, data_changes
@@ -65,7 +65,8 @@ def chat_sources(cfg: TrainConfig, target, run: Path) -> Sources:
         raise DataError(f"report: {target} was not trained on chat data (data: {data}, "
                         f"format {cfg.data_format})")  # fmt: skip
     if Path(cfg.data).expanduser().exists():
-        if not chatdata.is_chat(cfg.data, cfg.data_format, cfg.data_extensions):
+        if not chatdata.is_chat(cfg.data, cfg.data_format, cfg.data_extensions,
+                                tables.columns_of(cfg)):  # fmt: skip
             raise DataError(f"report: {target} was not trained on chat data ({cfg.data} is "
                             "text, not .jsonl examples)")  # fmt: skip
         return data_spec(cfg).sources
@@ -92,7 +93,9 @@ def held_out(cfg: TrainConfig, sources: Sources, run: Path, n: int) -> tuple[lis
         if changes:
             note = (f"The data changed since the run prepared it ({', '.join(changes[:3])}): "
                     "these examples may not be the ones it held out.")  # fmt: skip
-    examples = chatdata.read_examples(sources.files, cfg.skip_bad_lines)
+    examples = chatdata.read_examples(
+        sources.files, cfg.skip_bad_lines, columns=tables.columns_of(cfg)
+    )
     conversations = examples.conversations
     held = _split_examples(len(conversations), cfg.val_fraction, sources.description)
     picked = [c for c, h in zip(conversations, held, strict=True) if h][:n]
