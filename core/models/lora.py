@@ -52,8 +52,14 @@ class LoRALinear(nn.Linear):
         if self.adapters_off:
             return base
         a, b = self.lora_A, self.lora_B
-        delta = F.linear(F.linear(self.lora_dropout(x).to(a.dtype), a), b)
-        return base + (self.scale * delta).to(base.dtype)
+        if self.lora_dropout.p:  # at the default 0 no dropout work at all
+            x = self.lora_dropout(x)
+        # In place, with older runs' numbers: a Linear's backward never needs its own output
+        # (bitsandbytes' neither), and scale * delta is delta.mul_(scale) bit for bit.
+        delta = F.linear(F.linear(x.to(a.dtype), a), b).mul_(self.scale)
+        if delta.dtype != base.dtype:
+            return base + delta.to(base.dtype)
+        return base.add_(delta)
 
     def merged_weight(self) -> torch.Tensor:
         delta = self.scale * (self.lora_B.float() @ self.lora_A.float())

@@ -25,10 +25,62 @@ def _chunk_loss(head: torch.nn.Module, hidden, targets, weights):
     return (F.cross_entropy(logits, targets, reduction="none") * weights).sum()
 
 
-def lm_loss(head, hidden: torch.Tensor, targets: torch.Tensor, mask=None, chunk=None):
+def fusable(head: torch.nn.Module, hidden: torch.Tensor) -> bool:
+    """LinearCrossEntropy serves a plain fp32 bias-free head outside autocast (the fp32 CPU
+    and GPU runs); a 16-bit or autocast run keeps the checkpointed chunks."""
+    return (
+        type(head) is torch.nn.Linear
+        and head.bias is None
+        and hidden.dtype == head.weight.dtype == torch.float32
+        and not torch.is_autocast_enabled(hidden.device.type)
+    )
+
+
+class LinearCrossEntropy(torch.autograd.Function):
+    """sum_i w_i * cross_entropy(hidden_i @ W^T, t_i), a chunk of positions at a time, with the
+    gradients made in the same pass: each chunk's logits become softmax - onehot in place and
+    go straight into d hidden and d W. Neither the logits nor a recomputation of them is kept
+    for the backward pass (the checkpointed chunks compute every logit twice); the backward
+    only scales the stored gradients. w: each position's weight, already divided by the count."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, w, chunk: int):
+        total = hidden.new_zeros((), dtype=torch.float32)
+        d_hidden = torch.empty_like(hidden) if hidden.requires_grad else None
+        d_weight = torch.zeros_like(weight) if weight.requires_grad else None
+        for start in range(0, len(targets), chunk):
+            part = slice(start, start + chunk)
+            h, t = hidden[part], targets[part]
+            logp = torch.log_softmax(h @ weight.t(), dim=1)
+            total -= (logp.gather(1, t[:, None]).squeeze(1) * w[part]).sum()
+            grad = logp.exp_()  # the softmax, in the log-probabilities' memory
+            grad[torch.arange(len(t), device=t.device), t] -= 1
+            grad.mul_(w[part, None])
+            if d_hidden is not None:
+                torch.mm(grad, weight, out=d_hidden[part])
+            if d_weight is not None:
+                d_weight.addmm_(grad.t(), h)
+        ctx.save_for_backward(d_hidden, d_weight)
+        return total
+
+    @staticmethod
+    def backward(ctx, g):
+        d_hidden, d_weight = ctx.saved_tensors  # used once: scaled in place
+        if d_hidden is not None:
+            d_hidden = d_hidden.mul_(g)
+        if d_weight is not None:
+            d_weight = d_weight.mul_(g)
+        return d_hidden, d_weight, None, None, None
+
+
+def lm_loss(
+    head, hidden: torch.Tensor, targets: torch.Tensor, mask=None, chunk=None, fused: bool = False
+):
     """Mean cross-entropy of head(hidden) against targets over the positions whose mask is
     non-zero (all positions without a mask), weighted by the mask; equal, within fp32
-    rounding, to F.cross_entropy over the whole logits."""
+    rounding, to F.cross_entropy over the whole logits. fused: LinearCrossEntropy where it
+    serves (a fine-tune's model; a new model keeps the checkpointed chunks its older runs
+    resume with bit for bit)."""
     hidden = hidden.reshape(-1, hidden.size(-1))
     targets = targets.reshape(-1)
     if mask is None:
@@ -38,9 +90,11 @@ def lm_loss(head, hidden: torch.Tensor, targets: torch.Tensor, mask=None, chunk=
         keep = weights.nonzero().squeeze(1)  # positions without a label get no logits
         hidden, targets, weights = hidden[keep], targets[keep], weights[keep]
     chunk = chunk or chunk_positions(head.weight.shape[0])
+    count = weights.sum().clamp(min=1) if mask is not None else weights.new_tensor(len(weights))
+    if fused and fusable(head, hidden):
+        return LinearCrossEntropy.apply(hidden, head.weight, targets, weights / count, chunk)
     if mask is None and len(targets) <= chunk:  # one chunk: exactly the plain mean
         return F.cross_entropy(head(hidden).float(), targets)
-    count = weights.sum().clamp(min=1) if mask is not None else weights.new_tensor(len(weights))
     if len(targets) <= chunk:
         return _chunk_loss(head, hidden, targets, weights) / count
     total = hidden.new_zeros((), dtype=torch.float32)

@@ -20,6 +20,8 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from core.config.spec import TrainConfig, from_known
+from core.models.fused import rms_norm, signed_sin, swiglu
+from core.models.fused import rope as fused_rope
 from core.models.loss import lm_loss, sequence_logps
 
 VOCAB_SIZE = 256  # bytes: no tokenizer to download
@@ -66,6 +68,10 @@ class GPTConfig:
     mlp_bias: bool | None = None
     qk_norm: bool = False  # RMSNorm over each head of q and k (Qwen3)
     tie_embeddings: bool = True
+    # Hand-written backward passes and the fused loss (core.models.fused, LinearCrossEntropy):
+    # equal within fp32 rounding, not bit for bit, so a fine-tune (from_train with a base)
+    # uses them and a new model keeps the plain ops its older runs resume with exactly.
+    fused: bool = False
 
     def __post_init__(self):
         self.n_kv_heads = self.n_kv_heads or self.n_heads
@@ -86,7 +92,7 @@ class GPTConfig:
             "grad_checkpointing": cfg.grad_checkpointing and training,
         }
         if base is not None:
-            return dataclasses.replace(base, **run)
+            return dataclasses.replace(base, **run, fused=True)
         shape = {
             "hidden_dim": cfg.hidden_dim,
             "n_layers": cfg.n_layers,
@@ -110,12 +116,14 @@ class GPTConfig:
 class RMSNorm(nn.Module):
     """As Llama's: normalise in fp32, scale in the input's type."""
 
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int, eps: float, fused: bool = False):
         super().__init__()
-        self.eps = eps
+        self.eps, self.fused = eps, fused
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x):
+        if self.fused:
+            return rms_norm(x, self.weight, self.eps)  # the same forward, fewer saved tensors
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(x.dtype)
@@ -123,7 +131,7 @@ class RMSNorm(nn.Module):
 
 def make_norm(c: GPTConfig, dim: int | None = None) -> nn.Module:
     if c.norm == "rmsnorm":
-        return RMSNorm(dim or c.hidden_dim, c.norm_eps)
+        return RMSNorm(dim or c.hidden_dim, c.norm_eps, c.fused)
     return nn.LayerNorm(dim or c.hidden_dim, eps=c.norm_eps, bias=c.bias)
 
 
@@ -162,9 +170,9 @@ class SelfAttention(nn.Module):
         self.qkv = nn.Linear(c.hidden_dim, sum(self.sizes), bias=c.qkv_bias)
         self.proj = nn.Linear(c.n_heads * c.head_dim, c.hidden_dim, bias=c.out_bias)
         if c.qk_norm:
-            self.q_norm = RMSNorm(c.head_dim, c.norm_eps)
-            self.k_norm = RMSNorm(c.head_dim, c.norm_eps)
-        self.qk_norm = c.qk_norm
+            self.q_norm = RMSNorm(c.head_dim, c.norm_eps, c.fused)
+            self.k_norm = RMSNorm(c.head_dim, c.norm_eps, c.fused)
+        self.qk_norm, self.fused = c.qk_norm, c.fused
         self.dropout = c.dropout
         self.resid_drop = nn.Dropout(c.dropout)
 
@@ -178,19 +186,26 @@ class SelfAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             cos, sin = (r.to(q.dtype) for r in rope)
-            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+            if self.fused:
+                sin = signed_sin(sin)
+                q, k = fused_rope(q, cos, sin), fused_rope(k, cos, sin)
+            else:
+                q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         return q, k, v
 
     def _attend(self, q, k, v, causal: bool, mask=None):
-        if self.n_kv != self.n_heads:  # grouped-query: each k/v head serves several q heads
+        gqa = self.n_kv != self.n_heads
+        if gqa and not self.fused:  # each k/v head serves several q heads
             k = k.repeat_interleave(self.n_heads // self.n_kv, dim=1)
             v = v.repeat_interleave(self.n_heads // self.n_kv, dim=1)
         drop = self.dropout if self.training else 0.0
         # SDPA picks the flash / memory-efficient kernel on CUDA; with packed examples the
-        # mask (causal within each example) takes the place of is_causal.
+        # mask (causal within each example) takes the place of is_causal. Grouped-query:
+        # fused, SDPA serves each k/v head to its q heads (no repeated copies of k and v).
         y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=drop, is_causal=causal and mask is None
-        )
+            q, k, v, attn_mask=mask, dropout_p=drop, is_causal=causal and mask is None,
+            enable_gqa=gqa and self.fused,
+        )  # fmt: skip
         b, _, t, _ = y.shape
         return self.proj(y.transpose(1, 2).reshape(b, t, self.n_heads * self.hd))
 
@@ -210,7 +225,7 @@ class SelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, c: GPTConfig):
         super().__init__()
-        self.kind = c.mlp
+        self.kind, self.fused = c.mlp, c.fused
         width = 2 * c.ffn_dim if c.mlp == "swiglu" else c.ffn_dim  # gate and up, fused
         self.fc = nn.Linear(c.hidden_dim, width, bias=c.mlp_bias)
         self.proj = nn.Linear(c.ffn_dim, c.hidden_dim, bias=c.mlp_bias)
@@ -218,7 +233,9 @@ class MLP(nn.Module):
 
     def forward(self, x):
         h = self.fc(x)
-        if self.kind == "swiglu":
+        if self.kind == "swiglu" and self.fused:
+            h = swiglu(h)  # silu(gate) * up, keeping only h for the backward pass
+        elif self.kind == "swiglu":
             gate, up = h.chunk(2, dim=-1)
             h = F.silu(gate) * up
         else:
@@ -341,7 +358,7 @@ class GPT(nn.Module):
             return self.head(self.ln_f(x)), None
         if per_sequence:
             return None, sequence_logps(self.head, self.ln_f(x), targets, loss_mask)
-        return None, lm_loss(self.head, self.ln_f(x), targets, loss_mask)
+        return None, lm_loss(self.head, self.ln_f(x), targets, loss_mask, fused=self.config.fused)
 
     @torch.no_grad()
     def forward_cached(self, idx, cache: list | None, pos: int = 0):
