@@ -1,6 +1,7 @@
-"""Measured peak memory beside the estimate for every built-in GPU preset (needs CUDA).
+"""Measured peak memory beside the estimate for every built-in GPU preset (needs CUDA), or
+with --cpu for a few small shapes with and without activation checkpointing (peak RSS).
 
-python benchmarks/calibrate_memory.py [--steps 3]
+python benchmarks/calibrate_memory.py [--steps 3] [--cpu]
 Prints a Markdown table for docs/gpu.md: estimate vs torch.cuda.max_memory_allocated and vs
 NVML device used, with the error of each. Each preset runs in its own process so one
 preset's cached blocks never count towards the next.
@@ -33,11 +34,87 @@ print(json.dumps({"preset": name, "est_alloc": est.allocator_peak, "est_total": 
 """
 
 
+# The CPU (Linux): peak resident memory (VmHWM, reset once the token cache is prepared) over
+# a few fp32 steps, less what the process held before the run, beside the CPU estimate.
+ONE_CPU = r"""
+import json, sys, tempfile, torch
+from helpers_shape import shape
+from core.training.estimate import estimate
+from core.training.trainer import Trainer
+torch.set_num_threads(1)
+cfg = shape(sys.argv[1], int(sys.argv[2]), sys.argv[3] == "ckpt")
+est = estimate(cfg, on_gpu=False)
+import contextlib, gc, io, psutil
+from core.cli.train import prepare_only
+with contextlib.redirect_stdout(io.StringIO()):
+    prepare_only(cfg, None)  # the token cache is ready: the run below only reads it
+gc.collect()
+with open("/proc/self/clear_refs", "w") as f:  # Linux: the peak (VmHWM) restarts from here
+    f.write("5")
+before = psutil.Process().memory_info().rss
+with tempfile.TemporaryDirectory() as tmp:
+    Trainer(cfg, tmp + "/run").run()
+status = open("/proc/self/status").read()
+peak = int(status.split("VmHWM:")[1].split()[0]) * 1024  # kB
+print(json.dumps({"est": est.allocator_peak, "act": est.activations, "measured": peak - before,
+    "params": est.n_params}))
+"""
+
+SHAPES = {  # name: hidden_dim, n_layers, n_heads, seq_len, batch_size, dropout
+    "d256-L4-T256-B8": (256, 4, 4, 256, 8, 0.0),
+    "d384-L6-T256-B8": (384, 6, 6, 256, 8, 0.0),
+    "d512-L8-T512-B4": (512, 8, 8, 512, 4, 0.0),
+    "d512-L8-T512-B4, dropout 0.1": (512, 8, 8, 512, 4, 0.1),
+}
+
+HELPER = """
+from core.config.spec import TrainConfig, validate
+SHAPES = %r
+def shape(name, steps, ckpt):
+    d, layers, heads, seq, batch, dropout = SHAPES[name]
+    return validate(TrainConfig(hidden_dim=d, n_layers=layers, n_heads=heads, seq_len=seq,
+        batch_size=batch, grad_accum=1, precision="fp32", device="cpu", dropout=dropout,
+        max_steps=steps, log_every=1, eval_every=10**9, ckpt_every=10**9, keep_checkpoints=0,
+        sample_tokens=0, corpus_max_bytes=300_000, grad_checkpointing=ckpt, tokenizer="bytes"))
+"""
+
+
+def cpu_table(steps: int) -> None:
+    import os
+    import tempfile
+    from pathlib import Path
+
+    mib = 1024**2
+    root = Path(__file__).resolve().parents[1]
+    helper_dir = Path(tempfile.mkdtemp())
+    (helper_dir / "helpers_shape.py").write_text(HELPER % (SHAPES,))
+    env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{helper_dir}"}
+    print("| shape (width, layers, seq, batch) | checkpointing | estimate (fp32, CPU) "
+          "| of it activations | measured peak RSS - start | error |")  # fmt: skip
+    print("|---|---|---:|---:|---:|---:|")
+    for name in SHAPES:
+        for mode in ("plain", "ckpt"):
+            out = subprocess.run([sys.executable, "-c", ONE_CPU, name, str(steps), mode],
+                                 capture_output=True, text=True, env=env, cwd=root)  # fmt: skip
+            if out.returncode:
+                print(f"| {name} | {mode} | failed: {out.stderr.strip().splitlines()[-1]} |")
+                continue
+            r = json.loads(out.stdout.strip().splitlines()[-1])
+            err = r["est"] / r["measured"] - 1
+            print(f"| {name} | {'yes' if mode == 'ckpt' else 'no'} | {r['est'] / mib:,.0f} MiB "
+                  f"| {r['act'] / mib:,.0f} MiB | {r['measured'] / mib:,.0f} MiB | {err:+.1%} |",
+                  flush=True)  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--presets", default="gpu-small,gpu,gpu-large,gpu-80gb")
     p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--cpu", action="store_true", help="tiny-to-small shapes on the CPU (RSS)")
     args = p.parse_args()
+    if args.cpu:
+        cpu_table(args.steps)
+        return
     mib = 1024**2
     print(
         "| preset | estimate (alloc) | measured max_allocated | error | estimate (device) "

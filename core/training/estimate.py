@@ -27,6 +27,8 @@ MB = 1024**2
 CUDA_CONTEXT_BYTES = 500 * MB  # CUDA context + cuBLAS/cuDNN workspaces, typical on recent cards
 FRAGMENTATION = 1.10  # caching-allocator slack on top of the live peak
 SAFETY_MARGIN = 0.10  # keep 10% of free VRAM unused when recommending
+CPU_SCORE_BYTES = 13  # an attention score's bytes in the CPU math kernel (with dropout)
+CPU_BACKWARD_EXTRA_BLOCKS = 2  # blocks of activations the CPU's backward holds beyond one
 
 
 def model_shape(cfg: TrainConfig) -> GPTConfig:
@@ -179,10 +181,18 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
     else:
         activations = c.n_layers * per_layer
     # Embedding sum, ln_f input (fp32) and the head's input; backward needs about one
-    # more block's worth of activation gradients at a time.
-    activations += 3 * 4 * d * tokens + per_layer
-    if not on_gpu:  # the CPU math attention kernel materialises the T x T scores
-        activations += c.n_layers * rows * c.n_heads * cfg.seq_len**2 * 4 * 2
+    # more block's worth of activation gradients at a time: on the CPU about three were
+    # measured at the peak, with and without checkpointing (docs/performance.md,
+    # "Activation estimate"); on a GPU it is yet to be measured.
+    backward_blocks = 1 if on_gpu else 1 + CPU_BACKWARD_EXTRA_BLOCKS
+    activations += 3 * 4 * d * tokens + backward_blocks * per_layer
+    if not on_gpu and cfg.dropout > 0:
+        # With attention dropout the CPU takes SDPA's math kernel, which keeps the T x T
+        # scores, probabilities, dropout mask and dropped probabilities: 13 bytes an entry
+        # measured (docs/performance.md); without dropout its flash kernel keeps none. Under
+        # checkpointing only the block being recomputed holds them.
+        held = 1 if cfg.grad_checkpointing else c.n_layers
+        activations += held * rows * c.n_heads * cfg.seq_len**2 * CPU_SCORE_BYTES
     e = _act_bytes(precision)
     # Logits, their fp32 copy and its gradient, for one chunk of positions at a time.
     logits = min(tokens, chunk_positions(c.vocab_size)) * c.vocab_size * (e + 4 + 4)

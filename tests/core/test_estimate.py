@@ -66,10 +66,14 @@ def test_each_dimension_grows_the_estimate_the_expected_way():
     assert estimate(dataclasses.replace(base, n_layers=8)).activations > 1.6 * act
     wider = estimate(dataclasses.replace(base, hidden_dim=512))
     assert wider.activations > 1.9 * act and wider.n_params > 3.5 * estimate(base).n_params
-    # Flash attention: more heads cost nothing extra on a GPU, but the CPU's T x T scores do.
+    # Flash attention: more heads cost nothing extra on a GPU, nor on the CPU without dropout
+    # (its flash kernel); with dropout the CPU's math kernel keeps T x T scores per head.
     more_heads = dataclasses.replace(base, n_heads=8)
     assert estimate(more_heads).activations == act
-    assert estimate(more_heads, on_gpu=False).activations > estimate(base, on_gpu=False).activations
+    plain, drop = dataclasses.replace(base, dropout=0.0), dataclasses.replace(base, dropout=0.1)
+    cpu = lambda c, **kw: estimate(dataclasses.replace(c, **kw), on_gpu=False).activations  # noqa: E731
+    assert cpu(plain, n_heads=8) == cpu(plain)
+    assert cpu(drop, n_heads=8) > cpu(drop) > cpu(plain)
     # Checkpointing trades memory for compute; fp32 activations are larger than bf16.
     deep = dataclasses.replace(base, n_layers=12)
     ckpt = estimate(dataclasses.replace(deep, grad_checkpointing=True)).activations
