@@ -14,6 +14,7 @@ reused).
 from __future__ import annotations
 
 import fnmatch
+import inspect
 import shutil
 from pathlib import Path
 
@@ -176,12 +177,16 @@ def download(repo_id: str, progress=None, cancel=None) -> Path:
         else:
             progress(done, total)
 
-    tqdm_class = _reporting_tqdm(on_bytes, cancel)
+    # huggingface_hub before 1.x has no tqdm_class here: progress and cancel per file then
+    chunked = "tqdm_class" in inspect.signature(hf_hub_download).parameters
+    extra = {"tqdm_class": _reporting_tqdm(on_bytes, cancel)} if chunked else {}
     try:
-        for name, _ in todo:
+        for name, size in todo:
             if cancel is not None and cancel():
                 raise DownloadCancelled("download cancelled")
-            hf_hub_download(repo_id, name, revision=revision, tqdm_class=tqdm_class)
+            hf_hub_download(repo_id, name, revision=revision, **extra)
+            if not chunked:
+                on_bytes(size)
         folder = snapshot_download(
             repo_id, revision=revision, allow_patterns=PATTERNS, local_files_only=True
         )
