@@ -13,8 +13,10 @@ reused).
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import inspect
+import logging
 import shutil
 from pathlib import Path
 
@@ -31,6 +33,19 @@ class DownloadError(ConfigError):
 
 class DownloadCancelled(DownloadError):
     pass
+
+
+@contextlib.contextmanager
+def quiet():
+    """huggingface_hub's own warnings (a failed HEAD request, retries) off: the one line
+    that explain() gives is what the user sees."""
+    log = logging.getLogger("huggingface_hub")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 def cache_dir() -> Path:
@@ -160,7 +175,8 @@ def download(repo_id: str, progress=None, cancel=None) -> Path:
     if (folder := cached(repo_id)) is not None:  # no network at all
         return folder
     try:
-        revision, files = list_files(repo_id)
+        with quiet():
+            revision, files = list_files(repo_id)
     except Exception as e:
         raise explain(repo_id, e) from None
     todo = missing_files(repo_id, revision, files)
@@ -213,6 +229,7 @@ def config_file(repo_id: str) -> Path:
     except Exception:
         pass
     try:
-        return Path(hf_hub_download(repo_id, "config.json"))
+        with quiet():
+            return Path(hf_hub_download(repo_id, "config.json"))
     except Exception as e:
         raise explain(repo_id, e) from None
