@@ -8,11 +8,13 @@ from PySide6.QtWidgets import QProgressDialog, QWidget
 
 from core.errors import UserError
 from core.weights import download
+from core.weights.loader import config_only
 
 STEPS = 1000  # the dialog's range: thousandths of the download
 
 
 class DownloadThread(QThread):
+    described = Signal(str)  # what config.json says, before any weights come
     progressed = Signal(float, float)  # bytes done, bytes in all (floats: past 2 GiB)
     done = Signal(str)  # the snapshot folder
     failed = Signal(str)  # one line
@@ -24,6 +26,8 @@ class DownloadThread(QThread):
 
     def run(self) -> None:
         try:
+            pre = config_only(self.repo_id)  # config.json alone: a few kB
+            self.described.emit(f"{pre.family}, {pre.n_params() / 1e6:,.1f}M parameters")
             folder = download.download(
                 self.repo_id,
                 progress=lambda done, total: self.progressed.emit(float(done), float(total)),

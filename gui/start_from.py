@@ -133,6 +133,11 @@ class StartFromBox(QGroupBox):
         self.download = HubDownload(text, self)
         self.download.thread.done.connect(lambda _folder: self._downloaded(text))
         self.download.thread.failed.connect(self._download_failed)
+        self.download.thread.described.connect(
+            lambda what: self.info.setText(
+                f"Downloading {text} ({what}) into the Hugging Face cache…"
+            )
+        )
         self.download.start()
 
     def _downloaded(self, text: str) -> None:

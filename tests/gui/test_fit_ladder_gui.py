@@ -29,7 +29,10 @@ def llama_folder(tmp_path_factory):
 @pytest.fixture
 def hub(monkeypatch, llama_folder):
     """A hub whose download reports progress, can block until cancelled, or fail."""
+    gate = threading.Event()
+    gate.set()  # cleared: the download waits for it
     state = {"progress": [], "block": False, "error": None, "calls": 0, "have": set()}
+    state["gate"] = gate
 
     def cached(repo_id):
         return llama_folder if repo_id in state["have"] else None
@@ -41,6 +44,7 @@ def hub(monkeypatch, llama_folder):
         if state["error"]:
             raise state["error"]
         progress = progress or (lambda d, t: None)
+        assert gate.wait(20)
         while state["block"]:  # a long download: only Cancel ends it
             if cancel is not None and cancel():
                 raise download.DownloadCancelled(f"init_from: downloading {repo_id} cancelled")
@@ -61,9 +65,13 @@ def hub(monkeypatch, llama_folder):
 def test_a_hub_id_downloads_off_the_gui_thread_then_fills_the_form(make_window, hub, qtbot):
     window = make_window()
     box = window.start_from
+    hub["gate"].clear()  # the weights wait
     box.set_source(REPO)
     assert box.download is not None and "Downloading" in box.info.text()
     assert not window.start_button.isEnabled()  # nothing to start from yet
+    # config.json first: what the model is shows while its weights come
+    qtbot.waitUntil(lambda: "(llama, 0.0M parameters)" in box.info.text(), timeout=10_000)
+    hub["gate"].set()
     qtbot.waitUntil(lambda: box.pretrained is not None, timeout=20_000)
     assert [d for d, _ in hub["progress"]] == [25, 50, 100]
     assert all(name != threading.main_thread().name for _, name in hub["progress"])
