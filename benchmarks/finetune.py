@@ -104,7 +104,7 @@ def one(mode: str, model: str, steps: int, threads: int) -> dict:
         "params": est.n_params,
         "tokens_per_s": tok_s,
         "ms_per_step": cfg.tokens_per_step / tok_s * 1000,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mb": rss_mb("VmHWM"),
         "estimate_mb": est.allocator_peak / 2**20,
     }
 
@@ -114,11 +114,13 @@ def one(mode: str, model: str, steps: int, threads: int) -> dict:
 PEFT_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def rss_mb() -> float:
+def rss_mb(field: str = "VmRSS") -> float:
+    """This process's resident memory now (VmRSS) or at its peak (VmHWM). Not ru_maxrss:
+    Linux carries that over exec from the parent, whose own RSS would floor every figure."""
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
-    return 0.0
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def batches(tokens_file: str, n: int, batch: int, seq: int):
@@ -233,25 +235,29 @@ def one_side(a) -> dict:
     out = {"side": a.side, "mode": a.mode, "rank": a.rank, "trainable": trainable,
            "imports_mb": imports_mb, "loaded_mb": loaded_mb, "weight_decay": wd}  # fmt: skip
     if a.mode == "lora16":  # 16-bit products on this CPU: far too slow to time
-        out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        out["peak_rss_mb"] = rss_mb("VmHWM")
         return out
-    times, losses = [], []
+    times, cpu, losses = [], [], []
     for i, (x, y) in enumerate(batches(a.tokens, a.warmup + a.steps, a.batch, a.seq)):
         if a.profile and i == a.warmup:
             from torch.profiler import ProfilerActivity, profile
 
             prof = profile(activities=[ProfilerActivity.CPU]).__enter__()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         losses.append(step(x, y))
         if i >= a.warmup:
             times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
     if a.profile:
         prof.__exit__(None, None, None)
         table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=a.profile)
         print(table, file=sys.stderr)
     ms = sorted(times)[len(times) // 2] * 1000
+    # CPU seconds of the process: less moved than wall time by other jobs on a shared machine
+    cpu_ms = sorted(cpu)[len(cpu) // 2] * 1000
+    out.update(tokens_per_cpu_s=a.batch * a.seq / cpu_ms * 1000)
     out.update(tokens_per_s=a.batch * a.seq / ms * 1000, ms_per_step=ms, losses=losses,
-               peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)  # fmt: skip
+               peak_rss_mb=rss_mb("VmHWM"))  # fmt: skip
     return out
 
 
@@ -279,7 +285,10 @@ def tokenize_corpus(folder: Path, out: Path) -> None:
 
 
 def side_run(a, folder: Path, tokens: Path, side: str, mode: str, rank: int) -> dict:
-    cmd = [sys.executable, __file__, "--one-side", side, "--mode", mode, "--model", str(folder),
+    script = __file__
+    if side.endswith("-before"):  # the same benchmark on another checkout's code
+        script, side = str(Path(a.before) / "benchmarks" / "finetune.py"), side[: -len("-before")]
+    cmd = [sys.executable, script, "--one-side", side, "--mode", mode, "--model", str(folder),
            "--tokens", str(tokens), "--rank", str(rank), "--alpha", str(a.alpha),
            "--steps", str(a.steps), "--warmup", str(a.warmup), "--threads", str(a.threads),
            "--batch", str(a.batch), "--seq", str(a.seq)]  # fmt: skip
@@ -321,6 +330,8 @@ def vs_peft(a) -> None:
         plan = []
         for mode in a.modes.split(","):
             sides = ["td", "td-plain"] if mode == "lora-eq" else ["td", "td-plain", "peft"]
+            if a.before and mode != "lora-eq":
+                sides.insert(1, "td-before")
             if mode == "lora16":
                 sides = ["td", "peft"]
             plan += [(mode, s) for s in sides]
@@ -347,12 +358,14 @@ def summary(runs: list[dict]) -> dict | None:
     if "tokens_per_s" in good[0]:
         speeds = [r["tokens_per_s"] for r in good]
         out.update(tps=median(speeds), lo=min(speeds), hi=max(speeds), losses=good[0]["losses"])
+        out["cpu"] = median([r["tokens_per_cpu_s"] for r in good])
     return out
 
 
 def print_table(results: dict, a) -> None:
     print(f"\n{'mode':<8} {'side':<9} {'rank':>4} {'trainable':>11} {'tok/s (min-max)':>20} "
-          f"{'peak RSS':>9} {'x peft tok/s':>12} {'x peft RSS':>10}")  # fmt: skip
+          f"{'peak RSS':>9} {'x peft tok/s':>12} {'x peft RSS':>10} {'tok/CPU-s':>9} "
+          f"{'x peft':>6}")  # fmt: skip
     for (mode, side), runs in results.items():
         s = summary(runs)
         if s is None:
@@ -362,8 +375,10 @@ def print_table(results: dict, a) -> None:
         speed = f"{s['tps']:6.0f} ({s['lo']:.0f}-{s['hi']:.0f})" if "tps" in s else "not timed"
         ratio = f"{s['tps'] / ref['tps']:.2f}" if ref and "tps" in s and "tps" in ref else "-"
         mem = f"{s['rss'] / ref['rss']:.2f}" if ref else "-"
+        timed = ref and "cpu" in s and "cpu" in ref
+        cpu = f"{s['cpu']:9.0f} {s['cpu'] / ref['cpu']:6.2f}" if timed else ""
         print(f"{mode:<8} {side:<9} {s['rank']:>4} {s['trainable']:>11,} {speed:>20} "
-              f"{s['rss']:>6,.0f} MB {ratio:>12} {mem:>10}")  # fmt: skip
+              f"{s['rss']:>6,.0f} MB {ratio:>12} {mem:>10} {cpu}")  # fmt: skip
     if a.losses:
         print("\nlosses of round 1 (same seed and batches):")
         for (mode, side), runs in results.items():
@@ -391,6 +406,7 @@ def main() -> None:
     p.add_argument("--seq", type=int, default=256)
     p.add_argument("--losses", action="store_true", help="print each side's loss per step")
     p.add_argument("--profile", type=int, default=0, help="print each side's top N ops")
+    p.add_argument("--before", help="a checkout of older TrainDeck code to run as td-before")
     p.add_argument("--json", help="write every run's figures to this file")
     p.add_argument("--one-side", help=argparse.SUPPRESS)
     p.add_argument("--mode", help=argparse.SUPPRESS)
