@@ -170,7 +170,7 @@ def _bad_folder(tmp_path, models, config_change):
         ("no_config", "has no config.json"),
         ("unsupported", "model_type 'bert' is not supported; supported: gpt2, llama"),
         ("remote_code", "never runs code"),
-        ("hub_offline", "could not be downloaded"),
+        ("hub_offline", "cannot be reached (offline); connect once"),
         ("shape", "hidden_dim: 64 contradicts the pretrained model"),
         ("seq_len", "seq_len: 128 is longer than the pretrained model's context (64)"),
     ],
