@@ -3,6 +3,7 @@ model (new, or pretrained with LoRA), and the process-wide switches set before t
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 
@@ -90,14 +91,17 @@ def data_info(data: TokenData) -> dict:
     return info
 
 
-def build_model(cfg: TrainConfig, pretrained: Pretrained | None, device, precision, log) -> GPT:
+def build_model(cfg: TrainConfig, pretrained: Pretrained | None, device, precision, log,
+                fused: bool = True) -> GPT:  # fmt: skip
+    """fused=False: a fine-tune with the plain operations, as one saved before the fused ones
+    existed resumes bit for bit."""
     if pretrained is None:
         model = GPT(GPTConfig.from_train(cfg))
         lora.apply_config(model, cfg)
         return model
     sixteen = precision in ("bf16", "fp16") and device.type == "cuda"
     bits = recipe.base_bits(cfg, sixteen) if cfg.lora_rank else 32
-    shape = GPTConfig.from_train(cfg, base=pretrained.config)
+    shape = dataclasses.replace(GPTConfig.from_train(cfg, base=pretrained.config), fused=fused)
     # A quantized base is made layer by layer from the memory-mapped files: the
     # full-precision model never exists at once.
     model = pretrained.load_model(shape, mapped=bits in (4, 8))

@@ -65,8 +65,11 @@ def build(t, state: dict | None) -> None:
     """The model, optimizer and scaler; restored from the checkpoint when resuming."""
     if t.pretrained is not None:
         t.base = t.pretrained.base_record()
-    model = inputs.build_model(t.cfg, t.pretrained, t.device, t.precision,
-                               t.log)  # fmt: skip
+    # A fine-tune saved before the fused operations (no "fused" in its shape) keeps the plain
+    # ones: its resume stays bit for bit.
+    fused = state is None or bool((state.get("model_config") or {}).get("fused"))
+    model = inputs.build_model(t.cfg, t.pretrained, t.device, t.precision, t.log,
+                               fused)  # fmt: skip
     t.model = model.to(t.device)
     t.optimizer = optim.make(t.model, t.cfg)
     t.scaler = torch.amp.GradScaler("cuda", enabled=t.precision == "fp16")

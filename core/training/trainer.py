@@ -296,6 +296,7 @@ class Trainer:
     def _state(self) -> dict:
         base_shape = self.pretrained.config if self.pretrained else None
         shape = GPTConfig.from_train(self.cfg, training=False, base=base_shape)
+        shape = dataclasses.replace(shape, fused=self.model.config.fused)  # as it trains
         return checkpoint_state(self, shape.to_dict(), resume.limit_of(self.cfg))
 
     def _emit_metrics(self) -> None:
