@@ -91,11 +91,14 @@ class PairRows:
     pairs: int = 0
     truncated: int = 0  # pairs with a side cut to the row
 
-    def add(self, chosen: tuple[np.ndarray, int], rejected: tuple[np.ndarray, int]) -> bool:
-        """Add one pair; False (nothing added) when an answer has no token left to score."""
+    def add(self, chosen: tuple[np.ndarray, int], rejected: tuple[np.ndarray, int]) -> str:
+        """Add one pair; what is wrong with it instead (nothing added) when the context
+        leaves nothing to compare."""
         sides = [fit(ids, at, self.row) for ids, at in (chosen, rejected)]
         if any(len(ids) <= max(at, 1) for ids, at, _ in sides):
-            return False
+            return "an answer keeps no token within the context"
+        if np.array_equal(sides[0][0], sides[1][0]):
+            return "its answers differ only past the context: cut to it they are the same"
         for ids, at, _ in sides:
             weights = np.zeros(self.row, dtype=np.uint8)
             weights[max(at, 1) : len(ids)] = 1  # position 0 is never a target
@@ -105,7 +108,7 @@ class PairRows:
             self.weights.append(weights)
         self.pairs += 1
         self.truncated += any(cut for _, _, cut in sides)
-        return True
+        return ""
 
 
 def holds_pairs(files, columns: dict | None = None) -> bool:

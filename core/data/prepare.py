@@ -503,10 +503,11 @@ def _build_pairs(spec: DataSpec, listing, target: Path, tokenizer, progress_cb, 
     ):
         sides = [preference.encode_side(tokenizer, template, prompt, a, tokens)
                  for a in (chosen, rejected)]  # fmt: skip
-        if not out["val" if is_val else "train"].add(*sides):
+        wrong = out["val" if is_val else "train"].add(*sides)
+        if wrong:
             raise DataError(
-                f"data: pair {number} of {spec.sources.description} keeps no answer token "
-                f"within seq_len {chat.seq_len}; raise seq_len or shorten its prompt"
+                f"data: pair {number} of {spec.sources.description}: {wrong} (seq_len "
+                f"{chat.seq_len}); raise seq_len, or shorten its prompt"
             )
         progress.advance(size)
     rows = {split: list(zip(r.ids, r.weights, strict=True)) for split, r in out.items()}

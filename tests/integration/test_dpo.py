@@ -194,6 +194,9 @@ def test_sft_then_dpo_starts_from_the_sft_model(setup, tmp_path):
          "line 2: 'chosen' and 'rejected' are the same answer"),
         ([pair(0), pair(1)], ["--method", "sft"], "holds preference pairs"),
         ([{"prompt": "a", "completion": "b"}] * 3, [], "method: dpo learns from preference pairs"),
+        ([pair(0), {"prompt": "Say it. " * 40, "chosen": "Same start " * 30 + "good",
+                    "rejected": "Same start " * 30 + "bad"}], [],
+         "pair 2 of"),
     ],
 )  # fmt: skip
 def test_bad_preference_input_is_one_line_exit_2(setup, tmp_path, capsys, rows, flags, expected):
@@ -203,7 +206,8 @@ def test_bad_preference_input_is_one_line_exit_2(setup, tmp_path, capsys, rows, 
             "--data-cache", str(tmp_path / "c"), "--out", str(tmp_path / "r"), *flags]  # fmt: skip
     assert train_main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and expected in err[0], err
+    errors = [line for line in err if line.startswith("error:")]  # beside a progress bar
+    assert len(errors) == 1 and expected in errors[0] and err[-1] == errors[0], err
     assert not (tmp_path / "r").exists()
 
 
