@@ -47,7 +47,9 @@ class TrainConfig(IntervalFields, DataFields, ExecutionFields, ScheduleFields, M
 
     @property
     def tokens_per_step(self) -> int:
-        return self.batch_size * self.grad_accum * self.seq_len
+        """Tokens through the model a step; a DPO pair is two sequences (chosen, rejected)."""
+        pairs = 2 if self.method == "dpo" else 1
+        return self.batch_size * self.grad_accum * self.seq_len * pairs
 
 
 def from_known(cls, d: dict):

@@ -292,3 +292,12 @@ def test_the_estimate_counts_two_sequences_a_pair(setup):
     a, b = estimate(sft, on_gpu=True), estimate(dpo_cfg, on_gpu=True)
     assert b.activations == pytest.approx(2 * a.activations, rel=0.05)
     assert b.weights == a.weights and b.optimizer == a.optimizer
+
+
+def test_an_epoch_is_one_pass_over_the_pairs(setup, tmp_path):
+    _, cfg = setup
+    cfg = tiny_config(**{**_fields(cfg), "max_steps": None, "max_epochs": 1.0, "batch_size": 4})
+    trainer = Trainer(cfg, tmp_path / "epoch")
+    trainer.run()
+    pairs = trainer.data.manifest["examples"]["train"]
+    assert trainer.step == pytest.approx(pairs / 4, abs=1)
