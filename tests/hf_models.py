@@ -23,6 +23,13 @@ TEXT = (
     "Ünïcödé and emoji \u2603 stay whole.\n"
 ) * 20
 FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "qwen3")
+# Qwen2.5-1.5B's config.json: the estimate and the hub tests read only the shape.
+QWEN_1_5B = {
+    "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_size": 1536,
+    "intermediate_size": 8960, "num_hidden_layers": 28, "num_attention_heads": 12,
+    "num_key_value_heads": 2, "max_position_embeddings": 32768, "vocab_size": 151936,
+    "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": True,
+}  # fmt: skip
 
 
 def make_spm_tokenizer(folder: Path):

@@ -137,15 +137,11 @@ def test_the_cli_says_a_gated_model_in_one_line_and_exits_2(monkeypatch, tmp_pat
 
 
 def test_an_estimate_of_a_hub_model_downloads_its_config_json_only(monkeypatch, tmp_path, capsys):
+    from hf_models import QWEN_1_5B
+
     from core.train import main
 
-    config = {
-        "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_size": 1536,
-        "intermediate_size": 8960, "num_hidden_layers": 28, "num_attention_heads": 12,
-        "num_key_value_heads": 2, "max_position_embeddings": 32768, "vocab_size": 151936,
-        "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": True,
-    }  # fmt: skip
-    hub = FakeHub(monkeypatch, tmp_path, {"config.json": json.dumps(config).encode()})
+    hub = FakeHub(monkeypatch, tmp_path, {"config.json": json.dumps(QWEN_1_5B).encode()})
     asked = []
 
     def only_config(repo_id, name, **kw):

@@ -12,7 +12,7 @@ from helpers import StopAfter
 
 pytest.importorskip("transformers")
 
-from hf_models import TEXT, make_model  # noqa: E402
+from hf_models import QWEN_1_5B, TEXT, make_model  # noqa: E402
 
 from core.cli.train import main as train_main  # noqa: E402
 from core.config.spec import TrainConfig, validate  # noqa: E402
@@ -169,13 +169,6 @@ def test_resume_with_other_lora_settings_or_base_is_refused(models, data_file, t
 
 
 # -- memory: estimate and "Fit to my GPU" for a pretrained start ----------------------------
-
-QWEN_1_5B = {
-    "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_size": 1536,
-    "intermediate_size": 8960, "num_hidden_layers": 28, "num_attention_heads": 12,
-    "num_key_value_heads": 2, "max_position_embeddings": 32768, "vocab_size": 151936,
-    "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": True,
-}  # fmt: skip
 
 
 @pytest.fixture
