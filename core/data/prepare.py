@@ -471,7 +471,7 @@ def _chat_tokenizer(spec: DataSpec, tokenizer, conversations, log) -> Tokenizer:
     return Tokenizer(tokenizer.hf, tokenizer.kind, meta)
 
 
-def _split_examples(n: int, val_fraction: float, source: str) -> list[bool]:
+def held_out_split(n: int, val_fraction: float, source: str) -> list[bool]:
     """Which examples are held out for validation (at least one, never all)."""
     if n < 2:
         raise DataError(f"data: {source} holds {n} example; at least 2 are needed")
@@ -493,7 +493,7 @@ def _build_pairs(spec: DataSpec, listing, target: Path, tokenizer, progress_cb, 
     pairs = examples.conversations
     tokenizer = _chat_tokenizer(spec, tokenizer, [p + c for p, c, _ in pairs], log)
     template, tokens = template_of(tokenizer), special_tokens(tokenizer)
-    held = _split_examples(len(pairs), spec.val_fraction, spec.sources.description)
+    held = held_out_split(len(pairs), spec.val_fraction, spec.sources.description)
     pad = tokenizer.eos_id if tokenizer.eos_id is not None else 0
     out = {s: preference.PairRows(chat.seq_len + 1, pad) for s in ("train", "val")}
     progress = _Progress(progress_cb, cancelled, sum(examples.sizes), "rendering pairs")
@@ -547,7 +547,7 @@ def _build_chat(spec: DataSpec, listing, target: Path, tokenizer, progress_cb, c
     conversations = examples.conversations
     tokenizer = _chat_tokenizer(spec, tokenizer, conversations, log)
     template, tokens = template_of(tokenizer), special_tokens(tokenizer)
-    held = _split_examples(len(conversations), spec.val_fraction, spec.sources.description)
+    held = held_out_split(len(conversations), spec.val_fraction, spec.sources.description)
     row = chat.seq_len + 1
     pad = tokenizer.eos_id if tokenizer.eos_id is not None else 0
     packers = {

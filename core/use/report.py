@@ -14,7 +14,7 @@ from pathlib import Path
 from core.config.spec import TrainConfig, from_dict, validate
 from core.data import chatdata, tables
 from core.data.chat import chat_ids
-from core.data.prepare import _split_examples, data_spec
+from core.data.prepare import data_spec, held_out_split
 from core.data.sources import Sources, data_changes
 from core.errors import DataError
 from core.models.lora import adapters_disabled
@@ -97,7 +97,7 @@ def held_out(cfg: TrainConfig, sources: Sources, run: Path, n: int) -> tuple[lis
         sources.files, cfg.skip_bad_lines, columns=tables.columns_of(cfg)
     )
     conversations = examples.conversations
-    held = _split_examples(len(conversations), cfg.val_fraction, sources.description)
+    held = held_out_split(len(conversations), cfg.val_fraction, sources.description)
     picked = [c for c, h in zip(conversations, held, strict=True) if h][:n]
     return [_upto_last_answer(c) for c in picked], note
 
