@@ -82,17 +82,21 @@ def reference_logps(model, x, y, mask, precision: str):
     return _split(logps.float())
 
 
-def micro_loss(t, starts: torch.Tensor):
-    """The DPO loss of one micro-batch of pairs (trainer t) and its signal sums."""
-    x, y, mask, pair_ids = t.data.pair_batch(starts)
+def _pair_losses(t, model, starts: torch.Tensor, val: bool = False):
+    """(per-pair losses, chosen rewards, rejected rewards) of the pairs at starts, through
+    model (trainer t's model as it trains, or as it evaluates)."""
+    x, y, mask, pair_ids = t.data.pair_batch(starts, val)
     x, y, mask = (to_device(v, t.device) for v in (x, y, mask))
     ref_c, ref_r = t.reference(x, y, mask, pair_ids, t.precision)
     with autocast(t.device, t.precision):
-        _, logps = t.train_model(x, y, mask, None, per_sequence=True)
+        _, logps = model(x, y, mask, per_sequence=True)
     chosen, rejected = _split(logps.float())
-    cfg = t.cfg
-    losses, rc, rr = dpo_loss(chosen, rejected, ref_c, ref_r, cfg.dpo_beta,
-                              cfg.dpo_label_smoothing)  # fmt: skip
+    return dpo_loss(chosen, rejected, ref_c, ref_r, t.cfg.dpo_beta, t.cfg.dpo_label_smoothing)
+
+
+def micro_loss(t, starts: torch.Tensor):
+    """The DPO loss of one micro-batch of pairs (trainer t) and its signal sums."""
+    losses, rc, rr = _pair_losses(t, t.train_model, starts)
     return losses.mean(), signal_sums(rc, rr)
 
 
@@ -104,14 +108,7 @@ def evaluate(t, n_pairs: int) -> tuple[float, dict]:
     total, sums, count = 0.0, torch.zeros(4), 0
     try:
         for chunk in t.data.val_pair_starts(n_pairs).split(t.cfg.batch_size):
-            x, y, mask, pair_ids = t.data.pair_batch(chunk, val=True)
-            x, y, mask = (to_device(v, t.device) for v in (x, y, mask))
-            ref_c, ref_r = t.reference(x, y, mask, pair_ids, t.precision)
-            with autocast(t.device, t.precision):
-                _, logps = model(x, y, mask, per_sequence=True)
-            chosen, rejected = _split(logps.float())
-            losses, rc, rr = dpo_loss(chosen, rejected, ref_c, ref_r, t.cfg.dpo_beta,
-                                      t.cfg.dpo_label_smoothing)  # fmt: skip
+            losses, rc, rr = _pair_losses(t, model, chunk, val=True)
             total += float(losses.sum())
             sums += signal_sums(rc, rr).cpu()
             count += len(chunk)

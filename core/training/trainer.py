@@ -182,12 +182,13 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), device=self.device)
         chunks = starts.split(self.cfg.batch_size)
-        signal_sums = torch.zeros(4, device=self.device)
+        dpo_run = self.reference is not None  # DPO: pairs, and a reference to beat
+        signal_sums = torch.zeros(4, device=self.device) if dpo_run else None
         for i, chunk in enumerate(chunks):
             if self.fault is not None:
                 self.fault(self.step + 1, i)
             with grad_sync(self.train_model, self.world.enabled, last=i == len(chunks) - 1):
-                if self.reference is not None:  # DPO: pairs, and a reference to beat
+                if dpo_run:
                     loss, sums = dpo.micro_loss(self, chunk)
                     signal_sums += sums
                 else:
@@ -201,7 +202,7 @@ class Trainer:
         self.optimizer.set_lr(factor)
         self.optimizer.step(self.scaler)
         self.scaler.update()
-        self._step_signals = signal_sums if self.reference is not None else None
+        self._step_signals = signal_sums
         return total
 
     def _lm_loss(self, starts: torch.Tensor) -> torch.Tensor:
