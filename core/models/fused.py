@@ -6,6 +6,8 @@ plain ones within fp32 rounding (tests/core/test_fused.py)."""
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 
@@ -107,3 +109,46 @@ def signed_sin(sin: torch.Tensor) -> torch.Tensor:
     """sin with rotate_half's minus sign on its first half: [-sin_a, sin_b]."""
     half = sin.shape[-1] // 2
     return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
+
+class Remake:
+    """Saved-tensor hooks that keep, for the tensors registered with it, how to make them
+    again instead of the tensors: the LoRA adapters save their inputs (the norms' outputs,
+    SwiGLU's output), which cheap elementwise work remakes from what the norm and SwiGLU keep
+    anyway. The remade numbers are the forward's exactly (the same operations)."""
+
+    def __init__(self):
+        self.makers: dict[int, tuple] = {}
+
+    def register(self, t: torch.Tensor, make) -> torch.Tensor:
+        # Keyed by storage, as the adapters save a reshaped view; a weak reference, so a
+        # freed tensor whose memory is reused never matches.
+        self.makers[t.untyped_storage().data_ptr()] = (weakref.ref(t), t._version, make)
+        return t
+
+    def pack(self, t: torch.Tensor):
+        entry = self.makers.get(t.untyped_storage().data_ptr())
+        if entry is None or t.layout != torch.strided:
+            return t
+        source = entry[0]()
+        if (
+            source is not None
+            and t._version == entry[1]  # views share the version counter
+            and t.storage_offset() == source.storage_offset()
+            and t.numel() == source.numel()
+            and t.is_contiguous()
+            and source.is_contiguous()
+        ):
+            return (entry[2], t.shape)
+        return t
+
+    @staticmethod
+    def unpack(saved):
+        if isinstance(saved, torch.Tensor):
+            return saved
+        make, shape = saved
+        with torch.no_grad():
+            return make().view(shape)
+
+    def hooks(self):
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)

@@ -14,10 +14,13 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 CHUNK_BYTES = 64 * 1024**2  # fp32 logits of one chunk
+# LinearCrossEntropy's one buffer: half the size costs no speed there (measured on the CPU,
+# docs/performance.md), while the checkpointed chunks keep the size older runs resume with.
+FUSED_CHUNK_BYTES = 32 * 1024**2
 
 
-def chunk_positions(vocab_size: int) -> int:
-    return max(1, CHUNK_BYTES // (4 * vocab_size))
+def chunk_positions(vocab_size: int, fused: bool = False) -> int:
+    return max(1, (FUSED_CHUNK_BYTES if fused else CHUNK_BYTES) // (4 * vocab_size))
 
 
 def _chunk_loss(head: torch.nn.Module, hidden, targets, weights):
@@ -48,12 +51,19 @@ class LinearCrossEntropy(torch.autograd.Function):
         total = hidden.new_zeros((), dtype=torch.float32)
         d_hidden = torch.empty_like(hidden) if hidden.requires_grad else None
         d_weight = torch.zeros_like(weight) if weight.requires_grad else None
+        # One logits buffer for every chunk: the softmax and its gradient are made in it in
+        # place, so a chunk costs one (positions x vocabulary) block, allocated once.
+        buf = hidden.new_empty(min(chunk, len(targets)), weight.shape[0])
         for start in range(0, len(targets), chunk):
             part = slice(start, start + chunk)
             h, t = hidden[part], targets[part]
-            logp = torch.log_softmax(h @ weight.t(), dim=1)
-            total -= (logp.gather(1, t[:, None]).squeeze(1) * w[part]).sum()
-            grad = logp.exp_()  # the softmax, in the log-probabilities' memory
+            z = torch.mm(h, weight.t(), out=buf[: len(t)])
+            z.sub_(z.amax(1, keepdim=True))
+            picked = z.gather(1, t[:, None]).squeeze(1)
+            grad = z.exp_()
+            sums = grad.sum(1)
+            total += ((sums.log() - picked) * w[part]).sum()
+            grad.div_(sums[:, None])  # the softmax
             grad[torch.arange(len(t), device=t.device), t] -= 1
             grad.mul_(w[part, None])
             if d_hidden is not None:
@@ -89,9 +99,10 @@ def lm_loss(
         weights = mask.reshape(-1).float()
         keep = weights.nonzero().squeeze(1)  # positions without a label get no logits
         hidden, targets, weights = hidden[keep], targets[keep], weights[keep]
-    chunk = chunk or chunk_positions(head.weight.shape[0])
+    fused = fused and fusable(head, hidden)
+    chunk = chunk or chunk_positions(head.weight.shape[0], fused)
     count = weights.sum().clamp(min=1) if mask is not None else weights.new_tensor(len(weights))
-    if fused and fusable(head, hidden):
+    if fused:
         return LinearCrossEntropy.apply(hidden, head.weight, targets, weights / count, chunk)
     if mask is None and len(targets) <= chunk:  # one chunk: exactly the plain mean
         return F.cross_entropy(head(hidden).float(), targets)

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from core.config.spec import TrainConfig, from_known
-from core.models.fused import rms_norm, signed_sin, swiglu
+from core.models.fused import Remake, rms_norm, signed_sin, swiglu
 from core.models.fused import rope as fused_rope
 from core.models.loss import lm_loss, sequence_logps
 
@@ -231,10 +231,13 @@ class MLP(nn.Module):
         self.proj = nn.Linear(c.ffn_dim, c.hidden_dim, bias=c.mlp_bias)
         self.drop = nn.Dropout(c.dropout)
 
-    def forward(self, x):
+    def forward(self, x, remake: Remake | None = None):
         h = self.fc(x)
         if self.kind == "swiglu" and self.fused:
-            h = swiglu(h)  # silu(gate) * up, keeping only h for the backward pass
+            gate_up = h
+            h = swiglu(gate_up)  # silu(gate) * up, keeping only h for the backward pass
+            if remake is not None:
+                remake.register(h, lambda: swiglu(gate_up))
         elif self.kind == "swiglu":
             gate, up = h.chunk(2, dim=-1)
             h = F.silu(gate) * up
@@ -251,9 +254,14 @@ class Block(nn.Module):
         self.ln2 = make_norm(c)
         self.mlp = MLP(c)
 
-    def forward(self, x, rope=None, mask=None):
-        x = x + self.attn(self.ln1(x), rope, mask)
-        return x + self.mlp(self.ln2(x))
+    def forward(self, x, rope=None, mask=None, remake: Remake | None = None):
+        x = x + self.attn(self._norm(self.ln1, x, remake), rope, mask)
+        return x + self.mlp(self._norm(self.ln2, x, remake), remake)
+
+    @staticmethod
+    def _norm(norm, x, remake: Remake | None):
+        out = norm(x)
+        return out if remake is None else remake.register(out, lambda: norm(x))
 
     def cached(self, x, past, rope=None):
         y, kv = self.attn.cached(self.ln1(x), past, rope)
@@ -349,10 +357,16 @@ class GPT(nn.Module):
         positions, mask = packed(segments) if segments is not None else (None, None)
         x, rope = self._embed(idx, 0, positions)
         x = self.drop(x)
-        for block in self.blocks:
-            if self.config.grad_checkpointing and self.training:
+        if self.config.grad_checkpointing and self.training:
+            for block in self.blocks:
                 x = checkpoint(block, x, rope, mask, use_reentrant=False)
-            else:
+        elif self.config.fused and self.training and torch.is_grad_enabled():
+            remake = Remake()  # the adapters' inputs are remade in backward, not kept
+            with remake.hooks():
+                for block in self.blocks:
+                    x = block(x, rope, mask, remake)
+        else:
+            for block in self.blocks:
                 x = block(x, rope, mask)
         if targets is None:
             return self.head(self.ln_f(x)), None

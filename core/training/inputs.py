@@ -21,7 +21,7 @@ from core.data.windows import TokenData
 from core.errors import CheckpointError
 from core.models import lora, quant
 from core.models.model import GPT, GPTConfig
-from core.weights.loader import Pretrained
+from core.weights.loader import Pretrained, drop_pages
 
 
 def prepare_data(cfg: TrainConfig, pretrained: Pretrained | None, saved: dict | None, *,
@@ -137,10 +137,12 @@ def _materialize(model: GPT, dtype: torch.dtype) -> None:
         else:
             value = param.detach()
         wanted = dtype if value.is_floating_point() else value.dtype
-        tensor = value.to(wanted).clone()
+        # A file tensor already in dtype stays a view of its file (pages read as used).
+        tensor = value.to(wanted)
         setattr(module, leaf, nn.Parameter(tensor, requires_grad=param.requires_grad))
     if hasattr(model, "weight_sources"):
         del model.weight_sources
+    drop_pages(getattr(model, "weight_maps", []))  # what quantizing and joining read
     if model.config.tie_embeddings:
         model.head.weight = model.tok_emb.weight
 

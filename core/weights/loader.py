@@ -114,15 +114,19 @@ SAFETENSORS_DTYPES = {
 }  # fmt: skip
 
 
-def map_safetensors(path: Path) -> dict[str, torch.Tensor]:
+def map_safetensors(path: Path, maps: list | None = None) -> dict[str, torch.Tensor]:
     """A .safetensors file's tensors as views of a copy-on-write memory map of it: nothing is
-    read until a tensor is used, and what is read stays file pages the system can drop."""
+    read until a tensor is used, and what is read stays file pages the system can drop.
+    maps: collects the map, for drop_pages once the model holds what it needs."""
     import numpy as np
 
     with open(path, "rb") as f:
         size = int.from_bytes(f.read(8), "little")
         header = json.loads(f.read(size))
-    raw = torch.from_numpy(np.memmap(path, dtype=np.uint8, mode="c"))
+    mapped = np.memmap(path, dtype=np.uint8, mode="c")
+    if maps is not None:
+        maps.append(mapped)
+    raw = torch.from_numpy(mapped)
     out = {}
     for name, info in header.items():
         if name == "__metadata__":
@@ -133,15 +137,28 @@ def map_safetensors(path: Path) -> dict[str, torch.Tensor]:
     return out
 
 
-def read_weights(folder: Path, mapped: bool = False) -> dict[str, torch.Tensor]:
-    """Every tensor of a model folder's weight files; mapped: memory-mapped, in the files'
-    own dtype, read only when used (exports of models larger than memory)."""
-    from safetensors.torch import load_file
+def drop_pages(maps: list) -> None:
+    """Let go of the file pages that loading read (joined, converted or skipped tensors):
+    they would otherwise count in the process's memory for the whole run. Tensors still
+    viewing the files read their pages again when used. Unwritten pages only: call before
+    training changes a weight."""
+    import mmap
 
+    if not hasattr(mmap, "MADV_DONTNEED"):  # Windows: the system trims on its own
+        return
+    for m in maps:
+        if len(m):
+            m._mmap.madvise(mmap.MADV_DONTNEED)
+
+
+def read_weights(folder: Path, mapped: bool = False, maps: list | None = None) -> dict:
+    """Every tensor of a model folder's weight files, in the files' own dtype; .safetensors
+    are memory-mapped (read only when used), .bin/.pt ones too when mapped (exports of
+    models larger than memory). maps: see map_safetensors."""
     state = {}
     for f in weight_files(folder):
         if f.suffix == ".safetensors":
-            state.update(map_safetensors(f) if mapped else load_file(str(f)))
+            state.update(map_safetensors(f, maps))
             continue
         try:  # data only: a pickle that needs code to load is refused
             state.update(torch.load(f, map_location="cpu", weights_only=True, mmap=mapped))
@@ -225,15 +242,19 @@ class Pretrained:
         with torch.device("meta"):
             model = GPT(c)
         wanted = set(model.state_dict())
-        files = read_weights(self.folder, mapped)
+        maps: list = []
+        files = read_weights(self.folder, mapped, maps)
         state = families.import_weights(self.family, c, files, wanted, lazy=mapped)
         if mapped:  # file tensors go in as they are; joined ones stay meta, made on demand
+            model.weight_maps = maps  # for drop_pages once the model is made
             model.weight_sources = {k: v for k, v in state.items() if callable(v)}
             state = {k: v for k, v in state.items() if not callable(v)}
         else:
             model = model.to_empty(device="cpu")
             state = {k: v.float() for k, v in state.items()}
         model.load_state_dict(state, strict=False, assign=True)
+        if not mapped:
+            drop_pages(maps)
         if c.tie_embeddings:
             model.head.weight = model.tok_emb.weight
         return model

@@ -137,3 +137,40 @@ def test_a_fine_tune_uses_the_fused_ops_and_a_new_model_the_plain_ones():
     assert (new.fused, tuned.fused) == (False, True)
     norms = [m for m in GPT(tuned).modules() if isinstance(m, RMSNorm)]
     assert norms and all(m.fused for m in norms)
+
+
+def test_a_lora_fine_tune_remakes_the_adapters_inputs_with_equal_gradients(monkeypatch):
+    """The norms' and SwiGLU's outputs that the adapters would keep are remade in backward:
+    the same gradients, bit for bit, and three fewer activations a layer kept."""
+    from core.models import lora
+    from core.models.model import GPT, GPTConfig
+
+    def gradients():
+        torch.manual_seed(0)
+        c = GPTConfig(hidden_dim=32, n_layers=2, n_heads=4, n_kv_heads=2, seq_len=16,
+                      norm="rmsnorm", mlp="swiglu", positions="rope", vocab_size=40,
+                      fused=True)  # fmt: skip
+        model = GPT(c)
+        lora.apply_lora(model, rank=4, alpha=8.0, dropout=0.0, targets="all")
+        for m in model.modules():
+            if isinstance(m, lora.LoRALinear):
+                torch.nn.init.normal_(m.lora_B)  # non-zero B: every path carries gradient
+        idx = torch.randint(0, 40, (2, 16), generator=torch.Generator().manual_seed(1))
+        _, value = model(idx, idx.roll(1, dims=1))
+        value.backward()
+        return {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+
+    remade = []
+    unpack = fused.Remake.unpack
+    monkeypatch.setattr(
+        fused.Remake,
+        "unpack",
+        staticmethod(lambda s: unpack(s) if torch.is_tensor(s) else remade.append(s) or unpack(s)),
+    )
+    kept_fewer = gradients()
+    assert len(remade) == 3 * 2  # both norms' outputs and SwiGLU's, in each of 2 layers
+    monkeypatch.setattr(fused.Remake, "register", lambda self, t, make: t)
+    kept_all = gradients()
+    assert kept_fewer.keys() == kept_all.keys()
+    for name, grad in kept_fewer.items():
+        assert torch.equal(grad, kept_all[name]), name

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -238,3 +239,30 @@ def test_a_pickled_only_folder_loads_plain_weights_and_refuses_code(models, tmp_
     torch.save({"x": Payload()}, folder / "pytorch_model.bin")
     with pytest.raises(Exception, match="cannot be read as plain weights"):
         load(folder)
+
+
+def resident_kib(path) -> int:
+    """Resident KiB of this process's mappings of path (Linux's /proc/self/smaps)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        fields = line.split()
+        if "-" in fields[0] and not fields[0].endswith(":"):
+            inside = len(fields) > 5 and fields[5] == str(path)
+        elif inside and fields[0] == "Rss:":
+            total += int(fields[1])
+    return total
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="Linux's /proc only")
+def test_loading_keeps_no_file_pages_the_model_does_not_use(models):
+    """Joining q/k/v reads their file pages; they are let go after loading (they counted in
+    the process's memory for the whole run), and the weights still read their files."""
+    from core.weights.loader import open_pretrained
+
+    folder, hf_model, tok = models["qwen3"]
+    weights = (folder / "model.safetensors").resolve()
+    model = open_pretrained(folder).load_model()
+    assert resident_kib(weights) == 0
+    ids = torch.tensor([tok("def add(a, b): hello")["input_ids"]])
+    with torch.no_grad():
+        assert torch.allclose(model(ids)[0], hf_model(ids).logits, atol=1e-4)
