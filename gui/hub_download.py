@@ -15,6 +15,7 @@ STEPS = 1000  # the dialog's range: thousandths of the download
 
 class DownloadThread(QThread):
     described = Signal(str)  # what config.json says, before any weights come
+    configured = Signal(object)  # the model as its config.json alone (loader.config_only)
     progressed = Signal(float, float)  # bytes done, bytes in all (floats: past 2 GiB)
     done = Signal(str)  # the snapshot folder
     failed = Signal(str)  # one line
@@ -28,6 +29,7 @@ class DownloadThread(QThread):
         try:
             pre = config_only(self.repo_id)  # config.json alone: a few kB
             self.described.emit(f"{pre.family}, {pre.n_params() / 1e6:,.1f}M parameters")
+            self.configured.emit(pre)
             folder = download.download(
                 self.repo_id,
                 progress=lambda done, total: self.progressed.emit(float(done), float(total)),

@@ -24,7 +24,7 @@ from PySide6.QtWidgets import (
 )
 
 from core.config import presets as preset_lib
-from core.config.spec import TrainConfig
+from core.config.spec import TrainConfig, validate
 from core.errors import ConfigError, UserError
 from core.runs.folder import (
     DEFAULT_RUNS_ROOT,
@@ -34,6 +34,7 @@ from core.runs.folder import (
     resume_config,
 )
 from core.training.estimate import fit_micro_batch, fit_pretrained, walk_ladder
+from core.weights.loader import apply_pretrained
 from gui.estimate_panel import EstimatePanel, judge
 from gui.form import ConfigForm
 from gui.hardware_panel import HardwareInfo, HardwarePanel, detect
@@ -134,6 +135,7 @@ class MainWindow(QMainWindow):
         column.addWidget(self.preset_box)
         self.start_from = StartFromBox()
         self.start_from.changed.connect(self._start_from_changed)
+        self.start_from.configured.connect(self._ladder_before_download)
         column.addWidget(self.start_from)
         column.addWidget(self.form)
         column.addWidget(OutputBox(self.out_edit, self._choose_out))
@@ -179,6 +181,22 @@ class MainWindow(QMainWindow):
         if pretrained is not None and gpu and gpu.get("free_bytes") and self.form.is_valid:
             self._fit_pretrained(self.form.validated(), gpu, quiet=True)  # the recommendation
         self._update_controls()
+
+    def _ladder_before_download(self, pre) -> None:
+        """The fit ladder of a hub model from its config.json alone, while its weights
+        download: whether and how it fits is known before gigabytes arrive."""
+        gpu = self.info.gpu_for(self.form.config().device)
+        if not (gpu and gpu.get("free_bytes") and self.form.is_valid):
+            return
+        try:
+            cfg = dataclasses.replace(self.form.validated(), init_from=pre.name)
+            cfg = validate(apply_pretrained(cfg, pre))
+        except UserError:
+            return  # the form's own line says what is wrong
+        rungs = walk_ladder(cfg, gpu["free_bytes"])
+        why = fit_pretrained(cfg, gpu["free_bytes"], rungs)[1]
+        note = f"{why} (from config.json; the weights are downloading)"
+        self.estimate.set_ladder(gpu["name"], rungs, note)
 
     def save_preset_as(self, name: str, description: str = "") -> Path | None:
         """Write the form as a user preset and select it."""

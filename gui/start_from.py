@@ -27,6 +27,8 @@ class StartFromBox(QGroupBox):
     """`changed` carries the Pretrained model, or None for a new model."""
 
     changed = Signal(object)
+    # A hub model's config.json while its weights download: enough for the fit ladder.
+    configured = Signal(object)
 
     def __init__(self, parent=None):
         super().__init__("Start from", parent)
@@ -133,6 +135,7 @@ class StartFromBox(QGroupBox):
         self.download = HubDownload(text, self)
         self.download.thread.done.connect(lambda _folder: self._downloaded(text))
         self.download.thread.failed.connect(self._download_failed)
+        self.download.thread.configured.connect(self.configured.emit)
         self.download.thread.described.connect(
             lambda what: self.info.setText(
                 f"Downloading {text} ({what}) into the Hugging Face cache…"

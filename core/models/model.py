@@ -182,6 +182,10 @@ class SelfAttention(nn.Module):
         q = q.view(b, t, self.n_heads, self.hd).transpose(1, 2)
         k = k.view(b, t, self.n_kv, self.hd).transpose(1, 2)
         v = v.view(b, t, self.n_kv, self.hd).transpose(1, 2)
+        if self.fused and torch.is_grad_enabled():
+            # SDPA keeps v for backward: a view would keep all of qkv's output alive, the
+            # q and k parts of which RoPE has already copied.
+            v = v.contiguous()
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:

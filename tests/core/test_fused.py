@@ -174,3 +174,25 @@ def test_a_lora_fine_tune_remakes_the_adapters_inputs_with_equal_gradients(monke
     assert kept_fewer.keys() == kept_all.keys()
     for name, grad in kept_fewer.items():
         assert torch.equal(grad, kept_all[name]), name
+
+
+def test_attention_keeps_no_view_of_the_whole_qkv_output():
+    """SDPA keeps q, k and v for its backward; v as a view of the q/k/v product would keep
+    that whole product alive after RoPE has copied q and k out of it."""
+    from core.models.model import GPTConfig, SelfAttention
+
+    c = GPTConfig(hidden_dim=32, n_layers=1, n_heads=4, n_kv_heads=2, seq_len=8,
+                  norm="rmsnorm", positions="rope", fused=True)  # fmt: skip
+    attn = SelfAttention(c)
+    products = []
+    attn.qkv.register_forward_hook(lambda m, i, out: products.append(out))
+    kept = []
+
+    def pack(t):
+        kept.append(t.untyped_storage().data_ptr())
+        return t
+
+    cos, sin = torch.ones(8, 8), torch.zeros(8, 8)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        attn(torch.randn(2, 8, 32, requires_grad=True), (cos, sin))
+    assert products and products[0].untyped_storage().data_ptr() not in kept

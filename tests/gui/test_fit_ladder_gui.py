@@ -79,6 +79,26 @@ def test_a_hub_id_downloads_off_the_gui_thread_then_fills_the_form(make_window, 
     assert window.form.validated().init_from == REPO  # the run names the hub id
 
 
+def test_the_fit_ladder_shows_from_config_json_before_the_weights_arrive(
+    make_window, hub, qtbot, monkeypatch
+):
+    from test_gui import FAKE_8GB
+
+    from core.platform import hardware
+
+    monkeypatch.setattr(hardware, "gpus", lambda: [dict(FAKE_8GB)])
+    window = make_window()
+    hub["gate"].clear()  # the weights never come during this test
+    window.start_from.set_source(REPO)
+    choice = window.estimate.choice
+    qtbot.waitUntil(lambda: "weights are downloading" in choice.text(), timeout=10_000)
+    assert "Fit ladder" in choice.text() and "QLoRA" in choice.text()
+    assert window.start_from.pretrained is None  # nothing to start from yet
+    hub["gate"].set()
+    qtbot.waitUntil(lambda: window.start_from.pretrained is not None, timeout=20_000)
+    assert "weights are downloading" not in choice.text()  # now from the model itself
+
+
 def test_cancel_stops_the_download_and_says_so(make_window, hub, qtbot):
     hub["block"] = True
     window = make_window()
