@@ -5,18 +5,22 @@ model instead of a traceback.
 
 Resuming: files are fetched one at a time at one pinned revision, and each finished file
 stays in the cache, so a cancelled or broken download goes on from the first file it lacks.
-Within a file, huggingface_hub (2.x) retries a dropped connection from the byte it reached
-(an HTTP Range request, up to 5 times); a file cut off for good is deleted by it and fetched
-again whole the next time (its partial `.incomplete` files are unique per process and not
-reused).
+Within a weight file (a Git LFS file: every `.safetensors`), the bytes come through
+huggingface_hub's own `http_get` into a partial file of TrainDeck's, kept when the download
+is cancelled or cut off; the next start asks for the rest only (an HTTP Range request), checks
+the whole file's SHA-256 against the hub's and then files it in the cache as huggingface_hub
+does (a blob named by that hash and a snapshot link to it). huggingface_hub's own downloads
+(2.x) cannot do this: their partial files are unique per process and deleted on failure.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fnmatch
+import hashlib
 import inspect
 import logging
+import os
 import shutil
 from pathlib import Path
 
@@ -98,24 +102,95 @@ def _is_offline(e: BaseException) -> bool:
     return isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout, ConnectionError))
 
 
-def list_files(repo_id: str) -> tuple[str, list[tuple[str, int]]]:
-    """(revision, [(file, bytes)]) of the files TrainDeck reads from a hub model."""
+def list_files(repo_id: str) -> tuple[str, list[tuple[str, int, str | None]]]:
+    """(revision, [(file, bytes, SHA-256 of a Git LFS file or None)]) of the files TrainDeck
+    reads from a hub model."""
     from huggingface_hub import HfApi
 
     info = HfApi().model_info(repo_id, files_metadata=True)
-    files = [(s.rfilename, int(s.size or 0)) for s in info.siblings or [] if wanted(s.rfilename)]
+    files = [
+        (s.rfilename, int(s.size or 0), getattr(getattr(s, "lfs", None), "sha256", None))
+        for s in info.siblings or []
+        if wanted(s.rfilename)
+    ]
     return info.sha, files
 
 
-def missing_files(repo_id: str, revision: str, files: list[tuple[str, int]]):
+def missing_files(repo_id: str, revision: str, files: list):
     """The files not yet in the cache at that revision."""
     from huggingface_hub import try_to_load_from_cache
 
     return [
-        (name, size)
-        for name, size in files
-        if not isinstance(try_to_load_from_cache(repo_id, name, revision=revision), str)
+        f
+        for f in files
+        if not isinstance(try_to_load_from_cache(repo_id, f[0], revision=revision), str)
     ]
+
+
+def partial_dir() -> Path:
+    """Where weight files being downloaded wait, by SHA-256, until they are whole."""
+    return cache_dir().parent / "traindeck-partial"
+
+
+def file_url(repo_id: str, name: str, revision: str) -> str:
+    from huggingface_hub import hf_hub_url
+
+    return hf_hub_url(repo_id, name, revision=revision)
+
+
+def fetch_resumable(repo_id: str, revision: str, name: str, size: int, sha256: str, tqdm_class):
+    """One Git LFS file into the cache, from the bytes an earlier, stopped download left."""
+    from huggingface_hub.file_download import http_get
+    from huggingface_hub.utils import build_hf_headers
+
+    part = partial_dir() / sha256
+    part.parent.mkdir(parents=True, exist_ok=True)
+    have = part.stat().st_size if part.exists() else 0
+    if have > size:  # not this file's beginning: start over
+        part.unlink()
+        have = 0
+    if have:  # the bytes already here count towards the progress
+        tqdm_class(total=size).update(have)
+    with open(part, "ab") as f:
+        http_get(
+            file_url(repo_id, name, revision), f, resume_size=have, headers=build_hf_headers(),
+            expected_size=size, tqdm_class=tqdm_class,
+        )  # fmt: skip
+    if _sha256(part) != sha256:
+        part.unlink()  # a corrupt partial would fail every later start the same way
+        raise DownloadError(
+            f"init_from: {name} of {repo_id} arrived damaged (its SHA-256 is not the hub's); "
+            "start again to download it anew"
+        )
+    _file_in_cache(repo_id, revision, name, part, sha256)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(8 * 1024**2):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _file_in_cache(repo_id: str, revision: str, name: str, whole: Path, sha256: str) -> None:
+    """As huggingface_hub files a download: blobs/<sha256>, and snapshots/<revision>/<name>
+    a relative link to it (a copy where links cannot be made, as on Windows without
+    developer mode)."""
+    from huggingface_hub.file_download import repo_folder_name
+
+    repo = cache_dir() / repo_folder_name(repo_id=repo_id, repo_type="model")
+    blob = repo / "blobs" / sha256
+    blob.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(str(whole), blob)
+    link = repo / "snapshots" / revision / name
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    try:
+        link.symlink_to(os.path.relpath(blob, link.parent))
+    except OSError:
+        shutil.copyfile(blob, link)
 
 
 def check_disk(repo_id: str, need: int, folder: Path | None = None) -> None:
@@ -151,6 +226,22 @@ def _reporting_tqdm(on_bytes, cancel):
     return Reporting
 
 
+def _note_main(repo_id: str, revision: str) -> None:
+    """refs/main -> the revision just downloaded, as huggingface_hub writes it for a download
+    by branch name: files fetched at a pinned commit leave none, and without it the next
+    start could not find the model offline (cached())."""
+    from huggingface_hub.file_download import repo_folder_name
+
+    ref = cache_dir() / repo_folder_name(repo_id=repo_id, repo_type="model") / "refs" / "main"
+    ref.parent.mkdir(parents=True, exist_ok=True)
+    ref.write_text(revision)
+
+
+def _partial_bytes(sha256: str | None) -> int:
+    part = partial_dir() / sha256 if sha256 else None
+    return part.stat().st_size if part is not None and part.exists() else 0
+
+
 def _cli_bar(total: int, repo_id: str):
     from tqdm.auto import tqdm
 
@@ -180,8 +271,8 @@ def download(repo_id: str, progress=None, cancel=None) -> Path:
     except Exception as e:
         raise explain(repo_id, e) from None
     todo = missing_files(repo_id, revision, files)
-    total = sum(size for _, size in todo)
-    check_disk(repo_id, total)
+    total = sum(size for _, size, _ in todo)
+    check_disk(repo_id, total - sum(_partial_bytes(sha) for _, _, sha in todo))
     bar = _cli_bar(total, repo_id) if progress is None else None
     done = 0
 
@@ -197,20 +288,24 @@ def download(repo_id: str, progress=None, cancel=None) -> Path:
     chunked = "tqdm_class" in inspect.signature(hf_hub_download).parameters
     extra = {"tqdm_class": _reporting_tqdm(on_bytes, cancel)} if chunked else {}
     try:
-        for name, size in todo:
+        for name, size, sha256 in todo:
             if cancel is not None and cancel():
                 raise DownloadCancelled("download cancelled")
+            if sha256 and chunked:  # a weight file: resumable within itself
+                fetch_resumable(repo_id, revision, name, size, sha256, extra["tqdm_class"])
+                continue
             hf_hub_download(repo_id, name, revision=revision, **extra)
             if not chunked:
                 on_bytes(size)
         folder = snapshot_download(
             repo_id, revision=revision, allow_patterns=PATTERNS, local_files_only=True
         )
+        _note_main(repo_id, revision)
     except DownloadCancelled:
         raise DownloadCancelled(
             f"init_from: downloading {repo_id} was cancelled at {done / GB:.2f} of "
-            f"{total / GB:.2f} GB; the finished files stay in {cache_dir()} and the next "
-            "start goes on from there"
+            f"{total / GB:.2f} GB; the finished files stay in {cache_dir()}, a file cut "
+            f"short in {partial_dir()}, and the next start goes on from there"
         ) from None
     except Exception as e:
         raise explain(repo_id, e) from None

@@ -1,6 +1,7 @@
 """Hub downloads without a network: huggingface_hub's functions replaced by fakes that raise
 its real exception classes or write files, a fake file-size listing for the disk check."""
 
+import contextlib
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -94,7 +95,7 @@ def test_cancel_keeps_finished_files_and_the_next_start_goes_on(monkeypatch, tmp
 def test_a_model_larger_than_the_free_disk_is_refused_before_any_byte(monkeypatch, tmp_path):
     hub = FakeHub(monkeypatch, tmp_path, FILES)
     monkeypatch.setattr(
-        download, "list_files", lambda r: ("abc123", [("model.safetensors", 16 * GB)])
+        download, "list_files", lambda r: ("abc123", [("model.safetensors", 16 * GB, None)])
     )
     monkeypatch.setattr(download.shutil, "disk_usage", lambda p: SimpleNamespace(free=5 * GB))
     with pytest.raises(download.DownloadError) as e:
@@ -166,3 +167,90 @@ class _Quiet:
 
     def update(self, n=1):
         pass
+
+
+class RangeServer:
+    """A local HTTP server for one file's bytes that honours `Range: bytes=N-` (206) as the
+    hub's CDN does, and records the ranges asked for."""
+
+    def __init__(self, data: bytes):
+        import http.server
+        import threading
+
+        self.data, self.ranges = data, []
+        owner = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                start = 0
+                if rng := self.headers.get("Range"):
+                    start = int(rng.split("=")[1].split("-")[0])
+                owner.ranges.append(start)
+                body = owner.data[start:]
+                self.send_response(206 if start else 200)
+                if start:
+                    n = len(owner.data)
+                    self.send_header("Content-Range", f"bytes {start}-{n - 1}/{n}")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    self.wfile.write(body)  # a cancelled download hangs up part way
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/model.safetensors"
+
+
+@pytest.fixture
+def lfs_hub(monkeypatch, tmp_path):
+    """A hub with one Git LFS weight file served over real HTTP, and a real cache folder."""
+    import hashlib
+    import os
+
+    from huggingface_hub import constants
+
+    data = os.urandom(600_000)
+    server = RangeServer(data)
+    revision, sha = "a" * 40, hashlib.sha256(data).hexdigest()
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 64 * 1024)
+    monkeypatch.setattr(download, "cache_dir", lambda: tmp_path / "hub")
+    listing = (revision, [("model.safetensors", len(data), sha)])
+    monkeypatch.setattr(download, "list_files", lambda repo_id: listing)
+    monkeypatch.setattr(download, "file_url", lambda *a: server.url)
+    yield SimpleNamespace(data=data, sha=sha, server=server, part=download.partial_dir() / sha)
+    server.server.shutdown()
+
+
+def test_a_cancelled_weight_file_resumes_from_the_byte_it_reached(lfs_hub):
+    seen = []
+
+    def cancel():
+        return bool(seen) and seen[-1][0] >= 200_000
+
+    with pytest.raises(download.DownloadCancelled, match="cut short in"):
+        download.download(REPO, progress=lambda d, t: seen.append((d, t)), cancel=cancel)
+    kept = lfs_hub.part.stat().st_size
+    assert 200_000 <= kept < len(lfs_hub.data)  # the partial file stays
+    assert lfs_hub.data.startswith(lfs_hub.part.read_bytes())
+    seen.clear()
+    folder = download.download(REPO, progress=lambda d, t: seen.append((d, t)))
+    assert lfs_hub.server.ranges == [0, kept]  # the second start asked for the rest only
+    assert (folder / "model.safetensors").read_bytes() == lfs_hub.data
+    assert not lfs_hub.part.exists()
+    assert seen[-1] == (len(lfs_hub.data), len(lfs_hub.data))  # the kept bytes counted
+    assert download.cached(REPO) == folder  # the next start needs no network
+
+
+def test_a_damaged_partial_file_is_one_line_and_thrown_away(lfs_hub):
+    lfs_hub.part.parent.mkdir(parents=True, exist_ok=True)
+    lfs_hub.part.write_bytes(b"not the file's first bytes")
+    with pytest.raises(download.DownloadError, match="arrived damaged") as e:
+        download.download(REPO, progress=lambda *a: None)
+    assert "\n" not in str(e.value) and not lfs_hub.part.exists()
+    folder = download.download(REPO, progress=lambda *a: None)  # the next start: whole again
+    assert (folder / "model.safetensors").read_bytes() == lfs_hub.data
