@@ -175,7 +175,7 @@ def _sha256(path: Path) -> str:
 
 def _file_in_cache(repo_id: str, revision: str, name: str, whole: Path, sha256: str) -> None:
     """As huggingface_hub files a download: blobs/<sha256>, and snapshots/<revision>/<name>
-    a relative link to it (a copy where links cannot be made, as on Windows without
+    a relative link to it (the file itself where links cannot be made, as on Windows without
     developer mode)."""
     from huggingface_hub.file_download import repo_folder_name
 
@@ -189,8 +189,8 @@ def _file_in_cache(repo_id: str, revision: str, name: str, whole: Path, sha256: 
         link.unlink()
     try:
         link.symlink_to(os.path.relpath(blob, link.parent))
-    except OSError:
-        shutil.copyfile(blob, link)
+    except OSError:  # as huggingface_hub then does: the file itself, not a second copy
+        shutil.move(str(blob), link)
 
 
 def check_disk(repo_id: str, need: int, folder: Path | None = None) -> None:
