@@ -21,6 +21,8 @@ raised to about peft's trainable parameter count); qlora (a 4-bit NF4 base throu
 bitsandbytes on both sides); lora16 (a 16-bit base: memory after loading only, since 16-bit
 matrix products are a few hundred times slower than fp32 on a CPU without AMX). TrainDeck runs
 each with its chunked loss (td) and with plain cross-entropy over the whole logits (td-plain).
+After the table: each side's rate of matrix-product work (GFLOP/s from the model's shape) as a
+share of this CPU's own fp32 product rate, the ceiling any step could reach.
 """
 
 from __future__ import annotations
@@ -346,6 +348,7 @@ def vs_peft(a) -> None:
                       + (res.get("error") or f"{res.get('tokens_per_s', 0):7.0f} tok/s "
                          f"{res['peak_rss_mb']:6.0f} MB"), flush=True)  # fmt: skip
         print_table(results, a)
+        print_rates(results, a, folder)
 
 
 def summary(runs: list[dict]) -> dict | None:
@@ -360,6 +363,49 @@ def summary(runs: list[dict]) -> dict | None:
         out.update(tps=median(speeds), lo=min(speeds), hi=max(speeds), losses=good[0]["losses"])
         out["cpu"] = median([r["tokens_per_cpu_s"] for r in good])
     return out
+
+
+def matmul_peak(threads: int) -> float:
+    """This CPU's fp32 matrix-product rate in GFLOP/s at threads (2048-square products, the
+    best of 5 timings of 4): what a step made of products could reach at most."""
+    import torch
+
+    torch.set_num_threads(threads)
+    x, y = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(4):
+            x @ y
+        best = min(best, time.perf_counter() - t0)
+    return 4 * 2 * 2048**3 / best / 1e9
+
+
+def step_flops_per_token(folder: Path, mode: str, seq: int) -> float:
+    """Matrix-product FLOPs a training token costs: the blocks' linears, the head, attention
+    (causal: half the T x T products). The backward of a frozen weight makes only its input's
+    gradient (one product, LoRA and QLoRA), a trained one two (full); adapters are ignored."""
+    c = json.loads((folder / "config.json").read_text())
+    h, f, n, v = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
+    hd = c.get("head_dim") or h // c["num_attention_heads"]
+    q, kv = c["num_attention_heads"] * hd, c.get("num_key_value_heads", 1) * hd
+    linears = n * (h * (q + 2 * kv) + q * h + 3 * h * f) + h * v
+    attention = n * 2 * seq * q  # QK^T and AV over half the window, 2 FLOPs a multiply-add
+    backward = 2 if mode == "full" else 1
+    return 2 * linears * (1 + backward) + 3 * attention
+
+
+def print_rates(results: dict, a, folder: Path) -> None:
+    """Each side's matrix-product rate against the CPU's: how far a faster step could go."""
+    peak = matmul_peak(a.threads)
+    print(f"\nthis CPU's fp32 matrix products at {a.threads} threads: {peak:,.0f} GFLOP/s")
+    for (mode, side), runs in results.items():
+        s = summary(runs)
+        if s is None or "tps" not in s or mode == "lora-eq":
+            continue
+        rate = step_flops_per_token(folder, mode, a.seq) * s["tps"] / 1e9
+        print(f"{mode:<8} {side:<9} {rate:7,.0f} GFLOP/s of products = {rate / peak:4.0%} "
+              f"of the CPU's")  # fmt: skip
 
 
 def print_table(results: dict, a) -> None:
