@@ -194,8 +194,8 @@ class MainWindow(QMainWindow):
         except UserError:
             return  # the form's own line says what is wrong
         rungs = walk_ladder(cfg, gpu["free_bytes"])
-        why = fit_pretrained(cfg, gpu["free_bytes"], rungs)[1]
-        note = f"{why} (from config.json; the weights are downloading)"
+        headline, sep, rest = fit_pretrained(cfg, gpu["free_bytes"], rungs)[1].partition(";")
+        note = f"{headline} (from config.json; the weights are downloading){sep}{rest}"
         self.estimate.set_ladder(gpu["name"], rungs, note)
 
     def save_preset_as(self, name: str, description: str = "") -> Path | None:
