@@ -364,7 +364,7 @@ class GPT(nn.Module):
         if self.config.grad_checkpointing and self.training:
             for block in self.blocks:
                 x = checkpoint(block, x, rope, mask, use_reentrant=False)
-        elif self.config.fused and self.training and torch.is_grad_enabled():
+        elif self._remakes():
             remake = Remake()  # the adapters' inputs are remade in backward, not kept
             with remake.hooks():
                 for block in self.blocks:
@@ -377,6 +377,16 @@ class GPT(nn.Module):
         if per_sequence:
             return None, sequence_logps(self.head, self.ln_f(x), targets, loss_mask)
         return None, lm_loss(self.head, self.ln_f(x), targets, loss_mask, fused=self.config.fused)
+
+    def _remakes(self) -> bool:
+        """A fine-tune's training forward, eager: under torch.compile the compiler chooses
+        what to keep and what to recompute itself."""
+        return (
+            self.config.fused
+            and self.training
+            and torch.is_grad_enabled()
+            and not torch.compiler.is_compiling()
+        )
 
     @torch.no_grad()
     def forward_cached(self, idx, cache: list | None, pos: int = 0):

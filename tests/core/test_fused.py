@@ -3,6 +3,8 @@ plain computation's outputs and gradients within fp32 rounding."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -196,3 +198,33 @@ def test_attention_keeps_no_view_of_the_whole_qkv_output():
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         attn(torch.randn(2, 8, 32, requires_grad=True), (cos, sin))
     assert products and products[0].untyped_storage().data_ptr() not in kept
+
+
+@pytest.mark.skipif(
+    shutil.which("g++") is None, reason="torch.compile on the CPU needs a C++ compiler"
+)
+def test_a_compiled_lora_fine_tune_gives_the_eager_gradients():
+    """--compile: the compiler chooses what to keep itself (no Remake hooks inside it)."""
+    from core.models import lora
+    from core.models.model import GPT, GPTConfig
+
+    c = GPTConfig(hidden_dim=64, n_layers=2, n_heads=4, n_kv_heads=2, seq_len=32,
+                  norm="rmsnorm", mlp="swiglu", positions="rope", vocab_size=100,
+                  fused=True)  # fmt: skip
+    idx = torch.randint(0, 100, (2, 32), generator=torch.Generator().manual_seed(1))
+
+    def gradients(compiled: bool):
+        torch.manual_seed(0)
+        model = GPT(c)
+        lora.apply_lora(model, rank=4, alpha=8.0, dropout=0.0, targets="all")
+        for m in model.modules():
+            if isinstance(m, lora.LoRALinear):
+                torch.nn.init.normal_(m.lora_B)
+        run = torch.compile(model) if compiled else model
+        _, value = run(idx, idx.roll(1, dims=1))
+        value.backward()
+        return value.detach(), [p.grad for p in model.parameters() if p.requires_grad]
+
+    eager, compiled = gradients(False), gradients(True)
+    torch.testing.assert_close(compiled[0], eager[0], rtol=1e-5, atol=1e-6)
+    assert_equal(compiled[1], eager[1])
