@@ -26,6 +26,9 @@ GB = 1024**3
 MB = 1024**2
 CUDA_CONTEXT_BYTES = 500 * MB  # CUDA context + cuBLAS/cuDNN workspaces, typical on recent cards
 FRAGMENTATION = 1.10  # caching-allocator slack on top of the live peak
+# glibc's heap on the CPU: freed blocks it keeps but cannot reuse for the next tensors
+# (measured over 20 shapes, new models and fine-tunes: docs/performance.md)
+CPU_FRAGMENTATION = 1.06
 SAFETY_MARGIN = 0.10  # keep 10% of free VRAM unused when recommending
 CPU_SCORE_BYTES = 13  # an attention score's bytes in the CPU math kernel (with dropout)
 CPU_BACKWARD_EXTRA_BLOCKS = 2  # blocks of activations the CPU's backward holds beyond one
@@ -68,8 +71,11 @@ def _act_bytes(precision: str) -> int:
     return 4 if precision == "fp32" else 2
 
 
-def _saved_bytes_per_token_layer(c: GPTConfig, dropout: float, precision: str) -> float:
-    """Bytes autograd keeps per token per block for the backward pass."""
+def _saved_bytes_per_token_layer(
+    c: GPTConfig, dropout: float, precision: str, fused: bool = False
+) -> float:
+    """Bytes autograd keeps per token per block for the backward pass. fused: a fine-tune's
+    model (core.models.fused), which remakes the norms' and SwiGLU's outputs in backward."""
     d, e = c.hidden_dim, _act_bytes(precision)
     q, kv, ffn = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.ffn_dim
     fp32_residual = 2 * 4 * d  # norm inputs: the residual stream stays fp32 under autocast
@@ -79,6 +85,8 @@ def _saved_bytes_per_token_layer(c: GPTConfig, dropout: float, precision: str) -
         attention += e * (q + kv)
     # GELU: its input and the projection's input; SwiGLU: gate and up, silu(gate), product
     mlp = e * (2 * ffn if c.mlp != "swiglu" else 4 * ffn)
+    if fused:  # the linears' inputs are remade or kept as attention's output already
+        matmul_inputs, mlp = 0, e * 2 * ffn  # gate and up; GELU: its input and output
     dropout_masks = 3 * d if dropout > 0 else 0  # one byte per element
     return fp32_residual + matmul_inputs + attention + mlp + dropout_masks
 
@@ -97,18 +105,16 @@ class Estimate:
     tokens_per_step: int
     flops_per_token: int
     trained: int = 0  # parameters that train (LoRA: the adapters); 0: all of them
+    # Training on the CPU: a checkpoint's copy of the state (core.runs.checkpoint.snapshot),
+    # in the same memory, after the step's activations are gone.
+    snapshot: int = 0
 
     @property
     def allocator_peak(self) -> int:
-        """What torch.cuda.max_memory_allocated should report."""
-        return (
-            self.weights
-            + self.gradients
-            + self.optimizer
-            + self.weight_casts
-            + self.activations
-            + self.logits
-        )
+        """What torch.cuda.max_memory_allocated should report (the CPU: peak RSS over the
+        process's start)."""
+        step = max(self.activations + self.logits, self.snapshot)
+        return self.weights + self.gradients + self.optimizer + self.weight_casts + step
 
     @property
     def device_total(self) -> int:
@@ -124,6 +130,10 @@ class Estimate:
             ("autocast weight copies", self.weight_casts),
             ("activations", self.activations),
             ("logits and loss", self.logits),
+            (
+                "checkpoint copy, beyond those",
+                max(0, self.snapshot - self.activations - self.logits),
+            ),
             ("allocator fragmentation", self.fragmentation),
             ("CUDA context", self.cuda_context),
         ]
@@ -174,7 +184,11 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
     rows = cfg.batch_size * (2 if cfg.method == "dpo" else 1)
     tokens = rows * cfg.seq_len
     d = c.hidden_dim
-    per_layer = _saved_bytes_per_token_layer(c, cfg.dropout, precision) * tokens
+    fused = bool(cfg.init_from)  # a fine-tune's model (GPTConfig.from_train with a base)
+    per_layer = _saved_bytes_per_token_layer(c, cfg.dropout, precision, fused) * tokens
+    # The backward's activation gradients and remade tensors are as large as the plain
+    # block's saved activations, whatever the forward kept.
+    grad_layer = _saved_bytes_per_token_layer(c, cfg.dropout, precision) * tokens
     if cfg.grad_checkpointing:
         # Only each block's fp32 input is kept; one block is recomputed at a time.
         activations = c.n_layers * 4 * d * tokens + per_layer
@@ -185,7 +199,7 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
     # measured at the peak, with and without checkpointing (docs/performance.md,
     # "Activation estimate"); on a GPU it is yet to be measured.
     backward_blocks = 1 if on_gpu else 1 + CPU_BACKWARD_EXTRA_BLOCKS
-    activations += 3 * 4 * d * tokens + backward_blocks * per_layer
+    activations += 3 * 4 * d * tokens + backward_blocks * grad_layer
     if not on_gpu and cfg.dropout > 0:
         # With attention dropout the CPU takes SDPA's math kernel, which keeps the T x T
         # scores, probabilities, dropout mask and dropped probabilities: 13 bytes an entry
@@ -218,11 +232,12 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
         weight_casts=weight_casts,
         activations=int(activations),
         logits=logits,
-        fragmentation=int((FRAGMENTATION - 1) * live) if on_gpu else 0,
+        fragmentation=int(((FRAGMENTATION if on_gpu else CPU_FRAGMENTATION) - 1) * live),
         cuda_context=CUDA_CONTEXT_BYTES if on_gpu else 0,
         tokens_per_step=cfg.tokens_per_step,
         flops_per_token=flops_per_token(cfg, c),
         trained=trained,
+        snapshot=0 if on_gpu else 4 * (trained if cfg.lora_rank else n) + optimizer,
     )
 
 
