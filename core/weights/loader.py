@@ -147,8 +147,9 @@ def drop_pages(maps: list) -> None:
     if not hasattr(mmap, "MADV_DONTNEED"):  # Windows: the system trims on its own
         return
     for m in maps:
-        if len(m):
-            m._mmap.madvise(mmap.MADV_DONTNEED)
+        region = getattr(m, "_mmap", None)  # numpy's own map object (a private name)
+        if region is not None and len(m):
+            region.madvise(mmap.MADV_DONTNEED)
 
 
 def read_weights(folder: Path, mapped: bool = False, maps: list | None = None) -> dict:
