@@ -130,10 +130,7 @@ class Estimate:
             ("autocast weight copies", self.weight_casts),
             ("activations", self.activations),
             ("logits and loss", self.logits),
-            (
-                "checkpoint copy, beyond those",
-                max(0, self.snapshot - self.activations - self.logits),
-            ),
+            ("checkpoint copy (CPU)", max(0, self.snapshot - self.activations - self.logits)),
             ("allocator fragmentation", self.fragmentation),
             ("CUDA context", self.cuda_context),
         ]
