@@ -119,3 +119,29 @@ def test_fit_to_gpu_keeps_the_effective_batch_and_picks_the_largest_that_fits():
     )
     assert fitted.batch_size == big.batch_size or estimate(bigger).device_total > free * 0.9
     assert fit_micro_batch(big, 1 * GB) is None  # not even one sequence fits in 1 GB
+
+
+def test_a_fine_tunes_estimate_follows_what_it_keeps_and_the_cpus_checkpoint_copy(tmp_path):
+    """A fine-tune's model remakes its norms' and SwiGLU's outputs (fewer activations than a
+    new model of its shape); on the CPU a checkpoint's copy of weights and AdamW moments lies
+    in the same memory, and with checkpointing it is the peak (docs/performance.md)."""
+    import json
+
+    shape = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 688,
+             "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "vocab_size": 32000, "max_position_embeddings": 512, "rms_norm_eps": 1e-5,
+             "tie_word_embeddings": False}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(shape))
+    run = dict(seq_len=64, batch_size=1, grad_accum=1, device="cpu", precision="fp32")
+    tuned = cfg(init_from=str(tmp_path), tokenizer="model", hidden_dim=256, n_layers=4,
+                n_heads=4, bias=False, **run)  # fmt: skip
+    new = dataclasses.replace(tuned, init_from=None, tokenizer="bytes", arch="llama")
+    assert estimate(tuned, on_gpu=False).activations < estimate(new, on_gpu=False).activations
+    ckpt = estimate(dataclasses.replace(tuned, grad_checkpointing=True), on_gpu=False)
+    assert ckpt.snapshot == 4 * ckpt.n_params + ckpt.optimizer  # full: weights + moments
+    assert ckpt.snapshot > ckpt.activations + ckpt.logits  # so the copy sets the peak
+    parts = ckpt.weights + ckpt.gradients + ckpt.optimizer + ckpt.weight_casts
+    assert ckpt.allocator_peak == parts + ckpt.snapshot
+    assert estimate(tuned, on_gpu=True).snapshot == 0  # on a GPU the copy is in host RAM
+    lora = estimate(dataclasses.replace(tuned, lora_rank=8), on_gpu=False)
+    assert lora.snapshot == 4 * lora.trained + lora.optimizer  # adapters only
