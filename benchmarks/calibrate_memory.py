@@ -121,18 +121,16 @@ def build_finetune_models(root) -> None:
 def cpu_table(steps: int, finetune: bool = False) -> None:
     import os
     import tempfile
-    from pathlib import Path
 
     mib = 1024**2
     root = Path(__file__).resolve().parents[1]
     helper_dir = Path(tempfile.mkdtemp())
-    shapes, modes = SHAPES, ("plain", "ckpt")
-    (helper_dir / "helpers_shape.py").write_text(HELPER % (SHAPES,))
+    shapes, modes, text = SHAPES, ("plain", "ckpt"), HELPER % (SHAPES,)
     if finetune:
         build_finetune_models(helper_dir)
         shapes, modes = FINETUNE_SHAPES, ("full", "full-ckpt", "lora", "lora-ckpt")
         text = FINETUNE_HELPER % (FINETUNE_SHAPES, str(helper_dir))
-        (helper_dir / "helpers_shape.py").write_text(text)
+    (helper_dir / "helpers_shape.py").write_text(text)
     env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{helper_dir}"}
     print("| shape (width, layers, seq, batch) | checkpointing | estimate (fp32, CPU) "
           "| of it activations | measured peak RSS - start | error |")  # fmt: skip

@@ -384,7 +384,9 @@ def matmul_peak(threads: int) -> float:
 def step_flops_per_token(folder: Path, mode: str, seq: int) -> float:
     """Matrix-product FLOPs a training token costs: the blocks' linears, the head, attention
     (causal: half the T x T products). The backward of a frozen weight makes only its input's
-    gradient (one product, LoRA and QLoRA), a trained one two (full); adapters are ignored."""
+    gradient (one product, LoRA and QLoRA), a trained one two (full); adapters are ignored.
+    Not core's flops_per_token: that is the MFU convention (6N over all weights, embedding
+    included, whole T x T attention), which counts work a frozen or gathered weight never does."""
     c = json.loads((folder / "config.json").read_text())
     h, f, n, v = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
     hd = c.get("head_dim") or h // c["num_attention_heads"]

@@ -75,8 +75,9 @@ def base_line(cfg: TrainConfig) -> str:
     return f"{bits}-bit base: saves ~{saved / GiB:.2f} GiB against a 16-bit base"
 
 
-def ladder_html(gpu_name: str, rungs: list[Rung], why: str) -> str:
-    """Every rung of the fit ladder with its need, which was chosen, and why."""
+def ladder_html(gpu_name: str, rungs: list[Rung], why: str, note: str = "") -> str:
+    """Every rung of the fit ladder with its need, which was chosen, and why (note: added
+    after the headline in brackets)."""
     rows = []
     for r in rungs:
         fit = "does not fit"
@@ -94,6 +95,8 @@ def ladder_html(gpu_name: str, rungs: list[Rung], why: str) -> str:
         "<th align='left'>largest micro-batch</th><th></th></tr>"
     )
     headline = why.split("; at batch 1 ")[0]  # the rungs above are in the table
+    if note:
+        headline += f" ({note})"
     return (
         f"<b>{html.escape(gpu_name)}</b>: {html.escape(headline)}"
         f"<table cellspacing='0' cellpadding='2'>{head}{''.join(rows)}</table>"
@@ -144,10 +147,10 @@ class EstimatePanel(QGroupBox):
         self.choice.setText(text)
         self.choice.setVisible(bool(text))
 
-    def set_ladder(self, gpu_name: str, rungs: list[Rung], why: str) -> None:
+    def set_ladder(self, gpu_name: str, rungs: list[Rung], why: str, note: str = "") -> None:
         """The fit ladder as a table: every rung's need, the chosen one and why."""
         self.choice.setTextFormat(Qt.TextFormat.RichText)
-        self.set_choice(ladder_html(gpu_name, rungs, why))
+        self.set_choice(ladder_html(gpu_name, rungs, why, note))
 
     def update_for(self, cfg: TrainConfig | None) -> None:
         """Show the estimate for a valid config, or a blank bar for an invalid one."""

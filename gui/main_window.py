@@ -193,10 +193,14 @@ class MainWindow(QMainWindow):
             cfg = validate(apply_pretrained(cfg, pre))
         except UserError:
             return  # the form's own line says what is wrong
+        self._show_ladder(cfg, gpu, "from config.json; the weights are downloading")
+
+    def _show_ladder(self, cfg: TrainConfig, gpu: dict, note: str = ""):
+        """Walk the fit ladder for cfg on gpu and show it; (the fitted config or None, why)."""
         rungs = walk_ladder(cfg, gpu["free_bytes"])
-        headline, sep, rest = fit_pretrained(cfg, gpu["free_bytes"], rungs)[1].partition(";")
-        note = f"{headline} (from config.json; the weights are downloading){sep}{rest}"
-        self.estimate.set_ladder(gpu["name"], rungs, note)
+        fitted, why = fit_pretrained(cfg, gpu["free_bytes"], rungs)
+        self.estimate.set_ladder(gpu["name"], rungs, why, note)
+        return fitted, why
 
     def save_preset_as(self, name: str, description: str = "") -> Path | None:
         """Write the form as a user preset and select it."""
@@ -256,9 +260,7 @@ class MainWindow(QMainWindow):
     def _fit_pretrained(self, cfg: TrainConfig, gpu: dict, quiet: bool = False) -> bool:
         """The fit ladder's first rung that fits (full AdamW, full 8-bit AdamW, LoRA, QLoRA,
         each then with activation checkpointing); every rung is shown with its need."""
-        rungs = walk_ladder(cfg, gpu["free_bytes"])
-        fitted, why = fit_pretrained(cfg, gpu["free_bytes"], rungs)
-        self.estimate.set_ladder(gpu["name"], rungs, why)
+        fitted, why = self._show_ladder(cfg, gpu)
         if fitted is None:
             if not quiet:
                 self.show_error("Fit to my GPU", why)

@@ -145,7 +145,7 @@ def fetch_resumable(repo_id: str, revision: str, name: str, size: int, sha256: s
 
     part = partial_dir() / sha256
     part.parent.mkdir(parents=True, exist_ok=True)
-    have = part.stat().st_size if part.exists() else 0
+    have = _partial_bytes(sha256)
     if have > size:  # not this file's beginning: start over
         part.unlink()
         have = 0
@@ -177,9 +177,7 @@ def _file_in_cache(repo_id: str, revision: str, name: str, whole: Path, sha256: 
     """As huggingface_hub files a download: blobs/<sha256>, and snapshots/<revision>/<name>
     a relative link to it (the file itself where links cannot be made, as on Windows without
     developer mode)."""
-    from huggingface_hub.file_download import repo_folder_name
-
-    repo = cache_dir() / repo_folder_name(repo_id=repo_id, repo_type="model")
+    repo = _repo_cache(repo_id)
     blob = repo / "blobs" / sha256
     blob.parent.mkdir(parents=True, exist_ok=True)
     shutil.move(str(whole), blob)
@@ -230,11 +228,16 @@ def _note_main(repo_id: str, revision: str) -> None:
     """refs/main -> the revision just downloaded, as huggingface_hub writes it for a download
     by branch name: files fetched at a pinned commit leave none, and without it the next
     start could not find the model offline (cached())."""
-    from huggingface_hub.file_download import repo_folder_name
-
-    ref = cache_dir() / repo_folder_name(repo_id=repo_id, repo_type="model") / "refs" / "main"
+    ref = _repo_cache(repo_id) / "refs" / "main"
     ref.parent.mkdir(parents=True, exist_ok=True)
     ref.write_text(revision)
+
+
+def _repo_cache(repo_id: str) -> Path:
+    """The model's folder in the hub cache (models--owner--name)."""
+    from huggingface_hub.file_download import repo_folder_name
+
+    return cache_dir() / repo_folder_name(repo_id=repo_id, repo_type="model")
 
 
 def _partial_bytes(sha256: str | None) -> int:
