@@ -11,6 +11,7 @@ from torch.nn.parallel import DistributedDataParallel
 from core.data.windows import text_sources, text_windows
 from core.errors import CheckpointError
 from core.platform.atomic import is_disk_full
+from core.platform.compiling import compile_or_eager
 from core.platform.device import resolve_device, resolve_precision
 from core.runs import checkpoint as ckpt
 from core.training import dpo, inputs, optim, resume
@@ -73,7 +74,7 @@ def build(t, state: dict | None) -> None:
     t.model = model.to(t.device)
     t.optimizer = optim.make(t.model, t.cfg)
     t.scaler = torch.amp.GradScaler("cuda", enabled=t.precision == "fp16")
-    t.train_model = torch.compile(t.model) if t.cfg.compile else t.model
+    t.train_model = compile_or_eager(t.model, t.device, t.log) if t.cfg.compile else t.model
     if t.world.enabled:
         ids = [t.device.index] if t.device.type == "cuda" else None
         t.train_model = DistributedDataParallel(t.train_model, device_ids=ids)

@@ -19,7 +19,8 @@ def need(module: str):
         return __import__(module, fromlist=["_"])
     except ImportError:
         raise ExportError(
-            f"export: this format needs the '{module}' package: pip install -e .[export]"
+            f"export: this format needs the '{module}' package, a base dependency that is "
+            "missing: run the launcher again, or pip install -e ."
         ) from None
 
 

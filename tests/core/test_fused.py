@@ -213,6 +213,10 @@ def test_a_compiled_lora_fine_tune_gives_the_eager_gradients():
                   fused=True)  # fmt: skip
     idx = torch.randint(0, 100, (2, 32), generator=torch.Generator().manual_seed(1))
 
+    from core.platform.compiling import CompiledOrEager, compile_or_eager, compile_problem
+
+    lines = []
+
     def gradients(compiled: bool):
         torch.manual_seed(0)
         model = GPT(c)
@@ -220,11 +224,17 @@ def test_a_compiled_lora_fine_tune_gives_the_eager_gradients():
         for m in model.modules():
             if isinstance(m, lora.LoRALinear):
                 torch.nn.init.normal_(m.lora_B)
-        run = torch.compile(model) if compiled else model
+        # As a run compiles: in a folder with spaces too (the link step), else the fallback.
+        run = compile_or_eager(model, torch.device("cpu"), lines.append) if compiled else model
         _, value = run(idx, idx.roll(1, dims=1))
         value.backward()
-        return value.detach(), [p.grad for p in model.parameters() if p.requires_grad]
+        ran_compiled = isinstance(run, CompiledOrEager) and run.is_compiled
+        return value.detach(), [p.grad for p in model.parameters() if p.requires_grad], ran_compiled
 
     eager, compiled = gradients(False), gradients(True)
+    if compile_problem(torch.device("cpu")) is None:  # a C++ compiler is here: it must compile
+        assert compiled[2], lines
+    else:
+        assert not compiled[2] and lines and lines[0].startswith("torch.compile is off")
     torch.testing.assert_close(compiled[0], eager[0], rtol=1e-5, atol=1e-6)
     assert_equal(compiled[1], eager[1])
