@@ -27,8 +27,10 @@ def needs_text(system: str = sys.platform) -> str:
                 "CPU, and the triton-windows package for an NVIDIA GPU")  # fmt: skip
     if system == "darwin":
         return "torch.compile needs, on macOS: Xcode's command line tools (clang++) for the CPU"
-    return ("torch.compile needs, on Linux: a C++ compiler (g++ or clang++: apt install g++) for "
-            "the CPU, and Triton for an NVIDIA GPU (installed with torch's CUDA builds)")  # fmt: skip
+    return (
+        "torch.compile needs, on Linux: a C++ compiler (g++ or clang++: apt install g++) "
+        "for the CPU, and Triton for an NVIDIA GPU (it comes with torch's CUDA builds)"
+    )
 
 
 def _compiler() -> str | None:
