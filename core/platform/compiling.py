@@ -156,7 +156,6 @@ def compile_or_eager(model: nn.Module, device: torch.device, log: Callable[[str]
         try:
             (smoke or _smoke)(device)
         except Exception as e:  # anything a tiny function raises says compiling cannot work
-
             problem = f"a test compile failed ({_reason(e)})"
     if problem is not None:
         log(fallback_line(problem))
