@@ -44,6 +44,7 @@ from core.data import hub, preference, tables
 from core.data.chatdata import is_chat
 from core.data.sources import find_sources
 from core.errors import ConfigError, UserError
+from core.platform import compiling
 from core.weights.loader import apply_pretrained
 
 INT_MAX = 2**31 - 1  # QSpinBox holds a C int
@@ -67,6 +68,8 @@ def tooltip(name: str) -> str:
         text += f"\nAllowed: {describe_limit(name)}."
     elif SPECS[name].choices:
         text += f"\nAllowed: {', '.join(SPECS[name].choices)}."
+    if name == "compile":  # what it needs on this OS; without it the run goes on uncompiled
+        text += f"\n{compiling.needs_text()}; without them the run trains uncompiled."
     return text
 
 

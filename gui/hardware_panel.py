@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import threading
 from dataclasses import dataclass, field
 
@@ -44,12 +45,15 @@ def detect() -> HardwareInfo:
 
 def gpu_line(g: dict) -> str:
     free = f"{g['free_bytes'] / GiB:.1f} GiB free" if g.get("free_bytes") is not None else "free ?"
-    return (
+    line = (
         f"<b>GPU {g['index']}: {g['name']}</b><br>"
         f"{g['total_bytes'] / GiB:.1f} GiB total, {free}<br>"
         f"compute capability {g['capability']}, bf16 {'yes' if g['bf16'] else 'no'}, "
         f"driver {g.get('driver') or 'unknown'}"
     )
+    if g.get("build_problem"):  # training on it would fail at the first kernel
+        line += f"<br><span style='color:#c0392b'><b>{html.escape(g['build_problem'])}</b></span>"
+    return line
 
 
 def cpu_line(cpu: dict) -> str:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+import sys
+
 import torch
 
 from core.errors import ConfigError
@@ -25,6 +28,47 @@ def inference_device(busy: bool) -> str:
     return "cuda" if not busy and cuda_device_count() > 0 else "cpu"
 
 
+TORCH_INDEX = "https://download.pytorch.org/whl"  # PyTorch's own wheel index (the launchers')
+
+
+def _archs(arch_list: list[str], prefix: str) -> list[int]:
+    return [int(re.sub(r"\D", "", a[len(prefix) :])) for a in arch_list if a.startswith(prefix)]
+
+
+def build_problem(gpu: str, capability: tuple[int, int], arch_list: list[str],
+                  torch_version: str = torch.__version__, python: str = sys.executable,
+                  ) -> str | None:  # fmt: skip
+    """One line when this torch build has no kernels for the GPU (an RTX 50 card, sm_120, on a
+    build older than cu128): torch only warns, then fails at the first kernel. A cubin runs on
+    its major version's later minors; PTX (compute_XY) on any later GPU."""
+    sms, ptx = _archs(arch_list, "sm_"), _archs(arch_list, "compute_")
+    if not sms and not ptx:
+        return None  # a build that does not say: nothing to judge
+    major, minor = capability
+    cap = major * 10 + minor
+    if any(s // 10 == major and s <= cap for s in sms) or any(p <= cap for p in ptx):
+        return None
+    newer = all(a < cap for a in sms + ptx)
+    variant = "cu128" if major >= 10 else "cu126"  # Blackwell (sm_100, sm_120) needs CUDA 12.8
+    span = f"sm_{min(sms + ptx)}..sm_{max(sms + ptx)}"
+    base = torch_version.split("+")[0]
+    return (
+        f"GPU {gpu} (sm_{cap}) is {'newer' if newer else 'older'} than this torch build "
+        f"({torch_version}, kernels for {span}); reinstall a {variant}"
+        f'{" or newer" if newer else ""} build: "{python}" -m pip install --force-reinstall '
+        f"torch=={base}+{variant} --index-url {TORCH_INDEX}/{variant}"
+    )
+
+
+def gpu_build_problem(index: int) -> str | None:
+    """build_problem for this machine's CUDA GPU number index."""
+    arch_list = torch.cuda.get_arch_list()  # [] on a CPU build: nothing to compare
+    if not arch_list:
+        return None
+    props = torch.cuda.get_device_properties(index)
+    return build_problem(props.name, (props.major, props.minor), arch_list)
+
+
 def resolve_device(name: str) -> torch.device:
     """The torch.device for a config's device setting; a missing GPU is a ConfigError."""
     count = cuda_device_count()
@@ -42,6 +86,9 @@ def resolve_device(name: str) -> torch.device:
             f"device: {name} does not exist; this machine has "
             f"{count} GPU(s): cuda:0..cuda:{count - 1}"
         )
+    problem = gpu_build_problem(index)
+    if problem:  # before any training: torch would fail at its first kernel
+        raise ConfigError(f"device: {problem}")
     return torch.device("cuda", index) if ":" in name else torch.device("cuda")
 
 

@@ -9,6 +9,8 @@ import time
 import psutil
 import torch
 
+from core.platform.device import gpu_build_problem
+
 MB = 1024**2
 
 _nvml = None  # the pynvml module once initialised, False when NVML is unavailable
@@ -108,6 +110,7 @@ def gpus() -> list[dict]:
                 "bf16": props.major >= 8,
                 "tf32": props.major >= 8,
                 "driver": driver,
+                "build_problem": gpu_build_problem(i),
             }
         )
     return found
@@ -171,6 +174,9 @@ def test_gpu_report() -> str:
             f"capability {g['capability']}, bf16 {'yes' if g['bf16'] else 'no'}, "
             f"TF32 {'yes' if g['tf32'] else 'no'}"
         )
+        if g.get("build_problem"):
+            lines.append(f"  PROBLEM   {g['build_problem']}")
+            continue  # its kernels would fail
         dev = f"cuda:{g['index']}"
         speeds = [f"fp32 {_matmul_tflops(dev, torch.float32, 4096):.1f}"]
         speeds.append(f"fp16 {_matmul_tflops(dev, torch.float16, 4096):.1f}")

@@ -8,6 +8,7 @@ import torch
 from core.errors import ConfigError
 from core.platform import hardware
 from core.platform.device import (
+    build_problem,
     cuda_device_count,
     gpu_index,
     inference_device,
@@ -152,3 +153,55 @@ def test_bf16_autocast_path_trains_on_the_cpu(tmp_path):
     assert result["status"] == "finished"
     train, evals = read_metrics(tmp_path / "r" / "metrics.jsonl")
     assert len(train) == 3 and all(4.0 < r["loss"] < 6.5 for r in train)
+
+
+CU126 = ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"]
+CU128 = ["sm_70", "sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]
+
+
+def test_an_rtx_50_card_on_a_build_without_sm_120_gets_the_reinstall_line():
+    line = build_problem("NVIDIA GeForce RTX 5090", (12, 0), CU126, "2.13.0+cu126", "py")
+    assert line.startswith("GPU NVIDIA GeForce RTX 5090 (sm_120) is newer than this torch build")
+    assert "2.13.0+cu126, kernels for sm_50..sm_90" in line
+    assert line.endswith(
+        '"py" -m pip install --force-reinstall torch==2.13.0+cu128 '
+        "--index-url https://download.pytorch.org/whl/cu128"
+    )
+    assert build_problem("NVIDIA GeForce RTX 5090", (12, 0), CU128, "2.13.0+cu128") is None
+
+
+def test_a_gpu_the_build_covers_by_minor_version_or_ptx_is_fine():
+    assert build_problem("RTX 4090", (8, 9), CU126) is None  # sm_86 cubins run on sm_89
+    assert build_problem("H100", (9, 0), ["sm_80", "compute_80"]) is None  # PTX, compiled JIT
+    assert build_problem("A100", (8, 0), ["sm_86"]) is not None  # a later minor does not run
+    assert build_problem("any", (12, 0), []) is None  # a build that does not say
+
+
+def blackwell_on_cu126(monkeypatch):
+    monkeypatch.setattr(hardware, "_nvml", False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: CU126)
+    props = types.SimpleNamespace(name="NVIDIA GeForce RTX 5080", total_memory=16 * 1024**3,
+                                  major=12, minor=0)  # fmt: skip
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda i: (15 * 1024**3, 16 * 1024**3))
+
+
+def test_training_on_such_a_gpu_is_refused_before_it_starts(monkeypatch):
+    blackwell_on_cu126(monkeypatch)
+    with pytest.raises(ConfigError, match=r"device: GPU NVIDIA GeForce RTX 5080 \(sm_120\)"):
+        resolve_device("auto")
+    assert resolve_device("cpu").type == "cpu"  # the CPU still trains
+    (gpu,) = hardware.gpus()
+    assert "torch==" in gpu["build_problem"] and "/whl/cu128" in gpu["build_problem"]
+
+
+def test_the_cli_says_it_in_one_line_and_exits_2(monkeypatch, tmp_path, capsys):
+    from core.train import main
+
+    blackwell_on_cu126(monkeypatch)
+    code = main(["--preset", "cpu-tiny", "--device", "cuda", "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "RTX 5080 (sm_120) is newer" in err[0]
+    assert not (tmp_path / "run").exists()
