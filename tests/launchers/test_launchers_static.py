@@ -307,3 +307,14 @@ def test_bat_runs_the_same_commands_as_the_shell_twin():
     assert 'if /i "%~1"=="--help" goto usage' in text
     assert 'py" "-%%V"' in text and "(3.13 3.12 3.11 3.10)" in text
     assert "\\WindowsApps\\" in text  # the Microsoft Store stub is recognised
+
+
+def test_ci_run_first_runs_the_readme_headless_command_from_the_base_install():
+    """The newcomer's path: .ci/run reads the README's headless command and runs it before
+    the test command, so the base install (no extras) must train."""
+    text = CI_RUN.read_text(encoding="utf-8")
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    found = re.findall(r"`(\./train_gpu\.sh --[^`]*)`", readme)
+    assert found and "--test" not in found[0] and "--preset" in found[0]
+    assert "README.md" in text and "$headless" in text
+    assert text.index("$headless </dev/null") < text.index("exec ./train_gpu.sh --test")
