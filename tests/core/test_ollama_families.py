@@ -1,0 +1,247 @@
+"""The Ollama TEMPLATE of every family's real chat template renders what transformers'
+apply_chat_template renders, under Go's own text/template (tests/gotemplate_go, where the go
+tool is installed) and under tests/gotemplate.py's Python renderer; its tool and thinking
+branches keep Ollama from replacing it with the GGUF's template."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+import pytest
+from chat_templates import REAL, SHAPES, m, shapes_for, transformers_prompt
+from gotemplate import go_available, go_prompt, go_prompts, ollama_prompt
+
+from core.use import ollama
+
+pytest.importorskip("transformers")
+needs_go = pytest.mark.skipif(not go_available(), reason="go is not installed (golang-go)")
+
+
+def today() -> str:
+    """The date as Ollama's currentDate writes it."""
+    return datetime.now().strftime("%Y-%m-%d")
+
+
+class _OllamaDay:
+    """Stands for datetime in transformers' strftime_now: every format gives currentDate's."""
+
+    @staticmethod
+    def now():
+        return _OllamaDay()
+
+    def strftime(self, fmt):
+        return today()
+
+
+def transformers_text(model, messages, **extra) -> str:
+    """transformers' text, its strftime_now giving the date as Ollama's currentDate does."""
+    import transformers.utils.chat_template_utils as utils
+
+    real = utils.datetime
+    utils.datetime = _OllamaDay
+    try:
+        return transformers_prompt(model.template, messages, model.bos, model.eos, **extra)
+    finally:
+        utils.datetime = real
+
+
+def wanted(model, messages, **extra) -> str:
+    """What Ollama must render: transformers' text with the date as currentDate gives it, less
+    the BOS Ollama's tokenizer adds itself."""
+    text = transformers_text(model, messages, **extra)
+    if model.add_bos and model.bos and text.startswith(model.bos):
+        text = text[len(model.bos) :]
+    return text
+
+
+def template_of(model) -> str:
+    lay = ollama.layout(model.template, bos_token=model.bos, eos_token=model.eos,
+                        add_bos=model.add_bos)  # fmt: skip
+    return ollama.go_template(lay)
+
+
+CASES = [(name, shape) for name in REAL for shape in shapes_for(REAL[name])]
+
+
+@needs_go
+@pytest.mark.parametrize("name", REAL)
+def test_go_renders_every_shape_as_transformers(name):
+    model = REAL[name]
+    template = template_of(model)
+    shapes = shapes_for(model)
+    cases = [{"template": template, "messages": msgs} for msgs in shapes.values()]
+    for shape, out in zip(shapes, go_prompts(cases), strict=True):
+        assert not out["error"], (shape, out["error"])
+        assert out["prompt"] == wanted(model, shapes[shape]), shape
+
+
+@pytest.mark.parametrize("name, shape", CASES)
+def test_python_renderer_agrees(name, shape):
+    """The same without Go, through tests/gotemplate.py's renderer."""
+    model = REAL[name]
+    messages = SHAPES[shape]
+    template = template_of(model)
+    if "currentDate" in template:
+        template = template.replace("{{ currentDate }}", today())
+    assert ollama_prompt(template, messages) == wanted(model, messages)
+
+
+@needs_go
+@pytest.mark.parametrize("name", ["qwen3", "smollm3"])
+def test_think_off_renders_the_templates_enable_thinking_false(name):
+    model = REAL[name]
+    template = template_of(model)
+    for shape, messages in SHAPES.items():
+        off = go_prompt(template, messages, think=False, is_think_set=True)
+        assert off == wanted(model, messages, enable_thinking=False), shape
+        on = go_prompt(template, messages, think=True, is_think_set=True)
+        assert on == wanted(model, messages), shape
+
+
+@needs_go
+@pytest.mark.parametrize("name", ["qwen3", "deepseek-r1-distill", "smollm3"])
+def test_a_continued_answer_keeps_its_thinking(name):
+    model = REAL[name]
+    lay = ollama.layout(model.template, bos_token=model.bos, eos_token=model.eos,
+                        add_bos=model.add_bos)  # fmt: skip
+    messages = [m("user", "What is 2+2?"), {**m("assistant", "It is"), "thinking": "Add them."}]
+    got = go_prompt(ollama.go_template(lay), messages)
+    plain = go_prompt(ollama.go_template(lay), [messages[0], m("assistant", "It is")])
+    open_, close = lay.think
+    assert got.endswith(open_ + "Add them." + close + "It is")
+    assert got.startswith(plain[: plain.rindex(lay.last_open) + len(lay.last_open)])
+
+
+def ollama_prefers_gguf_template(jinja: str, out: dict) -> bool:
+    """server/images.go's shouldPreferChatTemplate, from the Go template's variables and the
+    thinking tags Ollama infers (as reported by tests/gotemplate_go)."""
+    gguf = {"tools"} if ollama.has_tools(jinja) else set()
+    gguf |= {"thinking"} if ollama.has_thinking(jinja) else set()
+    go = {"tools"} if "tools" in out["vars"] else set()
+    go |= {"thinking"} if out["think_open"] and out["think_close"] else set()
+    gguf_trip = ("tool_calls" in jinja or "assistant_tool_call" in jinja) and any(
+        s in jinja for s in ("tool_response", "tool_results", "ipython", "role'] == 'tool'",
+                             'role == "tool"', "role == 'tool'")
+    ) and "tools" in gguf  # fmt: skip
+    go_trip = ("tools" in out["vars"] and "toolcalls" in out["vars"]
+               and 'eq .Role "tool"' in out["template"])  # fmt: skip
+    if len(gguf) > len(go):
+        return not go_trip or gguf_trip
+    if gguf != go or "tools" not in gguf:
+        return False
+    return gguf_trip and not go_trip
+
+
+@needs_go
+@pytest.mark.parametrize("name", REAL)
+def test_ollama_keeps_the_template(name):
+    """Every capability of the model's own template (tools, thinking, tool round trips) is in
+    the TEMPLATE, so recent Ollama does not swap in the GGUF's template."""
+    model = REAL[name]
+    template = template_of(model)
+    (out,) = go_prompts([{"template": template, "messages": SHAPES["single-turn"]}])
+    out["template"] = template
+    assert not ollama_prefers_gguf_template(model.template, out)
+    if ollama.has_thinking(model.template):
+        assert (out["think_open"], out["think_close"]) == ("<think>", "</think>")
+
+
+# -- Tools ------------------------------------------------------------------------------------
+
+CITY = {"type": "string", "description": "The city."}
+PARAMETERS = {"type": "object", "required": ["city"], "properties": {"city": CITY}}
+TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city.", "parameters": PARAMETERS}}  # fmt: skip
+ARGS = {"city": "Paris"}
+
+
+def compact(value) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def tool_conversation(with_system: bool, deepseek: bool) -> list[dict]:
+    """DeepSeek-R1's template writes tool calls only for a message whose content is None, and
+    concatenates their arguments as text."""
+    call = {"type": "function", "function": {
+        "name": "get_weather", "arguments": compact(ARGS) if deepseek else ARGS}}  # fmt: skip
+    msgs = [
+        m("user", "Weather in Paris?"),
+        {"role": "assistant", "content": None if deepseek else "", "tool_calls": [call]},
+        {"role": "tool", "content": '{"temp": 21}'},
+        m("assistant", "It is 21 degrees."),
+        m("user", "Thanks. And tomorrow?"),
+    ]
+    return [m("system", "Use tools."), *msgs] if with_system else msgs
+
+
+def as_transformers_writes(text: str) -> str:
+    """The model's template's JSON (Python's spaced, or indented) as Ollama's compact JSON."""
+    for value in (TOOL, ARGS):
+        for indent in (None, 4):
+            text = text.replace(json.dumps(value, ensure_ascii=False, indent=indent),
+                                compact(value))  # fmt: skip
+    return text
+
+
+@needs_go
+@pytest.mark.parametrize(
+    "name", ["qwen2.5", "qwen3", "llama3.1", "llama3.2", "deepseek-r1-distill"]
+)
+@pytest.mark.parametrize("with_system", [False, True])
+def test_tool_calls_and_results_render_as_the_models_template(name, with_system):
+    model = REAL[name]
+    if name == "deepseek-r1-distill":  # its template concatenates the arguments as text
+        with_system = False
+    jinja_msgs = tool_conversation(with_system, name == "deepseek-r1-distill")
+    want = as_transformers_writes(transformers_text(model, jinja_msgs, tools=[TOOL]))
+    if model.add_bos:
+        want = want.removeprefix(model.bos)
+    go_msgs = [
+        {**x, "tool_calls": [{"function": {"name": "get_weather", "arguments": ARGS}}]}
+        if x.get("tool_calls") else x
+        for x in tool_conversation(with_system, False)
+    ]  # fmt: skip
+    got = go_prompt(template_of(model), go_msgs, tools=[TOOL])
+    assert got == want
+
+
+@needs_go
+def test_tools_are_named_where_the_template_shows_none():
+    """DeepSeek-R1's and SmolLM3's templates show the model no tool list (SmolLM3 reads
+    xml_tools): neither does the TEMPLATE, which names .Tools so Ollama keeps it."""
+    for name in ("deepseek-r1-distill", "smollm3"):
+        model = REAL[name]
+        messages = SHAPES["single-turn"]
+        got = go_prompt(template_of(model), messages, tools=[TOOL])
+        assert got == wanted(model, messages, tools=[TOOL]) == wanted(model, messages)
+
+
+# -- Ollama's own expectations ------------------------------------------------------------------
+
+# template/testdata of Ollama's repository (github.com/ollama/ollama), for its conversation
+# system-user-assistant-user; its gemma3-instruct.gotmpl adds a newline after the generation
+# prompt (the file's last line), which the model's own template does not write.
+OLLAMA_CASE = [
+    m("system", "You are a helpful assistant."),
+    m("user", "Hello, how are you?"),
+    m("assistant", "I'm doing great. How can I help you today?"),
+    m("user", "I'd like to show off how chat templating works!"),
+]
+OLLAMA_TESTDATA = {
+    "gemma3": "<start_of_turn>user\nYou are a helpful assistant.\n\nHello, how are you?"
+    "<end_of_turn>\n<start_of_turn>model\nI'm doing great. How can I help you today?"
+    "<end_of_turn>\n<start_of_turn>user\nI'd like to show off how chat templating works!"
+    "<end_of_turn>\n<start_of_turn>model\n\n",
+    "phi3.5": "<|system|>\nYou are a helpful assistant.<|end|>\n<|user|>\nHello, how are you?"
+    "<|end|>\n<|assistant|>\nI'm doing great. How can I help you today?<|end|>\n<|user|>\n"
+    "I'd like to show off how chat templating works!<|end|>\n<|assistant|>\n",
+}
+
+
+@pytest.mark.parametrize("name", OLLAMA_TESTDATA)
+def test_ollamas_own_expected_renders(name):
+    got = ollama_prompt(template_of(REAL[name]), OLLAMA_CASE)
+    want = OLLAMA_TESTDATA[name]
+    assert got == (want[:-1] if name == "gemma3" else want)
+    assert got == wanted(REAL[name], OLLAMA_CASE)
