@@ -151,8 +151,8 @@ def test_ollama_keeps_the_template(name):
 
 CITY = {"type": "string", "description": "The city."}
 PARAMETERS = {"type": "object", "required": ["city"], "properties": {"city": CITY}}
-TOOL = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city.", "parameters": PARAMETERS}}  # fmt: skip
+WEATHER = {"name": "get_weather", "description": "The weather in a city.", "parameters": PARAMETERS}
+TOOL = {"type": "function", "function": WEATHER}
 ARGS = {"city": "Paris"}
 
 
