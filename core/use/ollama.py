@@ -887,6 +887,16 @@ def modelfile(
     return "\n".join(lines) + "\n"
 
 
+def layout_of(tokenizer) -> Layout:
+    """The layout of the template a core.data.tokenizer.Tokenizer's model chats with."""
+    return layout(tokenizer.chat_template, add_bos=tokenizer.add_bos, **special_tokens(tokenizer))
+
+
+def capabilities(lay: Layout) -> list[str]:
+    """What Ollama sees the TEMPLATE take (its capability check): tools, thinking."""
+    return [c for c, yes in (("tools", lay.tools), ("thinking", lay.think)) if yes]
+
+
 def modelfile_of(tokenizer, gguf_name: str = "model.gguf", system: str | None = None) -> str:
     """The Modelfile for a GGUF export of a model with this core.data.tokenizer.Tokenizer: its
     own chat template (none: a base model, plain), special tokens, BOS handling and stops."""

@@ -171,3 +171,32 @@ def test_answers_without_reasoning_get_no_note():
     text, spans = chat.answer_spans(DS.template, SHAPES["no-system-turns"][:2], notes)
     assert not notes
     assert text[spans[0][0] : spans[0][1]] == "Fine, thanks.\nAnd you?" + DS.eos
+
+
+def test_chat_fine_tuning_through_deepseeks_template_logs_the_kept_reasoning(tmp_path, capsys):
+    """A DeepSeek-R1-Distill-Qwen-like model (Qwen2 architecture, R1's template) fine-tunes on
+    reasoning data: the run's log says the last answer keeps its reasoning."""
+    import json
+
+    from hf_models import make_model
+
+    from core.cli.train import main as train_main
+
+    make_model(tmp_path / "base", "qwen2")
+    config = tmp_path / "base" / "tokenizer_config.json"
+    for f in (tmp_path / "base").glob("chat_template.j*"):
+        f.unlink()
+    meta = json.loads(config.read_text())
+    config.write_text(json.dumps({**meta, "chat_template": DS.template}))
+    data = tmp_path / "d.jsonl"
+    rows = [{"messages": [m("user", "2+2?"), m("assistant", "<think>\nAdd.\n</think>\n\n4")]}] * 8
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    args = [
+        "--data", str(data), "--out", str(tmp_path / "run"), "--device", "cpu",
+        "--max-steps", "1", "--seq-len", "64", "--batch-size", "2", "--grad-accum", "1",
+        "--precision", "fp32", "--sample-tokens", "0", "--data-cache", str(tmp_path / "cache"),
+        "--init-from", str(tmp_path / "base"),
+    ]  # fmt: skip
+    assert train_main(args) == 0
+    captured = capsys.readouterr()
+    assert chat.REASONING_NOTE in captured.out + captured.err

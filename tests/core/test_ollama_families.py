@@ -245,3 +245,43 @@ def test_ollamas_own_expected_renders(name):
     want = OLLAMA_TESTDATA[name]
     assert got == (want[:-1] if name == "gemma3" else want)
     assert got == wanted(REAL[name], OLLAMA_CASE)
+
+
+# -- The export ----------------------------------------------------------------------------------
+
+
+def _with_template(folder, template: str) -> None:
+    """A saved model folder, its tokenizer given another chat template."""
+    for f in folder.glob("chat_template.j*"):
+        f.unlink()
+    config = folder / "tokenizer_config.json"
+    meta = json.loads(config.read_text())
+    meta["chat_template"] = template
+    config.write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize("name", ["deepseek-r1-distill", "llama3.2"])
+def test_ollama_export_of_a_family_template_logs_what_differs(tmp_path, name):
+    """A Qwen2-architecture model (as DeepSeek-R1-Distill-Qwen is) with a family's template:
+    the Modelfile carries its TEMPLATE and stops, and the log says what Ollama renders
+    differently and that the TEMPLATE keeps tools and thinking."""
+    pytest.importorskip("gguf")
+    from hf_models import make_model
+
+    from core.use.export import export
+
+    model = REAL[name]
+    make_model(tmp_path / "base", "qwen2")
+    _with_template(tmp_path / "base", model.template)
+    lines = []
+    out = export(tmp_path / "base", "ollama", tmp_path / "o", quant="f32", log=lines.append)
+    text = (out / "Modelfile").read_text(encoding="utf-8")
+    log = "\n".join(lines)
+    if name == "deepseek-r1-distill":
+        assert "<｜Assistant｜>" in text and 'PARAMETER stop "<｜end▁of▁sentence｜>"' in text
+        assert "Modelfile with the DeepSeek-R1 template" in log
+        assert "takes tools and thinking as the model's template does" in log
+    else:
+        assert "{{ currentDate }}" in text and "currentDate (YYYY-MM-DD)" in log
+        assert "takes tools as the model's template does" in log
+    assert "differs from the model's template: Ollama merges consecutive messages" in log
