@@ -213,6 +213,18 @@ def _common(a: str, b: str) -> int:
     return len(os.path.commonprefix([a, b]))
 
 
+def _turn_end(following: str, written: str) -> int:
+    """How much of the text following an answer is its end-of-turn text: what the template
+    writes after the answer when it is the last message (written), as far as the whole
+    conversation's text agrees; where they part inside a mark (Phi's <|endoftext|> against the
+    next turn's <|user|>), only the marks before it."""
+    n = _common(following, written)
+    if n < len(written):
+        mark = written.rfind("<", 0, n + 1)
+        n = mark if 0 <= mark < n else n
+    return n
+
+
 def _answer_at(text: str, content: str, cursor: int) -> tuple[int, int]:
     """Where an answer's text lies in the rendered conversation, from cursor on: the whole
     content, else (reasoning dropped by the template) what follows its </think>."""
@@ -272,7 +284,7 @@ def answer_spans(
             same = upto[a0:a1] == text[a0:a1]
             at = a0 if same else upto.find(text[a0:a1], _common(before, upto))
             if at >= 0:  # the end-of-turn text the template writes after the answer
-                end = a1 + _common(text[a1:], upto[at + a1 - a0 :])
+                end = a1 + _turn_end(text[a1:], upto[at + a1 - a0 :])
         spans.append((start, end))
         cursor = end
     return text, spans

@@ -200,3 +200,27 @@ def test_chat_fine_tuning_through_deepseeks_template_logs_the_kept_reasoning(tmp
     assert train_main(args) == 0
     captured = capsys.readouterr()
     assert chat.REASONING_NOTE in captured.out + captured.err
+
+
+END_MARKS = {"chatml": "<|im_end|>", "qwen3": "<|im_end|>", "smollm3": "<|im_end|>",
+             "llama3": "<|eot_id|>", "gemma": "<end_of_turn>", "phi": "<|end|>",
+             "deepseek": "<｜end▁of▁sentence｜>"}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", REAL)
+def test_every_family_masks_each_answer_and_its_end_mark(name):
+    """The answers-only mask of every real template: each answer's text and the end-of-turn
+    mark after it, nothing of the user turns (Gemma, Phi, DeepSeek: found after the
+    generation prompt; SmolLM3: its {% generation %} blocks)."""
+    model = REAL[name]
+    messages = [*SHAPES["no-system-turns"], m("assistant", "Sure: {{ .Prompt }} and </s>.")]
+    tokens = {"bos_token": model.bos, "eos_token": model.eos}
+    text, spans = chat.answer_spans(model.template, messages, None, **tokens)
+    assert text == transformers_whole(model, messages)
+    answers = [x["content"] for x in messages if x["role"] == "assistant"]
+    for (a, b), answer in zip(spans, answers, strict=True):
+        piece = text[a:b].removesuffix(model.eos)  # Phi's template ends the text with EOS
+        assert answer in piece and piece.rstrip("\n").endswith(END_MARKS[model.kind])
+        assert not any(x["content"] in piece for x in messages if x["role"] == "user")
+    between = text[: spans[0][0]] + text[spans[0][1] : spans[1][0]]
+    assert all(x["content"] in between for x in messages if x["role"] == "user")
