@@ -540,18 +540,13 @@ def expected_prompt(lay: Layout, messages: list[dict]) -> str:
     return "".join(out)
 
 
-def differences(lay: Layout) -> list[str]:
+def differences(lay: Layout, jinja_template: str = "") -> list[str]:
     """What the TEMPLATE renders differently from the model's Jinja template, one line each
     (the export log and docs/use-and-export.md list them)."""
-    notes = [
+    notes = _template_notes(jinja_template) + [
         "Ollama merges consecutive messages of one role (joined by a blank line) and puts the "
         "Modelfile's SYSTEM first when a conversation has none"
     ]
-    if lay.kind in ("llama3", "gemma", "mistral") or lay.tools_user_open:
-        notes.append(
-            "message text is written as given; the model's template strips the "
-            "whitespace around it (| trim)"
-        )
     if lay.dated:
         notes.append(
             "today's date is Ollama's currentDate (YYYY-MM-DD); the model's template "
@@ -586,6 +581,30 @@ def differences(lay: Layout) -> list[str]:
         notes.append(
             "reasoning (.Thinking) is written only in a last, continued answer; "
             "earlier answers lose it, as the model's template drops it"
+        )
+    return notes
+
+
+def _template_notes(jinja_template: str) -> list[str]:
+    """Differences that come from text operations of a particular template."""
+    notes = []
+    if re.search(r"\|\s*trim|\.strip\(|\.lstrip\(|\.rstrip\(", jinja_template):
+        notes.append(
+            "message text is written as given; the model's template strips whitespace from "
+            "it (| trim, .strip())"
+        )
+    if "/no_think" in jinja_template:  # SmolLM3
+        notes.append(
+            "a /think or /no_think flag in the system prompt is not read (set think in the "
+            "request instead) and stays in the text; trailing whitespace of the system prompt "
+            "and leading newlines of answers are kept"
+        )
+    if "message['role'] == 'system' and message['content']" in jinja_template:  # Phi-3.5
+        notes.append("an empty system message is written as an empty turn")
+    if "ns.system_prompt" in jinja_template:  # DeepSeek-R1: the last system message only
+        notes.append(
+            "several system messages are joined by a blank line; the model's template keeps "
+            "only the last"
         )
     return notes
 
@@ -870,11 +889,11 @@ def modelfile(
     arguments are layout's (the tokenizer's special token texts and whether it adds BOS);
     modelfile_of fills them in from a tokenizer."""
     lay = layout(jinja_template, bos_token=bos_token, eos_token=eos_token, add_bos=add_bos)
-    if system and (lay.kind == "plain" or (lay.kind == "mistral" and lay.system_at is None)):
+    if system and not takes_system(lay):
+        what = "no chat template" if lay.kind == "plain" else f"a {KIND_NAMES[lay.kind]} template"
         raise OllamaError(
-            "ollama: this model's chat template has no place for a system prompt (it has "
-            + ("no chat template" if lay.kind == "plain" else "a Mistral template without one")
-            + "); leave the system prompt empty"
+            f"ollama: this model's chat template has no place for a system prompt (it has {what} "
+            "that refuses one); leave the system prompt empty"
         )
     source = gguf_name if ("/" in gguf_name or "\\" in gguf_name) else f"./{gguf_name}"
     lines = [
@@ -885,6 +904,13 @@ def modelfile(
     if system:
         lines.append(f"SYSTEM {_quote(system, 'system prompt', 'td')}")
     return "\n".join(lines) + "\n"
+
+
+def takes_system(lay: Layout) -> bool:
+    """Whether the template has a place for a system prompt (Gemma 2 and Mistral v0.1 do not)."""
+    if lay.kind == "plain":
+        return False
+    return (lay.system_at if lay.kind == "mistral" else lay.system_open) is not None
 
 
 def layout_of(tokenizer) -> Layout:

@@ -28,7 +28,7 @@ def export_ollama(loaded: Loaded, folder: Path, quant: str, system, log, progres
     if caps:  # recent Ollama uses the GGUF's own template when the TEMPLATE has fewer
         log(f"ollama: the TEMPLATE takes {' and '.join(caps)} as the model's template does, "
             "so Ollama uses it rather than the GGUF's template")  # fmt: skip
-    differences = ollama.differences(lay) if lay.kind != "plain" else []
+    differences = ollama.differences(lay, tok.chat_template) if lay.kind != "plain" else []
     for line in differences:
         log(f"ollama: differs from the model's template: {line}")
     return {**report, "template": lay.kind, "stops": stops, "differences": differences}

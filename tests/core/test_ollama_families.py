@@ -285,3 +285,31 @@ def test_ollama_export_of_a_family_template_logs_what_differs(tmp_path, name):
         assert "{{ currentDate }}" in text and "currentDate (YYYY-MM-DD)" in log
         assert "takes tools as the model's template does" in log
     assert "differs from the model's template: Ollama merges consecutive messages" in log
+
+
+def test_a_template_without_a_system_turn_refuses_a_modelfile_system():
+    model = REAL["gemma2"]
+    with pytest.raises(ollama.OllamaError, match="no place for a system prompt"):
+        ollama.modelfile("m.gguf", model.template, [], "Be brief.", bos_token="<bos>",
+                         add_bos=True)  # fmt: skip
+    text = ollama.modelfile("m.gguf", REAL["gemma3"].template, [], "Be brief.",
+                            bos_token="<bos>", add_bos=True)  # fmt: skip
+    assert 'SYSTEM """Be brief."""' in text
+
+
+@pytest.mark.parametrize(
+    "name, says",
+    [
+        ("llama3.2", "currentDate (YYYY-MM-DD)"),
+        ("smollm3", "/no_think flag in the system prompt is not read"),
+        ("phi3.5", "an empty system message is written as an empty turn"),
+        ("deepseek-r1-distill", "keeps only the last"),
+        ("gemma3", "strips whitespace from it"),
+        ("qwen2.5", "compact JSON"),
+    ],
+)
+def test_differences_name_what_go_cannot_match(name, says):
+    model = REAL[name]
+    lay = ollama.layout(model.template, bos_token=model.bos, eos_token=model.eos,
+                        add_bos=model.add_bos)  # fmt: skip
+    assert any(says in line for line in ollama.differences(lay, model.template))
