@@ -37,6 +37,9 @@ REAL = {
         "meta-llama-Llama-3.2-3B-Instruct.jinja", "<|begin_of_text|>", "<|eot_id|>", True,
         kind="llama3",
     ),
+    "mistral-v0.3": Model(
+        "mistralai-Mistral-7B-Instruct-v0.3.jinja", "<s>", "</s>", True, kind="mistral"
+    ),
     "gemma2": Model("google-gemma-2-2b-it.jinja", "<bos>", "<eos>", True, False, "gemma"),
     "gemma3": Model("google-gemma-3-4b-it.jinja", "<bos>", "<eos>", True, kind="gemma"),
     "phi3.5": Model(

@@ -410,7 +410,10 @@ def _probe(kind: str, jinja_template: str, tokens: dict) -> Layout:
         )
 
     if kind == "mistral":
-        return _probe_mistral(jinja, tokens.get("bos_token", ""))
+        lay = _probe_mistral(jinja, tokens.get("bos_token", ""))
+        if "[AVAILABLE_TOOLS]" in jinja_template and "[TOOL_CALLS]" in jinja_template:
+            lay = replace(lay, tools=True, tool_calls="mistral")  # v0.3
+        return lay
     lay = _probe_turns(kind, jinja, tokens.get("bos_token", ""), has_thinking(jinja_template))
     if has_tools(jinja_template):
         lay = _probe_tools(kind, lay, jinja, jinja_template)
@@ -681,17 +684,49 @@ def go_template(kind: str | Layout) -> str:
     return t.text()
 
 
+# Mistral v0.3's tool list (before the last user message), calls and results.
+_MISTRAL_TOOLS = (
+    '[AVAILABLE_TOOLS] [{{ range $k, $_ := $.Tools }}{{ if $k }}, {{ end }}{{ "{" }}"type": '
+    '"function", "function": {{ "{" }}"name": "{{ .Function.Name }}", "description": '
+    '"{{ .Function.Description }}", "parameters": {{ json .Function.Parameters }}}}'
+    "{{ end }}][/AVAILABLE_TOOLS]"
+)
+_MISTRAL_CALLS = (
+    "[TOOL_CALLS] [{{ range $k, $_ := .ToolCalls }}{{ if $k }}, {{ end }}"
+    '{{ "{" }}"name": "{{ .Function.Name }}", "arguments": {{ .Function.Arguments }}, '
+    '"id": "{{ .ID }}"}{{ end }}]'
+)
+_MISTRAL_RESULT = (
+    '[TOOL_RESULTS] {{ "{" }}"content": {{ .Content }}, "call_id": "{{ .ToolCallID }}"}'
+    "[/TOOL_RESULTS]"
+)
+
+
 def _go_mistral(lay: Layout) -> str:
-    t = _Lines(_text(lay.lead) + _RANGE)
+    tools = lay.tool_calls == "mistral"
+    first = "{{- $lastUser := -1 }}" if tools else ""
+    if tools:  # the tool list goes before the last user message
+        first += '{{- range $k, $_ := .Messages }}{{ if eq .Role "user" }}'
+        first += "{{ $lastUser = $k }}{{ end }}{{ end }}"
+    t = _Lines(first + _text(lay.lead) + _RANGE)
     t.line(_LAST)
-    t.line('{{- if eq .Role "user" }}' + _text(lay.inst_open))
+    t.line('{{- if eq .Role "user" }}')
+    if tools:
+        t.add("{{ if and $.Tools (eq $i $lastUser) }}" + _MISTRAL_TOOLS + "{{ end }}")
+    t.add(_text(lay.inst_open))
     if lay.system_at is not None:
         where = "(eq $i 1)" if lay.system_at == "first" else "$last"
         t.add(f"{{{{ if and $.System {where} }}}}{{{{ $.System }}}}")
         t.add(_text(lay.system_sep) + "{{ end }}")
     t.add("{{ .Content }}" + _text(lay.inst_close) + "{{ end }}")
-    t.line('{{- if eq .Role "assistant" }}' + _text(lay.answer_open) + "{{ .Content }}")
+    t.line('{{- if eq .Role "assistant" }}')
+    if tools:
+        t.add("{{ if .ToolCalls }}" + _MISTRAL_CALLS + _text(lay.answer_end) + "{{ else }}")
+    t.add(_text(lay.answer_open) + "{{ .Content }}")
     t.add("{{ if not $last }}" + _text(lay.answer_end) + "{{ end }}{{ end }}")
+    if tools:
+        t.add("{{ end }}")
+        t.line('{{- if eq .Role "tool" }}' + _MISTRAL_RESULT + "{{ end }}")
     t.line("{{- end }}")
     return t.text()
 

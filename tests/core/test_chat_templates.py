@@ -204,7 +204,7 @@ def test_chat_fine_tuning_through_deepseeks_template_logs_the_kept_reasoning(tmp
 
 END_MARKS = {"chatml": "<|im_end|>", "qwen3": "<|im_end|>", "smollm3": "<|im_end|>",
              "llama3": "<|eot_id|>", "gemma": "<end_of_turn>", "phi": "<|end|>",
-             "deepseek": "<｜end▁of▁sentence｜>"}  # fmt: skip
+             "deepseek": "<｜end▁of▁sentence｜>", "mistral": "</s>"}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", REAL)

@@ -605,7 +605,9 @@ def test_layouts_read_off_the_templates():
     assert l31.system_open == "<|start_header_id|>system<|end_header_id|>\n\n" + header
     assert l31.default_turn == l31.system_open + "<|eot_id|>"
     assert l31.tools and l31.tool_calls == "llama3" and not l31.dated
-    assert layout_of(MODELS["mistral-v0.3"]) == ollama.CANONICAL["mistral"]
+    v03 = layout_of(MODELS["mistral-v0.3"])
+    assert (v03.tools, v03.tool_calls) == (True, "mistral")  # [AVAILABLE_TOOLS] and calls
+    assert replace(v03, tools=False, tool_calls=None) == ollama.CANONICAL["mistral"]
     v02 = layout_of(MODELS["mistral-v0.2"])
     assert (v02.system_at, v02.inst_open, v02.inst_close) == ("first", " [INST] ", " [/INST]")
     v01 = layout_of(MODELS["mistral-v0.1"])

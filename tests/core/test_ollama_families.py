@@ -162,22 +162,22 @@ def compact(value) -> str:
 
 def tool_conversation(with_system: bool, deepseek: bool) -> list[dict]:
     """DeepSeek-R1's template writes tool calls only for a message whose content is None, and
-    concatenates their arguments as text."""
-    call = {"type": "function", "function": {
+    concatenates their arguments as text; Mistral's wants 9-character call ids."""
+    call = {"type": "function", "id": "call12345", "function": {
         "name": "get_weather", "arguments": compact(ARGS) if deepseek else ARGS}}  # fmt: skip
     msgs = [
         m("user", "Weather in Paris?"),
         {"role": "assistant", "content": None if deepseek else "", "tool_calls": [call]},
-        {"role": "tool", "content": '{"temp": 21}'},
+        {"role": "tool", "content": '{"temp": 21}', "tool_call_id": "call12345"},
         m("assistant", "It is 21 degrees."),
         m("user", "Thanks. And tomorrow?"),
     ]
     return [m("system", "Use tools."), *msgs] if with_system else msgs
 
 
-def as_transformers_writes(text: str) -> str:
+def as_transformers_writes(text: str, values=(TOOL, ARGS)) -> str:
     """The model's template's JSON (Python's spaced, or indented) as Ollama's compact JSON."""
-    for value in (TOOL, ARGS):
+    for value in values:
         for indent in (None, 4):
             text = text.replace(json.dumps(value, ensure_ascii=False, indent=indent),
                                 compact(value))  # fmt: skip
@@ -186,7 +186,7 @@ def as_transformers_writes(text: str) -> str:
 
 @needs_go
 @pytest.mark.parametrize(
-    "name", ["qwen2.5", "qwen3", "llama3.1", "llama3.2", "deepseek-r1-distill"]
+    "name", ["qwen2.5", "qwen3", "llama3.1", "llama3.2", "mistral-v0.3", "deepseek-r1-distill"]
 )
 @pytest.mark.parametrize("with_system", [False, True])
 def test_tool_calls_and_results_render_as_the_models_template(name, with_system):
@@ -194,11 +194,14 @@ def test_tool_calls_and_results_render_as_the_models_template(name, with_system)
     if name == "deepseek-r1-distill":  # its template concatenates the arguments as text
         with_system = False
     jinja_msgs = tool_conversation(with_system, name == "deepseek-r1-distill")
-    want = as_transformers_writes(transformers_text(model, jinja_msgs, tools=[TOOL]))
+    # Mistral's template writes each tool's wrapper itself, around the parameters' JSON.
+    values = (PARAMETERS, ARGS) if name == "mistral-v0.3" else (TOOL, ARGS)
+    want = as_transformers_writes(transformers_text(model, jinja_msgs, tools=[TOOL]), values)
     if model.add_bos:
         want = want.removeprefix(model.bos)
     go_msgs = [
-        {**x, "tool_calls": [{"function": {"name": "get_weather", "arguments": ARGS}}]}
+        {**x, "tool_calls": [{"id": "call12345", "function": {"name": "get_weather",
+                                                              "arguments": ARGS}}]}
         if x.get("tool_calls") else x
         for x in tool_conversation(with_system, False)
     ]  # fmt: skip

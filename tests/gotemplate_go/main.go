@@ -72,10 +72,12 @@ type tools []tool
 func (t tools) String() string { b, _ := json.Marshal([]tool(t)); return string(b) }
 
 type inMessage struct {
-	Role      string `json:"role"`
-	Content   string `json:"content"`
-	Thinking  string `json:"thinking"`
-	ToolCalls []struct {
+	Role       string `json:"role"`
+	Content    string `json:"content"`
+	Thinking   string `json:"thinking"`
+	ToolCallID string `json:"tool_call_id"`
+	ToolCalls  []struct {
+		ID       string `json:"id"`
 		Function struct {
 			Name      string         `json:"name"`
 			Arguments map[string]any `json:"arguments"`
@@ -141,9 +143,11 @@ func run(c inCase) (o outCase) {
 			list[n-1].Content += "\n\n" + m.Content
 			continue
 		}
-		mm := &message{Role: m.Role, Content: m.Content, Thinking: m.Thinking}
+		mm := &message{Role: m.Role, Content: m.Content, Thinking: m.Thinking,
+			ToolCallID: m.ToolCallID}
 		for k, tc := range m.ToolCalls {
 			var cl call
+			cl.ID = tc.ID
 			cl.Function.Index = k
 			cl.Function.Name = tc.Function.Name
 			cl.Function.Arguments = args(tc.Function.Arguments)
