@@ -107,7 +107,8 @@ class Layout:
     tools: the template takes tools (the TEMPLATE names .Tools); tool_sep and the tools_*
         pieces: the same pieces with the tool list (_TOOLS) in them, None where the template
         writes no tools there; tool_calls: tool calls and results are written ("chatml",
-        "llama3", "deepseek": whose form).
+        "llama3", "deepseek", "mistral": whose form); tool_as_user: the template writes a tool
+        result as a user message (SmolLM3).
     dated: the template writes today's date (_DATE in the pieces; Ollama's currentDate).
 
     Mistral: answer_end: text after an answer (the EOS). inst_open, inst_close, answer_open,
@@ -137,6 +138,7 @@ class Layout:
     tools_system_close: str | None = None
     tools_user_open: str | None = None
     tool_calls: str | None = None
+    tool_as_user: bool = False
     dated: bool = False
     # Mistral
     answer_end: str = ""
@@ -355,8 +357,9 @@ def _probe_tools(kind: str, lay: Layout, jinja, jinja_template: str) -> Layout:
     calls = kind if round_trip and kind in ("chatml", "llama3", "deepseek") else None
     one = jinja([_msg("user", _U1)], **tools)
     j1, j2 = (_tool_json(t, one) for t in _PROBE_TOOLS)
+    as_user = calls is None and _tool_as_user(jinja)
     if not (j1 and j2):  # the template does not show the tools (DeepSeek-R1, SmolLM3)
-        return replace(lay, tools=True, tool_calls=calls)
+        return replace(lay, tools=True, tool_calls=calls, tool_as_user=as_user)
     a, b = one.index(j1), one.index(j2)
     sep = one[a + len(j1) : b]
 
@@ -374,8 +377,18 @@ def _probe_tools(kind: str, lay: Layout, jinja, jinja_template: str) -> Layout:
     return replace(
         lay, tools=True, tool_sep=sep, tools_default_turn=default_turn,
         tools_user_open=user_open, tools_system_open=t_open, tools_system_close=t_close,
-        tool_calls=calls,
+        tool_calls=calls, tool_as_user=as_user,
     )  # fmt: skip
+
+
+def _tool_as_user(jinja) -> bool:
+    """Whether the template writes a tool result exactly as a user message."""
+    start = [_msg("user", _U1), _msg("assistant", _A1)]
+    try:
+        as_tool = jinja([*start, _msg("tool", _U2)])
+    except TemplateError:
+        return False
+    return as_tool == jinja([*start, _msg("user", _U2)])
 
 
 def _probe_mistral(jinja, bos: str) -> Layout:
@@ -811,7 +824,8 @@ def _go_turns(lay: Layout) -> _Lines:
             t.add("{{ else }}" + _text(lay.system_open) + "{{ .Content }}")
             t.add(_text(lay.system_close) + "{{ end }}")
         t.add("{{ end }}")
-    t.line('{{- if eq .Role "user" }}')
+    user = '(or (eq .Role "user") (eq .Role "tool"))' if lay.tool_as_user else 'eq .Role "user"'
+    t.line(f"{{{{- if {user} }}}}")
     t.add(_either(lay, lay.tools_user_open, lay.user_open, f"and $.Tools {_FIRST_USER}"))
     if lay.system_join is not None:
         t.add(

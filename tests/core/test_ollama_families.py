@@ -316,3 +316,17 @@ def test_differences_name_what_go_cannot_match(name, says):
     lay = ollama.layout(model.template, bos_token=model.bos, eos_token=model.eos,
                         add_bos=model.add_bos)  # fmt: skip
     assert any(says in line for line in ollama.differences(lay, model.template))
+
+
+@needs_go
+def test_smollm3_writes_a_tool_result_as_a_user_turn_as_its_template_does():
+    model = REAL["smollm3"]
+    messages = [
+        m("user", "Weather in Paris?"),
+        m("assistant", "Let me look."),
+        m("tool", '{"temp": 21}'),
+    ]
+    assert ollama.layout(model.template).tool_as_user
+    got = go_prompt(template_of(model), messages, tools=[TOOL])
+    assert got == wanted(model, messages, tools=[TOOL])
+    assert '<|im_start|>user\n{"temp": 21}<|im_end|>\n<|im_start|>assistant\n' in got
