@@ -332,9 +332,11 @@ def _probe_turns(kind: str, jinja, bos: str, takes_thinking: bool) -> Layout:
     try:
         system = jinja([_msg("system", _S), _msg("user", _U1)])
     except TemplateError:  # Gemma 2: no system message at all
-        system_open, system_close, join = None, "", None
-    else:
+        system = ""
+    if _S in system:
         system_open, system_close, join = _system_pieces(kind, system, lead)
+    else:  # refused, or dropped (Phi-3-mini's first template)
+        system_open, system_close, join = None, "", None
     return Layout(
         kind, lead, default_turn, system_open, system_close, join, user_open, user_close,
         answer_close, last_open, gen, think, always, answer_open=answer_open,

@@ -4,6 +4,8 @@ reasoning a template drops (DeepSeek-R1's) kept in the last answer."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from chat_templates import REAL, SHAPES, m, shapes_for, transformers_prompt
 
@@ -173,33 +175,44 @@ def test_answers_without_reasoning_get_no_note():
     assert text[spans[0][0] : spans[0][1]] == "Fine, thanks.\nAnd you?" + DS.eos
 
 
-def test_chat_fine_tuning_through_deepseeks_template_logs_the_kept_reasoning(tmp_path, capsys):
-    """A DeepSeek-R1-Distill-Qwen-like model (Qwen2 architecture, R1's template) fine-tunes on
-    reasoning data: the run's log says the last answer keeps its reasoning."""
+@pytest.mark.parametrize("name", ["deepseek-r1-distill", "smollm3"])
+def test_chat_fine_tuning_through_a_family_template(tmp_path, capsys, name):
+    """A Qwen2-architecture model (as DeepSeek-R1-Distill-Qwen is) with DeepSeek-R1's or
+    SmolLM3's template fine-tunes on reasoning data; with DeepSeek's the log says the last
+    answer keeps its reasoning, and the prepared rows hold it."""
     import json
 
     from hf_models import make_model
 
     from core.cli.train import main as train_main
+    from core.data.windows import TokenData
 
-    make_model(tmp_path / "base", "qwen2")
+    model = REAL[name]
+    seq = 1536 if name == "smollm3" else 64  # SmolLM3's default system prompt is long
+    make_model(tmp_path / "base", "qwen2", max_position_embeddings=seq)
     config = tmp_path / "base" / "tokenizer_config.json"
     for f in (tmp_path / "base").glob("chat_template.j*"):
         f.unlink()
     meta = json.loads(config.read_text())
-    config.write_text(json.dumps({**meta, "chat_template": DS.template}))
+    config.write_text(json.dumps({**meta, "chat_template": model.template}))
     data = tmp_path / "d.jsonl"
-    rows = [{"messages": [m("user", "2+2?"), m("assistant", "<think>\nAdd.\n</think>\n\n4")]}] * 8
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    row = {"messages": [m("user", "2+2?"), m("assistant", "<think>\nAdd.\n</think>\n\n4")]}
+    data.write_text((json.dumps(row) + "\n") * 8, encoding="utf-8")
     args = [
         "--data", str(data), "--out", str(tmp_path / "run"), "--device", "cpu",
-        "--max-steps", "1", "--seq-len", "64", "--batch-size", "2", "--grad-accum", "1",
+        "--max-steps", "1", "--seq-len", str(seq), "--batch-size", "2", "--grad-accum", "1",
         "--precision", "fp32", "--sample-tokens", "0", "--data-cache", str(tmp_path / "cache"),
         "--init-from", str(tmp_path / "base"),
     ]  # fmt: skip
     assert train_main(args) == 0
     captured = capsys.readouterr()
-    assert chat.REASONING_NOTE in captured.out + captured.err
+    assert (chat.REASONING_NOTE in captured.out + captured.err) == (name != "smollm3")
+    info = json.loads((tmp_path / "run" / "data.json").read_text())
+    manifest = json.loads((Path(info["cache"]) / "manifest.json").read_text())
+    rows = TokenData(info["cache"], manifest, manifest["row"] - 1, 0)
+    tok = rows.tokenizer
+    first = tok.decode(rows.train[: manifest["row"]].tolist())
+    assert "Add." in first  # the reasoning is trained on
 
 
 END_MARKS = {"chatml": "<|im_end|>", "qwen3": "<|im_end|>", "smollm3": "<|im_end|>",

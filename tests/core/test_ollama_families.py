@@ -330,3 +330,22 @@ def test_smollm3_writes_a_tool_result_as_a_user_turn_as_its_template_does():
     got = go_prompt(template_of(model), messages, tools=[TOOL])
     assert got == wanted(model, messages, tools=[TOOL])
     assert '<|im_start|>user\n{"temp": 21}<|im_end|>\n<|im_start|>assistant\n' in got
+
+
+def test_a_template_that_drops_system_messages_takes_no_system_prompt():
+    """A made-up Phi-style template without a system branch (as Phi-3-mini's first one):
+    its TEMPLATE renders the rest exactly and a Modelfile SYSTEM is refused."""
+    template = (
+        "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}"
+        "{{ '<|user|>\\n' + message['content'] + '<|end|>\\n<|assistant|>\\n' }}"
+        "{% elif message['role'] == 'assistant' %}{{ message['content'] + '<|end|>\\n' }}"
+        "{% endif %}{% endfor %}"
+    )
+    lay = ollama.layout(template, bos_token="<s>", add_bos=True)
+    assert lay.kind == "phi" and lay.system_open is None
+    for messages in SHAPES.values():
+        if not any(x["role"] == "system" for x in messages):
+            want = transformers_prompt(template, messages, "<s>").removeprefix("<s>")
+            assert ollama_prompt(ollama.go_template(lay), messages) == want
+    with pytest.raises(ollama.OllamaError, match="no place for a system prompt"):
+        ollama.modelfile("m.gguf", template, [], "Be brief.", bos_token="<s>", add_bos=True)
