@@ -858,8 +858,9 @@ def _go_turns(lay: Layout) -> _Lines:
     t.line("{{- if $last }}")
     if form:
         t.add('{{ if eq .Role "tool" }}' + _text(_RUN_END[form]) + "{{ end }}")
-    skip = '(ne .Role "tool") ' if form == "deepseek" else ""
-    t.add(f'{{{{ if and (ne .Role "assistant") {skip}}}}}' + _text(lay.gen) + "{{ end }}{{ end }}")
+    after = '(and (ne .Role "assistant") (ne .Role "tool"))' if form == "deepseek" else ""
+    after = after or '(ne .Role "assistant")'  # DeepSeek-R1 writes none after tool results
+    t.add(f"{{{{ if {after} }}}}" + _text(lay.gen) + "{{ end }}{{ end }}")
     if lay.tools:
         t.line("{{- $prev = .Role }}")
     t.line("{{- end }}")
