@@ -222,32 +222,57 @@ def test_tools_are_named_where_the_template_shows_none():
 
 # -- Ollama's own expectations ------------------------------------------------------------------
 
-# template/testdata of Ollama's repository (github.com/ollama/ollama), for its conversation
-# system-user-assistant-user; its gemma3-instruct.gotmpl adds a newline after the generation
-# prompt (the file's last line), which the model's own template does not write.
-OLLAMA_CASE = [
+# template/testdata of Ollama's repository (github.com/ollama/ollama) for its three
+# conversations; its gemma3-instruct.gotmpl adds a newline after the generation prompt (the
+# file's last line), which Gemma 3's own template does not write, and its gemma-instruct.gotmpl
+# joins a system prompt that Gemma 2's template refuses.
+OLLAMA_CASES = {
+    "user": [m("user", "Hello, how are you?")],
+    "user-assistant-user": [
+        m("user", "Hello, how are you?"),
+        m("assistant", "I'm doing great. How can I help you today?"),
+        m("user", "I'd like to show off how chat templating works!"),
+    ],
+}
+OLLAMA_CASES["system-user-assistant-user"] = [
     m("system", "You are a helpful assistant."),
-    m("user", "Hello, how are you?"),
-    m("assistant", "I'm doing great. How can I help you today?"),
-    m("user", "I'd like to show off how chat templating works!"),
+    *OLLAMA_CASES["user-assistant-user"],
 ]
+_G_TURNS = (
+    "<start_of_turn>user\nHello, how are you?<end_of_turn>\n<start_of_turn>model\nI'm doing "
+    "great. How can I help you today?<end_of_turn>\n<start_of_turn>user\nI'd like to show off "
+    "how chat templating works!<end_of_turn>\n<start_of_turn>model\n"
+)
+_P_TURNS = (
+    "<|user|>\nHello, how are you?<|end|>\n<|assistant|>\nI'm doing great. How can I help you "
+    "today?<|end|>\n<|user|>\nI'd like to show off how chat templating works!<|end|>\n"
+    "<|assistant|>\n"
+)
 OLLAMA_TESTDATA = {
-    "gemma3": "<start_of_turn>user\nYou are a helpful assistant.\n\nHello, how are you?"
-    "<end_of_turn>\n<start_of_turn>model\nI'm doing great. How can I help you today?"
-    "<end_of_turn>\n<start_of_turn>user\nI'd like to show off how chat templating works!"
-    "<end_of_turn>\n<start_of_turn>model\n\n",
-    "phi3.5": "<|system|>\nYou are a helpful assistant.<|end|>\n<|user|>\nHello, how are you?"
-    "<|end|>\n<|assistant|>\nI'm doing great. How can I help you today?<|end|>\n<|user|>\n"
-    "I'd like to show off how chat templating works!<|end|>\n<|assistant|>\n",
+    ("gemma3", "user"): "<start_of_turn>user\nHello, how are you?<end_of_turn>\n"
+    "<start_of_turn>model\n\n",
+    ("gemma3", "user-assistant-user"): _G_TURNS + "\n",
+    ("gemma3", "system-user-assistant-user"): _G_TURNS.replace(
+        "user\nHello", "user\nYou are a helpful assistant.\n\nHello", 1
+    )
+    + "\n",
+    ("gemma2", "user"): "<start_of_turn>user\nHello, how are you?<end_of_turn>\n"
+    "<start_of_turn>model\n",
+    ("gemma2", "user-assistant-user"): _G_TURNS,
+    ("phi3.5", "user"): "<|user|>\nHello, how are you?<|end|>\n<|assistant|>\n",
+    ("phi3.5", "user-assistant-user"): _P_TURNS,
+    ("phi3.5", "system-user-assistant-user"): "<|system|>\nYou are a helpful assistant.<|end|>\n"
+    + _P_TURNS,
 }
 
 
-@pytest.mark.parametrize("name", OLLAMA_TESTDATA)
-def test_ollamas_own_expected_renders(name):
-    got = ollama_prompt(template_of(REAL[name]), OLLAMA_CASE)
-    want = OLLAMA_TESTDATA[name]
+@pytest.mark.parametrize("name, case", OLLAMA_TESTDATA)
+def test_ollamas_own_expected_renders(name, case):
+    messages = OLLAMA_CASES[case]
+    got = ollama_prompt(template_of(REAL[name]), messages)
+    want = OLLAMA_TESTDATA[name, case]
     assert got == (want[:-1] if name == "gemma3" else want)
-    assert got == wanted(REAL[name], OLLAMA_CASE)
+    assert got == wanted(REAL[name], messages)
 
 
 # -- The export ----------------------------------------------------------------------------------
