@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import pytest
-from gotemplate import GoTemplateError, identifiers, ollama_prompt
+from gotemplate import GoTemplateError, go_available, go_prompt, identifiers, ollama_prompt
 from gotemplate import render as go_render
 
 from core.data.chat import DEFAULT_TEMPLATE, render
@@ -542,6 +542,8 @@ def test_go_template_renders_as_jinja(name, conversation):
     template = dict(commands)["template"]
     assert template == ollama.go_template(layout_of(model))
     assert ollama_prompt(template, messages) == ollama_wants(model, messages)
+    if go_available():  # and by Go's own text/template
+        assert go_prompt(template, messages) == ollama_wants(model, messages)
 
 
 @pytest.mark.parametrize("conversation", ["user", "user-assistant-user", "user-prefill"])
