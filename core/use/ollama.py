@@ -565,6 +565,11 @@ def differences(lay: Layout, jinja_template: str = "") -> list[str]:
         "Ollama merges consecutive messages of one role (joined by a blank line) and puts the "
         "Modelfile's SYSTEM first when a conversation has none"
     ]
+    if not takes_system(lay):
+        notes.append(
+            "a system message in a request is left out; the model's template refuses one "
+            "(Gemma 2) or drops it"
+        )
     if lay.dated:
         notes.append(
             "today's date is Ollama's currentDate (YYYY-MM-DD); the model's template "

@@ -333,6 +333,7 @@ def test_a_template_without_a_system_turn_refuses_a_modelfile_system():
         ("phi3.5", "an empty system message is written as an empty turn"),
         ("deepseek-r1-distill", "keeps only the last"),
         ("gemma3", "strips whitespace from it"),
+        ("gemma2", "a system message in a request is left out"),
         ("qwen2.5", "compact JSON"),
     ],
 )
