@@ -1,12 +1,15 @@
-"""A small renderer for the part of Go's text/template that Ollama TEMPLATEs use, for tests.
+"""Go's text/template for tests: real Go where the go tool is installed (go_prompts builds and
+runs tests/gotemplate_go/main.go, which renders as Ollama's server does and reports the
+template's variables and thinking tags), and a small Python renderer of the part of
+text/template that Ollama TEMPLATEs use, which needs nothing installed.
 
-Supported: text; actions {{ pipeline }} with the trim markers "{{- " and " -}}"; {{ if }},
-{{ else if }}, {{ else }}, {{ end }}; {{ range PIPE }}, {{ range $v := PIPE }},
-{{ range $i, $v := PIPE }} (with {{ else }}); {{ $x := PIPE }}; operands . .Field.Chain $ $.Field
-$x $x.Field "string" 123 true false nil and (parenthesised pipelines); the functions eq, ne, and,
-or, not, len, slice and index. Anything else (pipes "|", with, define, template, block, break,
-continue, comments, raw strings, assignment "=", other functions, missing fields) raises
-GoTemplateError instead of being guessed at.
+The Python renderer supports: text; actions {{ pipeline }} with the trim markers "{{- " and
+" -}}"; {{ if }}, {{ else if }}, {{ else }}, {{ end }}; {{ range PIPE }}, {{ range $v := PIPE }},
+{{ range $i, $v := PIPE }} (with {{ else }}); {{ $x := PIPE }}, {{ $x = PIPE }}; operands .
+.Field.Chain $ $.Field $x $x.Field "string" 123 true false nil and (parenthesised pipelines);
+the functions eq, ne, and, or, not, len, slice and index. Anything else (pipes "|", with,
+define, template, block, break, continue, comments, raw strings, other functions, missing
+fields) raises GoTemplateError instead of being guessed at.
 
 ollama_prompt runs a template the way Ollama's server does for a chat request (server/routes.go
 and template/template.go): the Modelfile's SYSTEM first unless the conversation opens with a
@@ -16,7 +19,15 @@ template that does not use .Messages, turn by turn over .System/.Prompt/.Respons
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
+import os
 import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
 
 
 class GoTemplateError(Exception):
@@ -133,6 +144,11 @@ class _Print:
         self.expr = expr
 
 
+class _Assign:
+    def __init__(self, name, expr):
+        self.name, self.expr = name, expr
+
+
 _UNSUPPORTED = {"with", "define", "template", "block", "break", "continue"}
 
 
@@ -224,9 +240,10 @@ def parse(source: str) -> list:
             while isinstance(node, _If) and node.chained:
                 node, current = stack.pop()
         elif kind == "var" and len(tokens) > 1 and tokens[1][0] in ("declare", "assign"):
-            if tokens[1][0] == "assign" or "." in word:
-                raise GoTemplateError("only $x := declarations are supported")
-            current.append(_Declare(word, _pipeline(tokens[2:])))
+            if "." in word:
+                raise GoTemplateError("only $x := and $x = are supported")
+            node = _Declare if tokens[1][0] == "declare" else _Assign
+            current.append(node(word, _pipeline(tokens[2:])))
         else:
             current.append(_Print(_pipeline(tokens)))
     if stack:
@@ -389,6 +406,12 @@ class _Run:
                 self.out.append(_format(self.command(node.expr, dot)))
             elif isinstance(node, _Declare):
                 self.scopes[-1][node.name] = self.command(node.expr, dot)
+            elif isinstance(node, _Assign):
+                value = self.command(node.expr, dot)
+                scope = next((sc for sc in reversed(self.scopes) if node.name in sc), None)
+                if scope is None:
+                    raise GoTemplateError(f"undefined variable {node.name}")
+                scope[node.name] = value
             elif isinstance(node, _If):
                 branch = node.then if _truth(self.command(node.cond, dot)) else node.els
                 self.block(branch or [], dot, {})
@@ -446,7 +469,8 @@ def _collate(messages):
         if out and out[-1]["Role"] == m["role"] and m["role"] != "tool":
             out[-1]["Content"] += "\n\n" + m["content"]
         else:
-            out.append({"Role": m["role"], "Content": m["content"]})
+            out.append({"Role": m["role"], "Content": m["content"], "Thinking": "",
+                        "ToolCalls": [], "ToolName": ""})  # fmt: skip
     return "\n\n".join(system), out
 
 
@@ -456,7 +480,7 @@ def _cut_after_response(nodes, state):
     for node in nodes:
         if state["cut"]:
             continue
-        if isinstance(node, (_Print, _Declare)):
+        if isinstance(node, (_Print, _Declare, _Assign)):
             if any(t[0] == "field" and "Response" in t[1].split(".") for t in _flat(node.expr)):
                 state["cut"] = True
         elif isinstance(node, _If):
@@ -520,3 +544,57 @@ def ollama_prompt(template: str, messages: list[dict], system: str | None = None
     run = _Run(dict(turn))
     run.nodes(_cut_after_response(parse(template), {"cut": False}), run.scopes[0]["$"])
     return "".join(out) + "".join(run.out)
+
+
+# -- Real Go ----------------------------------------------------------------------------------
+
+GO_SOURCE = Path(__file__).parent / "gotemplate_go" / "main.go"
+
+
+@functools.lru_cache(maxsize=1)
+def _go_binary() -> str | None:
+    """tests/gotemplate_go built once per source version into the temp folder; None without
+    the go tool (apt-get install golang-go)."""
+    go = shutil.which("go")
+    if go is None:
+        return None
+    source = GO_SOURCE.read_bytes()
+    folder = (
+        Path(tempfile.gettempdir())
+        / f"traindeck-gotemplate-{hashlib.sha1(source).hexdigest()[:12]}"
+    )
+    binary = folder / "render"
+    if not binary.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "GO111MODULE": "off", "GOCACHE": str(folder / "cache"),
+               "GOPATH": str(folder / "gopath"), "GOFLAGS": ""}  # fmt: skip
+        tmp = folder / f"render.{os.getpid()}"
+        subprocess.run([go, "build", "-o", str(tmp), str(GO_SOURCE)], check=True, env=env,
+                       capture_output=True)  # fmt: skip
+        os.replace(tmp, binary)
+    return str(binary)
+
+
+def go_available() -> bool:
+    return _go_binary() is not None
+
+
+def go_prompts(cases: list[dict]) -> list[dict]:
+    """Each case ({template, messages, tools, think, is_think_set, system}) rendered by Go's own
+    text/template as Ollama renders a chat request: {prompt, error, vars, think_open,
+    think_close} (vars: Ollama's Template.Vars; the think tags: what Ollama infers)."""
+    binary = _go_binary()
+    if binary is None:
+        raise GoTemplateError("the go tool is not installed (apt-get install golang-go)")
+    done = subprocess.run([binary], input=json.dumps(cases), capture_output=True, text=True,
+                          check=True)  # fmt: skip
+    return json.loads(done.stdout)
+
+
+def go_prompt(template: str, messages: list[dict], system: str | None = None, **extra) -> str:
+    """One conversation through go_prompts; a template error raises GoTemplateError."""
+    case = {"template": template, "messages": messages, "system": system or "", **extra}
+    (out,) = go_prompts([case])
+    if out["error"]:
+        raise GoTemplateError(out["error"])
+    return out["prompt"]

@@ -1,11 +1,14 @@
 """Chat templates: a model's Jinja template rendered the way transformers renders it
-(sandboxed, trim_blocks and lstrip_blocks, raise_exception, tojson), so TrainDeck, transformers
-and llama.cpp give a model the same prompt."""
+(sandboxed, trim_blocks and lstrip_blocks, raise_exception, strftime_now, tojson, the
+{% generation %} tag), so TrainDeck, transformers and llama.cpp give a model the same prompt."""
 
 from __future__ import annotations
 
 import functools
 import json
+import os
+import re
+from contextvars import ContextVar
 from datetime import datetime
 
 from core.errors import UserError
@@ -38,6 +41,44 @@ DEFAULT_TEMPLATE = (
 DEFAULT_STOP = "<|im_end|>"  # where an answer ends for a tokenizer with no EOS token
 
 
+# The text rendered so far and the (start, end) of each {% generation %} block, while
+# generation_spans renders; None otherwise.
+_TRACKING: ContextVar = ContextVar("chat_generation_spans", default=None)
+_GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
+
+
+def has_generation(template: str) -> bool:
+    """Whether the template marks its assistant text with {% generation %} (SmolLM3 does)."""
+    return bool(_GENERATION.search(template))
+
+
+def _generation_extension():
+    """transformers' {% generation %} ... {% endgeneration %}: renders its body unchanged and,
+    while generation_spans renders, records where that text lies in the output."""
+    import jinja2
+    from jinja2.ext import Extension
+
+    class Generation(Extension):
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(["name:endgeneration"], drop_needle=True)
+            call = self.call_method("_block")
+            return jinja2.nodes.CallBlock(call, [], [], body).set_lineno(lineno)
+
+        def _block(self, caller):
+            text = caller()
+            tracking = _TRACKING.get()
+            if tracking is not None:
+                blocks, spans = tracking
+                start = sum(map(len, blocks))
+                spans.append((start, start + len(text)))
+            return text
+
+    return Generation
+
+
 @functools.lru_cache(maxsize=16)
 def _compiled(template: str):
     """Compiling costs milliseconds; a data set renders one template thousands of times."""
@@ -46,7 +87,7 @@ def _compiled(template: str):
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
+        trim_blocks=True, lstrip_blocks=True, extensions=[_generation_extension(), loopcontrols]
     )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise
@@ -57,19 +98,45 @@ def _compiled(template: str):
         raise TemplateError(f"chat template: {e}") from None
 
 
+def _context(messages, add_generation_prompt, tokens) -> dict:
+    # transformers passes tools and documents (None without them) to every render.
+    return {"tools": None, "documents": None, **tokens, "messages": messages,
+            "add_generation_prompt": add_generation_prompt}  # fmt: skip
+
+
 def render(
     template: str, messages: list[dict], add_generation_prompt: bool = True, **tokens
 ) -> str:
-    """The text of a conversation; tokens: bos_token, eos_token and the like."""
+    """The text of a conversation; tokens: bos_token, eos_token and the like (any other
+    template variable too, e.g. enable_thinking, or strftime_now to fix the date)."""
     import jinja2
 
     compiled = _compiled(template)
     try:
-        return compiled.render(
-            messages=messages, add_generation_prompt=add_generation_prompt, **tokens
-        )
+        return compiled.render(_context(messages, add_generation_prompt, tokens))
     except jinja2.TemplateError as e:
         raise TemplateError(f"chat template: {e}") from None
+
+
+def generation_spans(
+    template: str, messages: list[dict], add_generation_prompt: bool = False, **tokens
+) -> tuple[str, list[tuple[int, int]]]:
+    """The text and the (start, end) characters of each {% generation %} block in it: the
+    assistant's text as transformers' apply_chat_template(return_assistant_tokens_mask=True)
+    marks it."""
+    import jinja2
+
+    compiled = _compiled(template)
+    blocks, spans = [], []
+    token = _TRACKING.set((blocks, spans))
+    try:
+        for block in compiled.generate(_context(messages, add_generation_prompt, tokens)):
+            blocks.append(block)
+    except jinja2.TemplateError as e:
+        raise TemplateError(f"chat template: {e}") from None
+    finally:
+        _TRACKING.reset(token)
+    return "".join(blocks), spans
 
 
 def special_tokens(tokenizer) -> dict:
@@ -83,33 +150,143 @@ def template_of(tokenizer) -> str:
     return tokenizer.chat_template or DEFAULT_TEMPLATE
 
 
-def answer_spans(template: str, messages: list[dict], **tokens) -> tuple[str, list[tuple]]:
-    """The whole conversation's text and the (start, end) characters of each assistant
-    turn in it, end-of-turn marks included. A turn is what rendering it adds after the
-    generation prompt; where a template rewrites earlier turns (some drop old reasoning),
-    the answer's own text is found instead."""
+REASONING_NOTE = (
+    "chat: the model's chat template drops the <think> reasoning from every answer; TrainDeck "
+    "keeps it in each conversation's last answer (as Qwen3's template does), so the model "
+    "learns to reason; earlier answers lose theirs, as the template writes them"
+)
+_KEPT = "TrainDeckKeptReasoning{}"  # stands for a kept answer while the template renders
+
+
+def _reasoning(content: str) -> str:
+    """The text of an answer's <think> block ("" without one)."""
+    if "</think>" not in content:
+        return ""
+    return content.split("</think>")[0].split("<think>")[-1].strip()
+
+
+def _keep_last_reasoning(template: str, messages: list[dict], tokens: dict) -> dict:
+    """{placeholder: answer} for the answers after the last user turn whose reasoning the
+    template drops (DeepSeek-R1's content.split('</think>')[-1]); empty where it keeps it."""
+    last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
+    late = [
+        i for i, m in enumerate(messages)
+        if i > last_user and m["role"] == "assistant" and _reasoning(m["content"])
+    ]  # fmt: skip
+    if not late:
+        return {}
     text = render(template, messages, False, **tokens)
+    return {
+        _KEPT.format(i): messages[i]["content"]
+        for i in late
+        if _reasoning(messages[i]["content"]) not in text
+    }
+
+
+def _substituted(messages: list[dict], kept: dict) -> list[dict]:
+    """The messages with each kept answer replaced by its placeholder, which no template
+    splits or trims."""
+    return [
+        {**m, "content": _KEPT.format(i)} if _KEPT.format(i) in kept else m
+        for i, m in enumerate(messages)
+    ]
+
+
+def _restored(text: str, kept: dict) -> str:
+    for key, content in kept.items():
+        text = text.replace(key, content)
+    return text
+
+
+def conversation_text(template: str, messages: list[dict], notes: set | None = None, **tokens):
+    """The training text of a whole conversation (no generation prompt): the template's own,
+    except that reasoning the template would drop from the last answer is kept (notes gets
+    REASONING_NOTE then)."""
+    kept = _keep_last_reasoning(template, messages, tokens)
+    if kept and notes is not None:
+        notes.add(REASONING_NOTE)
+    return _restored(render(template, _substituted(messages, kept), False, **tokens), kept)
+
+
+def _common(a: str, b: str) -> int:
+    """The length of the longest common prefix of a and b."""
+    return len(os.path.commonprefix([a, b]))
+
+
+def _turn_end(following: str, written: str) -> int:
+    """How much of the text following an answer is its end-of-turn text: what the template
+    writes after the answer when it is the last message (written), as far as the whole
+    conversation's text agrees; where they part inside a mark (Phi's <|endoftext|> against the
+    next turn's <|user|>), only the marks before it."""
+    n = _common(following, written)
+    if n < len(written):
+        mark = written.rfind("<", 0, n + 1)
+        n = mark if 0 <= mark < n else n
+    return n
+
+
+def _answer_at(text: str, content: str, cursor: int) -> tuple[int, int]:
+    """Where an answer's text lies in the rendered conversation, from cursor on: the whole
+    content, else (reasoning dropped by the template) what follows its </think>."""
+    variants = [content]
+    if "</think>" in content:
+        after = content.split("</think>")[-1]
+        variants += [after, after.lstrip("\n"), after.strip()]
+    for v in variants:
+        at = text.find(v, cursor) if v else -1
+        if at >= 0:
+            return at, at + len(v)
+    raise TemplateError("chat template: an assistant answer does not appear in the rendered text")
+
+
+def answer_spans(
+    template: str, messages: list[dict], notes: set | None = None, **tokens
+) -> tuple[str, list[tuple]]:
+    """The whole conversation's text and the (start, end) characters of each assistant
+    turn in it, end-of-turn marks included.
+
+    A template with {% generation %} marks the turns itself (transformers' assistant mask).
+    Otherwise a turn starts where the generation prompt before it ends (or, where a template
+    rewrites earlier turns, at the answer's own text) and ends after the end-of-turn text the
+    template writes after it. Reasoning a template drops from the last answer is kept
+    (conversation_text)."""
+    if has_generation(template):
+        text, spans = generation_spans(template, messages, False, **tokens)
+        if spans:
+            return text, spans
+    kept = _keep_last_reasoning(template, messages, tokens)
+    if kept and notes is not None:
+        notes.add(REASONING_NOTE)
+    shown = _substituted(messages, kept)
+
+    def text_of(upto: int, prompt: bool) -> str:
+        return _restored(render(template, shown[:upto], prompt, **tokens), kept)
+
+    text = text_of(len(messages), False)
     spans, cursor = [], 0
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        span = None
         try:
-            before = render(template, messages[:i], True, **tokens) if i else ""
-            upto = render(template, messages[: i + 1], False, **tokens)
-            if before and upto.startswith(before) and text.startswith(upto):
-                span = (len(before), len(upto))
+            before = text_of(i, True) if i else ""
+            upto = text_of(i + 1, False)
         except TemplateError:  # e.g. a template that needs a user turn first
-            pass
-        if span is None or span[0] < cursor:
-            start = text.find(message["content"], cursor)
-            if start < 0:
-                raise TemplateError(
-                    "chat template: an assistant answer does not appear in the rendered text"
-                )
-            span = (start, start + len(message["content"]))
-        spans.append(span)
-        cursor = span[1]
+            before, upto = "", None
+        # The answer is looked for where the generation prompt stops matching the text.
+        a0, a1 = _answer_at(text, message["content"], max(cursor, _common(before, text)))
+        start = (
+            len(before)
+            if before and text.startswith(before) and cursor <= len(before) <= a1
+            else a0
+        )
+        end = a1
+        if upto is not None:
+            same = upto[a0:a1] == text[a0:a1]
+            at = a0 if same else upto.find(text[a0:a1], _common(before, upto))
+            if at >= 0:  # the end-of-turn text the template writes after the answer
+                end = a1 + _turn_end(text[a1:], upto[at + a1 - a0 :])
+        spans.append((start, end))
+        cursor = end
     return text, spans
 
 

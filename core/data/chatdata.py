@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from core.data import tables
-from core.data.chat import answer_spans, render
+from core.data.chat import answer_spans, conversation_text
 from core.errors import DataError
 
 ROLES = ("system", "user", "assistant")
@@ -190,31 +190,39 @@ def is_chat(
 
 def _offsets(tokenizer, text: str) -> tuple[np.ndarray, np.ndarray]:
     """Token ids of text (no special tokens added) and each token's start character."""
+    ids, starts, _ = _token_chars(tokenizer, text)
+    return ids, starts
+
+
+def _token_chars(tokenizer, text: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Token ids of text (no special tokens added) and each token's start and end character."""
     if tokenizer.kind == "bytes":
         raw = text.encode("utf-8")
         lengths = [len(c.encode("utf-8")) for c in text]
         starts = np.repeat(np.arange(len(text)), lengths)
-        return np.frombuffer(raw, dtype=np.uint8).astype(np.int64), starts
+        return np.frombuffer(raw, dtype=np.uint8).astype(np.int64), starts, starts + 1
     enc = tokenizer.hf.encode(text, add_special_tokens=False)
-    return np.asarray(enc.ids, dtype=np.int64), np.asarray([o[0] for o in enc.offsets])
+    offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
+    return np.asarray(enc.ids, dtype=np.int64), offsets[:, 0], offsets[:, 1]
 
 
 def encode_example(
-    tokenizer, template: str, messages: list[dict], tokens: dict, train_on_prompts: bool
-) -> tuple[np.ndarray, np.ndarray]:
+    tokenizer, template: str, messages: list[dict], tokens: dict, train_on_prompts: bool,
+    notes: set | None = None,
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """(ids, weights): the conversation as the template renders it, and 1 on the tokens
     of assistant turns (their end-of-turn marks too), 0 elsewhere (1 everywhere with
-    train_on_prompts)."""
+    train_on_prompts). notes collects lines for the log (core.data.chat.REASONING_NOTE)."""
     # Exactly the template's text (BOS only where the template writes it), as transformers'
     # apply_chat_template gives it: what the model sees here is what it sees in other tools.
     if train_on_prompts:  # one render; no answer spans to find
-        ids, _ = _offsets(tokenizer, render(template, messages, False, **tokens))
+        ids, _, _ = _token_chars(tokenizer, conversation_text(template, messages, notes, **tokens))
         return ids, np.ones(len(ids), dtype=np.uint8)
-    text, spans = answer_spans(template, messages, **tokens)
-    ids, starts = _offsets(tokenizer, text)
+    text, spans = answer_spans(template, messages, notes, **tokens)
+    ids, starts, ends = _token_chars(tokenizer, text)
     weights = np.zeros(len(ids), dtype=np.uint8)
-    for start, end in spans:
-        weights[(starts >= start) & (starts < end)] = 1
+    for start, end in spans:  # every token with a character in the span, as transformers
+        weights[(starts < end) & (np.maximum(ends, starts + 1) > start)] = 1
     return ids, weights
 
 

@@ -556,12 +556,15 @@ def _build_chat(spec: DataSpec, listing, target: Path, tokenizer, progress_cb, c
     }
     progress = _Progress(progress_cb, cancelled, sum(examples.sizes), "rendering chat")
     t0 = time.perf_counter()
+    notes: set = set()  # what the template does to the data (chat.REASONING_NOTE)
     for messages, is_val, size in zip(conversations, held, examples.sizes, strict=True):
         ids, weights = chatdata.encode_example(
-            tokenizer, template, messages, tokens, chat.train_on_prompts
+            tokenizer, template, messages, tokens, chat.train_on_prompts, notes
         )
         packers["val" if is_val else "train"].add(ids, weights)
         progress.advance(size)
+    for note in sorted(notes):
+        log(note)
     rows = {split: p.finish() for split, p in packers.items()}
     for split in ("train", "val"):
         p = packers[split]

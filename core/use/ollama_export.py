@@ -20,11 +20,18 @@ def export_ollama(loaded: Loaded, folder: Path, quant: str, system, log, progres
     text = ollama.modelfile_of(tok, "model.gguf", system)
     report = export_gguf(loaded, folder, quant, log, progress)
     (folder / "Modelfile").write_text(text, encoding="utf-8")
-    kind = ollama.template_kind(tok.chat_template)
-    stops = ollama.stop_tokens(kind, tok)
-    name = ollama.KIND_NAMES[kind]
+    lay = ollama.layout_of(tok)
+    stops = ollama.stop_tokens(lay.kind, tok)
+    name = ollama.KIND_NAMES[lay.kind]
     log(f"ollama: Modelfile with the {name} template, stop at {', '.join(stops)}")
-    return {**report, "template": kind, "stops": stops}
+    caps = ollama.capabilities(lay)
+    if caps:  # recent Ollama uses the GGUF's own template when the TEMPLATE has fewer
+        log(f"ollama: the TEMPLATE takes {' and '.join(caps)} as the model's template does, "
+            "so Ollama uses it rather than the GGUF's template")  # fmt: skip
+    differences = ollama.differences(lay, tok.chat_template) if lay.kind != "plain" else []
+    for line in differences:
+        log(f"ollama: differs from the model's template: {line}")
+    return {**report, "template": lay.kind, "stops": stops, "differences": differences}
 
 
 def ollama_create(name: str, folder: Path) -> str:

@@ -4,10 +4,10 @@ reads back through a port of Ollama's own parser."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
-from gotemplate import GoTemplateError, identifiers, ollama_prompt
+from gotemplate import GoTemplateError, go_available, go_prompt, identifiers, ollama_prompt
 from gotemplate import render as go_render
 
 from core.data.chat import DEFAULT_TEMPLATE, render
@@ -350,10 +350,15 @@ LLAMA2 = (
     "+ content.strip() + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ ' ' + "
     "content.strip() + ' ' + eos_token }}{% endif %}{% endfor %}"
 )
-GEMMA = (
+# Gemma 1's first template wrote "assistant" where the model was trained on "model".
+GEMMA_ASSISTANT = (
     "{{ bos_token }}{% for message in messages %}{{ '<start_of_turn>' + message['role'] + '\\n' "
     "+ message['content'] | trim + '<end_of_turn>\\n' }}{% endfor %}{% if add_generation_prompt "
     "%}{{'<start_of_turn>model\\n'}}{% endif %}"
+)
+COMMAND_R = (
+    "{% for message in messages %}{{ '<|START_OF_TURN_TOKEN|><|USER_TOKEN|>' + message['content'] "
+    "+ '<|END_OF_TURN_TOKEN|>' }}{% endfor %}"
 )
 
 
@@ -537,6 +542,8 @@ def test_go_template_renders_as_jinja(name, conversation):
     template = dict(commands)["template"]
     assert template == ollama.go_template(layout_of(model))
     assert ollama_prompt(template, messages) == ollama_wants(model, messages)
+    if go_available():  # and by Go's own text/template
+        assert go_prompt(template, messages) == ollama_wants(model, messages)
 
 
 @pytest.mark.parametrize("conversation", ["user", "user-assistant-user", "user-prefill"])
@@ -583,19 +590,26 @@ def test_expected_prompt_is_the_go_template(name):
 
 def test_layouts_read_off_the_templates():
     qwen, smol = layout_of(MODELS["qwen2.5"]), layout_of(MODELS["smollm2"])
-    assert (
-        qwen.default_system
-        == "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+    assert qwen.default_turn == (
+        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+        "assistant.<|im_end|>\n"
     )
-    assert smol.default_system.startswith("You are a helpful AI assistant named SmolLM")
-    assert layout_of(MODELS["traindeck-eos"]).answer_end == "<|endoftext|>"
+    assert "You are a helpful AI assistant named SmolLM" in smol.default_turn
+    assert layout_of(MODELS["traindeck-eos"]).answer_close == "<|im_end|><|endoftext|>\n"
     assert layout_of(MODELS["traindeck-bytes"]) == ollama.CANONICAL["chatml"]
-    assert layout_of(MODELS["llama3"]) == ollama.CANONICAL["llama3"]
+    llama3 = layout_of(MODELS["llama3"])
+    assert replace(llama3, system_open=None, system_close="") == replace(
+        ollama.CANONICAL["llama3"], system_open=None, system_close=""
+    )
     assert layout_of(MODELS["llama3-bos-in-template"]).lead == "<|begin_of_text|>"
     l31 = layout_of(MODELS["llama3.1"])
-    assert l31.system_prefix == "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n"
-    assert l31.default_system == l31.system_prefix
-    assert layout_of(MODELS["mistral-v0.3"]) == ollama.CANONICAL["mistral"]
+    header = "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n"
+    assert l31.system_open == "<|start_header_id|>system<|end_header_id|>\n\n" + header
+    assert l31.default_turn == l31.system_open + "<|eot_id|>"
+    assert l31.tools and l31.tool_calls == "llama3" and not l31.dated
+    v03 = layout_of(MODELS["mistral-v0.3"])
+    assert (v03.tools, v03.tool_calls) == (True, "mistral")  # [AVAILABLE_TOOLS] and calls
+    assert replace(v03, tools=False, tool_calls=None) == ollama.CANONICAL["mistral"]
     v02 = layout_of(MODELS["mistral-v0.2"])
     assert (v02.system_at, v02.inst_open, v02.inst_close) == ("first", " [INST] ", " [/INST]")
     v01 = layout_of(MODELS["mistral-v0.1"])
@@ -651,7 +665,11 @@ def test_plain():
 
 @pytest.mark.parametrize(
     "template, found",
-    [(LLAMA2, "<<SYS>>"), (GEMMA, "<start_of_turn>"), ("{{ messages[0]['content'] }}", "no turn")],
+    [
+        (LLAMA2, "<<SYS>>"),
+        (COMMAND_R, "<|START_OF_TURN_TOKEN|>"),
+        ("{{ messages[0]['content'] }}", "no turn"),
+    ],  # fmt: skip
 )
 def test_unknown_templates_are_refused(template, found):
     with pytest.raises(OllamaError, match="none TrainDeck can write") as err:
@@ -661,15 +679,23 @@ def test_unknown_templates_are_refused(template, found):
 
 
 def test_a_template_in_another_layout_is_refused():
+    """Gemma's markers, but answers under "assistant" where the model says "model"."""
+    assert ollama.template_kind(GEMMA_ASSISTANT) == "gemma"
+    with pytest.raises(OllamaError, match="Gemma markers but not in the Gemma layout") as err:
+        ollama.layout(GEMMA_ASSISTANT, bos_token="<bos>")
+    assert "\n" not in str(err.value)
+
+
+def test_turn_text_is_read_off_the_template_not_assumed():
+    """ChatML with "role: " headers renders exactly: each turn's text comes from the template."""
     odd = (
         "{% for message in messages %}{{ '<|im_start|>' + message['role'] + ': ' + "
         "message['content'] + '<|im_end|>\\n' }}{% endfor %}"
         "{% if add_generation_prompt %}{{ '<|im_start|>assistant: ' }}{% endif %}"
     )
-    assert ollama.template_kind(odd) == "chatml"
-    with pytest.raises(OllamaError, match="ChatML") as err:
-        ollama.layout(odd)
-    assert "\n" not in str(err.value)
+    template = ollama.go_template(ollama.layout(odd))
+    for messages in CONVERSATIONS.values():
+        assert ollama_prompt(template, messages) == ollama_wants(Model(odd), messages)
 
 
 # -- Stops and the Modelfile -----------------------------------------------------------------
@@ -720,8 +746,9 @@ def test_stop_tokens():
     assert ollama.stop_tokens("mistral") == ["</s>", "[INST]"]
     assert ollama.stop_tokens("plain") == []
     assert ollama.stop_tokens("plain", extra=["<|endoftext|>", ""]) == ["<|endoftext|>"]
+    assert ollama.stop_tokens("gemma") == ["<end_of_turn>", "<start_of_turn>"]
     with pytest.raises(ValueError):
-        ollama.stop_tokens("gemma")
+        ollama.stop_tokens("llama2")
 
 
 def test_modelfile_of_a_tokenizer():
