@@ -18,7 +18,7 @@ import math
 import random
 import re
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from core.data import tables
@@ -409,8 +409,7 @@ def evaluate_files(target, text=None, choices=None, fewshot: int = 0, limit=None
 
     if not text and not choices:
         raise DataError("evaluate: give a text file, a choices file or both")
-    fmt = fmt or QuestionFormat()
-    fmt.fewshot = fewshot or fmt.fewshot
+    fmt = replace(fmt or QuestionFormat(), fewshot=fewshot or (fmt.fewshot if fmt else 0))
     docs = read_documents(text, text_column) if text else None
     items = read_choices(choices) if choices else None
     if items is not None:
@@ -436,6 +435,35 @@ def evaluate_files(target, text=None, choices=None, fewshot: int = 0, limit=None
         settings = {**asdict(fmt), "limit": limit}
         write_result(loaded, Path(choices), "choices", settings, out["choices"],
                      before.get("choices"))  # fmt: skip
+    return out
+
+
+def evaluate_tasks(target, tasks: str, fewshot: int | None = None, limit=None,
+                   chat: bool = False, multiturn: bool = True, compare: bool = False,
+                   which: str = "best", progress=None) -> dict:  # fmt: skip
+    """lm-evaluation-harness tasks on a run or model (core.use.harness), and with compare on
+    the model a fine-tune started from; a run's results go to RUN/eval/."""
+    from core.use import harness
+    from core.weights.loader import load
+
+    harness.require_lm_eval()
+    harness.task_names(tasks)  # a missing YAML is refused before the model loads
+    loaded = load(target, which)
+    start = None
+    if compare:
+        if not loaded.base:
+            raise DataError("compare: the target is not a fine-tune of a pretrained model")
+        start = load(loaded.base["init_from"])
+    out = harness.run_tasks(loaded, tasks, fewshot, limit, chat, multiturn, progress)
+    if start is not None:
+        out["start"] = harness.run_tasks(start, tasks, fewshot, limit, chat, multiturn, progress)
+    settings = {"tasks": tasks, "fewshot": fewshot, "limit": limit, "chat": chat,
+                "multiturn": multiturn}  # fmt: skip
+    label = ",".join(Path(t.strip()).stem for t in tasks.split(",") if t.strip())
+    result = {"tasks": out["tasks"], "n": out["n"]}
+    before = {"tasks": out["start"]["tasks"]} if start is not None else None
+    path = write_record(loaded, "tasks", label, settings, result, before)
+    out["path"] = str(path) if path else None
     return out
 
 

@@ -91,7 +91,7 @@ def make_lm(loaded: Loaded, progress=None):
     return TrainDeckLM()
 
 
-def _task_names(tasks: str) -> tuple[list[str], list[str], bool]:
+def task_names(tasks: str) -> tuple[list[str], list[str], bool]:
     """(task names, folders with task YAMLs, whether lm_eval's own tasks are named): a name,
     or the path of a task YAML (its folder is searched and its `task:` named)."""
     import yaml
@@ -140,7 +140,7 @@ def run_tasks(loaded: Loaded, tasks: str, fewshot: int | None = None, limit=None
     """lm_eval's simple_evaluate on the loaded model: {"tasks": {task: measures}, "n": {task:
     samples}, "config": what ran}."""
     require_lm_eval()
-    names, folders, builtin = _task_names(tasks)
+    names, folders, builtin = task_names(tasks)
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -33,7 +34,8 @@ ITEMS = [
      "answer": 0, "topic": "words"},
 ]  # fmt: skip
 DOCS = [TEXT[:700], "Hello world, hello model.", TEXT[300:1500], "Ünïcödé \u2603  stays whole"]
-GENERATE = [{"question": "The quick brown", "answer": "fox"}, {"question": "0 1 2 3", "answer": "4"},
+GENERATE = [{"question": "The quick brown", "answer": "fox"},
+            {"question": "0 1 2 3", "answer": "4"},
             {"question": "def add(a, b):", "answer": "return"}]  # fmt: skip
 
 
@@ -68,10 +70,9 @@ def run_lm_eval(lm, yaml_path, **kwargs):
     from lm_eval.tasks import TaskManager
 
     name = yaml_path.stem
-    out = lm_eval.simple_evaluate(
-        model=lm, tasks=[name], task_manager=TaskManager(include_path=str(yaml_path.parent), include_defaults=False),
-        log_samples=True, bootstrap_iters=0, **kwargs,
-    )  # fmt: skip
+    manager = TaskManager(include_path=str(yaml_path.parent), include_defaults=False)
+    out = lm_eval.simple_evaluate(model=lm, tasks=[name], task_manager=manager, log_samples=True,
+                                  bootstrap_iters=0, **kwargs)  # fmt: skip
     samples = sorted(out["samples"][name], key=lambda s: s["doc_id"])
     return {k.split(",")[0]: v for k, v in out["results"][name].items()}, samples
 
@@ -221,3 +222,91 @@ def test_the_lm_wrapper_gives_lm_eval_s_numbers(folder, hf_lm, tmp_path):
         assert [r[0][0] for r in a["resps"]] == pytest.approx([r[0][0] for r in b["resps"]],
                                                               abs=1e-5)  # fmt: skip
         assert [r[0][1] for r in a["resps"]] == [r[0][1] for r in b["resps"]]  # is_greedy
+
+
+@pytest.fixture(scope="module")
+def lora_run(folder, tmp_path_factory):
+    from helpers import tiny_config
+
+    from core.training.trainer import Trainer
+
+    root = tmp_path_factory.mktemp("lora")
+    text = root / "t.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    cfg = tiny_config(init_from=str(folder), tokenizer="model", data=str(text), lr=3e-3,
+                      lora_rank=4, max_steps=6, eval_every=6, ckpt_every=6, hidden_dim=32,
+                      n_heads=4, bias=False, dropout=0.0, sample_tokens=0)  # fmt: skip
+    Trainer(cfg, root / "run").run()
+    return root / "run"
+
+
+def test_a_lora_run_unmerged_equals_lm_eval_on_its_merged_export(lora_run, tmp_path):
+    """The adapters stay on and unmerged behind the LM interface; lm_eval's hf backend reads
+    the merged export: the same log-likelihoods, picks and perplexities."""
+    from lm_eval.models.huggingface import HFLM
+
+    from core.models import lora
+    from core.use.export import export
+
+    export(lora_run, "hf", tmp_path / "merged", log=lambda _: None)
+    theirs_lm = HFLM(pretrained=str(tmp_path / "merged"), batch_size=1, device="cpu",
+                     dtype="float32")  # fmt: skip
+    loaded = load(lora_run)
+    assert any(lora.is_adapter(k) for k in loaded.model.state_dict())  # not merged
+    ours_lm = harness.make_lm(loaded)
+    assert ours_lm.max_length == theirs_lm.max_length
+    mc, _ = task_yaml(tmp_path, "td_lora", ITEMS, 'doc_to_text: "{{context}}"\n' + MC)
+    theirs, their_samples = run_lm_eval(theirs_lm, mc, num_fewshot=1)
+    ours, our_samples = run_lm_eval(ours_lm, mc, num_fewshot=1)
+    assert {k: ours[k] for k in ("acc", "acc_norm", "acc_bytes")} == {
+        k: theirs[k] for k in ("acc", "acc_norm", "acc_bytes")}  # fmt: skip
+    for a, b in zip(our_samples, their_samples, strict=True):
+        assert [r[0][0] for r in a["resps"]] == pytest.approx([r[0][0] for r in b["resps"]],
+                                                              abs=1e-5)  # fmt: skip
+    body = ('output_type: loglikelihood_rolling\ndoc_to_text: ""\ndoc_to_target: "{{text}}"\n'
+            "metric_list:\n  - metric: bits_per_byte\n  - metric: word_perplexity\n")  # fmt: skip
+    ppl, _ = task_yaml(tmp_path, "td_lora_ppl", [{"text": d} for d in DOCS], body)
+    theirs, _ = run_lm_eval(theirs_lm, ppl)
+    ours, _ = run_lm_eval(ours_lm, ppl)
+    assert ours["bits_per_byte"] == pytest.approx(theirs["bits_per_byte"], abs=1e-6)
+    assert ours["word_perplexity"] == pytest.approx(theirs["word_perplexity"], rel=1e-6)
+
+
+def test_eval_tasks_on_a_run_are_saved_with_the_start_model_beside(lora_run, tmp_path, capsys):
+    from core.cli.eval import main as eval_main
+
+    mc, _ = task_yaml(tmp_path, "td_cli", ITEMS, 'doc_to_text: "{{context}}"\n' + MC)
+    args = [str(lora_run), "--tasks", str(mc), "--compare", "--limit", "4", "--json"]
+    assert eval_main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["tasks"]["td_cli"]) >= {"acc", "acc_norm", "acc_bytes", "acc_stderr"}
+    record = next(r for r in evaluate.list_results(lora_run) if r["kind"] == "tasks")
+    assert record["result"]["tasks"] == out["tasks"] and record["result"]["n"]["td_cli"] == 4
+    assert record["start"]["tasks"] == out["start"]["tasks"]
+    # the table: each measure of each task, the start model beside the fine-tune
+    assert eval_main([str(lora_run), "--tasks", str(mc), "--compare", "--limit", "4"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "start" in lines[0] and "fine-tuned" in lines[0]
+    assert any(line.split()[:2] == ["td_cli", "acc_norm"] for line in lines)
+
+
+def test_without_lm_eval_tasks_say_how_to_install_it(folder, tmp_path, capsys, monkeypatch):
+    import importlib.util
+    import subprocess
+    import sys
+
+    from core.cli.eval import main as eval_main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "lm_eval" else real(name, *a))  # fmt: skip
+    assert eval_main([str(folder), "--tasks", "hellaswag"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and 'pip install "traindeck[eval]"' in err
+    # core.eval's own measures do not import it
+    code = ("import sys, core.eval, core.use.evaluate, core.use.harness; "
+            "print('lm_eval' in sys.modules)")  # fmt: skip
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, cwd=root)  # fmt: skip
+    assert done.stdout.strip() == "False"
