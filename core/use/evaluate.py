@@ -141,13 +141,14 @@ def _choices(row: dict, where: str) -> list[str]:
     return choices
 
 
-def _item(row, where: str) -> dict:
+def _item(row, where: str, template: str | None = None) -> dict:
     """{"doc": the row, "choices", "answer"} of one question; the context is made later
     (doc_to_text: a template, the context column as is, or the question in a frame)."""
     if not isinstance(row, dict):
         raise DataError(f"{where}: expected an object with question, choices and answer, got "
                         f"{type(row).__name__}")  # fmt: skip
-    if not ({"question", "context"} & set(row)) or "answer" not in row:
+    prompt = template is not None or {"question", "context"} & set(row)
+    if not prompt or "answer" not in row:
         found = ", ".join(sorted(str(k) for k in row)) or "none"
         raise DataError(f"{where}: needs the columns question (or context), answer and choices "
                         f"(or A, B, C, ...); found {found}")  # fmt: skip
@@ -155,10 +156,11 @@ def _item(row, where: str) -> dict:
     return {"doc": row, "choices": choices, "answer": _answer(row["answer"], choices, where)}
 
 
-def read_choices(path: str | Path) -> list[dict]:
+def read_choices(path: str | Path, template: str | None = None) -> list[dict]:
     """Multiple-choice items from .jsonl, .json, .csv or .parquet (core.data.tables): the
     columns question or context, choices (a list) and answer (an index or a letter), or
-    A, B, C, ... in place of choices; other columns are there for a template."""
+    A, B, C, ... in place of choices; with a template, any columns it names in place of
+    question or context."""
     path = Path(path)
     if path.is_dir():
         raise DataError(f"--choices: {path} is a folder; give one question file "
@@ -174,7 +176,7 @@ def read_choices(path: str | Path) -> list[dict]:
         rows.append((where, row))
     if not rows:
         raise DataError(f"choices: {path} holds no questions")
-    return [_item(row, f"{path}: {where}") for where, row in rows]
+    return [_item(row, f"{path}: {where}", template) for where, row in rows]
 
 
 def _jinja(template: str):
@@ -375,15 +377,9 @@ def write_result(loaded: Loaded, data: Path, kind: str, settings: dict, result: 
 
 def list_results(run: str | Path) -> list[dict]:
     """The evaluation records of a run, newest first (each with its "path")."""
-    out = []
-    for path in sorted(Path(run, "eval").glob("*.json")):
-        try:
-            record = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        if isinstance(record, dict) and isinstance(record.get("result"), dict):
-            out.append({**record, "path": str(path)})
-    return sorted(out, key=lambda r: str(r.get("time", "")), reverse=True)
+    from core.runs.compare import eval_records
+
+    return eval_records(run)
 
 
 # -- the command ------------------------------------------------------------------------------
@@ -411,7 +407,7 @@ def evaluate_files(target, text=None, choices=None, fewshot: int = 0, limit=None
         raise DataError("evaluate: give a text file, a choices file or both")
     fmt = replace(fmt or QuestionFormat(), fewshot=fewshot or (fmt.fewshot if fmt else 0))
     docs = read_documents(text, text_column) if text else None
-    items = read_choices(choices) if choices else None
+    items = read_choices(choices, fmt.template) if choices else None
     if items is not None:
         if fmt.fewshot + 1 > len(items) and fmt.fewshot:
             raise DataError(f"--fewshot: {fmt.fewshot} examples need at least "
