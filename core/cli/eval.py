@@ -93,6 +93,12 @@ def build_parser() -> Parser:
         metavar="N", help="with --report: the longest answer, in tokens",
     )  # fmt: skip
     p.add_argument("--checkpoint", choices=("best", "latest"), default="best")
+    p.add_argument(
+        "--device",
+        default="auto",
+        metavar="auto|cpu|cuda[:N]",
+        help="where the model runs (default auto: the GPU where there is one)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     return p
 
@@ -133,17 +139,21 @@ def run_cli(argv=None) -> int:
     if args.single_turn and not args.chat:
         raise UsageError("--single-turn: only with --chat")
     check_files(args)
+    if args.device != "auto":
+        from core.platform.device import resolve_device
+
+        resolve_device(args.device)  # a missing GPU is one line before any loading
     bar = tqdm(unit="request", file=sys.stderr, disable=not sys.stderr.isatty())
     out = {}
     if args.text or args.choices:
         out = evaluate.evaluate_files(
             args.target, args.text, args.choices, 0, args.limit, args.compare,
-            args.checkpoint, bar.update, question_format(args), args.text_column,
+            args.checkpoint, bar.update, question_format(args), args.text_column, args.device,
         )  # fmt: skip
     if args.tasks:
         ran = evaluate.evaluate_tasks(
             args.target, args.tasks, args.fewshot, args.limit, args.chat, not args.single_turn,
-            args.compare, args.checkpoint, bar.update,
+            args.compare, args.checkpoint, bar.update, args.device,
         )  # fmt: skip
         out["tasks"] = ran["tasks"]
         if "start" in ran:

@@ -385,6 +385,28 @@ def list_results(run: str | Path) -> list[dict]:
 # -- the command ------------------------------------------------------------------------------
 
 
+def load_model(target, which: str = "best", device: str = "cpu") -> Loaded:
+    """The model to evaluate, in fp32 on device ("auto": the GPU where there is one); a LoRA
+    run with a 4- or 8-bit base gets its base quantized as training made it (bitsandbytes NF4
+    or int8 from the same weights), the adapters on and unmerged."""
+    import torch
+
+    from core.platform.device import cuda_device_count, resolve_device
+    from core.weights.loader import load
+
+    if device == "auto":
+        device = "cuda" if cuda_device_count() else "cpu"
+    where = resolve_device(device)
+    loaded = load(target, which, str(where))
+    cfg = loaded.config
+    if cfg is not None and cfg.init_from and cfg.lora_rank and cfg.base_bits in ("4", "8"):
+        from core.models import quant
+
+        quant.quantize_base(loaded.model, int(cfg.base_bits), torch.float32, where)
+        loaded.model.eval()
+    return loaded
+
+
 def _measure(loaded: Loaded, docs, items, fmt: QuestionFormat, limit, progress) -> dict:
     out = {}
     if docs is not None:
@@ -397,12 +419,10 @@ def _measure(loaded: Loaded, docs, items, fmt: QuestionFormat, limit, progress) 
 def evaluate_files(target, text=None, choices=None, fewshot: int = 0, limit=None,
                    compare: bool = False, which: str = "best", progress=None,
                    fmt: QuestionFormat | None = None, text_column: str = "text",
-                   ) -> dict:  # fmt: skip
+                   device: str = "cpu") -> dict:  # fmt: skip
     """What `python -m core.eval` and the window's Evaluate tab compute: {"text": ...,
     "choices": ..., and with compare "start": the same for the model a fine-tune began from}.
     Results of a run are written to RUN/eval/."""
-    from core.weights.loader import load
-
     if not text and not choices:
         raise DataError("evaluate: give a text file, a choices file or both")
     fmt = replace(fmt or QuestionFormat(), fewshot=fewshot or (fmt.fewshot if fmt else 0))
@@ -414,12 +434,12 @@ def evaluate_files(target, text=None, choices=None, fewshot: int = 0, limit=None
                             f"{fmt.fewshot + 1} questions in {choices}")  # fmt: skip
         if fmt.template is not None:
             doc_to_text(items[0], fmt.template)  # a bad template is refused before loading
-    loaded = load(target, which)
+    loaded = load_model(target, which, device)
     start = None
     if compare:
         if not loaded.base:
             raise DataError("compare: the target is not a fine-tune of a pretrained model")
-        start = load(loaded.base["init_from"])
+        start = load_model(loaded.base["init_from"], device=device)
     out = _measure(loaded, docs, items, fmt, limit, progress)
     if start is not None:
         out["start"] = _measure(start, docs, items, fmt, limit, progress)
@@ -436,20 +456,19 @@ def evaluate_files(target, text=None, choices=None, fewshot: int = 0, limit=None
 
 def evaluate_tasks(target, tasks: str, fewshot: int | None = None, limit=None,
                    chat: bool = False, multiturn: bool = True, compare: bool = False,
-                   which: str = "best", progress=None) -> dict:  # fmt: skip
+                   which: str = "best", progress=None, device: str = "cpu") -> dict:  # fmt: skip
     """lm-evaluation-harness tasks on a run or model (core.use.harness), and with compare on
     the model a fine-tune started from; a run's results go to RUN/eval/."""
     from core.use import harness
-    from core.weights.loader import load
 
     harness.require_lm_eval()
     harness.task_names(tasks)  # a missing YAML is refused before the model loads
-    loaded = load(target, which)
+    loaded = load_model(target, which, device)
     start = None
     if compare:
         if not loaded.base:
             raise DataError("compare: the target is not a fine-tune of a pretrained model")
-        start = load(loaded.base["init_from"])
+        start = load_model(loaded.base["init_from"], device=device)
     out = harness.run_tasks(loaded, tasks, fewshot, limit, chat, multiturn, progress)
     if start is not None:
         out["start"] = harness.run_tasks(start, tasks, fewshot, limit, chat, multiturn, progress)

@@ -310,3 +310,39 @@ def test_without_lm_eval_tasks_say_how_to_install_it(folder, tmp_path, capsys, m
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True, cwd=root)  # fmt: skip
     assert done.stdout.strip() == "False"
+
+
+def test_a_4_bit_lora_run_is_evaluated_as_it_trained(folder, tmp_path):
+    """The base quantized to NF4 as training made it, the adapters on: the same logits as the
+    trainer's own model of the run, and lm_eval runs on it."""
+    pytest.importorskip("bitsandbytes")
+    import torch
+    from helpers import tiny_config
+
+    from core.runs import checkpoint as ckpt
+    from core.training.inputs import build_model
+    from core.training.trainer import Trainer
+    from core.weights.loader import open_pretrained
+
+    text = tmp_path / "t.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    cfg = tiny_config(init_from=str(folder), tokenizer="model", data=str(text), lr=3e-3,
+                      lora_rank=4, base_bits="4", max_steps=3, eval_every=3, ckpt_every=3,
+                      hidden_dim=32, n_heads=4, bias=False, dropout=0.0,
+                      sample_tokens=0)  # fmt: skip
+    Trainer(cfg, tmp_path / "run").run()
+    loaded = evaluate.load_model(tmp_path / "run")
+    quantized = [m for m in loaded.model.modules() if type(m).__name__ == "Linear4bit"]
+    assert quantized and all(m.weight.dtype == torch.uint8 for m in quantized)
+    trained = build_model(loaded.config, open_pretrained(folder), torch.device("cpu"), "fp32",
+                          lambda _: None)  # fmt: skip
+    trained.load_state_dict(ckpt.load(loaded.checkpoint)["model"], strict=False)
+    ids = torch.tensor([scoring.tok_encode(loaded.tokenizer, TEXT[:200])[:32]])
+    with torch.no_grad():
+        ours, theirs = loaded.model(ids)[0], trained.eval()(ids)[0]
+        plain = load(tmp_path / "run").model(ids)[0]  # the 32-bit base: not what trained
+    assert torch.allclose(ours, theirs, atol=1e-5)
+    assert not torch.allclose(ours, plain, atol=1e-3)
+    yaml_path, _ = task_yaml(tmp_path, "td_q4", ITEMS, 'doc_to_text: "{{context}}"\n' + MC)
+    result, _ = run_lm_eval(harness.make_lm(loaded), yaml_path)
+    assert 0 <= result["acc"] <= 1
