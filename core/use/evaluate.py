@@ -220,21 +220,6 @@ def sample_shots(rnd: random.Random, pool: list[dict], n: int, doc: dict) -> lis
     return picked
 
 
-def render_chat(loaded: Loaded, messages: list[dict]) -> str:
-    """The model's chat template with the generation prompt (apply_chat_template); a template
-    that refuses a system message gets none, as lm_eval retries."""
-    from core.data import chat
-
-    tok = loaded.tokenizer
-    if not tok.chat_template:
-        raise DataError("--chat: this model has no chat template")
-    try:
-        return chat.render(tok.chat_template, messages, True, **chat.special_tokens(tok))
-    except chat.TemplateError:
-        rest = [m for m in messages if m["role"] != "system"]
-        return chat.render(tok.chat_template, rest, True, **chat.special_tokens(tok))
-
-
 def build_context(loaded: Loaded | None, item: dict, shots: list[dict], fmt: QuestionFormat):
     """(context, the delimiter before each choice) as lm_eval's fewshot_context builds it."""
     messages = []  # (role, content, delimiter in plain text)
@@ -255,7 +240,7 @@ def build_context(loaded: Loaded | None, item: dict, shots: list[dict], fmt: Que
         turns[-1][2] = ""
         chat = [{"role": r, "content": c} for r, c, _ in system]
         chat.append({"role": "user", "content": "".join(c + d for _, c, d in turns)})
-    return render_chat(loaded, chat), ""
+    return scoring.render_chat(loaded, chat), ""
 
 
 def _argmax(values: list[float]) -> int:

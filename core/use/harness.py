@@ -77,9 +77,7 @@ def make_lm(loaded: Loaded, progress=None):
             return out
 
         def apply_chat_template(self, chat_history, add_generation_prompt=True):
-            from core.use.evaluate import render_chat
-
-            return render_chat(loaded, list(chat_history))
+            return scoring.render_chat(loaded, list(chat_history))
 
         @property
         def tokenizer_name(self) -> str:

@@ -22,6 +22,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from core.errors import DataError
 from core.weights.loader import Loaded
 
 # logits held at once while scoring a batch (elements; 2^27 fp32 = 512 MiB)
@@ -186,3 +187,18 @@ def generate_until(loaded: Loaded, context: str, until: list[str] | str | None =
         if stop:
             text = text.split(stop)[0]
     return text
+
+
+def render_chat(loaded: Loaded, messages: list[dict]) -> str:
+    """The model's chat template with the generation prompt (apply_chat_template); a template
+    that refuses a system message gets none, as lm_eval retries."""
+    from core.data import chat
+
+    tok = loaded.tokenizer
+    if not tok.chat_template:
+        raise DataError("--chat: this model has no chat template")
+    try:
+        return chat.render(tok.chat_template, messages, True, **chat.special_tokens(tok))
+    except chat.TemplateError:
+        rest = [m for m in messages if m["role"] != "system"]
+        return chat.render(tok.chat_template, rest, True, **chat.special_tokens(tok))
