@@ -34,6 +34,7 @@ from core.use.evaluate import (
     evaluate_tasks,
     format_table,
     list_results,
+    unescape,
 )
 from core.use.report import DEFAULT_EXAMPLES, make_report
 from gui.playground import fill_run_combo
@@ -48,7 +49,7 @@ def evaluate_request(request: dict) -> dict:
     template = request.pop("template", None)
     out = {}
     if request["text"] or request["choices"] or not (n or tasks):
-        fmt = QuestionFormat(template=template, chat=chat)
+        fmt = QuestionFormat(template=unescape(template), chat=chat)
         out = evaluate_files(**request, fmt=fmt)
     if tasks:
         ran = evaluate_tasks(request["target"], tasks, request.get("fewshot") or None,

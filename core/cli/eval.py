@@ -124,8 +124,9 @@ def check_files(args) -> None:
 
 def question_format(args) -> evaluate.QuestionFormat:
     return evaluate.QuestionFormat(
-        template=args.template, target_delimiter=args.target_delimiter,
-        description=args.description.replace("\\n", "\n"), fewshot=args.fewshot or 0,
+        template=evaluate.unescape(args.template),
+        target_delimiter=evaluate.unescape(args.target_delimiter),
+        description=evaluate.unescape(args.description), fewshot=args.fewshot or 0,
         seed=args.fewshot_seed, chat=args.chat, multiturn=not args.single_turn,
     )  # fmt: skip
 

@@ -45,6 +45,12 @@ class QuestionFormat:
     multiturn: bool = True  # fewshot_as_multiturn (lm_eval's default with a chat template)
 
 
+def unescape(text: str | None) -> str | None:
+    """\\n and \\t typed on a command line or in a one-line field: a line break and a tab, as a
+    task YAML's double-quoted string has them."""
+    return None if text is None else text.replace("\\n", "\n").replace("\\t", "\t")
+
+
 # -- text -------------------------------------------------------------------------------------
 
 

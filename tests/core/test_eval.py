@@ -297,3 +297,28 @@ def test_compare_evaluates_the_model_a_fine_tune_started_from(model, tmp_path, c
     Trainer(tiny_config(max_steps=2), tmp_path / "new").run()
     assert eval_main([str(tmp_path / "new"), "--text", str(text), "--compare"]) == 2
     assert "not a fine-tune" in capsys.readouterr().err
+
+
+def test_cli_question_format_flags_reach_the_prompt(model, tmp_path, capsys):
+    """--template, --description, --target-delimiter (\\n typed as two characters, as on a
+    command line), --fewshot with its seed, and the chat template."""
+    path = write_jsonl(tmp_path / "q.jsonl", ITEMS)
+    loaded = load(model)
+    items = evaluate.read_choices(path)
+    fmt = evaluate.QuestionFormat(template="Q: {{question}}\nA:", description="Quiz.\n\n",
+                                  target_delimiter="\t", fewshot=2, seed=7)  # fmt: skip
+    _, requests = evaluate.question_requests(loaded, items, fmt)
+    assert requests[0][0][0].startswith("Quiz.\n\nQ: ") and requests[0][0][1] == "\tfour"
+    args = [str(model), "--choices", str(path), "--template", r"Q: {{question}}\nA:",
+            "--description", r"Quiz.\n\n", "--target-delimiter", r"\t", "--fewshot", "2",
+            "--fewshot-seed", "7", "--json"]  # fmt: skip
+    assert eval_main(args) == 0
+    assert json.loads(capsys.readouterr().out)["choices"] == evaluate.choice_metrics(
+        loaded, items, fmt)  # fmt: skip
+    assert eval_main([*args[:-1], "--chat", "--json"]) == 0
+    chat = evaluate.QuestionFormat(**{**fmt.__dict__, "chat": True})
+    _, turns = evaluate.question_requests(loaded, items, chat)
+    assert turns[0][0][0].startswith("<|begin|><|start|>system<|sep|>Quiz.")
+    assert turns[0][0][1] == "four"  # after a chat prompt the choice follows with no delimiter
+    assert json.loads(capsys.readouterr().out)["choices"] == evaluate.choice_metrics(
+        loaded, items, chat)  # fmt: skip
