@@ -60,10 +60,11 @@ class CompareTab(QWidget):
         column.addWidget(self.axis)
         self.table = QTableWidget()  # loss and saved evaluations, a row per ticked run
         self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+        self.table.setMinimumHeight(100)  # a header and two runs stay readable
         right = QSplitter(Qt.Orientation.Vertical)
         right.addWidget(self.plot)
         right.addWidget(self.table)
-        right.setStretchFactor(0, 3)
+        right.setStretchFactor(0, 2)
         right.setStretchFactor(1, 1)
         split = QSplitter(Qt.Orientation.Horizontal)
         split.addWidget(left)

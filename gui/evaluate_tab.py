@@ -109,13 +109,16 @@ class EvaluateTab(QWidget):
         self.choices = QLineEdit()
         self.choices.setPlaceholderText("questions (.jsonl, .csv, .parquet): accuracy")
         self.template = QLineEdit()
-        self.template.setPlaceholderText(
-            "prompt: {{question}}\\nAnswer: (a Jinja template over the columns; empty: the "
-            "context column as is, else Question: …\\nAnswer:)"
+        self.template.setPlaceholderText("{{question}}\\nAnswer: (default: context as is)")
+        self.template.setToolTip(
+            "a question's prompt (lm_eval's doc_to_text): a Jinja template over the file's "
+            "columns, or a column name; empty: the context column as is, else "
+            "Question: …\\nAnswer:"
         )
         self.tasks = QLineEdit()
-        self.tasks.setPlaceholderText("lm-evaluation-harness tasks: hellaswag,arc_easy or a "
-                                      "task YAML (needs the eval extra)")  # fmt: skip
+        self.tasks.setPlaceholderText("lm_eval tasks: hellaswag,arc_easy or a task YAML")
+        self.tasks.setToolTip("lm-evaluation-harness tasks run on this model (names or task "
+                              "YAML files; needs the eval extra)")  # fmt: skip
         self.fewshot = QSpinBox()
         self.fewshot.setRange(0, 25)
         self.fewshot.setToolTip("answered examples before each question, drawn as "
@@ -146,8 +149,7 @@ class EvaluateTab(QWidget):
         grid = QGridLayout()
         rows = [("Run", self._run_row()), ("Text", _file_row(self.text, self._pick_text)),
                 ("Questions", _file_row(self.choices, self._pick_choices)),
-                ("Prompt", self.template), ("Tasks", self.tasks),
-                ("Saved", self.saved)]  # fmt: skip
+                ("Prompt", self._pair(self.template, "Tasks", self.tasks))]  # fmt: skip
         for i, (label, widget) in enumerate(rows):
             grid.addWidget(QLabel(label), i, 0)
             grid.addWidget(widget, i, 1)
@@ -163,10 +165,24 @@ class EvaluateTab(QWidget):
         self.report_view.hide()
         layout = QVBoxLayout(self)
         layout.addLayout(grid)
-        layout.addWidget(self.status)
+        status = QHBoxLayout()  # the saved results beside the status: the tab stays short
+        status.addWidget(self.status, 1)
+        status.addWidget(QLabel("Saved"))
+        status.addWidget(self.saved, 1)
+        layout.addLayout(status)
         layout.addWidget(self.output, 1)
         layout.addWidget(self.report_view, 3)
         self.refresh_runs()
+
+    @staticmethod
+    def _pair(left: QWidget, label: str, right: QWidget) -> QWidget:
+        row = QWidget()
+        layout = QHBoxLayout(row)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(left, 1)
+        layout.addWidget(QLabel(label))
+        layout.addWidget(right, 1)
+        return row
 
     def _run_row(self) -> QWidget:
         """The run, and the report about the run itself (beside it: the options row is full)."""
