@@ -118,8 +118,7 @@ def check_files(args) -> None:
     if args.tasks:
         from core.use import harness
 
-        harness.require_lm_eval()
-        harness.task_names(args.tasks)  # task YAMLs exist and name their task
+        harness.check_tasks(args.tasks)  # known, and their data loads
 
 
 def question_format(args) -> evaluate.QuestionFormat:

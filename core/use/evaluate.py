@@ -452,8 +452,7 @@ def evaluate_tasks(target, tasks: str, fewshot: int | None = None, limit=None,
     the model a fine-tune started from; a run's results go to RUN/eval/."""
     from core.use import harness
 
-    harness.require_lm_eval()
-    harness.task_names(tasks)  # a missing YAML is refused before the model loads
+    harness.check_tasks(tasks)  # unknown tasks and unreadable data: before the model loads
     loaded = load_model(target, which, device)
     start = None
     if compare:

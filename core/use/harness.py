@@ -133,6 +133,39 @@ def _flatten(results: dict) -> dict:
     return out
 
 
+def _manager(folders: list[str], builtin: bool):
+    from lm_eval.tasks import TaskManager
+
+    logging.getLogger("lm_eval").setLevel(logging.WARNING)
+    # lm_eval's own ~10,000 task YAMLs take seconds to index: only when one is named
+    return TaskManager(include_path=folders or None, include_defaults=builtin)
+
+
+def _data_errors() -> tuple[type[BaseException], ...]:
+    """What a task's data raises when it is missing, unreachable or damaged: the file and
+    network errors, and the datasets library's own."""
+    from datasets.exceptions import DatasetsError
+
+    return (OSError, DatasetsError)
+
+
+def check_tasks(tasks: str) -> None:
+    """Every task is known and its data loads (the datasets cache keeps it for the run),
+    before any model is loaded; one line naming what is wrong."""
+    require_lm_eval()
+    names, folders, builtin = task_names(tasks)
+    manager = _manager(folders, builtin)
+    unknown = [n for n in names if n not in manager.all_tasks]
+    if unknown:
+        raise DataError(f"--tasks: no task named {unknown[0]} (lm_eval --tasks list shows them; "
+                        "or give the path of a task YAML)")  # fmt: skip
+    try:
+        manager.load(names)
+    except _data_errors() as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DataError(f"--tasks: the data of {tasks} cannot be read: {first}") from None
+
+
 def run_tasks(loaded: Loaded, tasks: str, fewshot: int | None = None, limit=None,
               chat: bool = False, multiturn: bool = True, progress=None) -> dict:  # fmt: skip
     """lm_eval's simple_evaluate on the loaded model: {"tasks": {task: measures}, "n": {task:
@@ -140,15 +173,8 @@ def run_tasks(loaded: Loaded, tasks: str, fewshot: int | None = None, limit=None
     require_lm_eval()
     names, folders, builtin = task_names(tasks)
     from lm_eval import simple_evaluate
-    from lm_eval.tasks import TaskManager
 
-    logging.getLogger("lm_eval").setLevel(logging.WARNING)
-    # lm_eval's own ~10,000 task YAMLs take seconds to index: only when one is named
-    manager = TaskManager(include_path=folders or None, include_defaults=builtin)
-    unknown = [n for n in names if n not in manager.all_tasks]
-    if unknown:
-        raise DataError(f"--tasks: no task named {unknown[0]} (lm_eval --tasks list shows them; "
-                        "or give the path of a task YAML)")  # fmt: skip
+    manager = _manager(folders, builtin)
     result = simple_evaluate(
         model=make_lm(loaded, progress), tasks=names, num_fewshot=fewshot, limit=limit,
         task_manager=manager, apply_chat_template=chat, fewshot_as_multiturn=multiturn,

@@ -346,3 +346,20 @@ def test_a_4_bit_lora_run_is_evaluated_as_it_trained(folder, tmp_path):
     yaml_path, _ = task_yaml(tmp_path, "td_q4", ITEMS, 'doc_to_text: "{{context}}"\n' + MC)
     result, _ = run_lm_eval(harness.make_lm(loaded), yaml_path)
     assert 0 <= result["acc"] <= 1
+
+
+def test_bad_tasks_are_refused_before_the_model_loads(tmp_path, capsys):
+    from core.cli.eval import main as eval_main
+
+    missing_data, _ = task_yaml(tmp_path, "td_gone", ITEMS, MC)
+    (tmp_path / "td_gone.jsonl").unlink()
+    (tmp_path / "no_task.yaml").write_text("dataset_path: json\n", encoding="utf-8")
+    never = str(tmp_path / "no-model")  # never loaded: each refusal comes first
+    for tasks, words in [
+        (str(tmp_path / "nope.yaml"), "nope.yaml not found"),
+        (str(tmp_path / "no_task.yaml"), "names no task"),
+        (str(missing_data), "cannot be read: Unable to find"),
+    ]:
+        assert eval_main([never, "--tasks", tasks]) == 2, tasks
+        err = capsys.readouterr().err.strip()
+        assert words in err and len(err.splitlines()) == 1, (tasks, err)
