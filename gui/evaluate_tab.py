@@ -40,8 +40,9 @@ from core.use.report import DEFAULT_EXAMPLES, make_report
 from gui.playground import fill_run_combo
 
 
-def evaluate_request(request: dict) -> dict:
-    """The tab's evaluations: text and questions (evaluate_files), then the report."""
+def evaluate_request(request: dict, progress=None) -> dict:
+    """The tab's evaluations: text and questions (evaluate_files), lm_eval tasks, then the
+    report; progress(n) hears each batch of n requests scored."""
     request = dict(request)
     n = request.pop("report", None)
     tasks = request.pop("tasks", None)
@@ -50,10 +51,11 @@ def evaluate_request(request: dict) -> dict:
     out = {}
     if request["text"] or request["choices"] or not (n or tasks):
         fmt = QuestionFormat(template=unescape(template), chat=chat)
-        out = evaluate_files(**request, fmt=fmt)
+        out = evaluate_files(**request, fmt=fmt, progress=progress)
     if tasks:
         ran = evaluate_tasks(request["target"], tasks, request.get("fewshot") or None,
-                             chat=chat, compare=request.get("compare", False))  # fmt: skip
+                             chat=chat, compare=request.get("compare", False),
+                             progress=progress)  # fmt: skip
         out["tasks"] = ran["tasks"]
         if "start" in ran:
             out.setdefault("start", {})["tasks"] = ran["start"]["tasks"]
@@ -65,14 +67,20 @@ def evaluate_request(request: dict) -> dict:
 class EvalThread(QThread):
     done = Signal(dict)
     failed = Signal(str)
+    progress = Signal(int)  # requests scored so far
 
     def __init__(self, request: dict):
         super().__init__()
         self.request = request
+        self.scored = 0
+
+    def _count(self, n: int) -> None:
+        self.scored += n
+        self.progress.emit(self.scored)
 
     def run(self) -> None:
         try:
-            self.done.emit(evaluate_request(self.request))
+            self.done.emit(evaluate_request(self.request, self._count))
         except UserError as e:
             self.failed.emit(str(e))
         except Exception as e:  # the thread must never die silently
@@ -249,6 +257,9 @@ class EvaluateTab(QWidget):
         self.thread = EvalThread(request)
         self.thread.done.connect(self._done)
         self.thread.failed.connect(self._failed)
+        self.thread.progress.connect(
+            lambda n: self.status.setText(f"Evaluating… {n:,} requests scored")
+        )
         self.thread.start()
 
     def _done(self, result: dict) -> None:

@@ -35,6 +35,7 @@ def test_questions_saved_results_and_the_compare_table(make_window, gui_env, qtb
     assert not dialogs.calls, dialogs.calls
     out = tab.output.toPlainText()
     assert "acc_norm" in out and "acc_bytes" in out and tab.result["choices"]["n"] == 3
+    assert tab.thread.scored == 7  # the progress counted every choice of every question
     assert tab.saved.isEnabled() and tab.saved.count() == 1
     assert "choices: q.jsonl" in tab.saved.itemText(0)
     record = evaluate.list_results(runs / "a")[0]
