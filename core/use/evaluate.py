@@ -188,7 +188,11 @@ def read_choices(path: str | Path, template: str | None = None) -> list[dict]:
 def _jinja(template: str):
     import jinja2
 
+    # lm_eval's template environment, its regex_replace filter included
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    env.filters["regex_replace"] = lambda s, pattern, repl, count=0: re.sub(
+        pattern, repl, s, count=count
+    )
     try:
         return env.from_string(template)
     except jinja2.TemplateError as e:
@@ -253,11 +257,12 @@ def _argmax(values: list[float]) -> int:
     return max(range(len(values)), key=values.__getitem__)  # the first of equals, as NumPy
 
 
-def _stderr(hits: list[float]) -> float:
-    """lm_eval's mean_stderr: the sample standard deviation over sqrt(n)."""
+def _stderr(hits: list[float]) -> float | None:
+    """lm_eval's mean_stderr: the sample standard deviation over sqrt(n) (None for one item:
+    JSON has no NaN)."""
     n = len(hits)
     if n < 2:
-        return float("nan")
+        return None
     mu = sum(hits) / n
     return math.sqrt(sum((x - mu) ** 2 for x in hits) / (n - 1) / n)
 
