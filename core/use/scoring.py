@@ -27,6 +27,7 @@ from core.weights.loader import Loaded
 
 # logits held at once while scoring a batch (elements; 2^27 fp32 = 512 MiB)
 LOGIT_BUDGET = 1 << 27
+ROLLING_CHUNK = 256  # windows of a long document scored at once
 
 
 def prefix_token_id(tok) -> int:
@@ -145,18 +146,17 @@ def rolling_windows(tokens: list[int], prefix: int, max_len: int) -> list[tuple[
 def loglikelihood_rolling(loaded: Loaded, texts: list[str], progress=None) -> list[dict]:
     """Per text: {"ll": the log-likelihood of all its tokens, "tokens": how many}."""
     tok, n = loaded.tokenizer, max_length(loaded)
-    windows, owner, counts = [], [], []
-    for k, text in enumerate(texts):
+    out = []
+    for text in texts:  # a document at a time, its windows a few hundred at a time
         ids = tok_encode(tok, text)
-        counts.append(len(ids))
-        for pair in rolling_windows(ids, prefix_token_id(tok), n):
-            windows.append(pair)
-            owner.append(k)
-    lls = loglikelihood_tokens(loaded, windows, progress)
-    totals = [0.0] * len(texts)
-    for k, (ll, _) in zip(owner, lls, strict=True):
-        totals[k] += ll
-    return [{"ll": ll, "tokens": c} for ll, c in zip(totals, counts, strict=True)]
+        windows = rolling_windows(ids, prefix_token_id(tok), n)
+        ll = 0.0
+        for start in range(0, len(windows), ROLLING_CHUNK):
+            chunk = windows[start : start + ROLLING_CHUNK]
+            for x, _ in loglikelihood_tokens(loaded, chunk, progress):
+                ll += x  # window by window, in order, as lm_eval sums them
+        out.append({"ll": ll, "tokens": len(ids)})
+    return out
 
 
 def generate_until(loaded: Loaded, context: str, until: list[str] | str | None = None,
