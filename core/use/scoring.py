@@ -146,16 +146,25 @@ def rolling_windows(tokens: list[int], prefix: int, max_len: int) -> list[tuple[
 def loglikelihood_rolling(loaded: Loaded, texts: list[str], progress=None) -> list[dict]:
     """Per text: {"ll": the log-likelihood of all its tokens, "tokens": how many}."""
     tok, n = loaded.tokenizer, max_length(loaded)
-    out = []
-    for text in texts:  # a document at a time, its windows a few hundred at a time
+    out = [{"ll": 0.0, "tokens": 0} for _ in texts]
+    windows, owner = [], []  # a few hundred windows at a time, short documents batched
+
+    def flush():
+        for k, (x, _) in zip(owner, loglikelihood_tokens(loaded, windows, progress), strict=True):
+            out[k]["ll"] += x  # window by window, in order, as lm_eval sums them
+        windows.clear()
+        owner.clear()
+
+    for k, text in enumerate(texts):
         ids = tok_encode(tok, text)
-        windows = rolling_windows(ids, prefix_token_id(tok), n)
-        ll = 0.0
-        for start in range(0, len(windows), ROLLING_CHUNK):
-            chunk = windows[start : start + ROLLING_CHUNK]
-            for x, _ in loglikelihood_tokens(loaded, chunk, progress):
-                ll += x  # window by window, in order, as lm_eval sums them
-        out.append({"ll": ll, "tokens": len(ids)})
+        out[k]["tokens"] = len(ids)
+        for pair in rolling_windows(ids, prefix_token_id(tok), n):
+            windows.append(pair)
+            owner.append(k)
+            if len(windows) >= ROLLING_CHUNK:
+                flush()
+    if windows:
+        flush()
     return out
 
 

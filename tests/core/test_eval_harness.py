@@ -363,3 +363,13 @@ def test_bad_tasks_are_refused_before_the_model_loads(tmp_path, capsys):
         assert eval_main([never, "--tasks", tasks]) == 2, tasks
         err = capsys.readouterr().err.strip()
         assert words in err and len(err.splitlines()) == 1, (tasks, err)
+
+
+def test_rolling_in_chunks_sums_the_same(folder, monkeypatch):
+    """Windows scored a few at a time, across documents: the same sums as all at once."""
+    loaded = load(folder)
+    whole = scoring.loglikelihood_rolling(loaded, DOCS)
+    monkeypatch.setattr(scoring, "ROLLING_CHUNK", 2)
+    chunked = scoring.loglikelihood_rolling(loaded, DOCS)
+    assert [r["tokens"] for r in chunked] == [r["tokens"] for r in whole]
+    assert [r["ll"] for r in chunked] == pytest.approx([r["ll"] for r in whole], abs=1e-4)
