@@ -8,7 +8,6 @@ inside the functions that need it.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from pathlib import Path
 
@@ -20,8 +19,10 @@ INSTALL = 'pip install "traindeck[eval]" (or pip install "lm_eval>=0.4.13,<0.5")
 
 
 def require_lm_eval() -> None:
-    if importlib.util.find_spec("lm_eval") is None:
-        raise DataError(f"--tasks: lm-evaluation-harness is not installed; {INSTALL}")
+    try:
+        import lm_eval  # noqa: F401
+    except ImportError:
+        raise DataError(f"--tasks: lm-evaluation-harness is not installed; {INSTALL}") from None
 
 
 def make_lm(loaded: Loaded, progress=None):
