@@ -1,6 +1,7 @@
 """The Compare tab: tick several runs and their loss curves (train, and validation with
 points) are drawn over each other, by step or by training time, each run's settings in the
-legend, like TensorBoard's run selector."""
+legend, like TensorBoard's run selector; below, a table of each run's last and best validation
+loss beside its saved evaluations (RUN/eval/: perplexities, accuracies, lm_eval tasks)."""
 
 from __future__ import annotations
 
@@ -17,11 +18,13 @@ from PySide6.QtWidgets import (
     QListWidgetItem,
     QPushButton,
     QSplitter,
+    QTableWidget,
+    QTableWidgetItem,
     QVBoxLayout,
     QWidget,
 )
 
-from core.runs.compare import run_curves
+from core.runs.compare import run_curves, run_summary
 from core.runs.folder import list_runs
 
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2"]
@@ -55,9 +58,17 @@ class CompareTab(QWidget):
         column.addLayout(buttons)
         column.addWidget(QLabel("x axis"))
         column.addWidget(self.axis)
+        self.table = QTableWidget()  # loss and saved evaluations, a row per ticked run
+        self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+        self.table.setMinimumHeight(100)  # a header and two runs stay readable
+        right = QSplitter(Qt.Orientation.Vertical)
+        right.addWidget(self.plot)
+        right.addWidget(self.table)
+        right.setStretchFactor(0, 2)
+        right.setStretchFactor(1, 1)
         split = QSplitter(Qt.Orientation.Horizontal)
         split.addWidget(left)
-        split.addWidget(self.plot)
+        split.addWidget(right)
         split.setStretchFactor(1, 1)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
@@ -117,3 +128,21 @@ class CompareTab(QWidget):
             xs, ys = [r[column] for r in curves["val"]], [r[2] for r in curves["val"]]
             self.plot.plot(xs, ys, pen=pg.mkPen(color, width=2), symbol="o", symbolSize=5,
                            symbolBrush=color, name=f"{curves['label']} validation")  # fmt: skip
+
+        self.fill_table()
+
+    def fill_table(self) -> None:
+        """A row per ticked run: its loss, then every measure any of them saved."""
+        paths = self.ticked()
+        rows = [run_summary(p) for p in paths]
+        columns = list(dict.fromkeys(k for r in rows for k in r))
+        self.table.clear()
+        self.table.setRowCount(len(rows))
+        self.table.setColumnCount(len(columns))
+        self.table.setHorizontalHeaderLabels(columns)
+        self.table.setVerticalHeaderLabels([Path(p).name for p in paths])
+        for i, row in enumerate(rows):
+            for j, key in enumerate(columns):
+                value = row.get(key)
+                self.table.setItem(i, j, QTableWidgetItem("" if value is None else f"{value:.4g}"))
+        self.table.resizeColumnsToContents()

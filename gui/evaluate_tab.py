@@ -1,6 +1,8 @@
-"""The Evaluate tab: perplexity of a text and multiple-choice accuracy for a run (and, for a
-fine-tune, the model it started from beside it), computed by core.use.evaluate in a thread;
-for a chat fine-tune, held-out prompts answered before and after (core.use.report)."""
+"""The Evaluate tab: lm-evaluation-harness's measures of a text (word and byte perplexity, bits
+per byte) and of questions (acc, acc_norm, acc_bytes), lm_eval tasks themselves, for a run
+(and, for a fine-tune, the model it started from beside it), computed by core.use.evaluate in
+a thread; a run's saved results listed; for a chat fine-tune, held-out prompts answered before
+and after (core.use.report)."""
 
 from __future__ import annotations
 
@@ -26,18 +28,37 @@ from PySide6.QtWidgets import (
 )
 
 from core.errors import UserError
-from core.use.evaluate import evaluate_files, format_table
+from core.use.evaluate import (
+    QuestionFormat,
+    evaluate_files,
+    evaluate_tasks,
+    format_table,
+    list_results,
+    unescape,
+)
 from core.use.report import DEFAULT_EXAMPLES, make_report
 from gui.playground import fill_run_combo
 
 
-def evaluate_request(request: dict) -> dict:
-    """The tab's evaluations: text and questions (evaluate_files), then the report."""
+def evaluate_request(request: dict, progress=None) -> dict:
+    """The tab's evaluations: text and questions (evaluate_files), lm_eval tasks, then the
+    report; progress(n) hears each batch of n requests scored."""
     request = dict(request)
     n = request.pop("report", None)
+    tasks = request.pop("tasks", None)
+    chat = request.pop("chat", False)
+    template = request.pop("template", None)
     out = {}
-    if request["text"] or request["choices"] or not n:
-        out = evaluate_files(**request)
+    if request["text"] or request["choices"] or not (n or tasks):
+        fmt = QuestionFormat(template=unescape(template), chat=chat)
+        out = evaluate_files(**request, fmt=fmt, progress=progress)
+    if tasks:
+        ran = evaluate_tasks(request["target"], tasks, request.get("fewshot") or None,
+                             chat=chat, compare=request.get("compare", False),
+                             progress=progress)  # fmt: skip
+        out["tasks"] = ran["tasks"]
+        if "start" in ran:
+            out.setdefault("start", {})["tasks"] = ran["start"]["tasks"]
     if n:
         out["report"] = make_report(request["target"], n)
     return out
@@ -46,14 +67,20 @@ def evaluate_request(request: dict) -> dict:
 class EvalThread(QThread):
     done = Signal(dict)
     failed = Signal(str)
+    progress = Signal(int)  # requests scored so far
 
     def __init__(self, request: dict):
         super().__init__()
         self.request = request
+        self.scored = 0
+
+    def _count(self, n: int) -> None:
+        self.scored += n
+        self.progress.emit(self.scored)
 
     def run(self) -> None:
         try:
-            self.done.emit(evaluate_request(self.request))
+            self.done.emit(evaluate_request(self.request, self._count))
         except UserError as e:
             self.failed.emit(str(e))
         except Exception as e:  # the thread must never die silently
@@ -82,13 +109,34 @@ class EvaluateTab(QWidget):
         self.run_combo = QComboBox()
         self.run_combo.setEditable(True)
         self.run_combo.lineEdit().setPlaceholderText("a run folder, a model folder or hub id")
+        self.records: list[dict] = []
+        self.run_combo.currentIndexChanged.connect(lambda _: self.refresh_saved())
+        self.run_combo.lineEdit().editingFinished.connect(self.refresh_saved)
         self.text = QLineEdit()
         self.text.setPlaceholderText("a text file: perplexity and bits per byte")
         self.choices = QLineEdit()
         self.choices.setPlaceholderText("questions (.jsonl, .csv, .parquet): accuracy")
+        self.template = QLineEdit()
+        self.template.setPlaceholderText("{{question}}\\nAnswer: (default: context as is)")
+        self.template.setToolTip(
+            "a question's prompt (lm_eval's doc_to_text): a Jinja template over the file's "
+            "columns, or a column name; empty: the context column as is, else "
+            "Question: …\\nAnswer:"
+        )
+        self.tasks = QLineEdit()
+        self.tasks.setPlaceholderText("lm_eval tasks: hellaswag,arc_easy or a task YAML")
+        self.tasks.setToolTip("lm-evaluation-harness tasks run on this model (names or task "
+                              "YAML files; needs the eval extra)")  # fmt: skip
         self.fewshot = QSpinBox()
         self.fewshot.setRange(0, 25)
-        self.fewshot.setToolTip("questions shown with their answers before each other")
+        self.fewshot.setToolTip("answered examples before each question, drawn as "
+                                "lm-evaluation-harness draws them (seed 1234)")  # fmt: skip
+        self.chat = QCheckBox("Chat template")
+        self.chat.setToolTip("the model's chat template, the examples as turns "
+                             "(lm_eval's apply_chat_template, fewshot_as_multiturn)")  # fmt: skip
+        self.saved = QComboBox()
+        self.saved.setToolTip("this run's saved results (RUN/eval/)")
+        self.saved.activated.connect(self._show_saved)
         self.compare = QCheckBox("Compare with the model it started from")
         self.report = QCheckBox("Before/after answers")
         self.report.setToolTip(
@@ -108,12 +156,13 @@ class EvaluateTab(QWidget):
         self.output.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
         grid = QGridLayout()
         rows = [("Run", self._run_row()), ("Text", _file_row(self.text, self._pick_text)),
-                ("Questions", _file_row(self.choices, self._pick_choices))]  # fmt: skip
+                ("Questions", _file_row(self.choices, self._pick_choices)),
+                ("Prompt", self._pair(self.template, "Tasks", self.tasks))]  # fmt: skip
         for i, (label, widget) in enumerate(rows):
             grid.addWidget(QLabel(label), i, 0)
             grid.addWidget(widget, i, 1)
         options = QHBoxLayout()  # one row: the tab stays as short as the Playground
-        for widget in (QLabel("Few-shot"), self.fewshot, self.compare):
+        for widget in (QLabel("Few-shot"), self.fewshot, self.chat, self.compare):
             options.addWidget(widget)
         options.addStretch(1)
         options.addWidget(self.button)
@@ -124,10 +173,24 @@ class EvaluateTab(QWidget):
         self.report_view.hide()
         layout = QVBoxLayout(self)
         layout.addLayout(grid)
-        layout.addWidget(self.status)
+        status = QHBoxLayout()  # the saved results beside the status: the tab stays short
+        status.addWidget(self.status, 1)
+        status.addWidget(QLabel("Saved"))
+        status.addWidget(self.saved, 1)
+        layout.addLayout(status)
         layout.addWidget(self.output, 1)
         layout.addWidget(self.report_view, 3)
         self.refresh_runs()
+
+    @staticmethod
+    def _pair(left: QWidget, label: str, right: QWidget) -> QWidget:
+        row = QWidget()
+        layout = QHBoxLayout(row)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(left, 1)
+        layout.addWidget(QLabel(label))
+        layout.addWidget(right, 1)
+        return row
 
     def _run_row(self) -> QWidget:
         """The run, and the report about the run itself (beside it: the options row is full)."""
@@ -141,6 +204,29 @@ class EvaluateTab(QWidget):
 
     def refresh_runs(self, current: str | Path | None = None) -> None:
         fill_run_combo(self.run_combo, self.runs_root, current)
+        self.refresh_saved()
+
+    def refresh_saved(self) -> None:
+        """The selected run's saved results, newest first."""
+        self.saved.clear()
+        path = Path(self.run_combo.currentText().strip() or ".")
+        self.records = list_results(path) if (path / "eval").is_dir() else []
+        for r in self.records:
+            before = ", before/after" if r.get("start") else ""
+            self.saved.addItem(f"{r.get('time', '')}  {r.get('kind')}: {r.get('data')}{before}")
+        self.saved.setEnabled(bool(self.records))
+        if not self.records:
+            self.saved.addItem("no saved results for this run")
+
+    def _show_saved(self, index: int) -> None:
+        if 0 <= index < len(self.records):
+            r = self.records[index]
+            part = r["kind"] if r["kind"] in ("text", "choices") else None
+            shown = {part: r["result"]} if part else dict(r["result"])
+            if r.get("start"):
+                shown["start"] = {part: r["start"]} if part else dict(r["start"])
+            self.output.setPlainText(format_table(shown))
+            self.output.show()
 
     def _pick_text(self) -> None:
         path = QFileDialog.getOpenFileName(self, "Text to score")[0]
@@ -159,6 +245,9 @@ class EvaluateTab(QWidget):
             "choices": self.choices.text().strip() or None,
             "fewshot": self.fewshot.value(),
             "compare": self.compare.isChecked(),
+            "template": self.template.text() or None,
+            "chat": self.chat.isChecked(),
+            "tasks": self.tasks.text().strip() or None,
             "report": self.report_n.value() if self.report.isChecked() else None,
         }
         self.button.setEnabled(False)
@@ -168,6 +257,9 @@ class EvaluateTab(QWidget):
         self.thread = EvalThread(request)
         self.thread.done.connect(self._done)
         self.thread.failed.connect(self._failed)
+        self.thread.progress.connect(
+            lambda n: self.status.setText(f"Evaluating… {n:,} requests scored")
+        )
         self.thread.start()
 
     def _done(self, result: dict) -> None:
@@ -179,6 +271,7 @@ class EvaluateTab(QWidget):
         if "report" in result:
             self.report_view.setMarkdown(result["report"]["markdown"])
         self.status.setText("Done. A run's results are also in its eval/ folder.")
+        self.refresh_saved()
         self.button.setEnabled(True)
         self.finished.emit()
 

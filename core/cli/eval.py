@@ -1,5 +1,5 @@
 """python -m core.eval RUN|CHECKPOINT|MODEL_FOLDER|HUB_ID [--text FILE] [--choices FILE]
-[--report [N]]"""
+[--tasks NAME[,NAME]] [--report [N]]"""
 
 from __future__ import annotations
 
@@ -17,19 +17,67 @@ from core.use import evaluate, report
 def build_parser() -> Parser:
     p = Parser(
         prog="python -m core.eval",
-        description="Evaluate a model on text or questions; show a chat fine-tune's answers "
-        "before and after.",
+        description="Evaluate a model on text, questions or lm-evaluation-harness tasks, with "
+        "lm_eval's definitions; show a chat fine-tune's answers before and after.",
     )
     p.add_argument("target", help="a run folder, a checkpoint file, a model folder or hub id")
-    p.add_argument("--text", metavar="FILE", help="perplexity and bits per byte of this text")
+    p.add_argument(
+        "--text", metavar="FILE",
+        help="word/byte perplexity and bits per byte (lm_eval's rolling log-likelihood) of a "
+        "text file, or of each row of a .jsonl/.csv/.parquet table's text column",
+    )  # fmt: skip
+    p.add_argument("--text-column", default="text", metavar="NAME",
+                   help="with a table as --text: the column holding the text")  # fmt: skip
     p.add_argument(
         "--choices", metavar="FILE",
-        help="multiple-choice accuracy (acc, acc_norm) on .jsonl, .csv or .parquet questions",
+        help="multiple-choice accuracy (acc, acc_norm, acc_bytes) on .jsonl, .csv or .parquet "
+        "questions",
     )  # fmt: skip
-    p.add_argument("--fewshot", type=non_negative(int), default=0, metavar="K",
-                   help="show the first K questions, answered, before each other")  # fmt: skip
+    p.add_argument(
+        "--tasks", metavar="NAME[,NAME]",
+        help="lm-evaluation-harness tasks (names, or paths of task YAML files) run on this "
+        "model; needs the eval extra",
+    )  # fmt: skip
+    p.add_argument("--fewshot", type=non_negative(int), default=None, metavar="K",
+                   help="K answered examples before each question, drawn as lm_eval draws "
+                   "them (seeded); for --tasks: the task's own when not given")  # fmt: skip
+    p.add_argument(
+        "--fewshot-seed",
+        type=int,
+        default=evaluate.FEWSHOT_SEED,
+        metavar="N",
+        help="the few-shot sampler's seed (lm_eval's fewshot_random_seed, 1234)",
+    )
+    p.add_argument(
+        "--template", metavar="JINJA",
+        help="the prompt of a question (lm_eval's doc_to_text): a Jinja template over the "
+        "file's columns, e.g. '{{question}}\\nAnswer:', or a column name; default: the context "
+        "column as is, else 'Question: {question}\\nAnswer:'",
+    )  # fmt: skip
+    p.add_argument(
+        "--target-delimiter",
+        default=" ",
+        metavar="TEXT",
+        help="what goes between a prompt and its answer (default a space)",
+    )
+    p.add_argument(
+        "--description",
+        default="",
+        metavar="TEXT",
+        help="a line shown before the examples (lm_eval's description)",
+    )
+    p.add_argument(
+        "--chat", action="store_true",
+        help="questions or tasks in the model's chat template, the few-shot examples as "
+        "turns (lm_eval's apply_chat_template with fewshot_as_multiturn)",
+    )  # fmt: skip
+    p.add_argument(
+        "--single-turn",
+        action="store_true",
+        help="with --chat: the examples and the question in one user message",
+    )
     p.add_argument("--limit", type=non_negative(int), default=None, metavar="N",
-                   help="score at most N questions")  # fmt: skip
+                   help="score at most N questions (per task)")  # fmt: skip
     p.add_argument(
         "--compare", action="store_true",
         help="a fine-tune: also evaluate the model it started from, side by side",
@@ -45,27 +93,71 @@ def build_parser() -> Parser:
         metavar="N", help="with --report: the longest answer, in tokens",
     )  # fmt: skip
     p.add_argument("--checkpoint", choices=("best", "latest"), default="best")
+    p.add_argument(
+        "--device",
+        default="auto",
+        metavar="auto|cpu|cuda[:N]",
+        help="where the model runs (default auto: the GPU where there is one)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     return p
 
 
-def run_cli(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    if not args.text and not args.choices and args.report is None:
-        raise UsageError("give --text FILE, --choices FILE or both, or --report")
-    if args.report == 0:
-        raise UsageError("--report: N must be at least 1")
+def check_files(args) -> None:
+    """Every file named exists and is a file, before any model is loaded."""
     for name in ("text", "choices"):
         path = getattr(args, name)
-        if path and not Path(path).is_file():
+        if not path:
+            continue
+        if Path(path).is_dir():
+            what = "a text file or a table with a text column" if name == "text" else (
+                "one question file (.jsonl, .json, .csv, .parquet)")  # fmt: skip
+            raise UsageError(f"--{name}: {path} is a folder; give {what}")
+        if not Path(path).is_file():
             raise UsageError(f"--{name}: {path} not found")
-    bar = tqdm(unit="step", file=sys.stderr, disable=not sys.stderr.isatty())
+    if args.tasks:
+        from core.use import harness
+
+        harness.check_tasks(args.tasks)  # known, and their data loads
+
+
+def question_format(args) -> evaluate.QuestionFormat:
+    return evaluate.QuestionFormat(
+        template=evaluate.unescape(args.template),
+        target_delimiter=evaluate.unescape(args.target_delimiter),
+        description=evaluate.unescape(args.description), fewshot=args.fewshot or 0,
+        seed=args.fewshot_seed, chat=args.chat, multiturn=not args.single_turn,
+    )  # fmt: skip
+
+
+def run_cli(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if not args.text and not args.choices and not args.tasks and args.report is None:
+        raise UsageError("give --text FILE, --choices FILE, --tasks NAME or --report")
+    if args.report == 0:
+        raise UsageError("--report: N must be at least 1")
+    if args.single_turn and not args.chat:
+        raise UsageError("--single-turn: only with --chat")
+    check_files(args)
+    if args.device != "auto":
+        from core.platform.device import resolve_device
+
+        resolve_device(args.device)  # a missing GPU is one line before any loading
+    bar = tqdm(unit="request", file=sys.stderr, disable=not sys.stderr.isatty())
     out = {}
     if args.text or args.choices:
         out = evaluate.evaluate_files(
-            args.target, args.text, args.choices, args.fewshot, args.limit, args.compare,
-            args.checkpoint, bar.update,
+            args.target, args.text, args.choices, 0, args.limit, args.compare,
+            args.checkpoint, bar.update, question_format(args), args.text_column, args.device,
         )  # fmt: skip
+    if args.tasks:
+        ran = evaluate.evaluate_tasks(
+            args.target, args.tasks, args.fewshot, args.limit, args.chat, not args.single_turn,
+            args.compare, args.checkpoint, bar.update, args.device,
+        )  # fmt: skip
+        out["tasks"] = ran["tasks"]
+        if "start" in ran:
+            out.setdefault("start", {})["tasks"] = ran["start"]["tasks"]
     made = None
     if args.report is not None:
         made = report.make_report(
@@ -76,8 +168,9 @@ def run_cli(argv=None) -> int:
     if args.json:
         print(json.dumps(out))
         return EXIT_OK
-    if args.text or args.choices:
-        print(evaluate.format_table(out))
+    table = evaluate.format_table(out)
+    if table:
+        print(table)
     if made:
         print(made["path"])
     return EXIT_OK

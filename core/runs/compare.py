@@ -1,8 +1,10 @@
 """Several runs side by side (the window's Compare tab): each run's loss curves by step and by
-time, and a one-line summary of the settings that tell runs apart."""
+time, a one-line summary of the settings that tell runs apart, and beside the loss the
+evaluations saved in each run (RUN/eval/, written by core.use.evaluate)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from core.errors import UserError
@@ -35,3 +37,50 @@ def run_curves(path: str | Path) -> dict:
         "train": [(r["step"], r.get("elapsed_s", 0.0), r["loss"]) for r in train],
         "val": [(r["step"], r.get("train_s", 0.0), r["val_loss"]) for r in evals],
     }
+
+
+# the measures a saved evaluation shows beside the loss (lm_eval tasks: all of theirs)
+HEADLINE = {"text": ("bits_per_byte", "word_perplexity"), "choices": ("acc", "acc_norm")}
+
+
+def eval_records(run: str | Path) -> list[dict]:
+    """The evaluation records of a run (RUN/eval/*.json), newest first, each with its "path";
+    an unreadable file is left out."""
+    out = []
+    for path in sorted(Path(run, "eval").glob("*.json")):
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and isinstance(record.get("result"), dict):
+            out.append({**record, "path": str(path)})
+    return sorted(out, key=lambda r: str(r.get("time", "")), reverse=True)
+
+
+def _measures(record: dict, result: dict) -> dict[str, float]:
+    kind, data = record.get("kind"), record.get("data", "")
+    if kind in HEADLINE:
+        keys = [k for k in HEADLINE[kind] if isinstance(result.get(k), float)]
+        return {f"{data} {k}": result[k] for k in keys}
+    out = {}
+    for task, measures in (result.get("tasks") or {}).items():
+        for k, v in measures.items():
+            if isinstance(v, int | float) and not k.endswith("_stderr"):
+                out[f"{task} {k}"] = float(v)
+    return out
+
+
+def run_summary(path: str | Path) -> dict[str, float]:
+    """{"val_loss": the last, "best val_loss", then each saved evaluation's measures (the
+    newest of each file and settings), and "start: ..." for the model a fine-tune began from}."""
+    run = RunFolder(Path(path))
+    _, evals = read_metrics(run.metrics_file)
+    out = {}
+    if evals:
+        out["val_loss"] = float(evals[-1]["val_loss"])
+        out["best val_loss"] = float(min(e["val_loss"] for e in evals))
+    for record in reversed(eval_records(path)):  # oldest first: the newest wins
+        out.update(_measures(record, record["result"]))
+        if isinstance(record.get("start"), dict):
+            out.update({f"start: {k}": v for k, v in _measures(record, record["start"]).items()})
+    return out

@@ -148,7 +148,7 @@ def make_report(target, n: int = DEFAULT_EXAMPLES, max_new_tokens: int = DEFAULT
     ]
     header = {"run": run.name, "base": cfg.init_from, "checkpoint": file.name,
               "lora": cfg.lora_rank, "data": cfg.data, "max_new_tokens": max_new_tokens,
-              "note": note}  # fmt: skip
+              "note": note, "measures": measures(run)}  # fmt: skip
     markdown = to_markdown(header, examples)
     folder = run / "eval"
     folder.mkdir(exist_ok=True)
@@ -174,6 +174,31 @@ def inline(text: str) -> str:
     return escaped.replace("\n", "<br/>")
 
 
+def measures(run: Path) -> list[tuple[str, str, float, float]]:
+    """(data or task, measure, start, fine-tuned) of the run's saved evaluations that were
+    taken with --compare (core.eval), the newest of each."""
+    from core.runs.compare import HEADLINE, eval_records
+
+    rows, seen = [], set()
+    for record in eval_records(run):
+        before, after = record.get("start"), record["result"]
+        if not isinstance(before, dict):
+            continue
+        kind, data = record.get("kind"), str(record.get("data"))
+        if kind in HEADLINE:
+            pairs = [(data, k, before.get(k), after.get(k)) for k in HEADLINE[kind]]
+        else:
+            pairs = [(task, k, (before.get("tasks") or {}).get(task, {}).get(k), v)
+                     for task, ms in (after.get("tasks") or {}).items()
+                     for k, v in ms.items() if not k.endswith("_stderr")]  # fmt: skip
+        for row in pairs:
+            numbers = all(isinstance(v, int | float) for v in row[2:])
+            if numbers and row[:2] not in seen:
+                seen.add(row[:2])
+                rows.append(row)
+    return rows
+
+
 def to_markdown(header: dict, examples: list[dict]) -> str:
     kind = f"LoRA rank {header['lora']}, adapters off" if header["lora"] else "loaded as is"
     lines = [
@@ -185,6 +210,11 @@ def to_markdown(header: dict, examples: list[dict]) -> str:
     ]
     if header["note"]:
         lines += ["", f"**Note:** {header['note']}"]
+    if header.get("measures"):  # the run's saved evaluations with --compare, in one table
+        lines += ["", "## Measures", "", "| Data or task | Measure | Start model | Fine-tuned |",
+                  "|---|---|---|---|"]  # fmt: skip
+        lines += [f"| {inline(d)} | {m} | {a:.4f} | {b:.4f} |"
+                  for d, m, a, b in header["measures"]]  # fmt: skip
     for i, ex in enumerate(examples, 1):
         lines += ["", f"## Example {i}", ""]
         for m in ex["prompt"]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import shutil
 
 import pytest
@@ -18,7 +17,7 @@ from hf_models import TEXT, make_model  # noqa: E402
 
 from core.cli.eval import main as eval_main  # noqa: E402
 from core.training.trainer import Trainer  # noqa: E402
-from core.use import evaluate  # noqa: E402
+from core.use import evaluate, scoring  # noqa: E402
 from core.weights.loader import load  # noqa: E402
 
 ITEMS = [
@@ -35,6 +34,11 @@ def model(tmp_path_factory):
     folder = tmp_path_factory.mktemp("eval") / "llama"
     make_model(folder, "llama")
     return folder
+
+
+def scored(items):
+    """What is scored of each item: its prompt, choices and answer."""
+    return [(evaluate.doc_to_text(i, None), i["choices"], i["answer"]) for i in items]
 
 
 def write_jsonl(path, rows):
@@ -63,41 +67,40 @@ def test_choice_log_likelihoods_and_answers_equal_transformers(model, hf):
     hf_model, tok = hf
     loaded = load(model)
     items = [evaluate._item(raw, "test") for raw in ITEMS]
-    shot = f"Question: {items[0]['question']}\nAnswer: {items[0]['choices'][0]}\n\n"
+    shot = f"Question: {ITEMS[0]['question']}\nAnswer: {items[0]['choices'][0]}\n\n"
     for shots in ("", shot):  # zero-shot and with one worked example before the question
-        for item in items:
-            ours = evaluate.choice_scores(loaded, item, shots)
-            context = f"{shots}Question: {item['question']}\nAnswer:"
+        for raw, item in zip(ITEMS, items, strict=True):
+            context = f"{shots}Question: {raw['question']}\nAnswer:"
+            ours = [ll for ll, _ in scoring.loglikelihood(
+                loaded, [(context, " " + c) for c in item["choices"]])]  # fmt: skip
             theirs = [hf_loglikelihood(hf_model, tok, context, " " + c) for c in item["choices"]]
-            assert [s for s, _ in ours] == pytest.approx(theirs, abs=1e-4)
-            assert max(range(len(ours)), key=lambda i: ours[i][0]) == max(
-                range(len(theirs)), key=theirs.__getitem__
-            )
-            assert [b for _, b in ours] == [len((" " + c).encode()) for c in item["choices"]]
+            assert ours == pytest.approx(theirs, abs=1e-4)
+            assert ours.index(max(ours)) == theirs.index(max(theirs))
 
 
-def test_perplexity_equals_transformers_on_the_same_tokens(model, hf):
-    hf_model, tok = hf
+def test_a_table_as_text_is_scored_by_its_text_column(model, tmp_path, capsys):
+    """One document a row, not the file's bytes; a table without the column is refused."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    docs = [TEXT[:300], TEXT[300:450], "Hello world."]
+    pq.write_table(pa.table({"body": docs, "n": [1, 2, 3]}), tmp_path / "t.parquet")
+    write_jsonl(tmp_path / "t.jsonl", [{"text": d} for d in docs])
     loaded = load(model)
-    text = TEXT[:600]
-    result = evaluate.text_metrics(loaded, text)
-    ids = tok(text)["input_ids"]  # BOS first, as this tokenizer adds one
-    assert ids == evaluate._ids(loaded, text) and ids[0] == tok.bos_token_id
-    n = loaded.model.config.seq_len
-    nll, count = 0.0, 0
-    for start in range(0, len(ids) - 1, n):  # non-overlapping windows of the context
-        window = torch.tensor([ids[start : start + n + 1]])
-        with torch.no_grad():
-            logits = hf_model(window[:, :-1]).logits[0].float()
-        nll += float(torch.nn.functional.cross_entropy(logits, window[0, 1:], reduction="sum"))
-        count += window.shape[1] - 1
-    assert count == result["tokens"] == len(ids) - 1 and count > 2 * n  # several windows
-    assert result["ppl"] == pytest.approx(math.exp(nll / count), rel=1e-5)
-    assert result["bytes"] == len(text.encode())
-    assert result["bpb"] == pytest.approx(nll / math.log(2) / len(text.encode()), rel=1e-5)
-    assert result["bpb"] == pytest.approx(
-        math.log(result["ppl"]) * result["tokens"] / math.log(2) / result["bytes"], rel=1e-9
-    )
+    expected = evaluate.text_metrics(loaded, docs)
+    assert expected["documents"] == 3 and expected["bytes"] == sum(len(d.encode()) for d in docs)
+    assert evaluate.read_documents(tmp_path / "t.parquet", "body") == docs
+    assert eval_main([str(model), "--text", str(tmp_path / "t.jsonl"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["text"] == expected
+    assert eval_main([str(model), "--text", str(tmp_path / "t.parquet")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --text:") and "text" in err and len(err.splitlines()) == 1
+    args = [str(model), "--text", str(tmp_path / "t.parquet"), "--text-column", "body", "--json"]
+    assert eval_main(args) == 0
+    assert json.loads(capsys.readouterr().out)["text"] == expected
+    assert eval_main([str(model), "--text", str(tmp_path)]) == 2  # a folder
+    err = capsys.readouterr().err.strip()
+    assert "is a folder" in err and "not found" not in err and len(err.splitlines()) == 1
 
 
 def test_csv_jsonl_and_the_letter_layout_read_the_same(model, tmp_path):
@@ -110,20 +113,22 @@ def test_csv_jsonl_and_the_letter_layout_read_the_same(model, tmp_path):
     letters = [{"question": r["question"], **dict(zip("ABC", r["choices"], strict=False)),
                 "answer": "ABC"[evaluate._item(r, "t")["answer"]]} for r in ITEMS]  # fmt: skip
     layout = write_jsonl(tmp_path / "letters.jsonl", letters)
-    read = [evaluate.read_choices(p) for p in (jsonl, tmp_path / "q.csv", layout)]
+    read = [scored(evaluate.read_choices(p)) for p in (jsonl, tmp_path / "q.csv", layout)]
     assert read[0] == read[1] == read[2]
-    assert [r["answer"] for r in read[0]] == [0, 0, 1, 0]
+    assert [r[2] for r in read[0]] == [0, 0, 1, 0]
     as_letters = write_jsonl(
         tmp_path / "letters_answer.jsonl",
-        [{**r, "answer": "abc"[a["answer"]]} for r, a in zip(ITEMS, read[0], strict=True)],
+        [{**r, "answer": "abc"[a[2]]} for r, a in zip(ITEMS, read[0], strict=True)],
     )
     as_indexes = write_jsonl(
         tmp_path / "index_answer.jsonl",
-        [{**r, "answer": a["answer"]} for r, a in zip(ITEMS, read[0], strict=True)],
+        [{**r, "answer": a[2]} for r, a in zip(ITEMS, read[0], strict=True)],
     )
-    assert evaluate.read_choices(as_letters) == evaluate.read_choices(as_indexes) == read[0]
+    assert scored(evaluate.read_choices(as_letters)) == scored(evaluate.read_choices(as_indexes))
+    assert scored(evaluate.read_choices(as_indexes)) == read[0]
     loaded = load(model)
-    assert evaluate.choice_metrics(loaded, read[0]) == evaluate.choice_metrics(loaded, read[2])
+    assert evaluate.choice_metrics(loaded, evaluate.read_choices(jsonl)) == (
+        evaluate.choice_metrics(loaded, evaluate.read_choices(layout)))  # fmt: skip
 
 
 def test_json_output_and_the_run_folder_record(tmp_path, capsys):
@@ -136,11 +141,43 @@ def test_json_output_and_the_run_folder_record(tmp_path, capsys):
             "--fewshot", "1", "--json"]  # fmt: skip
     assert eval_main(args) == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out) == {"text", "choices"} and out["choices"]["n"] == 3
-    assert out["text"]["ppl"] > 1 and 0 <= out["choices"]["acc"] <= 1
-    record = json.loads((tmp_path / "run" / "eval" / "q.json").read_text())
+    # every question scored, each with one example drawn from the others
+    assert set(out) == {"text", "choices"} and out["choices"]["n"] == 4
+    assert out["text"]["word_perplexity"] > 1 and 0 <= out["choices"]["acc"] <= 1
+    records = evaluate.list_results(tmp_path / "run")
+    assert [r["kind"] for r in records] == ["choices", "text"] or [
+        r["kind"] for r in records] == ["text", "choices"]  # fmt: skip
+    record = next(r for r in records if r["kind"] == "choices")
     assert record["result"] == out["choices"] and record["settings"]["fewshot"] == 1
     assert len(record["data_fingerprint"]) == 16 and record["step"] == 3
+    assert next(r for r in records if r["kind"] == "text")["result"] == out["text"]
+
+
+def test_two_question_files_of_one_name_keep_their_own_results(tmp_path, capsys):
+    """q.csv and q.parquet (and q.jsonl in two folders) are four results, not one."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    Trainer(tiny_config(max_steps=2, eval_every=2, ckpt_every=2), tmp_path / "run").run()
+    rows = [{"question": r["question"], "choices": json.dumps(r["choices"]),
+             "answer": str(r["answer"])} for r in ITEMS]  # fmt: skip
+    with open(tmp_path / "q.csv", "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, ["question", "choices", "answer"])
+        w.writeheader()
+        w.writerows(rows)
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "q.parquet")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    files = [tmp_path / "q.csv", tmp_path / "q.parquet", write_jsonl(tmp_path / "a" / "q.jsonl",
+             ITEMS), write_jsonl(tmp_path / "b" / "q.jsonl", ITEMS[:2])]  # fmt: skip
+    for path in files:
+        assert eval_main([str(tmp_path / "run"), "--choices", str(path), "--json"]) == 0
+    capsys.readouterr()
+    records = evaluate.list_results(tmp_path / "run")
+    assert len(records) == 4 and len({r["path"] for r in records}) == 4
+    assert sorted(r["settings"]["file"] for r in records) == sorted(str(p) for p in files)
+    assert eval_main([str(tmp_path / "run"), "--choices", str(files[0])]) == 0  # again: replaced
+    assert len(evaluate.list_results(tmp_path / "run")) == 4
 
 
 @pytest.mark.parametrize(
@@ -149,13 +186,37 @@ def test_json_output_and_the_run_folder_record(tmp_path, capsys):
         ([{"question": "q", "choices": ["a", "b"], "answer": 5}], "answer '5' is not one of"),
         ([{"question": "q", "choices": ["a", "b"], "answer": "C"}], "answer 'C' is not one of"),
         ([{"prompt": "q", "answer": 0}], "found answer, prompt"),
+        # what cannot be scored: a tie between equal choices would always pick the first
+        ([{"question": "q", "choices": ["a", "b", "a"], "answer": 0}],
+         "choices 0 and 2 are the same ('a')"),
+        ([{"question": "q", "choices": ["a", ""], "answer": 0}], "choice 1 is empty"),
+        ([{"question": "q", "choices": ["a", "  "], "answer": 0}], "choice 1 is empty"),
+        ([{"question": "q", "choices": [1, 2], "answer": 0}], "choice 0 is int 1, not text"),
+        ([{"question": "q", "choices": ["a", None], "answer": 0}], "choice 1 is NoneType"),
+        ([{"question": "q", "choices": ["a", ["b"]], "answer": 0}], "choice 1 is list"),
+        ([{"question": "q", "A": "x", "B": 2.5, "answer": "A"}], "choice 1 is float 2.5"),
     ],
-)
+)  # fmt: skip
 def test_bad_questions_are_one_line_and_exit_2(model, tmp_path, capsys, rows, words):
     path = write_jsonl(tmp_path / "bad.jsonl", rows)
     assert eval_main([str(model), "--choices", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert words in err and "line 1" in err and len(err.splitlines()) == 1
+    assert str(path) in err and not (tmp_path / "eval").exists()
+
+
+def test_bad_formats_are_refused_before_the_model_loads(tmp_path, capsys):
+    path = write_jsonl(tmp_path / "q.jsonl", ITEMS)
+    missing = str(tmp_path / "no-model")  # never loaded: the refusal comes first
+    for args, words in [
+        (["--template", "{{nope}}"], "--template: 'nope' is undefined"),
+        (["--template", "{% if %}"], "--template:"),
+        (["--fewshot", "4"], "--fewshot: 4 examples need at least 5 questions"),
+        (["--single-turn"], "--single-turn: only with --chat"),
+    ]:
+        assert eval_main([missing, "--choices", str(path), *args]) == 2, args
+        err = capsys.readouterr().err.strip()
+        assert words in err and len(err.splitlines()) == 1, (args, err)
 
 
 @pytest.mark.parametrize(
@@ -186,7 +247,7 @@ def test_odd_but_valid_files_read(tmp_path):
     bom.write_text("\ufeffquestion,A,B,answer\nq,a,b,B\n", encoding="utf-8")
     floats = write_jsonl(tmp_path / "floats.jsonl", [{"question": "q", "choices": ["a", "b"],
                                                       "answer": 1.0}])  # fmt: skip
-    assert evaluate.read_choices(bom) == evaluate.read_choices(floats)
+    assert scored(evaluate.read_choices(bom)) == scored(evaluate.read_choices(floats))
     latin = tmp_path / "latin.csv"
     latin.write_bytes("question,A,B,answer\nq,\xe9,b,A\n".encode("latin-1"))
     with pytest.raises(evaluate.DataError, match="is not UTF-8 text"):
@@ -205,7 +266,7 @@ def test_a_plain_model_folder_writes_no_record(model, tmp_path):
 
 def test_missing_files_and_no_data_are_one_line_exit_2(model, tmp_path, capsys):
     assert eval_main([str(model)]) == 2
-    assert "give --text FILE, --choices FILE or both" in capsys.readouterr().err
+    assert "give --text FILE, --choices FILE, --tasks NAME or --report" in capsys.readouterr().err
     assert eval_main([str(model), "--text", str(tmp_path / "nope.txt")]) == 2
     assert "nope.txt not found" in capsys.readouterr().err
     parquet = tmp_path / "q.parquet"
@@ -225,10 +286,38 @@ def test_compare_evaluates_the_model_a_fine_tune_started_from(model, tmp_path, c
     assert eval_main([str(tmp_path / "run"), "--text", str(text), "--compare", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["start"]["text"] == evaluate.text_metrics(load(model), TEXT)
-    assert out["text"]["ppl"] < out["start"]["text"]["ppl"]  # it learned this very text
+    # it learned this very text
+    assert out["text"]["bits_per_byte"] < out["start"]["text"]["bits_per_byte"]
+    record = evaluate.list_results(tmp_path / "run")[0]  # before and after in one record
+    assert record["start"] == out["start"]["text"] and record["result"] == out["text"]
     assert eval_main([str(tmp_path / "run"), "--text", str(text), "--compare"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert "start" in lines[0] and "fine-tuned" in lines[0] and lines[1].startswith("text")
     Trainer(tiny_config(max_steps=2), tmp_path / "new").run()
     assert eval_main([str(tmp_path / "new"), "--text", str(text), "--compare"]) == 2
     assert "not a fine-tune" in capsys.readouterr().err
+
+
+def test_cli_question_format_flags_reach_the_prompt(model, tmp_path, capsys):
+    """--template, --description, --target-delimiter (\\n typed as two characters, as on a
+    command line), --fewshot with its seed, and the chat template."""
+    path = write_jsonl(tmp_path / "q.jsonl", ITEMS)
+    loaded = load(model)
+    items = evaluate.read_choices(path)
+    fmt = evaluate.QuestionFormat(template="Q: {{question}}\nA:", description="Quiz.\n\n",
+                                  target_delimiter="\t", fewshot=2, seed=7)  # fmt: skip
+    _, requests = evaluate.question_requests(loaded, items, fmt)
+    assert requests[0][0][0].startswith("Quiz.\n\nQ: ") and requests[0][0][1] == "\tfour"
+    args = [str(model), "--choices", str(path), "--template", r"Q: {{question}}\nA:",
+            "--description", r"Quiz.\n\n", "--target-delimiter", r"\t", "--fewshot", "2",
+            "--fewshot-seed", "7", "--json"]  # fmt: skip
+    assert eval_main(args) == 0
+    assert json.loads(capsys.readouterr().out)["choices"] == evaluate.choice_metrics(
+        loaded, items, fmt)  # fmt: skip
+    assert eval_main([*args[:-1], "--chat", "--json"]) == 0
+    chat = evaluate.QuestionFormat(**{**fmt.__dict__, "chat": True})
+    _, turns = evaluate.question_requests(loaded, items, chat)
+    assert turns[0][0][0].startswith("<|begin|><|start|>system<|sep|>Quiz.")
+    assert turns[0][0][1] == "four"  # after a chat prompt the choice follows with no delimiter
+    assert json.loads(capsys.readouterr().out)["choices"] == evaluate.choice_metrics(
+        loaded, items, chat)  # fmt: skip

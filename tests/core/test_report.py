@@ -122,3 +122,16 @@ def test_inline_markdown_keeps_text_as_it_is():
     assert inline("a | b *c* `d` <e> [f](g) #h") == r"a \| b \*c\* \`d\` \<e\> \[f\](g) \#h"
     assert inline("line 1\n\n- line 2\x1e") == "line 1<br/><br/>- line 2\ufffd"
     assert inline(" \n") == "*(empty)*"
+
+
+def test_the_report_puts_saved_before_after_measures_in_one_table(setup, tmp_path, capsys):
+    run = setup[2]
+    text = tmp_path / "t.txt"
+    text.write_text(TEXT[:400], encoding="utf-8")
+    assert eval_main([str(run), "--text", str(text), "--compare", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    markdown = make_report(run, 1, NEW)["markdown"]
+    assert "## Measures\n\n| Data or task | Measure | Start model | Fine-tuned |" in markdown
+    for key in ("bits_per_byte", "word_perplexity"):
+        row = f"| t.txt | {key} | {out['start']['text'][key]:.4f} | {out['text'][key]:.4f} |"
+        assert row in markdown
