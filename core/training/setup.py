@@ -86,7 +86,7 @@ def build(t, state: dict | None, device, precision: str, data, objective) -> Run
         train_model = DistributedDataParallel(train_model, device_ids=ids)
     run = RunState(device=device, precision=precision, data=data, model=model,
                    train_model=train_model, optimizer=optimizer, scaler=scaler,
-                   objective=objective, world=t.world, base=base)  # fmt: skip
+                   objective=objective, world=t.world, folder=t.folder, base=base)  # fmt: skip
     # The starting model's view (DPO's reference), before a checkpoint replaces it.
     objective.prepare(run, t.cfg, t.log, t.events, t.control.stop_set)
     if state is not None:

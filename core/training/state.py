@@ -20,5 +20,6 @@ class RunState:
     scaler: torch.amp.GradScaler
     objective: Any  # core.training.objectives.Objective
     world: Any  # core.platform.distributed.World
+    folder: Any = None  # core.runs.folder.RunFolder (SilentFolder off the main process)
     base: dict | None = None  # the pretrained base a checkpoint names
     second_val: Any = None  # --eval-data's windows (core.data.windows.TextWindows)
