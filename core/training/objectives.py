@@ -36,3 +36,19 @@ def rows_per_example(cfg: TrainConfig) -> int:
     if cfg.method == "grpo":
         return cfg.num_generations
     return 1
+
+
+def extra_memory(cfg: TrainConfig, c, act_bytes: int, weight_bytes: int) -> tuple[int, int, int]:
+    """(generation, logits, reference) bytes an objective adds to the estimate (besides its
+    rows): GRPO's sampling holds the KV cache of all G x B completions and their last
+    logits; its loss keeps the full logits of a micro-batch's rows (log-probs and entropy);
+    beta > 0 in a full fine-tune keeps a frozen copy of the starting weights."""
+    if cfg.method != "grpo":
+        return 0, 0, 0
+    rows = cfg.batch_size * cfg.grad_accum * cfg.num_generations
+    kv = 2 * c.n_layers * rows * cfg.seq_len * c.n_kv_heads * c.head_dim * act_bytes
+    generation = kv + rows * c.vocab_size * 4 * 3 + rows * cfg.seq_len**2  # + prefill mask
+    micro = cfg.batch_size * cfg.num_generations * cfg.seq_len
+    logits = micro * c.vocab_size * (act_bytes + 4 * 4)  # logits, fp32, log-softmax, exp, grad
+    reference = weight_bytes if cfg.grpo_beta and not cfg.lora_rank else 0
+    return generation, logits, reference

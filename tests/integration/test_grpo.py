@@ -306,3 +306,17 @@ def test_grpo_settings_are_checked_with_the_config(model_dir):
         grpo_config(model_dir, reward_weights="1,2")
     with pytest.raises(ConfigError, match="method: grpo tunes a model"):
         tiny_config(method="grpo", reward=["answer"])
+
+
+def test_the_estimate_counts_the_kv_cache_of_the_g_completions(model_dir):
+    from dataclasses import replace
+
+    from core.training.estimate import estimate
+
+    cfg = apply_pretrained(grpo_config(model_dir), open_pretrained(str(model_dir)))
+    a, b = estimate(cfg, "fp32"), estimate(replace(cfg, num_generations=16), "fp32")
+    assert a.generation > 0 and b.generation == 2 * a.generation
+    assert b.activations == pytest.approx(2 * a.activations, rel=0.05)  # G rows a prompt
+    assert "sampling (KV cache, G x B)" in a.report()
+    sft = estimate(replace(cfg, method="sft"), "fp32")
+    assert sft.generation == 0 and a.activations > sft.activations
