@@ -52,6 +52,7 @@ def spec(default, help: str, **kw):
 MODEL, BATCH, EXECUTION, INTERVALS, DATA, ADVANCED = (
     "Model", "Batch and schedule", "Execution", "Intervals (steps)", "Data", "Advanced",
 )  # fmt: skip
+GRPO = "GRPO: rewards and sampling"  # the form shows this box for method grpo only
 
 
 @dataclass
@@ -439,27 +440,31 @@ class DataFields:
     reward: list[str] = spec(
         [],
         "grpo: a reward function, repeatable: a built-in (answer, regex, think_format, "
-        "length) or path.py:function (your own code, called as TRL calls it)",
+        "length) or path.py:function (your own code, called as TRL calls it); the form: "
+        "comma-separated",
+        label="Rewards",
+        group=GRPO,
+        widget="text",
     )
     reward_weights: str | None = spec(
         None,
         "grpo: one weight per reward, comma-separated (default: 1 each)",
         label="Reward weights",
-        group=DATA,
+        group=GRPO,
         optional=True,
+        widget="text",
     )
     reward_regex: str | None = spec(
         None,
         "grpo: the pattern the regex reward looks for in a completion (Python re, DOTALL)",
         label="Reward regex",
-        group=ADVANCED,
+        group=GRPO,
         optional=True,
+        widget="text",
     )
     reward_length_target: int | None = spec(
         None,
         "grpo: the length reward's target in tokens (default: half of max_completion_tokens)",
-        label="Reward length target",
-        group=ADVANCED,
         low=1,
         high=1_000_000,
         optional=True,
@@ -468,7 +473,7 @@ class DataFields:
         8,
         "grpo: completions sampled per prompt (G); batch_size counts prompts",
         label="Completions per prompt",
-        group=DATA,
+        group=GRPO,
         low=2,
         high=1024,
         stream=True,
@@ -477,7 +482,7 @@ class DataFields:
         256,
         "grpo: the longest completion sampled, in tokens (it stops earlier at the end of turn)",
         label="Completion length",
-        group=DATA,
+        group=GRPO,
         low=1,
         high=1_000_000,
         stream=True,
@@ -486,7 +491,7 @@ class DataFields:
         1.0,
         "grpo: the sampling temperature of completions",
         label="Temperature",
-        group=ADVANCED,
+        group=GRPO,
         low=0.01,
         high=10.0,
         stream=True,
@@ -495,7 +500,7 @@ class DataFields:
         1.0,
         "grpo: nucleus sampling of completions (1: off)",
         label="Top-p",
-        group=ADVANCED,
+        group=GRPO,
         low=0.01,
         high=1.0,
         stream=True,
@@ -504,7 +509,7 @@ class DataFields:
         0.0,
         "grpo: the KL penalty to the reference model (0, as TRL: no reference pass)",
         label="GRPO beta (KL)",
-        group=ADVANCED,
+        group=GRPO,
         low=0.0,
         high=100.0,
     )
@@ -512,7 +517,7 @@ class DataFields:
         0.2,
         "grpo: the clipping range of the policy ratio",
         label="Clip epsilon",
-        group=ADVANCED,
+        group=GRPO,
         low=0.0,
         high=10.0,
     )
@@ -520,7 +525,7 @@ class DataFields:
         "dapo",
         "grpo: how the token losses are normalized (TRL's loss_type; dapo is TRL's default)",
         label="GRPO loss type",
-        group=ADVANCED,
+        group=GRPO,
         choices=GRPO_LOSS_TYPES,
     )
     scale_rewards: str = spec(
@@ -528,14 +533,14 @@ class DataFields:
         "grpo: divide advantages by the group's reward std, the batch's, or not at all "
         "(none: Dr. GRPO)",
         label="Scale rewards",
-        group=ADVANCED,
+        group=GRPO,
         choices=SCALE_REWARDS,
     )
     mask_truncated_completions: bool = spec(
         False,
         "grpo: leave completions cut at max_completion_tokens out of the loss",
         label="Mask truncated completions",
-        group=ADVANCED,
+        group=GRPO,
     )
     dpo_label_smoothing: float = spec(
         0.0,
