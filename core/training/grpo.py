@@ -362,19 +362,24 @@ class GRPO:
 
     def _logps(self, model, run, cfg, roll: Rollout, targets, no_adapters: bool = False):
         width = roll.prompt_width
-        with autocast(run.device, run.precision):
-            if no_adapters:
-                was = run.model.training
-                run.model.eval()
-                try:
-                    with lora.adapters_disabled(run.model):
-                        logits, _ = run.model(roll.ids, segments=roll.segments)
-                finally:
-                    run.model.train(was)
-            else:
-                logits, _ = model(roll.ids, segments=roll.segments)
-        # The logits at position t predict token t + 1: the completion's come from P - 1 on.
-        logits = logits[:, width - 1 : -1]
+        base = self.reference if model is self.reference else run.model
+        # The head sees the completion's positions only (TRL's logits_to_keep): the logits at
+        # position t predict token t + 1, so the completion's come from P - 1 on.
+        keep = base.ln_f.register_forward_hook(lambda m, i, out: out[:, width - 1 : -1])
+        try:
+            with autocast(run.device, run.precision):
+                if no_adapters:
+                    was = run.model.training
+                    run.model.eval()
+                    try:
+                        with lora.adapters_disabled(run.model):
+                            logits, _ = run.model(roll.ids, segments=roll.segments)
+                    finally:
+                        run.model.train(was)
+                else:
+                    logits, _ = model(roll.ids, segments=roll.segments)
+        finally:
+            keep.remove()
         return token_logps(logits, targets, cfg.temperature)
 
     def step_signals(self, sums):

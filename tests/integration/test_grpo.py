@@ -190,6 +190,10 @@ def test_beta_zero_makes_no_reference_pass_and_lora_beta_uses_adapters_off(
     train, _ = read_metrics(tmp_path / "beta" / "metrics.jsonl")
     assert train[0]["kl"] == pytest.approx(0.0, abs=1e-7)  # the adapters start at zero
     assert train[1]["kl"] > 0
+    # A full fine-tune's reference: a frozen copy of the starting weights.
+    Trainer(grpo_config(model_dir, grpo_beta=0.1, max_steps=2), tmp_path / "full").run()
+    train, _ = read_metrics(tmp_path / "full" / "metrics.jsonl")
+    assert train[0]["kl"] == pytest.approx(0.0, abs=1e-7) and train[1]["kl"] > 0
 
 
 def test_resume_mid_run_is_bitwise_the_straight_run(model_dir, tmp_path):
