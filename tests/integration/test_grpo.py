@@ -324,3 +324,12 @@ def test_the_estimate_counts_the_kv_cache_of_the_g_completions(model_dir):
     assert "sampling (KV cache, G x B)" in a.report()
     sft = estimate(replace(cfg, method="sft"), "fp32")
     assert sft.generation == 0 and a.activations > sft.activations
+
+
+def test_a_4bit_base_with_lora_and_beta_trains(model_dir, tmp_path):
+    pytest.importorskip("bitsandbytes")
+    cfg = grpo_config(model_dir, lora_rank=4, base_bits="4", grpo_beta=0.05, max_steps=2)
+    result = Trainer(cfg, tmp_path / "run").run()
+    assert result["status"] == "finished"
+    train, _ = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert train[0]["kl"] == pytest.approx(0.0, abs=1e-6) and math.isfinite(train[1]["kl"])
