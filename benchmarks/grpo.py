@@ -172,13 +172,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         make_model(tmp / "model", "qwen2")
-        results = {}
-        for name, run in (("TRL", run_trl), ("TrainDeck", run_traindeck)):
-            if args.only and args.only != name.lower():
-                continue
-            runs = [run(tmp / "model", args, seed, tmp / f"{name}-{seed}")
-                    for seed in range(args.seeds)]  # fmt: skip
-            results[name] = summary(name, runs, args.steps, args.batch * args.generations)
+        sides = [(n, f) for n, f in (("TRL", run_trl), ("TrainDeck", run_traindeck))
+                 if not args.only or args.only == n.lower()]  # fmt: skip
+        runs = defaultdict(list)
+        for seed in range(args.seeds):  # interleaved: a shared machine's load hits both alike
+            for name, run in sides:
+                runs[name].append(run(tmp / "model", args, seed, tmp / f"{name}-{seed}"))
+        completions = args.batch * args.generations
+        results = {n: summary(n, runs[n], args.steps, completions) for n, _ in sides}
     print(f"GRPO on the CPU: {args.batch} prompts x G {args.generations} = "
           f"{args.batch * args.generations} completions a step, up to {args.completion} tokens, "
           f"{args.steps} steps, mean of {args.seeds} seeds")  # fmt: skip

@@ -222,6 +222,7 @@ class GRPO:
         self.reference = None  # beta > 0: a frozen copy of a full fine-tune's start
         self.folder = None
         self.latest: list[dict] = []  # the latest step's completions and their rewards
+        self._table_started = False
 
     def check(self, cfg: TrainConfig) -> None:
         """The reward functions, imported before any data or model is touched."""
@@ -333,6 +334,9 @@ class GRPO:
         self.latest = rows
         if self.folder is not None and getattr(self.folder, "path", None) is not None:
             path = self.folder.path / "completions.jsonl"
+            if not self._table_started:  # a resumed run: steps past its checkpoint go
+                self._table_started = True
+                _drop_steps_from(path, step + 1)
             if path.parent.is_dir():
                 with open(path, "a", encoding="utf-8") as f:
                     f.write(json.dumps({"step": step + 1, "rows": rows}) + "\n")
@@ -427,6 +431,20 @@ class GRPO:
         each = ", ".join(f"{n} {record[f'eval_rewards/{n}/mean'] or 0:.3f}"
                          for n in self.rewards.names)  # fmt: skip
         return -reward, record, f"eval reward {reward:.4f} ({each}) on {len(index)} prompts"
+
+
+def _drop_steps_from(path, step: int) -> None:
+    """Keep completions.jsonl's lines of the steps before `step`."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            if json.loads(line)["step"] < step:
+                kept.append(line)
+        except (ValueError, KeyError, TypeError):
+            continue
+    path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
 
 
 def _finite(v) -> float | None:

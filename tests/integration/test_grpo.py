@@ -211,6 +211,11 @@ def test_resume_mid_run_is_bitwise_the_straight_run(model_dir, tmp_path):
     wb = torch.load(tmp_path / "split" / "checkpoints" / "latest.pt", weights_only=False)
     for name, tensor in wa["model"].items():
         assert torch.equal(tensor, wb["model"][name]), name
+    steps = [
+        json.loads(line)["step"]
+        for line in (tmp_path / "split" / "completions.jsonl").read_text().splitlines()
+    ]
+    assert steps == [1, 2, 3, 4, 5, 6]
 
 
 def test_an_out_of_memory_step_is_redone_with_the_same_completions(model_dir, tmp_path):
