@@ -228,12 +228,15 @@ class GRPO:
         """The reward functions, imported before any data or model is touched."""
         self.rewards = Rewards(cfg)
 
+    def check_data(self, data) -> None:
+        """The prompts have the columns the built-in rewards read: before the model loads."""
+        check_columns(self.rewards.funcs, data.columns)
+
     def prepare(self, run: RunState, cfg: TrainConfig, log, events, stop) -> None:
         if run.world.enabled:
             from core.errors import ConfigError
 
             raise ConfigError("method: grpo trains in one process (no torchrun) for now")
-        check_columns(self.rewards.funcs, run.data.columns)
         self.folder = run.folder
         if cfg.grpo_beta and not cfg.lora_rank:  # the starting weights, kept frozen
             self.reference = copy.deepcopy(run.model).eval().requires_grad_(False)

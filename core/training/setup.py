@@ -45,6 +45,9 @@ def setup(t) -> RunState:
         allow_change=t.allow_data_change, events=t.events,
         stop=t.control.stop_set, log=t.log_early,
     )  # fmt: skip
+    check_data = getattr(objective, "check_data", None)  # GRPO: the columns its rewards read
+    if check_data is not None:
+        check_data(data)
     second_val = None
     if cfg.eval_data:  # the same windows every evaluation: a curve that shows forgetting
         count = cfg.eval_batches * cfg.batch_size * cfg.grad_accum

@@ -284,6 +284,7 @@ def test_the_built_in_answer_reward_reads_gsm8k_boxed_and_numbers():
         ("nonsense", "reward: unknown reward 'nonsense'"),
         ("{dir}/missing.py:f", "no file"),
         ("{dir}/my_rewards.py:nothing", "has no function 'nothing'"),
+        ("{dir}/no_answers.jsonl", "answer compares with the data's answer column"),
         ("{dir}/my_rewards.py:raises", "reward raises raised ValueError: cannot parse (data row"),
         (
             "{dir}/my_rewards.py:short",
@@ -294,7 +295,12 @@ def test_the_built_in_answer_reward_reads_gsm8k_boxed_and_numbers():
 def test_bad_rewards_are_one_line_exit_2_naming_the_function(model_dir, tmp_path, capsys,
                                                               reward, expected):  # fmt: skip
     (tmp_path / "my_rewards.py").write_text(TRL_STYLE)
-    argv = ["--init-from", str(model_dir), "--data", str(ARITHMETIC), "--method", "grpo",
+    data = ARITHMETIC
+    if reward.endswith(".jsonl"):  # prompts without the answer column the answer reward reads
+        data = Path(reward.format(dir=tmp_path))
+        data.write_text('{"prompt": "What is 2 + 2?"}\n', encoding="utf-8")
+        reward = "answer"
+    argv = ["--init-from", str(model_dir), "--data", str(data), "--method", "grpo",
             "--reward", reward.format(dir=tmp_path), "--max-steps", "1", "--seq-len", "64",
             "--max-completion-tokens", "6", "--num-generations", "8", "--batch-size", "4",
             "--device", "cpu", "--out", str(tmp_path / "r")]  # fmt: skip
