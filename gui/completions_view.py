@@ -79,5 +79,6 @@ class CompletionsView(QWidget):
         header = self.table.horizontalHeader()
         header.setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
         header.setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)
+        self.table.setColumnWidth(0, 220)
         mean = sum(r["reward"] or 0 for r in rows) / max(1, len(rows))
         self.title.setText(f"step {step}: {len(rows)} sampled completions, mean reward {mean:.3f}")

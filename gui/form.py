@@ -40,7 +40,7 @@ from core.config.spec import (
     parse_duration,
     validate,
 )
-from core.data import hub, preference, tables
+from core.data import hub, preference, prompts, tables
 from core.data.chatdata import is_chat
 from core.data.sources import find_sources
 from core.errors import ConfigError, UserError
@@ -721,13 +721,17 @@ class ConfigForm(QWidget):
         key = (
             cfg.data, tuple(cfg.data_extensions), cfg.corpus_max_bytes, cfg.data_format,
             cfg.seq_len, cfg.drop_long, cfg.train_on_prompts, pretrained and pretrained.name,
+            cfg.method,
             tuple(tables.columns_of(cfg).items()), tuple(cfg.extra_data), cfg.data_weights,
         )  # fmt: skip
         if key == self._data_info_key:
             return
         self._data_info_key = key
         tokenizer = pretrained.tokenizer if pretrained is not None else None
-        text = describe_data(cfg, tokenizer)
+        if cfg.method == "grpo" and cfg.data:
+            text = prompts.describe(cfg.data)
+        else:
+            text = describe_data(cfg, tokenizer)
         self.data_info.setText(text + ("; " + describe_mix(cfg) if cfg.extra_data else ""))
         preview = preview_data(cfg)
         self.data_preview.setText(preview)

@@ -114,3 +114,21 @@ class PromptData:
             "prompt_tokens": sum(len(i) for i in self.ids), "tokenizer": self.tokenizer.kind,
             "fingerprint": self.manifest["fingerprint"],
         }  # fmt: skip
+
+
+def describe(path: str | Path) -> str:
+    """The form's line about a GRPO prompt file: how many prompts, their kind, the columns
+    the rewards get (read without a tokenizer: cheap)."""
+    path = Path(path).expanduser()
+    if not path.is_file() or path.suffix.lower() not in SUFFIXES:
+        return f"method grpo reads a prompt file ({', '.join(SUFFIXES)}); {path} is not one"
+    try:
+        records = [record for _, record in iter_records(path)]
+    except DataError as e:
+        return str(e)
+    if not records or "prompt" not in records[0]:
+        return f'{path.name}: no prompt column; method grpo reads {{"prompt": ...}} records'
+    kind = "conversational" if isinstance(records[0]["prompt"], list) else "text"
+    columns = [k for k in records[0] if k != "prompt"]
+    extra = f"; columns for the rewards: {', '.join(columns)}" if columns else ""
+    return f"{len(records):,} prompts ({kind}) for GRPO{extra}"

@@ -25,6 +25,9 @@ def test_a_grpo_run_from_the_window_plots_rewards_and_shows_completions(make_win
     assert form.boxes["GRPO: rewards and sampling"].isHidden()
     form.widgets["method"].setCurrentText("grpo")
     assert not form.boxes["GRPO: rewards and sampling"].isHidden()
+    assert "64 prompts (conversational) for GRPO; columns for the rewards: answer" in (
+        form.data_info.text()
+    )
     broken = tmp_path / "broken.py"
     broken.write_text("import not_a_module\n")
     form.set_values(reward=[f"{broken}:f"], num_generations=4, max_completion_tokens=6,
