@@ -188,6 +188,9 @@ def _check_method(values: dict) -> None:
     if not isinstance(rewards, list) or not all(isinstance(r, str) and r.strip() for r in rewards):
         raise ConfigError(f"reward: expected reward names or path.py:function, got {rewards!r}")
     values["reward"] = [r.strip() for r in rewards]
+    for name in ("reward_weights", "reward_regex"):  # the form's empty fields: not set
+        if values[name] is not None and not str(values[name]).strip():
+            values[name] = None
     if values["method"] == "grpo":
         _check_grpo(values)
         return

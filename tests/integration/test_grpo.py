@@ -344,3 +344,12 @@ def test_a_4bit_base_with_lora_and_beta_trains(model_dir, tmp_path):
     assert result["status"] == "finished"
     train, _ = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert train[0]["kl"] == pytest.approx(0.0, abs=1e-6) and math.isfinite(train[1]["kl"])
+
+
+def test_reward_is_repeatable_on_the_command_line():
+    from core.cli.train import _overrides, build_parser
+
+    args = build_parser().parse_args(["--reward", "answer", "--reward", "my.py:f",
+                                      "--reward-weights", "1,0.5"])  # fmt: skip
+    values = _overrides(args)
+    assert values["reward"] == ["answer", "my.py:f"] and values["reward_weights"] == "1,0.5"
