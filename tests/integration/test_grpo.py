@@ -353,3 +353,47 @@ def test_reward_is_repeatable_on_the_command_line():
                                       "--reward-weights", "1,0.5"])  # fmt: skip
     values = _overrides(args)
     assert values["reward"] == ["answer", "my.py:f"] and values["reward_weights"] == "1,0.5"
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo", "bnpo", "dr_grpo"])
+def test_the_loss_equals_trls_own_on_the_same_model_and_completions(model_dir, tmp_path,
+                                                                     loss_type):  # fmt: skip
+    """TRL's GRPOTrainer._compute_loss and ours on the same weights, prompts (of one length:
+    TRL gives left padding no positions of its own), completions, advantages and reference
+    log-probs."""
+    pytest.importorskip("trl")
+    import datasets
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok.pad_token = tok.pad_token or tok.eos_token
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[],
+                      per_device_train_batch_size=4, num_generations=4, beta=0.04,
+                      loss_type=loss_type, max_completion_length=5,
+                      gradient_checkpointing=False)  # fmt: skip
+    trl = GRPOTrainer(model=hf, reward_funcs=lambda completions, **k: [0.0] * len(completions),
+                      args=args, processing_class=tok,
+                      train_dataset=datasets.Dataset.from_list([{"prompt": "a"}] * 4))  # fmt: skip
+    trl.current_gradient_accumulation_steps = 1
+    torch.manual_seed(0)
+    prompts = torch.randint(3, 300, (4, 6))
+    completions = torch.randint(3, 300, (4, 5))
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0], [1, 1, 1, 1, 0]])
+    adv = torch.tensor([1.0, -0.5, 0.25, -0.75])
+    ref = torch.randn(4, 5) - 3.0
+    inputs = {"prompt_ids": prompts, "prompt_mask": torch.ones_like(prompts),
+              "completion_ids": completions, "completion_mask": mask, "advantages": adv,
+              "num_items_in_batch": mask.sum(), "ref_per_token_logps": ref}  # fmt: skip
+    trl.model.train()
+    want = float(trl._compute_loss(trl.model, inputs).detach())
+
+    pre = open_pretrained(str(model_dir))
+    cfg = apply_pretrained(grpo_config(model_dir, grpo_beta=0.04, loss_type=loss_type,
+                                       max_completion_tokens=5), pre)  # fmt: skip
+    ours = build_model(cfg, pre, torch.device("cpu"), "fp32", lambda m: None)
+    logits, _ = ours(torch.cat((prompts, completions), 1))
+    logps, _ = grpo.token_logps(logits[:, 5:-1], completions, 1.0)
+    loss, _, _ = grpo.policy_loss(logps, logps.detach(), ref, adv, mask, cfg, float(mask.sum()))
+    assert float(loss.detach()) == pytest.approx(want, rel=1e-5, abs=1e-6)
