@@ -29,7 +29,7 @@ from PySide6.QtWidgets import (
 )
 
 from core.config import recipe
-from core.config.fields import ADVANCED, BATCH, DATA, EXECUTION, INTERVALS, MODEL
+from core.config.fields import ADVANCED, BATCH, DATA, EXECUTION, GRPO, INTERVALS, MODEL
 from core.config.spec import (
     KINDS,
     LIMITS,
@@ -40,7 +40,7 @@ from core.config.spec import (
     parse_duration,
     validate,
 )
-from core.data import hub, preference, tables
+from core.data import hub, preference, prompts, tables
 from core.data.chatdata import is_chat
 from core.data.sources import find_sources
 from core.errors import ConfigError, UserError
@@ -49,9 +49,13 @@ from core.weights.loader import apply_pretrained
 
 INT_MAX = 2**31 - 1  # QSpinBox holds a C int
 
-PLACEHOLDERS = {"eval_data": "none; a file, a folder, or embedded (general text)"}
+PLACEHOLDERS = {
+    "eval_data": "none; a file, a folder, or embedded (general text)",
+    "reward": "answer, think_format, C:/path/rewards.py:my_reward",
+    "reward_weights": "1 each",
+}
 # Box order in the form; each field names its box (core.config.spec's Spec.group).
-GROUP_ORDER = (DATA, MODEL, BATCH, EXECUTION, INTERVALS)
+GROUP_ORDER = (DATA, GRPO, MODEL, BATCH, EXECUTION, INTERVALS)
 LABELS = {name: spec.label for name, spec in SPECS.items() if spec.label}
 ADVANCED_FIELDS = [name for name, spec in SPECS.items() if spec.group == ADVANCED and spec.label]
 LOG_STEP_FIELDS = ("lr", "muon_lr", "max_epochs")  # these step by a factor, not by a fixed amount
@@ -60,6 +64,31 @@ LOG_STEP_FIELDS = ("lr", "muon_lr", "max_epochs")  # these step by a factor, not
 # What a pretrained model decides: shown, not edited.
 PRETRAINED_FIXED = ("hidden_dim", "n_layers", "n_heads", "bias", "tokenizer", "arch", "qk_norm")
 AUTO = "auto"  # an optional number left unset: core picks it (core.config.recipe)
+
+
+_reward_checks: dict[tuple, str | None] = {}
+
+
+def check_reward_files(cfg: TrainConfig) -> None:
+    """Import each reward file and find its function (once per file version): a ConfigError
+    naming the reward, shown under the Rewards field."""
+    from core.config.spec import split_reward
+    from core.training import rewards
+
+    for spec in cfg.reward:
+        parts = split_reward(spec)
+        if parts is None:
+            continue
+        path = Path(parts[0]).expanduser()
+        key = (spec, path.stat().st_mtime if path.is_file() else None)
+        if key not in _reward_checks:
+            try:
+                rewards.load_function(spec)
+                _reward_checks[key] = None
+            except UserError as e:
+                _reward_checks[key] = str(e)
+        if _reward_checks[key]:
+            raise ConfigError(_reward_checks[key])
 
 
 def tooltip(name: str) -> str:
@@ -487,9 +516,13 @@ class ConfigForm(QWidget):
         self.data_preview.setStyleSheet("color: #555; font-family: monospace; font-size: 11px;")
         self.data_preview.setVisible(False)
         top_layout.addWidget(self.data_preview)
+        self.boxes: dict[str, QGroupBox] = {}
         for group in GROUP_ORDER:
             top_widget = top if group == DATA else None
-            layout.addWidget(self._group(group, group_fields(group), devices, top=top_widget))
+            box = self._group(group, group_fields(group), devices, top=top_widget)
+            self.boxes[group] = box
+            layout.addWidget(box)
+        self.boxes[GRPO].setVisible(False)  # method grpo only
         self.advanced_toggle = QToolButton()
         self.advanced_toggle.setText("Advanced settings")
         self.advanced_toggle.setCheckable(True)
@@ -645,6 +678,7 @@ class ConfigForm(QWidget):
                 values[name] = self._read_widget(w)
         seed = values["seed"]
         values["seed"] = int(seed) if seed.isdigit() else seed  # core names a bad seed
+        values["reward"] = [r.strip() for r in values["reward"].split(",") if r.strip()]
         values["data"] = self.data.value()
         values["extra_data"], values["data_weights"] = self.data.extra(), self.data.weights()
         return dataclasses.replace(self._base, **values)
@@ -654,7 +688,10 @@ class ConfigForm(QWidget):
         cfg = self.config()
         if self._pretrained is not None:  # a context past the model's is named
             cfg = apply_pretrained(cfg, self._pretrained, explicit={"seq_len"})
-        return validate(cfg)
+        cfg = validate(cfg)
+        if cfg.method == "grpo":  # a reward file imports and has its function, before Start
+            check_reward_files(cfg)
+        return cfg
 
     # -- checking ------------------------------------------------------------------------
 
@@ -687,13 +724,17 @@ class ConfigForm(QWidget):
         key = (
             cfg.data, tuple(cfg.data_extensions), cfg.corpus_max_bytes, cfg.data_format,
             cfg.seq_len, cfg.drop_long, cfg.train_on_prompts, pretrained and pretrained.name,
+            cfg.method,
             tuple(tables.columns_of(cfg).items()), tuple(cfg.extra_data), cfg.data_weights,
         )  # fmt: skip
         if key == self._data_info_key:
             return
         self._data_info_key = key
         tokenizer = pretrained.tokenizer if pretrained is not None else None
-        text = describe_data(cfg, tokenizer)
+        if cfg.method == "grpo" and cfg.data:
+            text = prompts.describe(cfg.data)
+        else:
+            text = describe_data(cfg, tokenizer)
         self.data_info.setText(text + ("; " + describe_mix(cfg) if cfg.extra_data else ""))
         preview = preview_data(cfg)
         self.data_preview.setText(preview)
@@ -714,8 +755,10 @@ class ConfigForm(QWidget):
             self._pairs_key = key
         pairs = self._pairs
         method = self.widgets["method"]
-        if method.currentText() != ("dpo" if pairs else "sft"):
+        grpo = method.currentText() == "grpo" and not pairs  # prompts: the user's choice
+        if not grpo and method.currentText() != ("dpo" if pairs else "sft"):
             method.setCurrentText("dpo" if pairs else "sft")
+        self.boxes[GRPO].setVisible(method.currentText() == "grpo")
 
     def check(self) -> str | None:
         """Validate with core and flag the named field; returns the message or None."""

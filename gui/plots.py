@@ -170,6 +170,29 @@ CURVES = [
         right_axis=True,
         antialias=True,
     ),  # fmt: skip
+    # GRPO (TRL's names): the mean reward of the step's completions, its spread, the held-out
+    # reward, and how many completions were cut at the length limit
+    CurveSpec("reward", "rewards", "reward", "#2ca02c", 1.5),
+    CurveSpec("reward_std", "rewards", "reward std", "#8c564b", 1.0),
+    CurveSpec(
+        "eval_reward", "rewards", "held-out reward", "#0b3d91", 2.0, symbol="o", antialias=True
+    ),  # fmt: skip
+    CurveSpec(
+        "frac_reward_zero_std",
+        "rewards",
+        "groups all alike (right axis)",
+        "#7f7f7f",
+        1.0,
+        right_axis=True,
+    ),  # fmt: skip
+    CurveSpec(
+        "completions/clipped_ratio",
+        "rewards",
+        "cut at the length (right axis)",
+        "#d62728",
+        1.0,
+        right_axis=True,
+    ),  # fmt: skip
 ]
 PLOTS = {
     "loss": ("Loss", "loss"),
@@ -178,10 +201,11 @@ PLOTS = {
     "lr": ("Learning rate", "lr"),
     "gpu": ("GPU (NVML)", "% / °C"),
     "preference": ("Preference (DPO)", "reward"),
+    "rewards": ("Rewards (GRPO)", "reward"),
 }
 SMOOTH_KEY = "loss_smooth"
 EVAL_KEYS = ("val_loss", "val_bpb", "eval_data_loss", "eval_rewards/margins",
-             "eval_rewards/accuracies")  # fmt: skip
+             "eval_rewards/accuracies", "eval_reward")  # fmt: skip
 
 
 class PlotPanel(QWidget):
@@ -223,6 +247,7 @@ class PlotPanel(QWidget):
             # bits per byte compare across tokenizers; nats per token do not
             "loss": self._add_right_axis(self.plots["loss"], "bits/byte", ""),
             "preference": self._add_right_axis(self.plots["preference"], "accuracy", ""),
+            "rewards": self._add_right_axis(self.plots["rewards"], "share", ""),
         }
         self.grid = QGridLayout()
         self.grid.setSpacing(4)
@@ -279,10 +304,13 @@ class PlotPanel(QWidget):
             self.grid.removeWidget(w)
         gpu_shown = self._has_gpu_data()
         preference_shown = self._has_preference_data()
-        self.grid.addWidget(self.plots["loss"], 0, 0, 1, 1 if preference_shown else 2)
+        rewards_shown = self._has_reward_data() and not preference_shown
+        beside = preference_shown or rewards_shown
+        self.grid.addWidget(self.plots["loss"], 0, 0, 1, 1 if beside else 2)
         self.plots["preference"].setVisible(preference_shown)
-        if preference_shown:
-            self.grid.addWidget(self.plots["preference"], 0, 1)
+        self.plots["rewards"].setVisible(rewards_shown)
+        if beside:
+            self.grid.addWidget(self.plots["preference" if preference_shown else "rewards"], 0, 1)
         self.grid.addWidget(self.plots["memory"], 1, 0)
         self.grid.addWidget(self.plots["throughput"], 1, 1)
         self.grid.addWidget(self.plots["lr"], 2, 0, 1, 1 if gpu_shown else 2)
@@ -294,6 +322,10 @@ class PlotPanel(QWidget):
         self.grid.setRowStretch(2, 2)
         self._gpu_placed = gpu_shown
         self._preference_placed = preference_shown
+        self._rewards_placed = rewards_shown
+
+    def _has_reward_data(self) -> bool:
+        return any(self.series[k].size for k in ("reward", "eval_reward"))
 
     def _has_preference_data(self) -> bool:
         return any(self.series[k].size for k in ("rewards/margins", "eval_rewards/margins"))
@@ -359,7 +391,7 @@ class PlotPanel(QWidget):
     def clear(self) -> None:
         for series in self.series.values():
             series.clear()
-        if self._preference_placed:  # the next run may not be a DPO run
+        if self._preference_placed or self._rewards_placed:  # the next may be another method
             self._place_plots()
 
     def set_device_total(self, total_mb: float) -> None:
@@ -433,8 +465,10 @@ class PlotPanel(QWidget):
             # of it axis text. Fitting them now makes it one (measured 41 -> 21 paints and
             # 136 -> 76 ms of GUI thread per second, 4 plots fed 200 steps/s).
             self.plots[name].scene().prepareForPaint()
-        if (self._has_gpu_data() and not self._gpu_placed) or (
-            self._has_preference_data() and not self._preference_placed
+        if (
+            (self._has_gpu_data() and not self._gpu_placed)
+            or (self._has_preference_data() and not self._preference_placed)
+            or (self._has_reward_data() and not self._rewards_placed)
         ):
             self._place_plots()
         total = sum(s.size for s in self.series.values())

@@ -24,6 +24,7 @@ from core.runs.folder import RunFolder, read_metrics
 from core.runs.progress import Progress, describe_run_data
 from core.training import spill
 from gui.compare_tab import CompareTab
+from gui.completions_view import CompletionsView
 from gui.evaluate_tab import EvaluateTab
 from gui.hardware_panel import HardwareInfo
 from gui.playground import Playground
@@ -99,6 +100,8 @@ class RunView(QWidget):
         self.tabs = QTabWidget()
         self.tabs.addTab(self.log_view, "Log")
         self.tabs.addTab(self.sample_view, "Latest sample")
+        self.completions = CompletionsView()  # GRPO: the latest completions and rewards
+        self.tabs.addTab(self.completions, "Completions")
         self.playground = Playground(runs_root, training_active=lambda: self.session.running)
         self.tabs.addTab(self.playground, "Playground")
         self.evaluate = EvaluateTab(runs_root)
@@ -197,6 +200,8 @@ class RunView(QWidget):
         for record in records:
             self.plots.add_train(record)  # drawn by the plot timer, not here
             self.run_progress.add_batch(record, now)
+        if records and "reward" in records[-1]:
+            self.completions.refresh(self.session.run_dir)
         if records:
             self._follow_max_steps(records[-1].get("max_steps"))
 

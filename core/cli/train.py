@@ -61,7 +61,7 @@ def add_field_flags(p: argparse.ArgumentParser) -> None:
         kind = KINDS[name] if KINDS[name] in (int, float) else str
         metavar = METAVARS.get(kind, name.split("_")[-1].upper())
         # --data again adds a source to the mix (not commas: Windows paths hold any of them)
-        action = "append" if name == "data" else "store"
+        action = "append" if name in ("data", "reward") else "store"
         p.add_argument(
             flag, type=kind, default=None, metavar=metavar, help=flag_help(name), action=action
         )

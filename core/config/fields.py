@@ -14,7 +14,9 @@ LORA_TARGET_HELP = (
 )
 TOKENIZERS = ("bytes", "bpe", "model")  # model: the pretrained model's own (init_from)
 DATA_FORMATS = ("auto", "text", "chat", "preference")  # chat: core.data.chatdata; preference: pairs
-METHODS = ("sft", "dpo")  # dpo: preference pairs (core.training.dpo)
+METHODS = ("sft", "dpo", "grpo")  # dpo: preference pairs; grpo: rewards (core.training.grpo)
+GRPO_LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo")  # TRL's names; dapo: TRL's default
+SCALE_REWARDS = ("group", "batch", "none")
 ARCHS = ("gpt2", "llama")
 BASE_BITS = ("auto", "4", "8", "16", "32")  # as strings: as written on the command line
 OPTIMIZERS = ("auto", "adamw", "adamw8bit", "muon")  # auto: muon new, adamw fine-tune
@@ -50,6 +52,7 @@ def spec(default, help: str, **kw):
 MODEL, BATCH, EXECUTION, INTERVALS, DATA, ADVANCED = (
     "Model", "Batch and schedule", "Execution", "Intervals (steps)", "Data", "Advanced",
 )  # fmt: skip
+GRPO = "GRPO: rewards and sampling"  # the form shows this box for method grpo only
 
 
 @dataclass
@@ -419,7 +422,8 @@ class DataFields:
         "sft",
         "sft: learn the data's text or answers; dpo: preference tuning (Direct Preference "
         "Optimization) on pairs of a chosen and a rejected answer, from a pretrained model or "
-        "a finished run (init_from)",
+        "a finished run (init_from); grpo: reinforcement learning with rewards on sampled "
+        "completions of prompts (GRPO, docs/grpo.md)",
         label="Method",
         group=DATA,
         choices=METHODS,
@@ -432,6 +436,111 @@ class DataFields:
         group=DATA,
         low=1e-4,
         high=100.0,
+    )
+    reward: list[str] = spec(
+        [],
+        "grpo: a reward function, repeatable: a built-in (answer, regex, think_format, "
+        "length) or path.py:function (your own code, called as TRL calls it); the form: "
+        "comma-separated",
+        label="Rewards",
+        group=GRPO,
+        widget="text",
+    )
+    reward_weights: str | None = spec(
+        None,
+        "grpo: one weight per reward, comma-separated (default: 1 each)",
+        label="Reward weights",
+        group=GRPO,
+        optional=True,
+        widget="text",
+    )
+    reward_regex: str | None = spec(
+        None,
+        "grpo: the pattern the regex reward looks for in a completion (Python re, DOTALL)",
+        label="Reward regex",
+        group=GRPO,
+        optional=True,
+        widget="text",
+    )
+    reward_length_target: int | None = spec(
+        None,
+        "grpo: the length reward's target in tokens (default: half of max_completion_tokens)",
+        low=1,
+        high=1_000_000,
+        optional=True,
+    )
+    num_generations: int = spec(
+        8,
+        "grpo: completions sampled per prompt (G); batch_size counts prompts",
+        label="Completions per prompt",
+        group=GRPO,
+        low=2,
+        high=1024,
+        stream=True,
+    )
+    max_completion_tokens: int = spec(
+        256,
+        "grpo: the longest completion sampled, in tokens (it stops earlier at the end of turn)",
+        label="Completion length",
+        group=GRPO,
+        low=1,
+        high=1_000_000,
+        stream=True,
+    )
+    temperature: float = spec(
+        1.0,
+        "grpo: the sampling temperature of completions",
+        label="Temperature",
+        group=GRPO,
+        low=0.01,
+        high=10.0,
+        stream=True,
+    )
+    top_p: float = spec(
+        1.0,
+        "grpo: nucleus sampling of completions (1: off)",
+        label="Top-p",
+        group=GRPO,
+        low=0.01,
+        high=1.0,
+        stream=True,
+    )
+    grpo_beta: float = spec(
+        0.0,
+        "grpo: the KL penalty to the reference model (0, as TRL: no reference pass)",
+        label="GRPO beta (KL)",
+        group=GRPO,
+        low=0.0,
+        high=100.0,
+    )
+    epsilon: float = spec(
+        0.2,
+        "grpo: the clipping range of the policy ratio",
+        label="Clip epsilon",
+        group=GRPO,
+        low=0.0,
+        high=10.0,
+    )
+    loss_type: str = spec(
+        "dapo",
+        "grpo: how the token losses are normalized (TRL's loss_type; dapo is TRL's default)",
+        label="GRPO loss type",
+        group=GRPO,
+        choices=GRPO_LOSS_TYPES,
+    )
+    scale_rewards: str = spec(
+        "group",
+        "grpo: divide advantages by the group's reward std, the batch's, or not at all "
+        "(none: Dr. GRPO)",
+        label="Scale rewards",
+        group=GRPO,
+        choices=SCALE_REWARDS,
+    )
+    mask_truncated_completions: bool = spec(
+        False,
+        "grpo: leave completions cut at max_completion_tokens out of the loss",
+        label="Mask truncated completions",
+        group=GRPO,
     )
     dpo_label_smoothing: float = spec(
         0.0,

@@ -21,6 +21,9 @@ from core.config.fields import (
 )
 from core.errors import ConfigError
 
+# grpo's built-in rewards (core.training.rewards)
+BUILTIN_REWARDS = ("answer", "regex", "think_format", "length")
+
 CONFIG_VERSION = (
     3  # bump with a MIGRATIONS entry whenever a field is renamed or its meaning changes
 )
@@ -47,9 +50,10 @@ class TrainConfig(IntervalFields, DataFields, ExecutionFields, ScheduleFields, M
 
     @property
     def tokens_per_step(self) -> int:
-        """Tokens through the model a step; a DPO pair is two sequences (chosen, rejected)."""
-        pairs = 2 if self.method == "dpo" else 1
-        return self.batch_size * self.grad_accum * self.seq_len * pairs
+        """Tokens through the model a step; a DPO pair is two sequences (chosen, rejected),
+        a GRPO prompt num_generations (its completions)."""
+        rows = {"dpo": 2, "grpo": self.num_generations}.get(self.method, 1)
+        return self.batch_size * self.grad_accum * self.seq_len * rows
 
 
 def from_known(cls, d: dict):
@@ -179,6 +183,17 @@ def _check_base_bits(values: dict) -> None:
 
 
 def _check_method(values: dict) -> None:
+    rewards = values["reward"]
+    rewards = [] if rewards is None else [rewards] if isinstance(rewards, str) else rewards
+    if not isinstance(rewards, list) or not all(isinstance(r, str) and r.strip() for r in rewards):
+        raise ConfigError(f"reward: expected reward names or path.py:function, got {rewards!r}")
+    values["reward"] = [r.strip() for r in rewards]
+    for name in ("reward_weights", "reward_regex"):  # the form's empty fields: not set
+        if values[name] is not None and not str(values[name]).strip():
+            values[name] = None
+    if values["method"] == "grpo":
+        _check_grpo(values)
+        return
     if values["method"] != "dpo":
         return
     if values["init_from"] is None:
@@ -190,6 +205,77 @@ def _check_method(values: dict) -> None:
         raise ConfigError(
             f"method: dpo learns from preference pairs, not data_format {values['data_format']}; "
             "use data_format preference or auto"
+        )
+
+
+def split_reward(spec: str) -> tuple[str, str] | None:
+    """(file, function) of a reward written path.py:function; None for a built-in's name."""
+    path, sep, function = spec.rpartition(":")
+    if not sep or not path.lower().endswith(".py"):
+        return None
+    return path, function
+
+
+def reward_weights(values) -> list[float]:
+    """One weight per reward: the config's comma-separated list, or 1 each."""
+    rewards, text = values["reward"], values["reward_weights"]
+    if not text:
+        return [1.0] * len(rewards)
+    try:
+        weights = [float(w) for w in str(text).split(",")]
+    except ValueError:
+        raise ConfigError(
+            f"reward_weights: expected numbers separated by commas, got {text!r}"
+        ) from None
+    if len(weights) != len(rewards) or not all(math.isfinite(w) for w in weights):
+        raise ConfigError(
+            f"reward_weights: {len(weights)} weights for {len(rewards)} rewards; give one finite "
+            "number per --reward, in the same order"
+        )
+    return weights
+
+
+def _check_grpo(values: dict) -> None:
+    """The rewards' names and settings; the files themselves are read at the run's start
+    (core.training.rewards), before the model loads."""
+    import re
+
+    if values["init_from"] is None:
+        raise ConfigError(
+            "method: grpo tunes a model that can already write; give init_from (a pretrained "
+            "model or a finished run)"
+        )
+    rewards = values["reward"]
+    if not rewards:
+        raise ConfigError(
+            f"reward: method grpo needs at least one reward: a built-in "
+            f"({', '.join(BUILTIN_REWARDS)}) or path.py:function"
+        )
+    for name in rewards:
+        if split_reward(name) is None and name not in BUILTIN_REWARDS:
+            raise ConfigError(
+                f"reward: unknown reward {name!r}; expected a built-in "
+                f"({', '.join(BUILTIN_REWARDS)}) or path.py:function (a Python file)"
+            )
+        if split_reward(name) is not None and not split_reward(name)[1].isidentifier():
+            raise ConfigError(f"reward: {name!r} names no function after the colon (file.py:name)")
+    if len(set(rewards)) != len(rewards):
+        raise ConfigError("reward: each reward once (give weights with --reward-weights)")
+    weights = reward_weights(values)
+    if values["reward_weights"]:
+        values["reward_weights"] = ",".join(f"{w:g}" for w in weights)
+    if "regex" in rewards:
+        if not values["reward_regex"]:
+            raise ConfigError("reward: regex needs its pattern: --reward-regex PATTERN")
+        try:
+            re.compile(values["reward_regex"])
+        except re.error as e:
+            pattern = values["reward_regex"]
+            raise ConfigError(f"reward_regex: {pattern!r} is not a pattern ({e})") from None
+    if values["max_completion_tokens"] >= values["seq_len"]:
+        raise ConfigError(
+            f"max_completion_tokens: {values['max_completion_tokens']} leaves no room for the "
+            f"prompt in seq_len {values['seq_len']}; lower it or raise seq_len"
         )
 
 

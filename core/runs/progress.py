@@ -21,6 +21,11 @@ def describe_run_data(info: dict) -> str:
         return info.get("data_source", "")
     steps = info["max_steps"] - info["start_step"]
     passes = info["max_steps"] * info["tokens_per_step"] / max(1, data["train_tokens"])
+    if data.get("data_format") == "prompts":  # GRPO (core.data.prompts)
+        return (
+            f"{data['source']}, {data['examples']['train']:,} prompts "
+            f"({data['examples']['val']:,} held out), {passes:.2f} passes ({steps:,} steps to go)"
+        )
     used = f"{data['source_bytes'] / 1e6:,.1f} MB"
     if data["source_bytes"] < data["total_bytes"]:
         used = f"using {data['source_bytes'] / 1e6:,.1f} of {data['total_bytes'] / 1e6:,.1f} MB"

@@ -21,8 +21,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from core.config.spec import TrainConfig
 from core.data.prepare import PrepareCancelled
 from core.models import lora
+from core.training.state import RunState
 from core.training.steps import autocast, to_device
 
 SIGNALS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies")
@@ -82,93 +84,117 @@ def reference_logps(model, x, y, mask, precision: str):
     return _split(logps.float())
 
 
-def _pair_losses(t, model, starts: torch.Tensor, val: bool = False):
+def _pair_losses(run: RunState, cfg: TrainConfig, reference, model, starts, val: bool = False):
     """(per-pair losses, chosen rewards, rejected rewards) of the pairs at starts, through
-    model (trainer t's model as it trains, or as it evaluates)."""
-    x, y, mask, pair_ids = t.data.pair_batch(starts, val)
-    x, y, mask = (to_device(v, t.device) for v in (x, y, mask))
-    ref_c, ref_r = t.reference(x, y, mask, pair_ids, t.precision)
-    with autocast(t.device, t.precision):
+    model (the model as it trains, or as it evaluates)."""
+    x, y, mask, pair_ids = run.data.pair_batch(starts, val)
+    x, y, mask = (to_device(v, run.device) for v in (x, y, mask))
+    ref_c, ref_r = reference(x, y, mask, pair_ids, run.precision)
+    with autocast(run.device, run.precision):
         _, logps = model(x, y, mask, per_sequence=True)
     chosen, rejected = _split(logps.float())
-    return dpo_loss(chosen, rejected, ref_c, ref_r, t.cfg.dpo_beta, t.cfg.dpo_label_smoothing)
+    return dpo_loss(chosen, rejected, ref_c, ref_r, cfg.dpo_beta, cfg.dpo_label_smoothing)
 
 
-def micro_loss(t, starts: torch.Tensor):
-    """The DPO loss of one micro-batch of pairs (trainer t) and its signal sums."""
-    losses, rc, rr = _pair_losses(t, t.train_model, starts)
-    return losses.mean(), signal_sums(rc, rr)
+class DPO:
+    """The objective (core.training.objectives): pairs in, the DPO loss and TRL's signals out."""
 
+    name = "dpo"
 
-@torch.no_grad()
-def evaluate(t, n_pairs: int) -> tuple[float, dict]:
-    """The mean DPO loss over (up to n_pairs) held-out pairs, and TRL's eval_ signals."""
-    model = t.model
-    model.eval()
-    total, sums, count = 0.0, torch.zeros(4), 0
-    try:
-        for chunk in t.data.val_pair_starts(n_pairs).split(t.cfg.batch_size):
-            losses, rc, rr = _pair_losses(t, model, chunk, val=True)
-            total += float(losses.sum())
-            sums += signal_sums(rc, rr).cpu()
-            count += len(chunk)
-    finally:
-        model.train()
-    return total / count, signals(sums, count, "eval_")
+    def __init__(self):
+        self.reference: Reference | None = None
+
+    def prepare(self, run: RunState, cfg: TrainConfig, log, events, stop) -> None:
+        """The starting model's view, before a checkpoint replaces it."""
+        self.reference = make_reference(run, cfg, log, events, stop)
+
+    def micro_batches(self, run: RunState, cfg: TrainConfig, starts, step: int):
+        return starts.split(cfg.batch_size)
+
+    def micro_loss(self, run: RunState, cfg: TrainConfig, starts):
+        """The DPO loss of one micro-batch of pairs and its signal sums."""
+        losses, rc, rr = _pair_losses(run, cfg, self.reference, run.train_model, starts)
+        return losses.mean(), signal_sums(rc, rr)
+
+    def records(self, sums: list, cfg: TrainConfig, world) -> list[dict]:
+        """The signals of each pending step, read in the same sync as the losses."""
+        pairs = cfg.batch_size * cfg.grad_accum * world.size
+        stacked = world.mean(torch.stack(sums)) * world.size
+        return [signals(s, pairs) for s in stacked.cpu()]
+
+    @torch.no_grad()
+    def evaluate(self, run: RunState, cfg: TrainConfig) -> tuple[float, dict, str]:
+        """The mean DPO loss over held-out pairs, and TRL's eval_ signals."""
+        n_pairs = cfg.eval_batches * cfg.batch_size * cfg.grad_accum
+        model = run.model
+        model.eval()
+        total, sums, count = 0.0, torch.zeros(4), 0
+        try:
+            for chunk in run.data.val_pair_starts(n_pairs).split(cfg.batch_size):
+                losses, rc, rr = _pair_losses(run, cfg, self.reference, model, chunk, val=True)
+                total += float(losses.sum())
+                sums += signal_sums(rc, rr).cpu()
+                count += len(chunk)
+        finally:
+            model.train()
+        val, extra = total / count, signals(sums, count, "eval_")
+        line = (f"val_loss {val:.4f}, margin {extra['eval_rewards/margins']:.4f}, "
+                f"accuracy {extra['eval_rewards/accuracies']:.3f}")  # fmt: skip
+        return val, {"val_loss": val, **extra}, line
 
 
 # -- the cached reference of a full fine-tune ---------------------------------------------------
 
 
-def _cache_file(t) -> Path:
+def _cache_file(run: RunState, cfg: TrainConfig) -> Path:
     """Keyed by the data (its cache entry), the starting model's weights and the settings
     that change the numbers."""
     key = {
-        "model": (t.base or {}).get("fingerprint"),
-        "data": t.data.manifest["fingerprint"],
-        "seq_len": t.cfg.seq_len,
-        "precision": t.precision,
-        "device": t.device.type,
+        "model": (run.base or {}).get("fingerprint"),
+        "data": run.data.manifest["fingerprint"],
+        "seq_len": cfg.seq_len,
+        "precision": run.precision,
+        "device": run.device.type,
     }
     digest = hashlib.blake2b(json.dumps(key, sort_keys=True).encode(), digest_size=10)
-    return t.data.folder / f"reference-{digest.hexdigest()}.npy"
+    return run.data.folder / f"reference-{digest.hexdigest()}.npy"
 
 
-def _compute_all(t) -> np.ndarray:
+def _compute_all(run: RunState, batch_size: int, events, stop) -> np.ndarray:
     """Reference log-probs of every pair (training then held-out), one pass, in batches."""
-    data, row = t.data, t.data.row
+    data, row = run.data, run.data.row
     n_train = len(data.train) // (2 * row)
     n_val = len(data.val) // (2 * row)
     out = np.zeros((n_train + n_val, 2), dtype=np.float32)
     done = 0
     for val, n in ((False, n_train), (True, n_val)):
         starts = torch.arange(n) * 2 * row
-        for chunk in starts.split(t.cfg.batch_size):
-            if t.control.stop_set():
+        for chunk in starts.split(batch_size):
+            if stop():
                 raise PrepareCancelled("dpo: stopped while computing the reference; nothing saved")
             x, y, mask, pair_ids = data.pair_batch(chunk, val=val)
-            x, y, mask = (to_device(v, t.device) for v in (x, y, mask))
-            ref_c, ref_r = reference_logps(t.model, x, y, mask, t.precision)
+            x, y, mask = (to_device(v, run.device) for v in (x, y, mask))
+            ref_c, ref_r = reference_logps(run.model, x, y, mask, run.precision)
             out[pair_ids.numpy(), 0] = ref_c.cpu().numpy()
             out[pair_ids.numpy(), 1] = ref_r.cpu().numpy()
             done += len(chunk)
-            t.events.on_prepare("reference log-probs", done, n_train + n_val)
+            events.on_prepare("reference log-probs", done, n_train + n_val)
     return out
 
 
-def make_reference(t) -> Reference:
+def make_reference(run: RunState, cfg: TrainConfig, log, events, stop) -> Reference:
     """Before the first step (and before a resumed run's weights are loaded, so the model
     is still the starting one): adapters-off under LoRA, else the cached log-probs,
     computed now if no cache holds them."""
-    if t.cfg.lora_rank:
-        return Reference(t.model, None)
-    path = _cache_file(t)
+    if cfg.lora_rank:
+        return Reference(run.model, None)
+    path = _cache_file(run, cfg)
     if path.is_file():
-        t.log(f"dpo: reference log-probs reused from {path}")
-        return Reference(t.model, np.load(path))
-    values = _compute_all(t)
+        log(f"dpo: reference log-probs reused from {path}")
+        return Reference(run.model, np.load(path))
+    values = _compute_all(run, cfg.batch_size, events, stop)
     tmp = path.with_suffix(f".tmp-{os.getpid()}.npy")
     np.save(tmp, values)
     os.replace(tmp, path)
-    t.log(f"dpo: reference log-probs of {len(values):,} pairs computed and cached in {path}")
-    return Reference(t.model, values)
+    log(f"dpo: reference log-probs of {len(values):,} pairs computed and cached in {path}")
+    return Reference(run.model, values)

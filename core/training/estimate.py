@@ -21,6 +21,7 @@ from core.models.params import (
     shape_params,
 )
 from core.platform.device import pick_precision
+from core.training import objectives
 
 GB = 1024**3
 MB = 1024**2
@@ -108,12 +109,14 @@ class Estimate:
     # Training on the CPU: a checkpoint's copy of the state (core.runs.checkpoint.snapshot),
     # in the same memory, after the step's activations are gone.
     snapshot: int = 0
+    # GRPO: sampling's KV cache of the G x B completions (held before the step's backward)
+    generation: int = 0
 
     @property
     def allocator_peak(self) -> int:
         """What torch.cuda.max_memory_allocated should report (the CPU: peak RSS over the
         process's start)."""
-        step = max(self.activations + self.logits, self.snapshot)
+        step = max(self.activations + self.logits, self.snapshot, self.generation)
         return self.weights + self.gradients + self.optimizer + self.weight_casts + step
 
     @property
@@ -131,6 +134,7 @@ class Estimate:
             ("activations", self.activations),
             ("logits and loss", self.logits),
             ("checkpoint copy (CPU)", max(0, self.snapshot - self.activations - self.logits)),
+            *([("sampling (KV cache, G x B)", self.generation)] if self.generation else []),
             ("allocator fragmentation", self.fragmentation),
             ("CUDA context", self.cuda_context),
         ]
@@ -178,7 +182,7 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
     n = shape_params(c)
     # DPO: a pair's chosen and rejected answers go through the model in one batch; the
     # reference is the adapters-off model under no_grad (nothing kept) or cached log-probs.
-    rows = cfg.batch_size * (2 if cfg.method == "dpo" else 1)
+    rows = cfg.batch_size * objectives.rows_per_example(cfg)
     tokens = rows * cfg.seq_len
     d = c.hidden_dim
     fused = bool(cfg.init_from)  # a fine-tune's model (GPTConfig.from_train with a base)
@@ -220,6 +224,9 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
     optimizer = OPTIMIZER_BYTES.get(recipe.optimizer(cfg), 8) * trained
     if recipe.optimizer(cfg) == "muon":
         optimizer -= 4 * hidden_matrix_params(c)
+    generation, grpo_logits, reference = objectives.extra_memory(cfg, c, e, weights)
+    logits = max(logits, grpo_logits)
+    weights += reference
     live = weights + 4 * trained + optimizer + weight_casts + int(activations) + logits
     return Estimate(
         n_params=n,
@@ -235,6 +242,7 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
         flops_per_token=flops_per_token(cfg, c),
         trained=trained,
         snapshot=0 if on_gpu else 4 * (trained if cfg.lora_rank else n) + optimizer,
+        generation=generation,
     )
 
 

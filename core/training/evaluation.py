@@ -74,8 +74,9 @@ def windows_loss(model, train_model, windows, batch: int, device, precision) -> 
     return total / len(windows.x)
 
 
-def second_scores(t) -> dict:
-    """eval_data_loss and eval_data_bpb of trainer t's second validation set."""
-    w = t.second_val
-    loss = windows_loss(t.model, t.train_model, w, t.cfg.batch_size, t.device, t.precision)
+def second_scores(run, batch: int) -> dict:
+    """eval_data_loss and eval_data_bpb of the run's (core.training.state.RunState) second
+    validation set."""
+    w = run.second_val
+    loss = windows_loss(run.model, run.train_model, w, batch, run.device, run.precision)
     return {"eval_data_loss": loss, "eval_data_bpb": loss / math.log(2) / w.bytes_per_token}

@@ -15,6 +15,7 @@ from core.config.spec import TrainConfig
 from core.data import mix
 from core.data.mix import MixedData
 from core.data.prepare import examples_line, prepare
+from core.data.prompts import PromptData
 from core.data.sources import data_changes
 from core.data.tokenizer import Tokenizer
 from core.data.windows import TokenData
@@ -29,7 +30,9 @@ def prepare_data(cfg: TrainConfig, pretrained: Pretrained | None, saved: dict | 
                  log) -> TokenData | MixedData:  # fmt: skip
     """Prepare (or reuse) the cached token file of each data source (several: a MixedData);
     saved is a resumed checkpoint's data_info, whose data must be the same unless
-    allow_change."""
+    allow_change. GRPO's prompts: a PromptData."""
+    if cfg.method == "grpo":
+        return prepare_prompts(cfg, pretrained, saved, allow_change, log)
     sources = mix.sources_of(cfg)
     specs = [mix.source_spec(cfg, src, events.on_prepare) for src in sources]
     if saved:
@@ -60,6 +63,31 @@ def prepare_data(cfg: TrainConfig, pretrained: Pretrained | None, saved: dict | 
         log_data_notes(part, log)
     if len(parts) > 1:
         log(data.shares_line())
+    return data
+
+
+def prepare_prompts(cfg: TrainConfig, pretrained: Pretrained | None, saved: dict | None,
+                    allow_change: bool, log) -> PromptData:  # fmt: skip
+    """GRPO's prompt file, read and tokenized (it is small: no cache), checked against a
+    resumed checkpoint's."""
+    if saved:
+        tokenizer = Tokenizer.from_json(saved["tokenizer_json"], saved.get("tokenizer_meta"))
+    else:
+        tokenizer = pretrained.tokenizer
+    room = cfg.seq_len - cfg.max_completion_tokens
+    data = PromptData(cfg.data, tokenizer, room, cfg.seed, cfg.val_fraction,
+                      cfg.num_generations, cfg.seq_len)  # fmt: skip
+    if saved and data.manifest["fingerprint"] != saved["fingerprint"]:
+        if not allow_change:
+            raise CheckpointError(
+                f"resume: the prompts changed since the checkpoint ({data.source}); restore "
+                "them, or pass --allow-data-change to go on with the new prompts"
+            )
+        log(f"resume: prompts changed ({data.source}); going on as allowed")
+    columns = f"; columns for the rewards: {', '.join(data.columns)}" if data.columns else ""
+    kind = "conversational" if data.conversational else "text"
+    log(f"prompts: {data.n_train:,} to train on, {len(data.val_index):,} held out ({kind})"
+        + columns)  # fmt: skip
     return data
 
 

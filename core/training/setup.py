@@ -1,4 +1,5 @@
-"""Everything a run does before its first step, and at its end; functions of the Trainer t.
+"""Everything a run does before its first step, and at its end. setup builds the run's
+state (core.training.state.RunState) for the Trainer t; t keeps the run's progress.
 Before, in the order that keeps bad input from touching the disk: checkpoint checks (resume),
 device, data, then the run folder, the model, optimizer and scaler, and the exact state of a
 resumed run."""
@@ -14,16 +15,22 @@ from core.platform.atomic import is_disk_full
 from core.platform.compiling import compile_or_eager
 from core.platform.device import resolve_device, resolve_precision
 from core.runs import checkpoint as ckpt
-from core.training import dpo, inputs, optim, resume
+from core.training import inputs, objectives, optim, resume
 from core.training.schedule import max_steps_for, plan_for
+from core.training.state import RunState
 from core.training.time_budget import untimed_plan
 from core.weights.loader import load_weights
 
 
-def setup(t) -> None:
+def setup(t) -> RunState:
     """Everything before the first step, in the order that keeps a bad input from touching
-    the disk: checkpoint checks, device, data, then the run folder and the model."""
+    the disk: checkpoint checks, device, data, then the run folder and the model. Returns
+    the run's state (and sets the trainer's progress: step, plan, best value, clock)."""
     cfg = t.cfg
+    objective = objectives.make(cfg)
+    check = getattr(objective, "check", None)  # GRPO: its reward functions, before any work
+    if check is not None:
+        check(cfg)
     if t.resume_from and t.world.main:  # before reading: another may be writing
         t.lock.acquire()
     state = None
@@ -31,19 +38,22 @@ def setup(t) -> None:
         state = resume.load_resume_state(t.resume_from, cfg, t.pretrained, t.log)
     if cfg.eval_data:  # a wrong path is named before any data is prepared
         text_sources(cfg.eval_data)
-    t.device = resolve_device(t.world.device_name(cfg.device))
-    t.owns_group = t.world.init(t.device)
-    t.precision = resolve_precision(cfg.precision, t.device)
-    t.data = inputs.prepare_data(
+    device = resolve_device(t.world.device_name(cfg.device))
+    t.owns_group = t.world.init(device)
+    precision = resolve_precision(cfg.precision, device)
+    data = inputs.prepare_data(
         cfg, t.pretrained, (state or {}).get("data_info"), cache=t.data_cache,
         allow_change=t.allow_data_change, events=t.events,
         stop=t.control.stop_set, log=t.log_early,
     )  # fmt: skip
-    t.second_val = None
+    check_data = getattr(objective, "check_data", None)  # GRPO: the columns its rewards read
+    if check_data is not None:
+        check_data(data)
+    second_val = None
     if cfg.eval_data:  # the same windows every evaluation: a curve that shows forgetting
         count = cfg.eval_batches * cfg.batch_size * cfg.grad_accum
-        t.second_val = text_windows(cfg.eval_data, t.data.tokenizer, cfg.seq_len, count)
-        t.log_early(f"second validation set: {t.second_val.source}, {len(t.second_val.x)} windows")
+        second_val = text_windows(cfg.eval_data, data.tokenizer, cfg.seq_len, count)
+        t.log_early(f"second validation set: {second_val.source}, {len(second_val.x)} windows")
     elif t.pretrained is not None:
         t.log_early("tip: --eval-data embedded scores general text at every evaluation too, "
                     "so the plot shows what the fine-tune forgets")  # fmt: skip
@@ -51,51 +61,55 @@ def setup(t) -> None:
     t.folder.create(resuming=state is not None)
     if t.world.main and not t.lock.held:
         t.lock.acquire()
-    t.folder.write_data_info(t.data.summary(), t.data.tokenizer)
+    t.folder.write_data_info(data.summary(), data.tokenizer)
     for message in t.early_logs:
         t.folder.log(message)
-    inputs.set_switches(cfg, t.device)
+    inputs.set_switches(cfg, device)
     t.plan = untimed_plan() if t.budget else plan_for(
-        cfg, max_steps_for(cfg, t.data.train_tokens)
+        cfg, max_steps_for(cfg, data.train_tokens)
     )  # fmt: skip
-    build(t, state)
+    run = build(t, state, device, precision, data, objective)
+    run.second_val = second_val
     t.folder.write_status("running", t.step, t.max_steps)
+    return run
 
 
-def build(t, state: dict | None) -> None:
+def build(t, state: dict | None, device, precision: str, data, objective) -> RunState:
     """The model, optimizer and scaler; restored from the checkpoint when resuming."""
-    if t.pretrained is not None:
-        t.base = t.pretrained.base_record()
+    base = t.pretrained.base_record() if t.pretrained is not None else None
     # A fine-tune saved before the fused operations (no "fused" in its shape) keeps the plain
     # ones: its resume stays bit for bit.
     fused = state is None or bool((state.get("model_config") or {}).get("fused"))
-    model = inputs.build_model(t.cfg, t.pretrained, t.device, t.precision, t.log,
-                               fused)  # fmt: skip
-    t.model = model.to(t.device)
-    t.optimizer = optim.make(t.model, t.cfg)
-    t.scaler = torch.amp.GradScaler("cuda", enabled=t.precision == "fp16")
-    t.train_model = compile_or_eager(t.model, t.device, t.log) if t.cfg.compile else t.model
+    model = inputs.build_model(t.cfg, t.pretrained, device, precision, t.log, fused)
+    model = model.to(device)
+    optimizer = optim.make(model, t.cfg)
+    scaler = torch.amp.GradScaler("cuda", enabled=precision == "fp16")
+    train_model = compile_or_eager(model, device, t.log) if t.cfg.compile else model
     if t.world.enabled:
-        ids = [t.device.index] if t.device.type == "cuda" else None
-        t.train_model = DistributedDataParallel(t.train_model, device_ids=ids)
-    if t.cfg.method == "dpo":  # the starting model's view, before a checkpoint replaces it
-        t.reference = dpo.make_reference(t)
+        ids = [device.index] if device.type == "cuda" else None
+        train_model = DistributedDataParallel(train_model, device_ids=ids)
+    run = RunState(device=device, precision=precision, data=data, model=model,
+                   train_model=train_model, optimizer=optimizer, scaler=scaler,
+                   objective=objective, world=t.world, folder=t.folder, base=base)  # fmt: skip
+    # The starting model's view (DPO's reference), before a checkpoint replaces it.
+    objective.prepare(run, t.cfg, t.log, t.events, t.control.stop_set)
     if state is not None:
-        restore(t, state)
+        restore(t, run, state)
     else:
         t.folder.write_config(t.cfg)
+    return run
 
 
-def restore(t, state: dict) -> None:
+def restore(t, run: RunState, state: dict) -> None:
     """Weights, optimizer, scaler, data position, RNG, step, plan and clock from state."""
     try:
-        load_weights(t.model, state)
-        t.optimizer.load_state_dict(state["optimizer"])
+        load_weights(run.model, state)
+        run.optimizer.load_state_dict(state["optimizer"])
     except (RuntimeError, ValueError, KeyError) as e:
         raise CheckpointError(f"resume: {t.resume_from} does not fit this model ({e})") from None
     if state.get("scaler"):
-        t.scaler.load_state_dict(state["scaler"])
-    t.data.load_state_dict(state["data"])
+        run.scaler.load_state_dict(state["scaler"])
+    run.data.load_state_dict(state["data"])
     ckpt.set_rng_state(state["rng"])
     t.step = int(state["step"])
     t.plan = resume.resumed_plan(state, t.cfg, t.step, t.plan,

@@ -16,10 +16,9 @@ import torch
 from core.config import recipe
 from core.config.spec import TrainConfig, parse_duration, validate
 from core.data.prepare import PrepareCancelled
-from core.data.windows import TokenData
 from core.errors import DiskFullError, TrainingError, UserError
 from core.models import lora
-from core.models.model import GPT, GPTConfig
+from core.models.model import GPTConfig
 from core.platform.atomic import is_disk_full
 from core.platform.device import is_oom
 from core.platform.distributed import World
@@ -28,12 +27,13 @@ from core.runs import checkpoint as ckpt
 from core.runs.events import TrainControl, TrainEvents
 from core.runs.folder import RunFolder, SilentFolder
 from core.runs.lock import RunLock
-from core.training import dpo, evaluation, metrics, optim, resume, setup
+from core.training import evaluation, metrics, resume, setup
 from core.training.checkpointing import Checkpointer, checkpoint_state
 from core.training.clock import Clock
 from core.training.schedule import Plan, finish_plan, lr_factor
 from core.training.spill import SpillWatch
-from core.training.steps import OOM_ADVICE, autocast, grad_sync, smaller_micro_batch, to_device
+from core.training.state import RunState
+from core.training.steps import OOM_ADVICE, grad_sync, smaller_micro_batch
 from core.training.time_budget import (
     FINISH_FILE,
     FinishWatch,
@@ -71,23 +71,32 @@ class Trainer:
         budget = parse_duration(self.cfg.max_time) if self.cfg.max_time else None
         self.budget = TimeBudget(budget, 0) if budget else None
         self.step, self.best_val, self.last_loss = 0, float("inf"), None
-        self.base: dict | None = None  # the pretrained base a checkpoint names
-        self.second_val = None  # --eval-data's windows (core.data.windows.TextWindows)
-        # (step, loss, lr, DPO signal sums or None), not yet read from the device
+        # (step, loss, lr, the objective's signal sums or None), not yet read from the device
         self._pending: list[tuple[int, torch.Tensor, float, torch.Tensor | None]] = []
-        self.reference = None  # DPO: the reference model's log-probs (core.training.dpo)
         self._step_signals = None
         self.early_logs: list[str] = []
         self.owns_group = False  # this trainer created the process group
-        # Made by _setup once the input is known good; None until then.
-        self.device: torch.device | None = None
-        self.precision: str | None = None
-        self.data: TokenData | None = None
         self.plan: Plan | None = None
-        self.model: GPT | None = None
-        self.train_model = None  # the model as trained: compiled and/or DDP-wrapped
-        self.optimizer: optim.Optimizers | None = None
-        self.scaler: torch.amp.GradScaler | None = None
+        # What the run is built from (model, data, optimizer, objective): made by setup once
+        # the input is known good; None until then.
+        self.run_state: RunState | None = None
+
+    # The built run's parts, by name (tests and front ends read them).
+    device = property(lambda self: self.run_state and self.run_state.device)
+    precision = property(lambda self: self.run_state and self.run_state.precision)
+    data = property(lambda self: self.run_state and self.run_state.data)
+    model = property(lambda self: self.run_state and self.run_state.model)
+    train_model = property(lambda self: self.run_state and self.run_state.train_model)
+    optimizer = property(lambda self: self.run_state and self.run_state.optimizer)
+    scaler = property(lambda self: self.run_state and self.run_state.scaler)
+    objective = property(lambda self: self.run_state and self.run_state.objective)
+    base = property(lambda self: self.run_state.base if self.run_state else None)
+    second_val = property(lambda self: self.run_state.second_val if self.run_state else None)
+
+    @property
+    def reference(self):
+        """DPO: the reference model's log-probs (core.training.dpo); None otherwise."""
+        return getattr(self.objective, "reference", None)
 
     @property
     def max_steps(self) -> int | None:
@@ -181,18 +190,16 @@ class Trainer:
             self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), device=self.device)
-        chunks = starts.split(self.cfg.batch_size)
-        dpo_run = self.reference is not None  # DPO: pairs, and a reference to beat
-        signal_sums = torch.zeros(4, device=self.device) if dpo_run else None
+        run, cfg, objective = self.run_state, self.cfg, self.objective
+        chunks = objective.micro_batches(run, cfg, starts, self.step)
+        signal_sums = None
         for i, chunk in enumerate(chunks):
             if self.fault is not None:
                 self.fault(self.step + 1, i)
             with grad_sync(self.train_model, self.world.enabled, last=i == len(chunks) - 1):
-                if dpo_run:
-                    loss, sums = dpo.micro_loss(self, chunk)
-                    signal_sums += sums
-                else:
-                    loss = self._lm_loss(chunk)
+                loss, sums = objective.micro_loss(run, cfg, chunk)
+                if sums is not None:
+                    signal_sums = sums if signal_sums is None else signal_sums + sums
                 loss = loss / self.cfg.grad_accum
                 self.scaler.scale(loss).backward()
             total += loss.detach()
@@ -202,14 +209,9 @@ class Trainer:
         self.optimizer.set_lr(factor)
         self.optimizer.step(self.scaler)
         self.scaler.update()
-        self._step_signals = signal_sums
+        finish = getattr(objective, "step_signals", None)  # GRPO: its sampling's signals too
+        self._step_signals = finish(signal_sums) if finish else signal_sums
         return total
-
-    def _lm_loss(self, starts: torch.Tensor) -> torch.Tensor:
-        x, y, mask, seg = (to_device(t, self.device) for t in self.data.train_batch(starts))
-        with autocast(self.device, self.precision):
-            _, loss = self.train_model(x, y, mask, seg)
-        return loss
 
     def _step_with_oom_recovery(self, factor: float) -> torch.Tensor:
         data_state, rng = self.data.state_dict(), ckpt.step_rng_state()
@@ -257,7 +259,7 @@ class Trainer:
     def _setup(self) -> None:
         """Check the input, prepare the data, make the run folder, build (or restore) the
         model, optimizer and schedule: see core.training.setup."""
-        setup.setup(self)
+        self.run_state = setup.setup(self)
 
     def _announce(self) -> None:
         """The start of this session's steps: the start event, the log lines, and the base
@@ -314,50 +316,30 @@ class Trainer:
         if warning := self.spill.check(common["memory"]):
             self.log(warning)
         steps = [(step, lr) for step, _, lr, _ in pending]
-        extras = self._signal_records([sums for *_, sums in pending])
+        sums = [s for *_, s in pending]
+        extras = None if sums[0] is None else self.objective.records(sums, self.cfg, self.world)
         for record in metrics.train_records(steps, losses, self.cfg, self.data.train_tokens,
                                             common, extras):  # fmt: skip
             self.folder.append_metric(record)
             self.events.on_train_batch_end(record)
         self.last_loss = losses[-1]
 
-    def _signal_records(self, sums: list) -> list[dict] | None:
-        """DPO's signals of each pending step, read in the same sync as the losses."""
-        if sums[0] is None:
-            return None
-        pairs = self.cfg.batch_size * self.cfg.grad_accum * self.world.size
-        stacked = self.world.mean(torch.stack(sums)) * self.world.size
-        return [dpo.signals(s, pairs) for s in stacked.cpu()]
-
     def evaluate(self) -> float:
-        # As many windows as eval_batches optimizer steps hold, so neither an out-of-memory
-        # split of the micro-batch nor the number of processes changes what is measured.
-        cfg = self.cfg
-        windows = cfg.eval_batches * cfg.batch_size * cfg.grad_accum * self.world.size
-        return evaluation.validation_loss(self.model, self.train_model, self.data, windows,
-                                          cfg.batch_size, self.device, self.precision)  # fmt: skip
+        """The objective's evaluation value (lower is better: a validation loss)."""
+        return self.objective.evaluate(self.run_state, self.cfg)[0]
 
     def _record_eval(self, what: str) -> float:
         """Evaluate, then write the record, report it and log it as `what`."""
         train_s = round(self.clock.elapsed() - self.clock.paused_total, 3)  # eval excluded
-        if self.reference is not None:
-            cfg = self.cfg
-            pairs = cfg.eval_batches * cfg.batch_size * cfg.grad_accum
-            val, extra = dpo.evaluate(self, pairs)
-            record = {"step": self.step, "val_loss": val, **extra, "train_s": train_s}
-            line = (f"{what}: val_loss {val:.4f}, margin {extra['eval_rewards/margins']:.4f}, "
-                    f"accuracy {extra['eval_rewards/accuracies']:.3f}")  # fmt: skip
-        else:
-            val = self.evaluate()
-            bpb = evaluation.bits_per_byte(val, self.data)
-            record = {"step": self.step, "val_loss": val, "val_bpb": bpb, "train_s": train_s}
-            line = f"{what}: val_loss {val:.4f}, {bpb:.4f} bits/byte"
+        val, fields, text = self.objective.evaluate(self.run_state, self.cfg)
+        record = {"step": self.step, **fields, "train_s": train_s}
+        line = f"{what}: {text}"
         by_source = getattr(self.data, "val_losses", {})  # a mix: each source's own
         if by_source:
             record.update({f"val_loss/{name}": v for name, v in by_source.items()})
             line += " (" + ", ".join(f"{n} {v:.4f}" for n, v in by_source.items()) + ")"
         if self.second_val is not None:
-            record.update(evaluation.second_scores(self))
+            record.update(evaluation.second_scores(self.run_state, self.cfg.batch_size))
             line += f"; second validation set {record['eval_data_loss']:.4f}"
         self.folder.append_metric(record)
         self.events.on_eval(record)

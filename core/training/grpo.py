@@ -1,0 +1,466 @@
+"""GRPO (Group Relative Policy Optimization) with verifiable rewards, as TRL's GRPOTrainer:
+
+- each step draws batch_size x grad_accum prompts and samples num_generations (G) completions
+  of each, all G x B as one batch with the KV cache (temperature, top-p, the end of turn);
+- the reward functions (core.training.rewards) score them; a completion's advantage is its
+  reward minus its group's mean, divided by the group's std (scale_rewards group), the
+  batch's (batch) or nothing (none: Dr. GRPO);
+- the loss is the clipped policy loss over completion tokens, -min(r A, clip(r, 1-eps, 1+eps)
+  A) with r = p / p_old, plus beta x the k3 KL estimate to the reference, normalized as TRL's
+  loss_type (grpo: per sequence; bnpo: per micro-batch token; dr_grpo: by rows x
+  max_completion_tokens; dapo: by the step's completion tokens). One optimizer step per
+  generation, as TRL's default: p_old is p detached, r is 1 with the gradient of p.
+
+The sampling generator is seeded by the run's seed and the step, so an out-of-memory retry and
+a resumed run draw the same completions. The metrics carry TRL's names.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import torch
+import torch.nn.functional as F
+
+from core.config.spec import TrainConfig
+from core.models import lora
+from core.training.rewards import Rewards, check_columns, text_of
+from core.training.state import RunState
+from core.training.steps import autocast
+
+LOSS_SUMS = ("kl", "entropy", "clip_ratio/low_mean", "clip_ratio/high_mean",
+             "clip_ratio/region_mean", "tokens")  # fmt: skip
+TABLE_ROWS = 64  # sampled completions kept per step in completions.jsonl
+TABLE_CHARS = 2000
+
+
+# -- sampling ---------------------------------------------------------------------------------
+
+
+def _embed(model, idx: torch.Tensor, positions: torch.Tensor):
+    """Token embeddings and RoPE (or learned positions) at each row's own positions."""
+    x = model.tok_emb(idx)
+    if model.config.positions == "learned":
+        return x + model.pos_emb(positions), None
+    cos, sin = model._rope(0, model.config.seq_len, idx.device)
+    return x, (cos[positions].unsqueeze(1), sin[positions].unsqueeze(1))
+
+
+def _cached_forward(model, idx, positions, mask, cache):
+    """The last position's logits of idx (rows at their own positions, attending where mask
+    (B, 1, T, K) allows) given the cached keys/values; returns (logits, new cache)."""
+    x, rope = _embed(model, idx, positions)
+    new = []
+    for i, block in enumerate(model.blocks):
+        attn = block.attn
+        q, k, v = attn._qkv(block.ln1(x), rope)
+        if cache is not None:
+            k = torch.cat((cache[i][0], k), dim=2)
+            v = torch.cat((cache[i][1], v), dim=2)
+        new.append((k, v))
+        x = x + attn._attend(q, k, v, causal=False, mask=mask)
+        x = x + block.mlp(block.ln2(x))
+    return model.head(model.ln_f(x[:, -1:]))[:, 0], new
+
+
+def _pick(logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator):
+    logits = logits.float() / temperature
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        drop = torch.cumsum(probs, dim=-1) - probs >= top_p  # the first token always stays
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        logits = torch.full_like(logits, float("-inf")).scatter(1, order, sorted_logits)
+    return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=gen)[:, 0]
+
+
+def left_padded(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, mask): the prompts right-aligned, so every row's next token is in one column."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.bool)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.tensor(p)
+        mask[i, width - len(p) :] = True
+    return ids, mask
+
+
+@torch.no_grad()
+def sample(model, prompts: list[list[int]], n_new: int, temperature: float, top_p: float,
+           stop_ids, pad: int, gen: torch.Generator, device, precision: str):  # fmt: skip
+    """Sample a completion after each prompt, all rows as one batch with the KV cache.
+    Returns (prompt ids (N, P) left-padded, prompt mask, completion ids (N, C) padded with
+    pad after the stop token, completion mask (N, C) up to and with the stop token,
+    terminated (N,): ended at a stop token)."""
+    was_training = model.training
+    model.eval()
+    ids, valid = left_padded(prompts, pad)
+    ids, valid = ids.to(device), valid.to(device)
+    n, width = ids.shape
+    positions = (valid.long().cumsum(1) - 1).clamp(min=0)
+    causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
+    # A padding query may see itself: a row with no key would be NaN.
+    eye = torch.eye(width, dtype=torch.bool, device=device)
+    mask = ((causal & valid[:, None, :]) | eye).unsqueeze(1)
+    stops = torch.tensor(list(stop_ids) or [-1], device=device)
+    out = torch.full((n, n_new), pad, dtype=torch.long, device=device)
+    done = torch.zeros(n, dtype=torch.bool, device=device)
+    keys = valid
+    last = positions[:, -1:]
+    try:
+        with autocast(device, precision):
+            logits, cache = _cached_forward(model, ids, positions, mask, None)
+            for t in range(n_new):
+                nxt = _pick(logits, temperature, top_p, gen)
+                nxt = torch.where(done, torch.full_like(nxt, pad), nxt)
+                out[:, t] = nxt
+                done = done | torch.isin(nxt, stops)
+                if bool(done.all()) or t == n_new - 1:
+                    break
+                keys = torch.cat((keys, torch.ones_like(keys[:, :1])), dim=1)
+                last = last + 1
+                logits, cache = _cached_forward(model, nxt[:, None], last, keys[:, None, None, :],
+                                                cache)  # fmt: skip
+    finally:
+        model.train(was_training)
+    is_stop = torch.isin(out, stops)
+    first = torch.where(is_stop.any(1), is_stop.float().argmax(1), torch.full_like(done, n_new,
+                        dtype=torch.long))  # fmt: skip
+    index = torch.arange(out.shape[1], device=device)
+    completion_mask = index[None, :] <= first[:, None]
+    completion_mask &= index[None, :] < n_new
+    return ids, valid, out, completion_mask, is_stop.any(1)
+
+
+# -- advantages and the loss ------------------------------------------------------------------
+
+
+def nanstd(x: torch.Tensor, dim=None) -> torch.Tensor:
+    """The unbiased std ignoring NaN (TRL's nanstd)."""
+    mean = torch.nanmean(x, dim=dim, keepdim=dim is not None)
+    count = (~torch.isnan(x)).sum(dim=dim) if dim is not None else (~torch.isnan(x)).sum()
+    var = torch.nansum((x - mean) ** 2, dim=dim) / (count - 1)
+    return var.sqrt()
+
+
+def advantages(per_func: torch.Tensor, weights: torch.Tensor, group: int, scale: str):
+    """TRL's sum_then_normalize: (advantages, rewards, std, std is zero) of (N, F) rewards
+    (NaN where a function did not apply) in groups of `group` rows."""
+    unscorable = torch.isnan(per_func).all(dim=1)
+    rewards = (per_func * weights[None, :]).nansum(dim=1)
+    rewards[unscorable] = math.nan
+    mean = torch.nanmean(rewards.view(-1, group), dim=1).repeat_interleave(group)
+    if scale == "batch":
+        std = nanstd(rewards).expand_as(rewards) if rewards.numel() > 1 else rewards * 0
+    else:  # group; none: the std only says which groups are all alike
+        std = nanstd(rewards.view(-1, group), dim=1).repeat_interleave(group)
+    adv = rewards - mean
+    if scale != "none":
+        adv = adv / (std + 1e-4)
+    zero_std = torch.isclose(std, torch.zeros_like(std))
+    return torch.nan_to_num(adv, nan=0.0), rewards, std, zero_std
+
+
+def token_logps(logits: torch.Tensor, targets: torch.Tensor, temperature: float):
+    """Each target's log-probability and each position's entropy, from logits divided by the
+    sampling temperature (as TRL scores them)."""
+    logits = logits.float() / temperature
+    logp_all = F.log_softmax(logits, dim=-1)
+    logps = logp_all.gather(-1, targets[..., None])[..., 0]
+    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logps, entropy
+
+
+def policy_loss(logps, old_logps, ref_logps, adv, mask, cfg: TrainConfig, n_items: float):
+    """TRL's per-token clipped loss and its normalization by loss_type, for one micro-batch;
+    returns (loss as the trainer divides it by grad_accum, per-token KL or None, ratio).
+    n_items: the completion tokens of the whole step (dapo)."""
+    mask = mask.float()
+    ratio = torch.exp(logps - old_logps)
+    clipped = torch.clamp(ratio, 1 - cfg.epsilon, 1 + cfg.epsilon)
+    a = adv[:, None]
+    per_token = -torch.min(ratio * a, clipped * a)
+    kl = None
+    if cfg.grpo_beta != 0.0:
+        kl = torch.exp(ref_logps - logps) - (ref_logps - logps) - 1
+        per_token = per_token + cfg.grpo_beta * kl
+    if cfg.loss_type == "grpo":
+        loss = ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+    elif cfg.loss_type == "bnpo":
+        loss = (per_token * mask).sum() / mask.sum().clamp(min=1.0)
+    elif cfg.loss_type == "dr_grpo":
+        loss = (per_token * mask).sum() / (per_token.size(0) * cfg.max_completion_tokens)
+    else:  # dapo: over the step's tokens; the trainer's division by grad_accum is undone
+        loss = (per_token * mask).sum() / max(n_items, 1.0) * cfg.grad_accum
+    return loss, kl, ratio
+
+
+# -- the objective ----------------------------------------------------------------------------
+
+
+@dataclass
+class Rollout:
+    """One micro-batch's rows: prompt and completion ids, masks and advantages."""
+
+    ids: torch.Tensor  # (n, P + C)
+    segments: torch.Tensor  # (n, P + C): 0 over the left padding, 1 over the row
+    prompt_width: int
+    completion_mask: torch.Tensor  # (n, C)
+    advantages: torch.Tensor  # (n,)
+    n_items: float  # the step's completion tokens (dapo's normalizer)
+
+
+class GRPO:
+    name = "grpo"
+
+    def __init__(self, cfg: TrainConfig):
+        self.rewards: Rewards | None = None
+        self.reference = None  # beta > 0: a frozen copy of a full fine-tune's start
+        self.folder = None
+        self.latest: list[dict] = []  # the latest step's completions and their rewards
+        self._table_started = False
+
+    def check(self, cfg: TrainConfig) -> None:
+        """The reward functions, imported before any data or model is touched."""
+        self.rewards = Rewards(cfg)
+
+    def check_data(self, data) -> None:
+        """The prompts have the columns the built-in rewards read: before the model loads."""
+        check_columns(self.rewards.funcs, data.columns)
+
+    def prepare(self, run: RunState, cfg: TrainConfig, log, events, stop) -> None:
+        if run.world.enabled:
+            from core.errors import ConfigError
+
+            raise ConfigError("method: grpo trains in one process (no torchrun) for now")
+        self.folder = run.folder
+        if cfg.grpo_beta and not cfg.lora_rank:  # the starting weights, kept frozen
+            self.reference = copy.deepcopy(run.model).eval().requires_grad_(False)
+        names = ", ".join(self.rewards.names)
+        log(f"grpo: {cfg.num_generations} completions per prompt, up to "
+            f"{cfg.max_completion_tokens} tokens; rewards {names}; loss {cfg.loss_type}, "
+            f"beta {cfg.grpo_beta:g}")  # fmt: skip
+
+    # -- a step -------------------------------------------------------------------------------
+
+    def generator(self, cfg: TrainConfig, step: int, device) -> torch.Generator:
+        """The step's own sampling generator: a retry or a resumed run draws the same."""
+        gen = torch.Generator(device=device)
+        return gen.manual_seed((cfg.seed * 1_000_003 + step) % 2**63)
+
+    def micro_batches(self, run: RunState, cfg: TrainConfig, starts, step: int) -> list:
+        """Sample, score and weigh the step's completions; the rows in micro-batches of
+        batch_size prompts' G completions."""
+        data, tok, g = run.data, run.data.tokenizer, cfg.num_generations
+        index = [int(i) for i in starts for _ in range(g)]
+        pad = tok.eos_id if tok.eos_id is not None else 0
+        gen = self.generator(cfg, step, run.device)
+        prompt_ids, prompt_mask, out, mask, ended = sample(
+            run.model, [data.ids[i] for i in index], cfg.max_completion_tokens, cfg.temperature,
+            cfg.top_p, tok.stop_ids, pad, gen, run.device, run.precision,
+        )  # fmt: skip
+        per_func, completions = self._score(data, tok, index, out, mask, step)
+        adv, rewards, std, zero_std = advantages(per_func, self.rewards.weights, g,
+                                                 cfg.scale_rewards)  # fmt: skip
+        lengths = mask.sum(1).cpu()
+        self._gen = self._signals(per_func, rewards, std, zero_std, lengths, ended.cpu())
+        self._table(step, data, index, completions, per_func, rewards, adv)
+        if cfg.mask_truncated_completions:
+            mask = mask & ended[:, None]
+        ids = torch.cat((prompt_ids, out), dim=1)
+        segments = torch.cat((prompt_mask, torch.ones_like(mask)), dim=1).long()
+        n_items = float(mask.sum())
+        adv = adv.to(run.device)
+        rows = cfg.batch_size * g
+        chunks = []
+        for s in range(0, len(index), rows):
+            part = slice(s, s + rows)
+            chunks.append(_trimmed(ids[part], segments[part], prompt_ids.shape[1],
+                                   mask[part], adv[part], n_items))  # fmt: skip
+        return chunks
+
+    def _score(self, data, tok, index, out, mask, step: int):
+        ids = [row[m].tolist() for row, m in zip(out.cpu(), mask.cpu(), strict=True)]
+        stops = set(tok.stop_ids)
+        texts = [tok.decode([t for t in row if t not in stops]) for row in ids]
+        records = [data.records[i] for i in index]
+        prompts = [r["prompt"] for r in records]
+        if data.conversational:
+            completions = [[{"role": "assistant", "content": t}] for t in texts]
+        else:
+            completions = texts
+        columns = {c: [r.get(c) for r in records] for c in data.columns}
+        state = SimpleNamespace(global_step=step, epoch=step / max(1, data.n_train))
+        rows = [r["row"] for r in records]
+        per_func = self.rewards.score(prompts, completions, ids, columns, rows, state)
+        return per_func, completions
+
+    def _signals(self, per_func, rewards, std, zero_std, lengths, ended) -> dict:
+        """TRL's sampling metrics of the step (read on the CPU, no device sync)."""
+        out = {"reward": float(torch.nanmean(rewards)), "reward_std": float(nanstd(rewards)),
+               "frac_reward_zero_std": float(zero_std.float().mean())}  # fmt: skip
+        for j, name in enumerate(self.rewards.names):
+            out[f"rewards/{name}/mean"] = float(torch.nanmean(per_func[:, j]))
+            out[f"rewards/{name}/std"] = float(nanstd(per_func[:, j]))
+        lengths = lengths.float()
+        term = lengths[ended] if bool(ended.any()) else torch.zeros(1)
+        out.update({
+            "completions/mean_length": float(lengths.mean()),
+            "completions/min_length": float(lengths.min()),
+            "completions/max_length": float(lengths.max()),
+            "completions/clipped_ratio": float((~ended).float().mean()),
+            "completions/mean_terminated_length": float(term.mean()),
+        })  # fmt: skip
+        for name, values in self.rewards.metrics.items():
+            out[name] = sum(values) / len(values)
+        return {k: (v if math.isfinite(v) else None) for k, v in out.items()}
+
+    def _table(self, step, data, index, completions, per_func, rewards, adv) -> None:
+        """The latest sampled completions with their rewards: where reward hacking shows."""
+        rows = []
+        for i in range(min(len(index), TABLE_ROWS)):
+            prompt = data.records[index[i]]["prompt"]
+            if isinstance(prompt, list):
+                prompt = prompt[-1]["content"]
+            row = {"prompt": str(prompt)[:TABLE_CHARS],
+                   "completion": text_of(completions[i])[:TABLE_CHARS],
+                   "rewards": {n: _finite(per_func[i, j]) for j, n in
+                               enumerate(self.rewards.names)},
+                   "reward": _finite(rewards[i]), "advantage": _finite(adv[i])}  # fmt: skip
+            for column, values in self.rewards.extra.items():
+                row[column] = values[i] if i < len(values) else None
+            rows.append(row)
+        self.latest = rows
+        if self.folder is not None and getattr(self.folder, "path", None) is not None:
+            path = self.folder.path / "completions.jsonl"
+            if not self._table_started:  # a resumed run: steps past its checkpoint go
+                self._table_started = True
+                _drop_steps_from(path, step + 1)
+            if path.parent.is_dir():
+                with open(path, "a", encoding="utf-8") as f:
+                    f.write(json.dumps({"step": step + 1, "rows": rows}) + "\n")
+
+    def micro_loss(self, run: RunState, cfg: TrainConfig, roll: Rollout):
+        width = roll.prompt_width
+        targets = roll.ids[:, width:]
+        ref = None
+        if cfg.grpo_beta != 0.0:
+            with torch.no_grad():
+                ref, _ = self._logps(self._reference_model(run), run, cfg, roll, targets,
+                                     no_adapters=self.reference is None)  # fmt: skip
+        logps, entropy = self._logps(run.train_model, run, cfg, roll, targets)
+        loss, kl, ratio = policy_loss(logps, logps.detach(), ref, roll.advantages,
+                                      roll.completion_mask, cfg, roll.n_items)  # fmt: skip
+        m = roll.completion_mask.float()
+        a = roll.advantages[:, None]
+        low = ((ratio < 1 - cfg.epsilon) & (a < 0)).float()
+        high = ((ratio > 1 + cfg.epsilon) & (a > 0)).float()
+        kl_sum = (kl * m).sum() if kl is not None else m.new_zeros(())
+        sums = torch.stack([kl_sum, (entropy * m).sum(), (low * m).sum(), (high * m).sum(),
+                            (((low + high) > 0).float() * m).sum(), m.sum()]).detach()  # fmt: skip
+        return loss, sums
+
+    def _reference_model(self, run: RunState):
+        return self.reference if self.reference is not None else run.model
+
+    def _logps(self, model, run, cfg, roll: Rollout, targets, no_adapters: bool = False):
+        width = roll.prompt_width
+        base = self.reference if model is self.reference else run.model
+        # The head sees the completion's positions only (TRL's logits_to_keep): the logits at
+        # position t predict token t + 1, so the completion's come from P - 1 on.
+        keep = base.ln_f.register_forward_hook(lambda m, i, out: out[:, width - 1 : -1])
+        try:
+            with autocast(run.device, run.precision):
+                if no_adapters:
+                    was = run.model.training
+                    run.model.eval()
+                    try:
+                        with lora.adapters_disabled(run.model):
+                            logits, _ = run.model(roll.ids, segments=roll.segments)
+                    finally:
+                        run.model.train(was)
+                else:
+                    logits, _ = model(roll.ids, segments=roll.segments)
+        finally:
+            keep.remove()
+        return token_logps(logits, targets, cfg.temperature)
+
+    def step_signals(self, sums):
+        return sums, self._gen
+
+    def records(self, signals: list, cfg: TrainConfig, world) -> list[dict]:
+        sums = torch.stack([s for s, _ in signals]).cpu()
+        out = []
+        for row, (_, gen) in zip(sums, signals, strict=True):
+            tokens = max(float(row[-1]), 1.0)
+            rec = dict(gen)
+            rec["entropy"] = float(row[1]) / tokens
+            for k, name in enumerate(LOSS_SUMS[2:5], start=2):
+                rec[name] = float(row[k]) / tokens
+            if cfg.grpo_beta != 0.0:
+                rec["kl"] = float(row[0]) / tokens
+            out.append(rec)
+        return out
+
+    # -- evaluation ---------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def evaluate(self, run: RunState, cfg: TrainConfig) -> tuple[float, dict, str]:
+        """The mean reward of one completion per held-out prompt, drawn with a fixed
+        generator (the same draw each time); lower is better: minus the reward."""
+        data, tok = run.data, run.data.tokenizer
+        index = data.eval_index(cfg.eval_batches * cfg.batch_size * cfg.grad_accum)
+        pad = tok.eos_id if tok.eos_id is not None else 0
+        gen = torch.Generator(device=run.device).manual_seed(cfg.seed)
+        per_func = []
+        for s in range(0, len(index), cfg.batch_size * cfg.num_generations):
+            part = index[s : s + cfg.batch_size * cfg.num_generations]
+            _, _, out, mask, _ = sample(
+                run.model, [data.ids[i] for i in part], cfg.max_completion_tokens,
+                cfg.temperature, cfg.top_p, tok.stop_ids, pad, gen, run.device, run.precision,
+            )  # fmt: skip
+            scores, _ = self._score(data, tok, part, out, mask, -1)
+            per_func.append(scores)
+        scores = torch.cat(per_func)
+        rewards = (scores * self.rewards.weights[None, :]).nansum(dim=1)
+        reward = float(rewards.mean())
+        record = {"eval_reward": reward}
+        for j, name in enumerate(self.rewards.names):
+            record[f"eval_rewards/{name}/mean"] = _finite(torch.nanmean(scores[:, j]))
+        each = ", ".join(f"{n} {record[f'eval_rewards/{n}/mean'] or 0:.3f}"
+                         for n in self.rewards.names)  # fmt: skip
+        return -reward, record, f"eval reward {reward:.4f} ({each}) on {len(index)} prompts"
+
+
+def _drop_steps_from(path, step: int) -> None:
+    """Keep completions.jsonl's lines of the steps before `step`."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            if json.loads(line)["step"] < step:
+                kept.append(line)
+        except (ValueError, KeyError, TypeError):
+            continue
+    path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+
+
+def _finite(v) -> float | None:
+    v = float(v)
+    return v if math.isfinite(v) else None
+
+
+def _trimmed(ids, segments, width: int, mask, adv, n_items: float) -> Rollout:
+    """A micro-batch without the columns no row of it uses (left padding, a tail after every
+    completion ended)."""
+    pad_left = int((segments[:, :width] == 0).all(0).long().cumprod(0).sum())
+    used = mask.any(0)
+    c = int(used.nonzero().max()) + 1 if bool(used.any()) else 1
+    ids = ids[:, pad_left : width + c]
+    segments = segments[:, pad_left : width + c]
+    return Rollout(ids, segments, width - pad_left, mask[:, :c], adv, n_items)

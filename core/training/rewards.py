@@ -1,0 +1,232 @@
+"""GRPO's reward functions: the built-ins (no code needed) and a user's own, from a Python
+file, called exactly as TRL's GRPOTrainer calls them: by keyword, prompts=, completions=,
+completion_ids=, every other data column by its name (one value per completion), and
+trainer_state=, log_extra=, log_metric=; returning one float (or None: does not apply) per
+completion. A user's file is their own code and runs as such, with this process's rights."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from core.config.spec import TrainConfig, reward_weights, split_reward
+from core.errors import UserError
+
+
+class RewardError(UserError):
+    """A reward that cannot be loaded or that misbehaves: exit 2, naming it (and the row)."""
+
+
+def text_of(completion) -> str:
+    """A completion's text: plain, or TRL's conversational [{"role": "assistant", ...}]."""
+    if isinstance(completion, list):
+        return "".join(m.get("content", "") for m in completion)
+    return completion
+
+
+# -- the built-ins ----------------------------------------------------------------------------
+
+NUMBER = re.compile(r"-?\d[\d,]*\.?\d*|-?\.\d+")
+
+
+def final_answer(text: str) -> str:
+    """The answer a text gives: after GSM8K's ####, inside the last \\boxed{}, inside
+    <answer></answer>, else its last number, else the whole text."""
+    if "####" in text:
+        return text.rsplit("####", 1)[1].strip()
+    boxed = re.findall(r"\\boxed\{([^{}]*)\}", text)
+    if boxed:
+        return boxed[-1].strip()
+    tagged = re.findall(r"<answer>(.*?)</answer>", text, re.DOTALL)
+    if tagged:
+        return tagged[-1].strip()
+    numbers = NUMBER.findall(text)
+    return numbers[-1] if numbers else text.strip()
+
+
+def _number(text: str) -> float | None:
+    cleaned = text.strip().replace(",", "").replace("$", "").rstrip(".")
+    try:
+        return float(cleaned)
+    except ValueError:
+        return None
+
+
+def same_answer(given: str, expected: str) -> bool:
+    """Exactly the same text, or the same number (1,000 == 1000.0)."""
+    given, expected = final_answer(given), final_answer(str(expected))
+    if given == expected:
+        return True
+    a, b = _number(given), _number(expected)
+    return a is not None and b is not None and math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
+
+
+def answer(completions, answer, **kwargs) -> list[float]:
+    """1 where the completion's final answer equals the answer column, else 0."""
+    return [float(same_answer(text_of(c), a)) for c, a in zip(completions, answer, strict=True)]
+
+
+THINK_FORMAT = re.compile(r"^\s*<think>.*?</think>\s*<answer>.*?</answer>\s*$", re.DOTALL)
+
+
+def think_format(completions, **kwargs) -> list[float]:
+    """1 where the completion is <think>...</think> then <answer>...</answer>, nothing else."""
+    return [float(bool(THINK_FORMAT.match(text_of(c)))) for c in completions]
+
+
+def make_regex(pattern: str):
+    compiled = re.compile(pattern, re.DOTALL)
+
+    def regex(completions, **kwargs) -> list[float]:
+        """1 where the pattern is found in the completion."""
+        return [float(bool(compiled.search(text_of(c)))) for c in completions]
+
+    return regex
+
+
+def make_length(target: int):
+    def length(completion_ids, **kwargs) -> list[float]:
+        """1 at the target length in tokens, falling linearly to 0 at 0 and twice the target."""
+        return [max(0.0, 1.0 - abs(len(ids) - target) / target) for ids in completion_ids]
+
+    return length
+
+
+# -- loading ----------------------------------------------------------------------------------
+
+
+def load_function(spec: str):
+    """The function a path.py:function names, imported now: a missing file, an import that
+    fails or a missing function is one line, before the model loads."""
+    path, name = split_reward(spec)
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise RewardError(f"reward: {spec}: no file {file}")
+    module_spec = importlib.util.spec_from_file_location(f"traindeck_reward_{file.stem}", file)
+    module = importlib.util.module_from_spec(module_spec)
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as e:
+        raise RewardError(f"reward: {file} failed to import: {type(e).__name__}: {e}") from None
+    function = getattr(module, name, None)
+    if not callable(function):
+        found = [n for n, v in vars(module).items() if callable(v) and not n.startswith("_")]
+        raise RewardError(
+            f"reward: {file} has no function {name!r} (it has: {', '.join(found) or 'none'})"
+        )
+    return function
+
+
+def build(cfg: TrainConfig) -> list[tuple[str, object]]:
+    """(name, function) of each --reward, in order; names are the functions' own, as TRL's
+    metric names (rewards/<name>/mean)."""
+    out = []
+    for spec in cfg.reward:
+        if split_reward(spec) is not None:
+            function = load_function(spec)
+        elif spec == "regex":
+            function = make_regex(cfg.reward_regex)
+        elif spec == "length":
+            target = cfg.reward_length_target or max(1, cfg.max_completion_tokens // 2)
+            function = make_length(target)
+        else:
+            function = {"answer": answer, "think_format": think_format}[spec]
+        out.append((getattr(function, "__name__", spec), function))
+    return out
+
+
+def check_columns(funcs, columns: list[str]) -> None:
+    """The answer reward needs the data's answer column: said before the model loads."""
+    if any(f is answer for _, f in funcs) and "answer" not in columns:
+        raise RewardError(
+            f"reward: answer compares with the data's answer column; the prompts have "
+            f"{', '.join(columns) or 'no other columns'}"
+        )
+
+
+# -- scoring ----------------------------------------------------------------------------------
+
+
+class Rewards:
+    """The run's reward functions and weights; score() gives each completion's rewards."""
+
+    def __init__(self, cfg: TrainConfig):
+        self.funcs = build(cfg)
+        self.names = [name for name, _ in self.funcs]
+        self.weights = torch.tensor(reward_weights(dataclass_values(cfg)))
+        self.extra: dict[str, list] = {}  # log_extra's columns of the latest call
+        self.metrics: dict[str, list[float]] = {}  # log_metric's values of the latest call
+
+    def log_extra(self, column: str, values: list) -> None:
+        self.extra[column] = list(values)
+
+    def log_metric(self, name: str, value: float) -> None:
+        self.metrics.setdefault(name, []).append(float(value))
+
+    def score(self, prompts: list, completions: list, completion_ids: list, columns: dict,
+              rows: list[int], state: SimpleNamespace) -> torch.Tensor:  # fmt: skip
+        """(completions, functions) rewards; NaN where a function returned None."""
+        self.extra, self.metrics = {}, {}
+        out = torch.zeros(len(completions), len(self.funcs))
+        kwargs = dict(columns, trainer_state=state, log_extra=self.log_extra,
+                      log_metric=self.log_metric)  # fmt: skip
+        for j, (name, function) in enumerate(self.funcs):
+            call = dict(prompts=prompts, completions=completions, completion_ids=completion_ids)
+            try:
+                values = function(**call, **kwargs)
+            except Exception as e:
+                raise RewardError(
+                    f"reward {name} raised {type(e).__name__}: {e} "
+                    f"({_failing_row(function, call, kwargs, rows)})"
+                ) from None
+            out[:, j] = torch.tensor(_checked(name, values, len(completions), rows))
+        return out
+
+
+def dataclass_values(cfg: TrainConfig) -> dict:
+    return {"reward": cfg.reward, "reward_weights": cfg.reward_weights}
+
+
+def _checked(name: str, values, n: int, rows: list[int]) -> list[float]:
+    if not isinstance(values, (list, tuple)) or len(values) != n:
+        got = f"{len(values)} values" if isinstance(values, (list, tuple)) else repr(values)[:60]
+        raise RewardError(
+            f"reward {name} returned {got} for {n} completions (data rows {rows[0]}..{rows[-1]}); "
+            "return a list with one float (or None) per completion"
+        )
+    out = []
+    for i, v in enumerate(values):
+        if v is None:
+            out.append(math.nan)
+            continue
+        try:
+            f = float(v)
+        except (TypeError, ValueError):
+            f = math.nan
+            v = repr(v)[:40]
+        if isinstance(v, bool) or not math.isfinite(f):
+            raise RewardError(
+                f"reward {name} returned {v} for completion {i} (data row {rows[i]}); "
+                "expected a finite number or None"
+            )
+        out.append(f)
+    return out
+
+
+def _failing_row(function, call: dict, kwargs: dict, rows: list[int]) -> str:
+    """The first data row on which the function raises alone; else the batch's rows."""
+    n = len(call["completions"])
+    for i in range(n):
+        one = {k: [v[i]] for k, v in call.items()}
+        one.update({k: [v[i]] if isinstance(v, list) and len(v) == n else v
+                    for k, v in kwargs.items()})  # fmt: skip
+        try:
+            function(**one)
+        except Exception:
+            return f"data row {rows[i]}, completion {i}"
+    return f"data rows {rows[0]}..{rows[-1]}"

@@ -1,0 +1,38 @@
+"""Supervised fine-tuning and pretraining: the mean next-token loss over the scored tokens
+(all of plain text, the answers of chat data), evaluated as validation loss and bits per byte."""
+
+from __future__ import annotations
+
+from core.config.spec import TrainConfig
+from core.training import evaluation
+from core.training.state import RunState
+from core.training.steps import autocast, to_device
+
+
+class SFT:
+    name = "sft"
+
+    def prepare(self, run: RunState, cfg: TrainConfig, log, events, stop) -> None:
+        """Nothing to make before the first step."""
+
+    def micro_batches(self, run: RunState, cfg: TrainConfig, starts, step: int):
+        return starts.split(cfg.batch_size)
+
+    def micro_loss(self, run: RunState, cfg: TrainConfig, starts):
+        batch = run.data.train_batch(starts)
+        x, y, mask, seg = (to_device(t, run.device) for t in batch)
+        with autocast(run.device, run.precision):
+            _, loss = run.train_model(x, y, mask, seg)
+        return loss, None
+
+    def records(self, signals: list, cfg: TrainConfig, world) -> list[dict] | None:
+        return None
+
+    def evaluate(self, run: RunState, cfg: TrainConfig) -> tuple[float, dict, str]:
+        # As many windows as eval_batches optimizer steps hold, so neither an out-of-memory
+        # split of the micro-batch nor the number of processes changes what is measured.
+        windows = cfg.eval_batches * cfg.batch_size * cfg.grad_accum * run.world.size
+        val = evaluation.validation_loss(run.model, run.train_model, run.data, windows,
+                                         cfg.batch_size, run.device, run.precision)  # fmt: skip
+        bpb = evaluation.bits_per_byte(val, run.data)
+        return val, {"val_loss": val, "val_bpb": bpb}, f"val_loss {val:.4f}, {bpb:.4f} bits/byte"
