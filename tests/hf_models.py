@@ -22,7 +22,23 @@ TEXT = (
     "Hello world, hello model. Numbers: 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14.\n"
     "Ünïcödé and emoji \u2603 stay whole.\n"
 ) * 20
-FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "qwen3")
+FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3")
+# Each new family's tiny model exercises its options on the tests' short texts (~15-30 tokens):
+# sliding windows of 8-10 tokens, soft caps that bite, LongRoPE switching at 16 tokens,
+# linear scaling on Gemma 3's global layers, a NoPE layer; and stays what llama.cpp runs.
+NEW_FAMILY_CONFIGS = {
+    "gemma2": {"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 8,
+               "attn_logit_softcapping": 2.0, "final_logit_softcapping": 3.0},
+    "gemma3": {"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 8,
+               "num_hidden_layers": 6, "rope_parameters": {
+                   "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                   "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}},
+    "phi3": {"sliding_window": 10, "original_max_position_embeddings": 16,
+             "partial_rotary_factor": 0.75, "rope_scaling": {
+                 "rope_type": "longrope", "short_factor": [1.0, 1.3, 2.1],
+                 "long_factor": [1.1, 2.5, 5.0]}},
+    "smollm3": {"num_hidden_layers": 4},  # layer 3 without RoPE
+}  # fmt: skip
 # Qwen2.5-1.5B's config.json: the estimate and the hub tests read only the shape.
 QWEN_1_5B = {
     "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_size": 1536,
@@ -102,6 +118,8 @@ def make_config(family: str, vocab: int, **extra):
         "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64,
     }  # fmt: skip
+    if family in NEW_FAMILY_CONFIGS:
+        extra = {**NEW_FAMILY_CONFIGS[family], **extra}
     shape = {**shape, **{k: extra.pop(k) for k in list(extra) if k in shape}}
     if family == "llama2":
         return t.LlamaConfig(**shape, **common, **extra)
@@ -115,6 +133,13 @@ def make_config(family: str, vocab: int, **extra):
         return t.MistralConfig(**shape, sliding_window=None, **common, **extra)
     if family == "qwen2":
         return t.Qwen2Config(**shape, tie_word_embeddings=True, **common, **extra)
+    if family in NEW_FAMILY_CONFIGS:
+        options = dict(extra)
+        kind = {"gemma2": t.Gemma2Config, "gemma3": t.Gemma3TextConfig, "phi3": t.Phi3Config,
+                "smollm3": t.SmolLM3Config}[family]  # fmt: skip
+        options.setdefault("pad_token_id", options.get("eos_token_id"))
+        options.setdefault("bos_token_id", None)
+        return kind(**shape, **common, **options)
     return t.Qwen3Config(**shape, head_dim=16, **common, **extra)  # head_dim != 32 / 4
 
 
