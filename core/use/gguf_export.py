@@ -406,6 +406,9 @@ def export_gguf(loaded: Loaded, folder: Path, quant: str = "f16", log=print,
     import numpy as np
 
     check_llama_cpp(loaded)
+    family = families.get(loaded.family)
+    for note in family.gguf_notes(loaded.model.config) if family.gguf_notes else ():
+        log(f"gguf: {note}")  # where llama.cpp runs the model otherwise, and when
     path = folder / name
     writer = gguf.GGUFWriter(str(path), families.get(loaded.family).gguf_arch)
     _hyperparameters(writer, loaded)

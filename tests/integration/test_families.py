@@ -59,7 +59,10 @@ VARIANTS = {
                                                   "sliding_attention"]}),
     "phi3-mini-4k-like": ("phi3", {"rope_scaling": None, "partial_rotary_factor": 1.0,
                                    "sliding_window": 7}),
-    "phi4-mini-like": ("phi3", {"sliding_window": None, "tie_word_embeddings": True}),
+    "phi4-mini-like": ("phi3", {"tie_word_embeddings": True}),
+    "phi3-window": ("phi3", {"sliding_window": 9}),
+    # the greedy text passes LongRoPE's original context: the cache is made again there
+    "phi3-longrope-switch": ("phi3", {"original_max_position_embeddings": 16}),
     "smollm3-nope-yarn": ("smollm3", {"no_rope_layers": [1, 0, 1, 1], "rope_scaling": {
         "rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 16}}),
     "qwen2-yarn": ("qwen2", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0,
@@ -84,7 +87,7 @@ def test_each_new_familys_options_are_on(tmp_path):
     assert g3.qk_norm and g3.rope_local_theta == 1e4 and g3.rope_scaling["factor"] == 8.0
     assert g3.layer_types.count("full_attention") == 1 and g3.embed_scale == 32**0.5
     assert phi.rope_dim == 6 and phi.rope_scaling["rope_type"] == "longrope"
-    assert phi.sliding_window == 10
+    assert phi.rope_scaling["original_max_position_embeddings"] == 8
     assert smol.nope_layers == [3]
 
 

@@ -40,6 +40,7 @@ class Family:
     gguf_hparams: Callable | None = None  # (gguf writer, c) -> its own metadata keys
     gguf_check: Callable | None = None  # c -> why llama.cpp would run it otherwise, or None
     gguf_extra: Callable | None = None  # c -> {llama.cpp name: tensor} it adds (rope factors)
+    gguf_notes: Callable | None = None  # c -> where llama.cpp runs it otherwise, and when
     export_config: Callable | None = None  # a fine-tune's base config.json -> the export's
     notes: Callable | None = None  # hf config.json -> lines to log when loading it
 

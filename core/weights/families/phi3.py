@@ -66,8 +66,26 @@ def gguf_extra(c: GPTConfig) -> dict:
     }
 
 
+def gguf_notes(c: GPTConfig) -> list[str]:
+    """What llama.cpp does otherwise than transformers (and TrainDeck) with a Phi-3."""
+    notes = []
+    if c.sliding_window:  # llama.cpp turned Phi-3's sliding window off (its SWA is disabled)
+        notes.append(
+            f"llama.cpp runs phi3 without its sliding window ({c.sliding_window} tokens): "
+            f"text over {c.sliding_window} tokens is computed otherwise than in transformers"
+        )
+    if rope_kind(c) == "longrope":
+        old = c.rope_scaling["original_max_position_embeddings"]
+        notes.append(
+            f"LongRoPE: llama.cpp takes the long factors for every position when its context "
+            f"(n_ctx) is over {old} tokens, the short ones otherwise; transformers and "
+            f"TrainDeck take them by the sequence's own length (over {old} tokens)"
+        )
+    return notes
+
+
 FAMILY = Family(
     name="phi3", display="Phi-3", hf_arch="Phi3ForCausalLM", config=config, table=table,
     gguf_arch="phi3", template="phi", stops=("<|end|>", "<|endoftext|>"),
-    gguf_hparams=gguf_hparams, gguf_extra=gguf_extra,
+    gguf_hparams=gguf_hparams, gguf_extra=gguf_extra, gguf_notes=gguf_notes,
 )  # fmt: skip
