@@ -205,7 +205,9 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
         held = 1 if cfg.grad_checkpointing else c.n_layers
         activations += held * rows * c.n_heads * cfg.seq_len**2 * CPU_SCORE_BYTES
     e = _act_bytes(precision)
-    if fused and precision == "fp32":  # LinearCrossEntropy: one fp32 block, in place
+    # LinearCrossEntropy (one fp32 block, in place) serves a plain head; Gemma 2's
+    # soft-capped logits take the checkpointed chunks (core.models.loss.fusable).
+    if fused and precision == "fp32" and not c.logit_softcap:
         logits = min(tokens, chunk_positions(c.vocab_size, fused=True)) * c.vocab_size * 4
     else:  # logits, their fp32 copy and its gradient, for one chunk of positions at a time
         logits = min(tokens, chunk_positions(c.vocab_size)) * c.vocab_size * (e + 4 + 4)

@@ -235,3 +235,57 @@ def test_a_256k_vocabulary_goes_through_the_chunked_loss_with_soft_capping():
         lm_loss(model.output_head(), hidden, y.reshape(-1), chunk=7),
         lm_loss(model.output_head(), hidden, y.reshape(-1), chunk=64), atol=1e-6,
     )  # fmt: skip
+
+
+# config.json files as the hub has them: Gemma 2 2B, and Gemma 3 4B, a multimodal checkpoint
+# whose text_config leaves most settings at Gemma3TextConfig's defaults.
+GEMMA2_2B = {
+    "architectures": ["Gemma2ForCausalLM"],
+    "model_type": "gemma2",
+    "attn_logit_softcapping": 50.0,
+    "final_logit_softcapping": 30.0,
+    "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "max_position_embeddings": 8192,
+    "num_attention_heads": 8,
+    "num_hidden_layers": 26,
+    "num_key_value_heads": 4,
+    "query_pre_attn_scalar": 256,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 10000.0,
+    "sliding_window": 4096,
+    "vocab_size": 256000,
+}
+GEMMA3_4B = {
+    "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+    "boi_token_index": 255999, "eoi_token_index": 256000, "image_token_index": 262144,
+    "mm_tokens_per_image": 256, "text_config": {
+        "hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+        "num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+        "sliding_window": 1024},
+    "vision_config": {"hidden_size": 1152, "model_type": "siglip_vision_model"},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "config, low, high", [(GEMMA2_2B, 2.60e9, 2.62e9), (GEMMA3_4B, 3.87e9, 3.89e9)]
+)
+def test_the_fit_ladder_answers_for_gemma_from_config_json_alone(tmp_path, config, low, high):
+    """Gemma 2 2B has 2.61B parameters, Gemma 3 4B's language model 3.88B; their 256k
+    vocabularies' logits are counted a chunk at a time, not for every position."""
+    from core.config.spec import TrainConfig, validate
+    from core.training.estimate import GB, estimate, fit_pretrained
+    from core.weights.loader import apply_pretrained, config_only
+
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    pre = config_only(tmp_path)
+    cfg = TrainConfig(init_from=str(tmp_path), tokenizer="model", seq_len=2048, batch_size=8)
+    cfg = validate(apply_pretrained(cfg, pre))
+    est = estimate(cfg)
+    assert low < est.n_params < high
+    vocab = pre.config.vocab_size
+    assert vocab >= 256_000 and est.logits < 0.5 * GB < 8 * 2048 * vocab * 4
+    fitted, why = fit_pretrained(cfg, 12 * GB)
+    assert fitted is not None and estimate(fitted).device_total <= 0.9 * 12 * GB, why
