@@ -289,3 +289,24 @@ def test_the_fit_ladder_answers_for_gemma_from_config_json_alone(tmp_path, confi
     assert vocab >= 256_000 and est.logits < 0.5 * GB < 8 * 2048 * vocab * 4
     fitted, why = fit_pretrained(cfg, 12 * GB)
     assert fitted is not None and estimate(fitted).device_total <= 0.9 * 12 * GB, why
+
+
+@pytest.mark.parametrize("family", ["gemma2", "phi3"])
+def test_dpo_starts_at_ln2_and_learns_the_preference(tmp_path, family):
+    """DPO through a soft-capped head (Gemma 2) and fused q/k/v with LongRoPE (Phi-3)."""
+    import math
+
+    make_model(tmp_path / "model", family)
+    rows = [{"prompt": f"Add {i} and {i + 1}.", "chosen": f"{2 * i + 1}. Done!",
+             "rejected": f"{2 * i + 1}. Hmm?"} for i in range(40)]  # fmt: skip
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    cfg = tiny_config(init_from=str(tmp_path / "model"), tokenizer="model", data=str(data),
+                      method="dpo", lora_rank=4, lr=1e-2, seq_len=48, dropout=0.0, max_steps=12,
+                      eval_every=12, ckpt_every=12, sample_tokens=0, val_fraction=0.1,
+                      warmup_steps=1)  # fmt: skip
+    Trainer(cfg, tmp_path / "run").run()
+    train, evals = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert train[0]["loss"] == pytest.approx(math.log(2), abs=1e-6)
+    assert evals[-1]["val_loss"] < evals[0]["val_loss"]
+    assert train[-1]["rewards/margins"] > 0
