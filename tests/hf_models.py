@@ -166,3 +166,26 @@ def make_model(folder: Path, family: str, seed: int = 0, **extra):
     })  # fmt: skip
     model.save_pretrained(folder)
     return model, tok
+
+
+def make_gemma3_multimodal(folder):
+    """A tiny Gemma3ForConditionalGeneration (model_type gemma3, as 4B/12B/27B ship)."""
+    import transformers as t
+
+    tok = make_tokenizer(folder, "gemma3")
+    text = t.Gemma3TextConfig(
+        vocab_size=len(tok) + 5, hidden_size=32, intermediate_size=48, num_hidden_layers=6,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16,
+        sliding_window=8, max_position_embeddings=64, initializer_range=0.3,
+        pad_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None,
+        rope_scaling={"rope_type": "linear", "factor": 8.0},
+    )  # fmt: skip
+    vision = t.SiglipVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                  num_attention_heads=2, image_size=28, patch_size=14)  # fmt: skip
+    config = t.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
+                            image_token_id=len(tok) + 1, boi_token_index=len(tok) + 2,
+                            eoi_token_index=len(tok) + 3)  # fmt: skip
+    torch.manual_seed(0)
+    model = t.Gemma3ForConditionalGeneration(config).float().eval()
+    model.save_pretrained(folder)
+    return model, tok
