@@ -69,7 +69,7 @@ def gguf_extra(c: GPTConfig) -> dict:
 def gguf_notes(c: GPTConfig) -> list[str]:
     """What llama.cpp does otherwise than transformers (and TrainDeck) with a Phi-3."""
     notes = []
-    if c.sliding_window:  # llama.cpp turned Phi-3's sliding window off (its SWA is disabled)
+    if c.sliding_window and c.sliding_window < c.seq_len:  # llama.cpp turned Phi-3's SWA off
         notes.append(
             f"llama.cpp runs phi3 without its sliding window ({c.sliding_window} tokens): "
             f"text over {c.sliding_window} tokens is computed otherwise than in transformers"
