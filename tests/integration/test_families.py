@@ -286,3 +286,12 @@ def test_dpo_starts_at_ln2_and_learns_the_preference(tmp_path, family):
     assert train[0]["loss"] == pytest.approx(math.log(2), abs=1e-6)
     assert evals[-1]["val_loss"] < evals[0]["val_loss"]
     assert train[-1]["rewards/margins"] > 0
+
+
+def test_gguf_logs_where_llama_cpp_runs_phi3_otherwise(tmp_path, capsys):
+    make_model(tmp_path / "model", "phi3", sliding_window=9)
+    export(tmp_path / "model", "gguf", tmp_path / "gguf", quant="f32")
+    out = capsys.readouterr().out
+    assert "llama.cpp runs phi3 without its sliding window (9 tokens)" in out
+    assert "LongRoPE: llama.cpp takes the long factors for every position" in out
+    assert (tmp_path / "gguf" / "model.gguf").is_file()
