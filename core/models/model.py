@@ -464,16 +464,18 @@ class GPT(nn.Module):
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    def _rope(self, start: int, end: int, device):
+    def _rope(self, start: int, end: int, device, furthest: int | None = None):
         """cos and sin for positions start..end-1, from a table grown on demand (a model
-        with a 128k context should not hold 128k rows it never uses)."""
+        with a 128k context should not hold 128k rows it never uses). furthest: the
+        furthest position used plus one, where it is less than end (packed examples)."""
         c = self.config
         if c.positions != "rope":
             return None
         # LongRoPE: the long factors once the sequence passes the original context (as
         # transformers chooses them, by the furthest position of the forward pass).
         s = c.rope_scaling or {}
-        long = rope_kind(c) == "longrope" and end > s["original_max_position_embeddings"]
+        furthest = end if furthest is None else furthest
+        long = rope_kind(c) == "longrope" and furthest > s["original_max_position_embeddings"]
         cache = self._rope_cache
         if (
             cache is None or cache[0].shape[0] < end or cache[0].device != device
@@ -507,7 +509,10 @@ class GPT(nn.Module):
             positions = torch.arange(pos, pos + t, device=idx.device)
         if self.config.positions == "learned":
             return x + self.pos_emb(positions), None
-        table = self._rope(0, pos + t, idx.device)
+        furthest = None
+        if positions.dim() == 2 and rope_kind(self.config) == "longrope":
+            furthest = int(positions.max()) + 1  # each packed example counts from 0
+        table = self._rope(0, pos + t, idx.device, furthest)
         if positions.dim() == 2:  # each packed example from position 0: (B, 1, T, head)
             return x, tuple(r[positions].unsqueeze(1) for r in table)
         return x, tuple(r[positions] for r in table)

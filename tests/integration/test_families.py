@@ -295,3 +295,18 @@ def test_gguf_logs_where_llama_cpp_runs_phi3_otherwise(tmp_path, capsys):
     assert "llama.cpp runs phi3 without its sliding window (9 tokens)" in out
     assert "LongRoPE: llama.cpp takes the long factors for every position" in out
     assert (tmp_path / "gguf" / "model.gguf").is_file()
+
+
+@pytest.mark.parametrize("family", ["phi3", "gemma2"])
+def test_packed_examples_score_as_they_would_alone(tmp_path, family):
+    """Chat data packs examples into one window: each counts positions from 0, so LongRoPE
+    keeps its short factors for short examples and a sliding window stays inside each."""
+    _, tok = make_model(tmp_path, family)
+    model = load(tmp_path).model
+    a, b = tok("def add(a")["input_ids"], tok("hello world 12 fox")["input_ids"]
+    assert len(a) < 8 < len(a) + len(b)  # each under the original context, together over
+    segments = torch.tensor([[0] * len(a) + [1] * len(b)])
+    with torch.no_grad():
+        packed, _ = model(torch.tensor([a + b]), segments=segments)
+        alone = torch.cat([model(torch.tensor([a]))[0], model(torch.tensor([b]))[0]], dim=1)
+    assert (packed - alone).abs().max() < 1e-5
