@@ -323,6 +323,10 @@ def _hyperparameters(writer, loaded: Loaded) -> None:
     if scaling.get("rope_type", scaling.get("type")) == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(scaling["factor"])
+    if scaling.get("rope_type", scaling.get("type")) == "yarn":  # as convert_hf_to_gguf.py
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(scaling["factor"])
+        writer.add_rope_scaling_orig_ctx_len(scaling["original_max_position_embeddings"])
     if family.gguf_hparams is not None:
         family.gguf_hparams(writer, c)
 
@@ -365,8 +369,6 @@ def check_llama_cpp(loaded: Loaded) -> None:
     reason = family.gguf_check(c) if family.gguf_check else None
     scaling = c.rope_scaling or {}
     kind = scaling.get("rope_type", scaling.get("type"))
-    if reason is None and kind == "yarn":
-        reason = "YaRN RoPE scaling is not written to GGUF by TrainDeck yet"
     if reason is None and kind == "longrope" and family.gguf_extra is None:
         reason = f"llama.cpp's {family.gguf_arch} has no LongRoPE factors"
     if reason:

@@ -178,7 +178,6 @@ def test_a_gemma3_multimodal_checkpoint_loads_text_only_and_exports_its_text_mod
             },
             "every 6th layer as full attention",
         ),
-        ("qwen2", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "YaRN"),
     ],
 )
 def test_gguf_refuses_what_llama_cpp_would_run_otherwise(tmp_path, family, extra, needle):
