@@ -18,7 +18,7 @@ from PySide6.QtWidgets import (
 
 from core.errors import UserError
 from core.use import start_model
-from core.weights import download
+from core.weights import download, families
 from core.weights.loader import Pretrained, info_line, is_hub_id, open_pretrained
 from gui.hub_download import HubDownload
 
@@ -48,8 +48,8 @@ class StartFromBox(QGroupBox):
         )
         self.source.setToolTip(
             "A Hugging Face model folder (config.json, model.safetensors, tokenizer.json) or a "
-            "hub id, downloaded once into the Hugging Face cache. GPT-2, Llama, Mistral, Qwen2 "
-            "and Qwen3 families; no code from the model is ever run."
+            "hub id, downloaded once into the Hugging Face cache. Families: "
+            f"{families.display_list()}; no code from the model is ever run."
         )
         self.choose = QPushButton("Folder…")
         self.choose.clicked.connect(self._choose)

@@ -22,7 +22,24 @@ TEXT = (
     "Hello world, hello model. Numbers: 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14.\n"
     "Ünïcödé and emoji \u2603 stay whole.\n"
 ) * 20
-FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "qwen3")
+FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3")
+# Each new family's tiny model exercises its options on the tests' short texts (~15-30 tokens):
+# sliding windows of 8 tokens (Phi-3's: test_families, as llama.cpp runs Phi-3 without one),
+# soft caps that bite, LongRoPE's long factors past 8 tokens, linear scaling on Gemma 3's
+# global layers, a NoPE layer; and stays what llama.cpp runs.
+NEW_FAMILY_CONFIGS = {
+    "gemma2": {"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 8,
+               "attn_logit_softcapping": 2.0, "final_logit_softcapping": 3.0},
+    "gemma3": {"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 8,
+               "num_hidden_layers": 6, "rope_parameters": {
+                   "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                   "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}},
+    "phi3": {"sliding_window": None, "original_max_position_embeddings": 8,
+             "partial_rotary_factor": 0.75, "rope_scaling": {
+                 "rope_type": "longrope", "short_factor": [1.0, 1.3, 2.1],
+                 "long_factor": [1.1, 2.5, 5.0]}},
+    "smollm3": {"num_hidden_layers": 4},  # layer 3 without RoPE
+}  # fmt: skip
 # Qwen2.5-1.5B's config.json: the estimate and the hub tests read only the shape.
 QWEN_1_5B = {
     "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_size": 1536,
@@ -102,6 +119,8 @@ def make_config(family: str, vocab: int, **extra):
         "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64,
     }  # fmt: skip
+    if family in NEW_FAMILY_CONFIGS:
+        extra = {**NEW_FAMILY_CONFIGS[family], **extra}
     shape = {**shape, **{k: extra.pop(k) for k in list(extra) if k in shape}}
     if family == "llama2":
         return t.LlamaConfig(**shape, **common, **extra)
@@ -115,6 +134,13 @@ def make_config(family: str, vocab: int, **extra):
         return t.MistralConfig(**shape, sliding_window=None, **common, **extra)
     if family == "qwen2":
         return t.Qwen2Config(**shape, tie_word_embeddings=True, **common, **extra)
+    if family in NEW_FAMILY_CONFIGS:
+        options = dict(extra)
+        kind = {"gemma2": t.Gemma2Config, "gemma3": t.Gemma3TextConfig, "phi3": t.Phi3Config,
+                "smollm3": t.SmolLM3Config}[family]  # fmt: skip
+        options.setdefault("pad_token_id", options.get("eos_token_id"))
+        options.setdefault("bos_token_id", None)
+        return kind(**shape, **common, **options)
     return t.Qwen3Config(**shape, head_dim=16, **common, **extra)  # head_dim != 32 / 4
 
 
@@ -138,5 +164,28 @@ def make_model(folder: Path, family: str, seed: int = 0, **extra):
     model.generation_config = GenerationConfig(eos_token_id=stops, **{
         k: v for k, v in ids.items() if k == "bos_token_id"
     })  # fmt: skip
+    model.save_pretrained(folder)
+    return model, tok
+
+
+def make_gemma3_multimodal(folder):
+    """A tiny Gemma3ForConditionalGeneration (model_type gemma3, as 4B/12B/27B ship)."""
+    import transformers as t
+
+    tok = make_tokenizer(folder, "gemma3")
+    text = t.Gemma3TextConfig(
+        vocab_size=len(tok) + 5, hidden_size=32, intermediate_size=48, num_hidden_layers=6,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16,
+        sliding_window=8, max_position_embeddings=64, initializer_range=0.3,
+        pad_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None,
+        rope_scaling={"rope_type": "linear", "factor": 8.0},
+    )  # fmt: skip
+    vision = t.SiglipVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                  num_attention_heads=2, image_size=28, patch_size=14)  # fmt: skip
+    config = t.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
+                            image_token_id=len(tok) + 1, boi_token_index=len(tok) + 2,
+                            eoi_token_index=len(tok) + 3)  # fmt: skip
+    torch.manual_seed(0)
+    model = t.Gemma3ForConditionalGeneration(config).float().eval()
     model.save_pretrained(folder)
     return model, tok

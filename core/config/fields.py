@@ -8,9 +8,10 @@ from dataclasses import dataclass, field
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 LORA_TARGETS = ("attn", "mlp", "all")
 LORA_TARGET_HELP = (
-    "layers that get LoRA adapters; attn: attention projections (Llama, Mistral, Qwen: "
-    "q_proj, k_proj, v_proj, o_proj; GPT-2: c_attn, attn.c_proj); mlp: feed-forward "
-    "(gate_proj, up_proj, down_proj; GPT-2: c_fc, mlp.c_proj); all: both"
+    "layers that get LoRA adapters; attn: attention projections (Llama, Mistral, Qwen, Gemma, "
+    "SmolLM3: q_proj, k_proj, v_proj, o_proj; Phi-3: qkv_proj, o_proj; GPT-2: c_attn, "
+    "attn.c_proj); mlp: feed-forward (gate_proj, up_proj, down_proj; Phi-3: gate_up_proj, "
+    "down_proj; GPT-2: c_fc, mlp.c_proj); all: both"
 )
 TOKENIZERS = ("bytes", "bpe", "model")  # model: the pretrained model's own (init_from)
 DATA_FORMATS = ("auto", "text", "chat", "preference")  # chat: core.data.chatdata; preference: pairs
@@ -63,7 +64,8 @@ class ModelFields:
     init_from: str | None = spec(
         None,
         "start from a pretrained model: a Hugging Face model folder or hub id "
-        "(GPT-2, Llama, Mistral, Qwen2, Qwen3 families); default: a new model",
+        "(GPT-2, Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3, Phi-3, SmolLM3 families, "
+        "core.weights.families); default: a new model",
         optional=True,
         arch=True,
     )

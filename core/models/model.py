@@ -1,7 +1,10 @@
 """A decoder-only transformer, in the spirit of nanoGPT's model.py, with the options that
-GPT-2 and the Llama family (Llama 2/3, SmolLM, TinyLlama, Mistral, Qwen2/2.5, Qwen3) need:
-LayerNorm or RMSNorm, learned or rotary positions, GELU or SwiGLU MLP, grouped-query
-attention, a head size of its own, q/k/v biases, q/k norms, tied or separate output head.
+GPT-2, the Llama family (Llama 2/3, SmolLM, TinyLlama, Mistral, Qwen2/2.5, Qwen3), Gemma 2/3,
+Phi-3/Phi-4-mini and SmolLM3 need: LayerNorm or RMSNorm (with Gemma's 1 + w), learned or
+rotary positions (linear, llama3, yarn and longrope scaling, partial rotary, local and global
+bases, layers without positions), GELU, SwiGLU or GeGLU MLP, grouped-query attention, a head
+size and attention scale of their own, q/k/v biases, q/k norms, post-norms, sliding-window
+layers, soft-capped attention scores and logits, scaled embeddings, tied or separate head.
 
 The defaults are TrainDeck's own GPT-2-style model. A family is a set of these options plus a
 weight-name table (core.weights.families), not a class of its own. q, k and v live in one fused
@@ -27,7 +30,9 @@ from core.models.loss import lm_loss, sequence_logps
 VOCAB_SIZE = 256  # bytes: no tokenizer to download
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rope")
-MLPS = ("gelu", "gelu_tanh", "swiglu")
+MLPS = ("gelu", "gelu_tanh", "swiglu", "geglu")
+GATED = ("swiglu", "geglu")  # gate and up in one fused Linear
+SLIDING = "sliding_attention"  # a layer type (config.json's names), the other "full_attention"
 
 
 # A new model with arch llama: Llama's choices, as SmolLM2 makes them (tied embeddings).
@@ -68,6 +73,18 @@ class GPTConfig:
     mlp_bias: bool | None = None
     qk_norm: bool = False  # RMSNorm over each head of q and k (Qwen3)
     tie_embeddings: bool = True
+    # Options of the newer families; each default leaves the model as it was.
+    norm_offset: float = 0.0  # Gemma: RMSNorm scales by (1 + weight), in fp32
+    post_norms: bool = False  # Gemma 2/3: a norm on each sub-layer's output before the add
+    embed_scale: float | None = None  # Gemma: embeddings times sqrt(hidden_dim)
+    attn_scale: float | None = None  # None: 1/sqrt(head_dim); Gemma: query_pre_attn_scalar**-0.5
+    attn_softcap: float | None = None  # Gemma 2: scores -> cap * tanh(scores / cap)
+    logit_softcap: float | None = None  # Gemma 2: the same on the output logits
+    sliding_window: int | None = None  # keys a sliding layer sees, its own included
+    layer_types: list | None = None  # per layer "sliding_attention" / "full_attention"
+    rope_local_theta: float | None = None  # Gemma 3: sliding layers' base, without scaling
+    rope_dim: int | None = None  # rotary dimensions of a head (partial rotary); None: all
+    nope_layers: list | None = None  # SmolLM3: layers without rotary positions
     # Hand-written backward passes and the fused loss (core.models.fused, LinearCrossEntropy):
     # equal within fp32 rounding, not bit for bit, so a fine-tune (from_train with a base)
     # uses them and a new model keeps the plain ops its older runs resume with exactly.
@@ -116,12 +133,16 @@ class GPTConfig:
 class RMSNorm(nn.Module):
     """As Llama's: normalise in fp32, scale in the input's type."""
 
-    def __init__(self, dim: int, eps: float, fused: bool = False):
+    def __init__(self, dim: int, eps: float, fused: bool = False, offset: float = 0.0):
         super().__init__()
-        self.eps, self.fused = eps, fused
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps, self.fused, self.offset = eps, fused, offset
+        self.weight = nn.Parameter(torch.full((dim,), 1.0 - offset))
 
     def forward(self, x):
+        if self.offset:  # Gemma's: scaled by (1 + weight) in fp32, then cast
+            h = x.float()
+            h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+            return (h * (self.offset + self.weight.float())).to(x.dtype)
         if self.fused:
             return rms_norm(x, self.weight, self.eps)  # the same forward, fewer saved tensors
         h = x.float()
@@ -131,18 +152,30 @@ class RMSNorm(nn.Module):
 
 def make_norm(c: GPTConfig, dim: int | None = None) -> nn.Module:
     if c.norm == "rmsnorm":
-        return RMSNorm(dim or c.hidden_dim, c.norm_eps, c.fused)
+        return RMSNorm(dim or c.hidden_dim, c.norm_eps, c.fused, c.norm_offset)
     return nn.LayerNorm(dim or c.hidden_dim, eps=c.norm_eps, bias=c.bias)
 
 
-def rope_frequencies(c: GPTConfig) -> torch.Tensor:
-    """Inverse frequencies of rotary positions, with Llama 3's or linear scaling."""
-    d = c.head_dim
+def rope_kind(c: GPTConfig) -> str:
+    s = c.rope_scaling or {}
+    return s.get("rope_type", s.get("type", "default"))
+
+
+def rope_frequencies(c: GPTConfig, long: bool = False) -> torch.Tensor:
+    """Inverse frequencies of rotary positions, with linear, Llama 3's, YaRN or LongRoPE
+    scaling (long: LongRoPE's long factors, for sequences past its original context)."""
+    d = c.rope_dim or c.head_dim
     inv = 1.0 / (c.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
     s = c.rope_scaling or {}
-    kind = s.get("rope_type", s.get("type", "default"))
+    kind = rope_kind(c)
     if kind == "linear":
         return inv / s["factor"]
+    if kind == "longrope":
+        factors = torch.tensor(s["long_factor" if long else "short_factor"], dtype=torch.float32)
+        shape = torch.arange(0, d, 2, dtype=torch.int64).float() / d
+        return 1.0 / (factors * c.rope_theta**shape)
+    if kind == "yarn":
+        return _yarn(c, d, s)
     if kind == "llama3":
         factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
         old = s["original_max_position_embeddings"]
@@ -155,6 +188,46 @@ def rope_frequencies(c: GPTConfig) -> torch.Tensor:
     return inv
 
 
+def _yarn(c: GPTConfig, d: int, s: dict) -> torch.Tensor:
+    """YaRN's frequencies, as transformers' _compute_yarn_parameters makes them."""
+    base, factor = c.rope_theta, s["factor"]
+    old = s.get("original_max_position_embeddings") or c.seq_len
+
+    def dim_of(rotations):
+        return (d * math.log(old / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = dim_of(s.get("beta_fast") or 32), dim_of(s.get("beta_slow") or 1)
+    if s.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(d // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    pos = base ** (torch.arange(0, d, 2).float() / d)
+    extrapolate = 1 - ramp
+    return (1.0 / (factor * pos)) * (1 - extrapolate) + (1.0 / pos) * extrapolate
+
+
+def rope_attention_factor(c: GPTConfig) -> float:
+    """What YaRN and LongRoPE multiply cos and sin by (1.0 for the other kinds)."""
+    s, kind = c.rope_scaling or {}, rope_kind(c)
+    if s.get("attention_factor") is not None:
+        return float(s["attention_factor"])
+    if kind == "yarn":
+
+        def m(scale, k=1.0):
+            return 1.0 if scale <= 1 else 0.1 * k * math.log(scale) + 1.0
+
+        if s.get("mscale") and s.get("mscale_all_dim"):
+            return m(s["factor"], s["mscale"]) / m(s["factor"], s["mscale_all_dim"])
+        return m(s["factor"])
+    if kind == "longrope":
+        old = s["original_max_position_embeddings"]
+        factor = s.get("factor") or c.seq_len / old
+        return 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(old))
+    return 1.0
+
+
 def rotate(x, cos, sin):
     """Rotary embedding in the half-split layout that Hugging Face checkpoints use."""
     half = x.shape[-1] // 2
@@ -163,18 +236,24 @@ def rotate(x, cos, sin):
 
 
 class SelfAttention(nn.Module):
-    def __init__(self, c: GPTConfig):
+    def __init__(self, c: GPTConfig, layer: int = 0):
         super().__init__()
         self.n_heads, self.n_kv, self.hd = c.n_heads, c.n_kv_heads, c.head_dim
         self.sizes = (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.n_kv_heads * c.head_dim)
         self.qkv = nn.Linear(c.hidden_dim, sum(self.sizes), bias=c.qkv_bias)
         self.proj = nn.Linear(c.n_heads * c.head_dim, c.hidden_dim, bias=c.out_bias)
         if c.qk_norm:
-            self.q_norm = RMSNorm(c.head_dim, c.norm_eps, c.fused)
-            self.k_norm = RMSNorm(c.head_dim, c.norm_eps, c.fused)
+            self.q_norm = RMSNorm(c.head_dim, c.norm_eps, c.fused, c.norm_offset)
+            self.k_norm = RMSNorm(c.head_dim, c.norm_eps, c.fused, c.norm_offset)
         self.qk_norm, self.fused = c.qk_norm, c.fused
         self.dropout = c.dropout
         self.resid_drop = nn.Dropout(c.dropout)
+        sliding = bool(c.layer_types) and c.layer_types[layer] == SLIDING
+        self.window = c.sliding_window if sliding else None
+        self.local_rope = sliding and c.rope_local_theta is not None  # Gemma 3's local base
+        self.use_rope = layer not in (c.nope_layers or ())
+        self.rope_dim = c.rope_dim if c.rope_dim and c.rope_dim < c.head_dim else None
+        self.scale, self.softcap = c.attn_scale, c.attn_softcap
 
     def _qkv(self, x, rope):
         b, t, _ = x.shape
@@ -188,9 +267,14 @@ class SelfAttention(nn.Module):
             v = v.contiguous()
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        if rope is not None:
+        if rope is not None and self.use_rope:
+            rope = rope[2:] if self.local_rope else rope[:2]
             cos, sin = (r.to(q.dtype) for r in rope)
-            if self.fused:
+            if self.rope_dim:  # partial rotary: the first rope_dim dimensions turn
+                d = self.rope_dim
+                q = torch.cat((rotate(q[..., :d], cos, sin), q[..., d:]), dim=-1)
+                k = torch.cat((rotate(k[..., :d], cos, sin), k[..., d:]), dim=-1)
+            elif self.fused:
                 sin = signed_sin(sin)
                 q, k = fused_rope(q, cos, sin), fused_rope(k, cos, sin)
             else:
@@ -199,17 +283,23 @@ class SelfAttention(nn.Module):
 
     def _attend(self, q, k, v, causal: bool, mask=None):
         gqa = self.n_kv != self.n_heads
-        if gqa and not self.fused:  # each k/v head serves several q heads
+        if gqa and (not self.fused or self.softcap):  # each k/v head serves several q heads
             k = k.repeat_interleave(self.n_heads // self.n_kv, dim=1)
             v = v.repeat_interleave(self.n_heads // self.n_kv, dim=1)
         drop = self.dropout if self.training else 0.0
-        # SDPA picks the flash / memory-efficient kernel on CUDA; with packed examples the
-        # mask (causal within each example) takes the place of is_causal. Grouped-query:
-        # fused, SDPA serves each k/v head to its q heads (no repeated copies of k and v).
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=drop, is_causal=causal and mask is None,
-            enable_gqa=gqa and self.fused,
-        )  # fmt: skip
+        if causal and self.window is not None and q.shape[2] > self.window:
+            mask = window_mask(q.shape[2], self.window, q.device, mask)
+        if self.softcap:
+            y = softcapped_attention(q, k, v, causal and mask is None, mask, self.scale,
+                                     self.softcap, drop)  # fmt: skip
+        else:
+            # SDPA picks the flash / memory-efficient kernel on CUDA; with packed examples
+            # the mask (causal within each example) takes the place of is_causal. Grouped-
+            # query: fused, SDPA serves each k/v head to its q heads (no repeated k and v).
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=drop, is_causal=causal and mask is None,
+                enable_gqa=gqa and self.fused, scale=self.scale,
+            )  # fmt: skip
         b, _, t, _ = y.shape
         return self.proj(y.transpose(1, 2).reshape(b, t, self.n_heads * self.hd))
 
@@ -219,18 +309,44 @@ class SelfAttention(nn.Module):
 
     def cached(self, x, past, rope=None):
         """forward() for generation: attends to past (k, v) too; returns (y, new (k, v)).
-        With a past, x is one new token, which may see everything before it."""
+        With a past, x is one new token, which may see everything before it (a sliding
+        layer: its window's last keys)."""
         q, k, v = self._qkv(x, rope)
         if past is not None:
             k, v = torch.cat((past[0], k), dim=2), torch.cat((past[1], v), dim=2)
+            if self.window is not None:
+                return self._attend(q, k[:, :, -self.window :], v[:, :, -self.window :],
+                                    causal=False), (k, v)  # fmt: skip
         return self._attend(q, k, v, causal=past is None), (k, v)
+
+
+def window_mask(t: int, window: int, device, mask=None) -> torch.Tensor:
+    """Causal attention to the window's last keys (the query's own included), within mask
+    (packed examples) where one is given: (T, T) or mask's shape."""
+    i = torch.arange(t, device=device)
+    near = (i[:, None] >= i[None, :]) & (i[:, None] - i[None, :] < window)
+    return near if mask is None else mask & near
+
+
+def softcapped_attention(q, k, v, causal: bool, mask, scale, cap: float, drop: float):
+    """Gemma 2's attention: scores soft-capped (cap * tanh(scores / cap)) before the
+    softmax, which SDPA cannot do."""
+    scores = (q @ k.transpose(-2, -1)) * (scale if scale is not None else q.shape[-1] ** -0.5)
+    scores = torch.tanh(scores / cap) * cap
+    if causal:
+        t, s = q.shape[2], k.shape[2]
+        mask = torch.ones(t, s, dtype=torch.bool, device=q.device).tril(s - t)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return F.dropout(weights, drop) @ v
 
 
 class MLP(nn.Module):
     def __init__(self, c: GPTConfig):
         super().__init__()
         self.kind, self.fused = c.mlp, c.fused
-        width = 2 * c.ffn_dim if c.mlp == "swiglu" else c.ffn_dim  # gate and up, fused
+        width = 2 * c.ffn_dim if c.mlp in GATED else c.ffn_dim  # gate and up, fused
         self.fc = nn.Linear(c.hidden_dim, width, bias=c.mlp_bias)
         self.proj = nn.Linear(c.ffn_dim, c.hidden_dim, bias=c.mlp_bias)
         self.drop = nn.Dropout(c.dropout)
@@ -245,20 +361,30 @@ class MLP(nn.Module):
         elif self.kind == "swiglu":
             gate, up = h.chunk(2, dim=-1)
             h = F.silu(gate) * up
+        elif self.kind == "geglu":  # Gemma: GELU's tanh form on the gate
+            gate, up = h.chunk(2, dim=-1)
+            h = F.gelu(gate, approximate="tanh") * up
         else:
             h = F.gelu(h, approximate="tanh" if self.kind == "gelu_tanh" else "none")
         return self.drop(self.proj(h))
 
 
 class Block(nn.Module):
-    def __init__(self, c: GPTConfig):
+    def __init__(self, c: GPTConfig, layer: int = 0):
         super().__init__()
         self.ln1 = make_norm(c)
-        self.attn = SelfAttention(c)
+        self.attn = SelfAttention(c, layer)
         self.ln2 = make_norm(c)
         self.mlp = MLP(c)
+        self.post_norms = c.post_norms
+        if c.post_norms:  # Gemma 2/3: each sub-layer's output normed before the add
+            self.ln1_post = make_norm(c)
+            self.ln2_post = make_norm(c)
 
     def forward(self, x, rope=None, mask=None, remake: Remake | None = None):
+        if self.post_norms:
+            x = x + self.ln1_post(self.attn(self._norm(self.ln1, x, remake), rope, mask))
+            return x + self.ln2_post(self.mlp(self._norm(self.ln2, x, remake), remake))
         x = x + self.attn(self._norm(self.ln1, x, remake), rope, mask)
         return x + self.mlp(self._norm(self.ln2, x, remake), remake)
 
@@ -269,6 +395,9 @@ class Block(nn.Module):
 
     def cached(self, x, past, rope=None):
         y, kv = self.attn.cached(self.ln1(x), past, rope)
+        if self.post_norms:
+            x = x + self.ln1_post(y)
+            return x + self.ln2_post(self.mlp(self.ln2(x))), kv
         x = x + y
         return x + self.mlp(self.ln2(x)), kv
 
@@ -286,6 +415,17 @@ def packed(segments: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return index - first, (same & causal).unsqueeze(1)
 
 
+class SoftcappedHead:
+    """head(x) soft-capped: cap * tanh(logits / cap). Not an nn.Linear, so the loss takes
+    its checkpointed chunks (core.models.loss.fusable) rather than the fused kernel."""
+
+    def __init__(self, head: nn.Linear, cap: float):
+        self.head, self.cap, self.weight = head, cap, head.weight
+
+    def __call__(self, x):
+        return torch.tanh(self.head(x) / self.cap) * self.cap
+
+
 class GPT(nn.Module):
     def __init__(self, c: GPTConfig):
         super().__init__()
@@ -299,12 +439,13 @@ class GPT(nn.Module):
         if c.positions == "learned":
             self.pos_emb = nn.Embedding(c.seq_len, c.hidden_dim)
         self.drop = nn.Dropout(c.dropout)
-        self.blocks = nn.ModuleList(Block(c) for _ in range(c.n_layers))
+        self.blocks = nn.ModuleList(Block(c, i) for i in range(c.n_layers))
         self.ln_f = make_norm(c)
         self.head = nn.Linear(c.hidden_dim, c.vocab_size, bias=False)
         if c.tie_embeddings:
             self.head.weight = self.tok_emb.weight
         self._rope_cache: tuple | None = None
+        self._rope_long = False
         self.apply(self._init_weights)
         # GPT-2: scale residual projections by depth so the residual stream stays O(1).
         for name, p in self.named_parameters():
@@ -323,33 +464,58 @@ class GPT(nn.Module):
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    def _rope(self, start: int, end: int, device):
+    def _rope(self, start: int, end: int, device, furthest: int | None = None):
         """cos and sin for positions start..end-1, from a table grown on demand (a model
-        with a 128k context should not hold 128k rows it never uses)."""
-        if self.config.positions != "rope":
+        with a 128k context should not hold 128k rows it never uses). furthest: the
+        furthest position used plus one, where it is less than end (packed examples)."""
+        c = self.config
+        if c.positions != "rope":
             return None
+        # LongRoPE: the long factors once the sequence passes the original context (as
+        # transformers chooses them, by the furthest position of the forward pass).
+        s = c.rope_scaling or {}
+        furthest = end if furthest is None else furthest
+        long = rope_kind(c) == "longrope" and furthest > s["original_max_position_embeddings"]
         cache = self._rope_cache
-        if cache is None or cache[0].shape[0] < end or cache[0].device != device:
+        if (
+            cache is None or cache[0].shape[0] < end or cache[0].device != device
+            or self._rope_long != long
+        ):  # fmt: skip
             n = max(end, 256)
-            inv = rope_frequencies(self.config).to(device)
-            freqs = torch.outer(torch.arange(n, device=device, dtype=torch.float32), inv)
-            emb = torch.cat((freqs, freqs), dim=-1)
-            cache = self._rope_cache = (emb.cos(), emb.sin())
-        return cache[0][start:end], cache[1][start:end]
+            inv = rope_frequencies(c, long).to(device)
+            cache = self._rope_table(inv, n, device, rope_attention_factor(c))
+            if c.rope_local_theta is not None:  # sliding layers' own base, no scaling
+                local = dataclasses.replace(c, rope_theta=c.rope_local_theta, rope_scaling=None)
+                cache += self._rope_table(rope_frequencies(local).to(device), n, device)
+            self._rope_cache, self._rope_long = cache, long
+        return tuple(t[start:end] for t in cache)
+
+    @staticmethod
+    def _rope_table(inv, n: int, device, factor: float = 1.0) -> tuple:
+        freqs = torch.outer(torch.arange(n, device=device, dtype=torch.float32), inv)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        if factor != 1.0:
+            return (emb.cos() * factor, emb.sin() * factor)
+        return (emb.cos(), emb.sin())
 
     def _embed(self, idx, pos: int, positions=None):
         t = idx.shape[1]
         if pos + t > self.config.seq_len:
             raise ValueError(f"position {pos + t} is past seq_len {self.config.seq_len}")
         x = self.tok_emb(idx)
+        if self.config.embed_scale is not None:  # Gemma: in the embedding's dtype
+            x = x * torch.tensor(self.config.embed_scale, dtype=x.dtype)
         if positions is None:
             positions = torch.arange(pos, pos + t, device=idx.device)
         if self.config.positions == "learned":
             return x + self.pos_emb(positions), None
-        cos, sin = self._rope(0, pos + t, idx.device)
+        furthest = None
+        if positions.dim() == 2 and rope_kind(self.config) == "longrope":
+            furthest = int(positions.max()) + 1  # each packed example counts from 0
+        table = self._rope(0, pos + t, idx.device, furthest)
         if positions.dim() == 2:  # each packed example from position 0: (B, 1, T, head)
-            return x, (cos[positions].unsqueeze(1), sin[positions].unsqueeze(1))
-        return x, (cos[positions], sin[positions])
+            return x, tuple(r[positions].unsqueeze(1) for r in table)
+        return x, tuple(r[positions] for r in table)
 
     def forward(self, idx, targets=None, loss_mask=None, segments=None, per_sequence=False):
         """(logits, None) without targets; (None, loss) with them: the mean cross-entropy
@@ -372,11 +538,17 @@ class GPT(nn.Module):
         else:
             for block in self.blocks:
                 x = block(x, rope, mask)
+        head = self.output_head()
         if targets is None:
-            return self.head(self.ln_f(x)), None
+            return head(self.ln_f(x)), None
         if per_sequence:
-            return None, sequence_logps(self.head, self.ln_f(x), targets, loss_mask)
-        return None, lm_loss(self.head, self.ln_f(x), targets, loss_mask, fused=self.config.fused)
+            return None, sequence_logps(head, self.ln_f(x), targets, loss_mask)
+        return None, lm_loss(head, self.ln_f(x), targets, loss_mask, fused=self.config.fused)
+
+    def output_head(self):
+        """The head, or (Gemma 2) the head with its logits soft-capped."""
+        cap = self.config.logit_softcap
+        return self.head if not cap else SoftcappedHead(self.head, cap)
 
     def _remakes(self) -> bool:
         """A fine-tune's training forward, eager: under torch.compile the compiler chooses
@@ -388,6 +560,14 @@ class GPT(nn.Module):
             and not torch.compiler.is_compiling()
         )
 
+    def rope_switches(self, end: int) -> bool:
+        """Whether positions up to end use other RoPE factors than those before (LongRoPE
+        passing its original context): cached keys must then be made again, as
+        transformers drops its cache there."""
+        s = self.config.rope_scaling or {}
+        return rope_kind(self.config) == "longrope" and end == s[
+            "original_max_position_embeddings"] + 1  # fmt: skip
+
     @torch.no_grad()
     def forward_cached(self, idx, cache: list | None, pos: int = 0):
         """Logits for idx placed at positions pos.. given the keys/values of the tokens before
@@ -398,7 +578,7 @@ class GPT(nn.Module):
         for i, block in enumerate(self.blocks):
             x, kv = block.cached(x, None if cache is None else cache[i], rope)
             new_cache.append(kv)
-        return self.head(self.ln_f(x)), new_cache
+        return self.output_head()(self.ln_f(x)), new_cache
 
     @torch.no_grad()
     def generate(self, idx, n_new: int, generator: torch.Generator, temperature: float = 0.8):

@@ -32,6 +32,10 @@ FRAGMENTATION = 1.10  # caching-allocator slack on top of the live peak
 CPU_FRAGMENTATION = 1.06
 SAFETY_MARGIN = 0.10  # keep 10% of free VRAM unused when recommending
 CPU_SCORE_BYTES = 13  # an attention score's bytes in the CPU math kernel (with dropout)
+# Gemma 2's soft-capped attention (no fused kernel does it) keeps tanh's and softmax's fp32
+# outputs and the causal mask for the backward pass: 8.25 bytes a score in fp32, measured with
+# saved_tensors_hooks on core.models.model.softcapped_attention.
+SOFTCAP_SCORE_BYTES = 8.25
 CPU_BACKWARD_EXTRA_BLOCKS = 2  # blocks of activations the CPU's backward holds beyond one
 
 
@@ -208,8 +212,13 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
         # checkpointing only the block being recomputed holds them.
         held = 1 if cfg.grad_checkpointing else c.n_layers
         activations += held * rows * c.n_heads * cfg.seq_len**2 * CPU_SCORE_BYTES
+    if c.attn_softcap:  # T x T scores a layer, as transformers' eager attention keeps them
+        held = 1 if cfg.grad_checkpointing else c.n_layers
+        activations += int(held * rows * c.n_heads * cfg.seq_len**2 * SOFTCAP_SCORE_BYTES)
     e = _act_bytes(precision)
-    if fused and precision == "fp32":  # LinearCrossEntropy: one fp32 block, in place
+    # LinearCrossEntropy (one fp32 block, in place) serves a plain head; Gemma 2's
+    # soft-capped logits take the checkpointed chunks (core.models.loss.fusable).
+    if fused and precision == "fp32" and not c.logit_softcap:
         logits = min(tokens, chunk_positions(c.vocab_size, fused=True)) * c.vocab_size * 4
     else:  # logits, their fp32 copy and its gradient, for one chunk of positions at a time
         logits = min(tokens, chunk_positions(c.vocab_size)) * c.vocab_size * (e + 4 + 4)

@@ -28,16 +28,14 @@ from core.weights import families
 from core.weights.loader import Loaded, load
 
 FORMATS = ("hf", "gguf", "ollama", "safetensors", "peft", "gguf-lora")
-FAMILY_NAMES = {"gpt2": "GPT-2", "llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2",
-                "qwen3": "Qwen3"}  # fmt: skip
 
 
 def hf_config(loaded: Loaded) -> dict:
-    """A fine-tune keeps its base model's config.json; a new model gets its family's."""
+    """A fine-tune keeps its base model's config.json (or what its family makes of it: Gemma
+    3's multimodal config becomes its text model's); a new model gets its family's."""
     if loaded.base is None:
         return families.new_model_hf_config(loaded.model.config)
-    config = dict(loaded.base["hf_config"])
-    config["architectures"] = [families.HF_ARCH[loaded.family]]
+    config = families.export_config(loaded.family, loaded.base["hf_config"])
     config.pop("dtype", None)
     config["torch_dtype"] = "float32"
     return config
@@ -53,7 +51,8 @@ def data_line(cfg) -> str:
 def model_card(loaded: Loaded) -> str:
     cfg, c, tok = loaded.config, loaded.model.config, loaded.tokenizer
     val = f"{loaded.val_loss:.4f}" if loaded.val_loss is not None else "not measured"
-    arch = f"{FAMILY_NAMES[loaded.family]} ({families.HF_ARCH[loaded.family]})"
+    family = families.get(loaded.family)
+    arch = f"{family.display} ({family.hf_arch})"
     origin = (
         f"fine-tuned from {loaded.base['init_from']}" if loaded.base else "trained from scratch"
     )
@@ -161,6 +160,8 @@ def export_peft(loaded: Loaded, folder: Path) -> None:
     if cfg is None or not cfg.lora_rank:
         raise ExportError("format: peft needs a LoRA run (trained with --lora-rank R)")
     tensors, modules = peft_weights(loaded)
+    # GPT-2's Conv1D keeps weights transposed (its table's rows say so)
+    fan_in_fan_out = any(t for _, _, t in families.table(loaded.family, loaded.model.config))
     save_file(tensors, str(folder / "adapter_model.safetensors"), {"format": "pt"})
     config = {
         "peft_type": "LORA",
@@ -171,7 +172,7 @@ def export_peft(loaded: Loaded, folder: Path) -> None:
         "lora_dropout": cfg.lora_dropout,
         "target_modules": modules,  # full names: exactly these modules, no others
         "bias": "none",
-        "fan_in_fan_out": loaded.family == "gpt2",  # GPT-2's Conv1D keeps weights transposed
+        "fan_in_fan_out": fan_in_fan_out,
         "inference_mode": True,
         "init_lora_weights": True,
         "use_rslora": False,

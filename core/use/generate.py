@@ -66,7 +66,7 @@ def generate_ids(
         with torch.no_grad():
             if not use_cache:
                 logits, _ = model(torch.tensor([window], device=device))
-            elif cache is None or cache_start != start:
+            elif cache is None or cache_start != start or model.rope_switches(len(window)):
                 logits, cache = model.forward_cached(torch.tensor([window], device=device), None)
                 cache_start = start
             else:

@@ -20,31 +20,14 @@ LLAMA3_SPLIT = (
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 QWEN2_SPLIT = LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")
-GGUF_ARCH_ENUM = {"gpt2": "GPT2", "llama": "LLAMA", "qwen2": "QWEN2", "qwen3": "QWEN3"}
 
 
-def _gpt2_names(c) -> dict[str, str]:
-    """llama.cpp's GPT-2 tensor name -> ours."""
+def _tensor_map(family, n_layers: int):
+    """gguf's own Hugging Face -> llama.cpp name map for the family's architecture."""
     import gguf
 
-    t, name = gguf.MODEL_TENSOR, gguf.TENSOR_NAMES
-    out = {
-        name[t.TOKEN_EMBD] + ".weight": "tok_emb.weight",
-        name[t.POS_EMBD] + ".weight": "pos_emb.weight",
-        name[t.OUTPUT_NORM] + ".weight": "ln_f.weight",
-        name[t.OUTPUT_NORM] + ".bias": "ln_f.bias",
-        name[t.OUTPUT] + ".weight": "head.weight",
-    }
-    parts = [
-        (t.ATTN_NORM, "ln1"), (t.ATTN_QKV, "attn.qkv"), (t.ATTN_OUT, "attn.proj"),
-        (t.FFN_NORM, "ln2"), (t.FFN_UP, "mlp.fc"), (t.FFN_DOWN, "mlp.proj"),
-    ]  # fmt: skip
-    for i in range(c.n_layers):
-        for kind, ours in parts:
-            base = name[kind].format(bid=i)
-            out[base + ".weight"] = f"blocks.{i}.{ours}.weight"
-            out[base + ".bias"] = f"blocks.{i}.{ours}.bias"
-    return out
+    arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[family.gguf_arch]
+    return gguf.get_tensor_name_map(arch, n_layers)
 
 
 class Lazy:
@@ -101,12 +84,13 @@ def fp32_model(model):
     return twin.float()
 
 
-def _gpt2_tensors(loaded: Loaded) -> dict[str, Lazy]:
-    """llama.cpp's GPT-2 tensor names; its weights keep torch.nn.Linear's (out, in) layout.
-    Bias-free layers get zero biases, which llama.cpp's GPT-2 expects."""
+def _own_tensors(loaded: Loaded, names: dict[str, str]) -> dict[str, Lazy]:
+    """A family that names llama.cpp's tensors itself (GPT-2); its weights keep
+    torch.nn.Linear's (out, in) layout. Bias-free layers get zero biases, which llama.cpp's
+    GPT-2 expects."""
     src, shapes = sources(loaded.model), loaded.model.state_dict(keep_vars=True)
     out = {}
-    for gguf_name, ours in _gpt2_names(loaded.model.config).items():
+    for gguf_name, ours in names.items():
         if ours in src:
             out[gguf_name] = Lazy(shapes[ours].shape, src[ours])
         else:
@@ -132,8 +116,8 @@ def unpermute(w: torch.Tensor, heads: int | None) -> torch.Tensor:
     )
 
 
-def _rope_heads(hf_name: str, c, arch: str) -> int | None:
-    if arch != "llama":
+def _rope_heads(hf_name: str, c, family) -> int | None:
+    if not family.gguf_permute:
         return None
     return c.n_heads if ".q_proj." in hf_name else c.n_kv_heads if ".k_proj." in hf_name else None
 
@@ -145,21 +129,23 @@ def _llama_name(names, hf_name: str) -> str:
     return name
 
 
-def _llama_part(make, ours: str, c, n: int, k: int, heads: int | None):
+def _llama_part(make, ours: str, c, n: int, k: int, heads: int | None, name: str, hook):
     def part():
         piece = families.split_rows(ours, c, make(), n)[k]
-        return piece.contiguous() if heads is None else _permute_rope(piece, heads)
+        piece = piece.contiguous() if heads is None else _permute_rope(piece, heads)
+        return piece if hook is None else hook(name, piece)
 
     return part
 
 
-def _llama_tensors(loaded: Loaded, arch: str) -> dict[str, Lazy]:
-    """The Llama family's tensors under llama.cpp's names, through gguf's own name map: our
-    fused q/k/v and gate/up split by rows, q and k in llama.cpp's rotary row order."""
+def _table_tensors(loaded: Loaded) -> dict[str, Lazy]:
+    """The family's tensors under llama.cpp's names, through gguf's own name map: our
+    fused q/k/v and gate/up split by rows where llama.cpp keeps them apart, q and k in
+    llama.cpp's rotary row order where it rotates pairs, and the family's tensor hook."""
     import gguf
 
-    c, model = loaded.model.config, loaded.model
-    names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, GGUF_ARCH_ENUM[arch]), c.n_layers)
+    c, model, family = loaded.model.config, loaded.model, families.get(loaded.family)
+    names = _tensor_map(family, c.n_layers)
     src, shapes = sources(model), model.state_dict(keep_vars=True)
     out = {}
     for ours, hf_names, _ in families.table(loaded.family, c):
@@ -168,9 +154,11 @@ def _llama_tensors(loaded: Loaded, arch: str) -> dict[str, Lazy]:
         meta = torch.empty(shapes[ours].shape, device="meta")
         parts = families.split_rows(ours, c, meta, len(hf_names))
         for k, (hf_name, piece) in enumerate(zip(hf_names, parts, strict=True)):
-            heads = _rope_heads(hf_name, c, arch)
-            make = _llama_part(src[ours], ours, c, len(hf_names), k, heads)
-            out[_llama_name(names, hf_name)] = Lazy(piece.shape, make)
+            heads = _rope_heads(hf_name, c, family)
+            name = _llama_name(names, hf_name)
+            make = _llama_part(src[ours], ours, c, len(hf_names), k, heads, name,
+                               family.gguf_tensor)  # fmt: skip
+            out[name] = Lazy(piece.shape, make)
     scaling = c.rope_scaling or {}
     if scaling.get("rope_type", scaling.get("type")) == "llama3":
         from core.models.model import GPTConfig, rope_frequencies
@@ -180,6 +168,8 @@ def _llama_tensors(loaded: Loaded, arch: str) -> dict[str, Lazy]:
         out[gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.ROPE_FREQS] + ".weight"] = Lazy(
             factors.shape, lambda: factors
         )
+    for name, tensor in (family.gguf_extra(c) if family.gguf_extra else {}).items():
+        out[name] = Lazy(tensor.shape, lambda t=tensor: t.float())
     return out
 
 
@@ -309,23 +299,23 @@ def _gguf_tokenizer(writer, loaded: Loaded) -> None:
         writer.add_chat_template(tok.chat_template)
 
 
-def _hyperparameters(writer, loaded: Loaded, arch: str) -> None:
+def _hyperparameters(writer, loaded: Loaded) -> None:
     import gguf
 
-    c = loaded.model.config
+    c, family = loaded.model.config, families.get(loaded.family)
     writer.add_name("TrainDeck model")
     writer.add_context_length(c.seq_len)
     writer.add_embedding_length(c.hidden_dim)
     writer.add_feed_forward_length(c.ffn_dim)
     writer.add_block_count(c.n_layers)
     writer.add_head_count(c.n_heads)
-    if arch == "gpt2":
+    if c.norm == "layernorm":
         writer.add_layer_norm_eps(c.norm_eps)
         return
     writer.add_head_count_kv(c.n_kv_heads)
     writer.add_layer_norm_rms_eps(c.norm_eps)
     writer.add_rope_freq_base(c.rope_theta)
-    writer.add_rope_dimension_count(c.head_dim)
+    writer.add_rope_dimension_count(c.rope_dim or c.head_dim)
     writer.add_key_length(c.head_dim)
     writer.add_value_length(c.head_dim)
     writer.add_vocab_size(c.vocab_size)
@@ -333,31 +323,56 @@ def _hyperparameters(writer, loaded: Loaded, arch: str) -> None:
     if scaling.get("rope_type", scaling.get("type")) == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(scaling["factor"])
+    if scaling.get("rope_type", scaling.get("type")) == "yarn":  # as convert_hf_to_gguf.py
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(scaling["factor"])
+        writer.add_rope_scaling_orig_ctx_len(scaling["original_max_position_embeddings"])
+    if family.gguf_hparams is not None:
+        family.gguf_hparams(writer, c)
 
 
 def gguf_origins(loaded: Loaded) -> dict[str, tuple[str, str, int | None]]:
     """GGUF tensor name -> ("ours" or "hf", the name it came from, heads of its rope row
-    order or None): how to put a GGUF file's tensors back into the model."""
-    import gguf
-
-    c = loaded.model.config
-    arch = families.GGUF_ARCH[loaded.family]
-    if arch == "gpt2":
-        return {g: ("ours", ours, None) for g, ours in _gpt2_names(c).items()}
-    names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, GGUF_ARCH_ENUM[arch]), c.n_layers)
+    order or None): how to put a GGUF file's tensors back into the model (the family's
+    tensor hook undone with gguf_back)."""
+    c, family = loaded.model.config, families.get(loaded.family)
+    if family.gguf_names is not None:
+        return {g: ("ours", ours, None) for g, ours in family.gguf_names(c).items()}
+    names = _tensor_map(family, c.n_layers)
     origins = {}
     for _, hf_names, _ in families.table(loaded.family, c):
         for hf in hf_names:  # the table may name tensors this model does not have
             name = names.get_name(hf, try_suffixes=(".weight", ".bias"))
             if name is not None:
-                origins[name] = ("hf", hf, _rope_heads(hf, c, arch))
+                origins[name] = ("hf", hf, _rope_heads(hf, c, family))
     return origins
+
+
+def gguf_back(loaded: Loaded, name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """A GGUF file's tensor as the model holds it (the family's tensor hook undone)."""
+    hook = families.get(loaded.family).gguf_tensor
+    return tensor if hook is None else hook(name, tensor, back=True)
 
 
 def gguf_tensors(loaded: Loaded) -> dict[str, Lazy]:
     """The model's tensors under llama.cpp's names and layouts, each made when written."""
-    arch = families.GGUF_ARCH[loaded.family]
-    return _gpt2_tensors(loaded) if arch == "gpt2" else _llama_tensors(loaded, arch)
+    family = families.get(loaded.family)
+    if family.gguf_names is not None:
+        return _own_tensors(loaded, family.gguf_names(loaded.model.config))
+    return _table_tensors(loaded)
+
+
+def check_llama_cpp(loaded: Loaded) -> None:
+    """Refuse, naming the difference, a model llama.cpp would run otherwise than TrainDeck
+    (a family's assumptions about layer patterns and scales, RoPE kinds it reads otherwise)."""
+    family, c = families.get(loaded.family), loaded.model.config
+    reason = family.gguf_check(c) if family.gguf_check else None
+    scaling = c.rope_scaling or {}
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if reason is None and kind == "longrope" and family.gguf_extra is None:
+        reason = f"llama.cpp's {family.gguf_arch} has no LongRoPE factors"
+    if reason:
+        raise ExportError(f"gguf: {reason}; export --format hf and convert that instead")
 
 
 def _tensor_info(writer, name: str, shape: tuple, qtype) -> None:
@@ -386,16 +401,19 @@ def _file_types() -> dict:
 
 def export_gguf(loaded: Loaded, folder: Path, quant: str = "f16", log=print,
                 progress=None, name: str = "model.gguf") -> dict:  # fmt: skip
-    """llama.cpp's gpt2, llama (Llama and Mistral), qwen2 or qwen3 architecture, each tensor
+    """The family's llama.cpp architecture (gpt2, llama, qwen2, gemma3, ...), each tensor
     in the type the quant's mix gives it (as llama-quantize would). Tensors are converted,
     quantized and written one at a time. Returns {"path", "bytes", "types": {name: type}}."""
     import gguf
     import numpy as np
 
-    arch = families.GGUF_ARCH[loaded.family]
+    check_llama_cpp(loaded)
+    family = families.get(loaded.family)
+    for note in family.gguf_notes(loaded.model.config) if family.gguf_notes else ():
+        log(f"gguf: {note}")  # where llama.cpp runs the model otherwise, and when
     path = folder / name
-    writer = gguf.GGUFWriter(str(path), arch)
-    _hyperparameters(writer, loaded, arch)
+    writer = gguf.GGUFWriter(str(path), families.get(loaded.family).gguf_arch)
+    _hyperparameters(writer, loaded)
     writer.add_file_type(_file_types()[quant])
     if quant not in ("f32", "f16", "bf16"):
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
@@ -433,26 +451,25 @@ def _adapter_tensors(loaded: Loaded) -> dict[str, torch.Tensor]:
     tensor, as llama.cpp reads them. A fused layer of ours (q/k/v, gate/up) is several
     llama.cpp tensors: each gets the same A and its own rows of B (in llama.cpp's rotary row
     order for q and k)."""
-    import gguf
 
-    c, arch = loaded.model.config, families.GGUF_ARCH[loaded.family]
+    c, family = loaded.model.config, families.get(loaded.family)
     state = weights(loaded.model)
     out = {}
-    if arch == "gpt2":
-        for gguf_name, ours in _gpt2_names(c).items():
+    if family.gguf_names is not None:
+        for gguf_name, ours in family.gguf_names(c).items():
             prefix = ours.removesuffix(".weight")
             if ours.endswith(".weight") and f"{prefix}.lora_A" in state:
                 out[gguf_name + ".lora_a"] = state[f"{prefix}.lora_A"]
                 out[gguf_name + ".lora_b"] = state[f"{prefix}.lora_B"]
         return out
-    names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, GGUF_ARCH_ENUM[arch]), c.n_layers)
+    names = _tensor_map(family, c.n_layers)
     for ours, hf_names, _ in families.table(loaded.family, c):
         prefix = ours.removesuffix(".weight")
         if not ours.endswith(".weight") or f"{prefix}.lora_A" not in state:
             continue
         parts = families.split_rows(ours, c, state[f"{prefix}.lora_B"], len(hf_names))
         for hf_name, b in zip(hf_names, parts, strict=True):
-            heads = _rope_heads(hf_name, c, arch)
+            heads = _rope_heads(hf_name, c, family)
             name = _llama_name(names, hf_name)
             out[name + ".lora_a"] = state[f"{prefix}.lora_A"]
             out[name + ".lora_b"] = b if heads is None else _permute_rope(b, heads)
@@ -469,7 +486,7 @@ def export_gguf_lora(loaded: Loaded, folder: Path, log=print) -> dict:
         raise ExportError("format: gguf-lora needs a LoRA run (trained with --lora-rank R)")
     tensors = _adapter_tensors(loaded)
     path = folder / "adapter.gguf"
-    writer = gguf.GGUFWriter(str(path), families.GGUF_ARCH[loaded.family])
+    writer = gguf.GGUFWriter(str(path), families.get(loaded.family).gguf_arch)
     writer.add_type(gguf.GGUFType.ADAPTER)
     writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
     writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(cfg.lora_scale_alpha))

@@ -14,7 +14,7 @@ import torch
 from core.data.windows import TokenData
 from core.errors import UserError
 from core.models import lora
-from core.use.gguf_export import fp32_model, gguf_origins, unpermute
+from core.use.gguf_export import fp32_model, gguf_back, gguf_origins, unpermute
 from core.weights import families
 from core.weights.loader import Loaded
 
@@ -61,6 +61,7 @@ def dequantized_model(loaded: Loaded, path: Path):
         shape = tuple(int(d) for d in reversed(t.shape))
         values = gguf.quants.dequantize(t.data, t.tensor_type).reshape(shape)
         tensor = unpermute(torch.from_numpy(np.array(values, dtype=np.float32)), heads)
+        tensor = gguf_back(loaded, t.name, tensor)
         (ours if kind == "ours" else hf)[name] = tensor
     model = fp32_model(loaded.model)
     lora.merge(model)  # the file's weights have the adapters in them

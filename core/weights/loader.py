@@ -220,6 +220,7 @@ class Pretrained:
             "context": c.seq_len,
             "vocab": c.vocab_size,
             "chat_template": bool(self.tokenizer.chat_template),
+            "notes": families.notes(self.family, self.hf_config),
         }
 
     def base_info(self) -> dict:
@@ -267,7 +268,7 @@ def info_line(info: dict) -> str:
         f"width {info['width']}, {info['heads']} heads ({info['kv_heads']} kv), context "
         f"{info['context']:,}, vocab {info['vocab']:,}, chat template: "
         f"{'yes' if info['chat_template'] else 'no'}"
-    )
+    ) + "".join(f"\n{note}" for note in info.get("notes", ()))
 
 
 def _read_config(folder: Path) -> tuple[dict, str, GPTConfig]:
@@ -317,7 +318,7 @@ def apply_pretrained(cfg: TrainConfig, pre: Pretrained, explicit=()) -> TrainCon
         "n_heads": c.n_heads,
         "bias": c.bias,
         "tokenizer": "model",
-        "arch": "gpt2" if pre.family == "gpt2" else "llama",
+        "arch": families.get(pre.family).new_arch,
         "qk_norm": c.qk_norm,
     }
     for name, value in shape.items():

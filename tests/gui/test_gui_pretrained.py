@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from hf_models import TEXT, make_model
+from hf_models import TEXT, make_gemma3_multimodal, make_model
 from test_gui_run import run_to_end, tiny_window
 
 pytest.importorskip("transformers")
@@ -161,3 +161,22 @@ def test_fit_for_a_pretrained_start_on_a_simulated_gpu(make_window, llama_folder
         assert getattr(cfg, name) == getattr(chosen.fitted, name), name
     assert chosen.name in window.estimate.choice.text()
     assert "◀ chosen" in window.estimate.choice.text()
+
+
+def test_a_gemma3_multimodal_start_says_text_only_and_gets_a_fit(
+    make_window, tmp_path, monkeypatch
+):
+    """A newer family in the window: the info line names it and says what is loaded, and
+    the fit ladder answers from its config.json."""
+    from test_gui import FAKE_8GB
+
+    from core.platform import hardware
+
+    monkeypatch.setattr(hardware, "gpus", lambda: [dict(FAKE_8GB)])
+    make_gemma3_multimodal(tmp_path / "gemma3")
+    window = make_window()
+    window.start_from.set_source(str(tmp_path / "gemma3"))
+    info = window.start_from.info.text()
+    assert info.startswith("gemma3, ") and "6 layers" in info and "language model only" in info
+    assert "fits" in window.estimate.choice.text()
+    assert window.form.validated().n_layers == 6

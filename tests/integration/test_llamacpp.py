@@ -76,6 +76,17 @@ def test_pretrained_family_gguf_runs_in_llama_cpp(tmp_path, family):
         assert llm.metadata.get("tokenizer.chat_template")
 
 
+@pytest.mark.parametrize("family", ["qwen2", "smollm3"])
+def test_yarn_rope_scaling_gguf_runs_in_llama_cpp(tmp_path, family):
+    """YaRN (Qwen2.5's and SmolLM3's long-context setting) as llama.cpp reads it, on a text
+    past the original context."""
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8}
+    make_model(tmp_path / "model", family, rope_scaling=yarn)
+    prompt = "def add(a, b): hello world 12 The quick brown fox"
+    llm = llama_cpp_agrees(tmp_path / "model", tmp_path / "gguf", prompt)
+    assert llm.metadata["general.architecture"] == family
+
+
 # -- quantized exports against llama.cpp's own quantizer ----------------------------------
 
 QUANT_FTYPES = {
@@ -149,7 +160,7 @@ def test_quantized_gguf_matches_llama_cpps_own_quantizer(quant_run, quant, tmp_p
 # -- a LoRA adapter alone, loaded by llama.cpp on its base -------------------------------
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2", "gemma3", "phi3"])
 def test_gguf_lora_adapter_on_its_base_equals_the_merged_model(tmp_path, family):
     """llama.cpp with the base GGUF and the adapter GGUF (--lora) computes the logits of the
     merged model: the adapter's names, shapes, row order and alpha are llama.cpp's."""

@@ -1,0 +1,179 @@
+"""Model families: one module each (gpt2.py, llama.py, gemma2.py, ...), each a Family of data
+and small hooks (base.py): its HF architectures and config.json mapping, model options,
+weight-name table, GGUF architecture and tensor hooks, chat template kind and stop tokens.
+This registry lists them; nothing outside the family modules compares family names.
+
+A table row is (our name, [Hugging Face names], transposed). Several Hugging Face names are
+concatenated along the first dimension into one of ours (q, k and v into qkv; gate and up into
+the SwiGLU fc) and split back on export; transposed marks GPT-2's Conv1D layout. Adding a
+family is one module here and its line in FAMILIES.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from core.models.model import GPTConfig
+from core.weights.families import gemma2, gemma3, gpt2, llama, mistral, phi3, qwen2, qwen3, smollm3
+from core.weights.families.base import ROPE_TYPES, Family, Row, UnsupportedModel
+
+__all__ = ["ROPE_TYPES", "Family", "Row", "UnsupportedModel"]
+
+FAMILIES: dict[str, Family] = {
+    m.FAMILY.name: m.FAMILY
+    for m in (gpt2, llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, smollm3)
+}
+SUPPORTED = tuple(FAMILIES)
+# config.json model_type -> family (Gemma 3's multimodal checkpoints say gemma3, 1B gemma3_text)
+_BY_MODEL_TYPE = {t: f for f in FAMILIES.values() for t in (f.name, *f.model_types)}
+GGUF_ARCH = {name: f.gguf_arch for name, f in FAMILIES.items()}
+HF_ARCH = {name: f.hf_arch for name, f in FAMILIES.items()}
+
+
+def get(family: str) -> Family:
+    return FAMILIES[family]
+
+
+def display_list() -> str:
+    """'GPT-2, Llama, ...' for help texts and docs."""
+    return ", ".join(f.display for f in FAMILIES.values())
+
+
+# -- config.json -> GPTConfig ------------------------------------------------------------
+
+
+def family_of(hf: dict, source: str = "config.json") -> str:
+    if hf.get("auto_map"):
+        raise UnsupportedModel(
+            f"{source}: this model needs its own remote code (auto_map); TrainDeck never runs "
+            "code from a model folder. Supported model_type values: " + ", ".join(_BY_MODEL_TYPE)
+        )
+    family = _BY_MODEL_TYPE.get(hf.get("model_type"))
+    if family is None:
+        raise UnsupportedModel(
+            f"{source}: model_type {hf.get('model_type')!r} is not supported; supported: "
+            + ", ".join(_BY_MODEL_TYPE)
+        )
+    return family.name
+
+
+def model_config(hf: dict, source: str = "config.json") -> tuple[str, GPTConfig]:
+    """(family, shape) of a Hugging Face config.json mapping."""
+    family = family_of(hf, source)
+    try:
+        return family, FAMILIES[family].config(hf, source)
+    except KeyError as e:
+        raise UnsupportedModel(f"{source}: required field {e} is missing") from None
+
+
+def notes(family: str, hf: dict) -> list[str]:
+    """What a family says in the log when it loads this config.json (Gemma 3's multimodal
+    checkpoints: loaded text-only)."""
+    hook = FAMILIES[family].notes
+    return hook(hf) if hook else []
+
+
+# -- weight-name tables ---------------------------------------------------------------------
+
+
+def table(family: str, c: GPTConfig) -> list[Row]:
+    return FAMILIES[family].table(c)
+
+
+def split_rows(name: str, c: GPTConfig, tensor: torch.Tensor, n_parts: int) -> list:
+    """One of our tensors cut into the rows of its n_parts Hugging Face tensors (q, k, v or
+    SwiGLU's gate, up); a LoRA B splits the same way."""
+    if n_parts == 1:
+        return [tensor]
+    if ".attn.qkv." in name:
+        sizes = [c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.n_kv_heads * c.head_dim]
+    else:
+        sizes = [c.ffn_dim] * n_parts
+    return list(tensor.split(sizes, dim=0))
+
+
+def normalise_hf(names: list[str], family: str) -> dict[str, str]:
+    """Map every name a checkpoint may use to the table's (the family's normalise hook)."""
+    hook = FAMILIES[family].normalise
+    return {(hook(n) if hook else n): n for n in names}
+
+
+def _join(parts: list, transposed: bool) -> torch.Tensor:
+    if transposed:
+        parts = [p.t() for p in parts]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+
+
+def _joiner(parts: list, transposed: bool):
+    """A file tensor itself when nothing has to be joined or turned; else a function that
+    joins the parts when called (a memory-mapped model is not joined all at once)."""
+    if len(parts) == 1 and not transposed:
+        return parts[0]
+    return lambda: _join(parts, transposed)
+
+
+def import_weights(family: str, c: GPTConfig, hf_state: dict, wanted: set[str],
+                   lazy: bool = False) -> dict:  # fmt: skip
+    """Our state dict (names in wanted) from a Hugging Face one; raises naming what is missing.
+    lazy: a weight that must be joined (fused q/k/v, gate/up) or transposed comes as a
+    function that makes it."""
+    names = normalise_hf(list(hf_state), family)
+    out = {}
+    for ours, hf_names, transposed in table(family, c):
+        if ours not in wanted:
+            continue
+        missing = [n for n in hf_names if n not in names]
+        if missing:
+            raise UnsupportedModel(f"weights: {missing[0]} is missing from the model files")
+        parts = [hf_state[names[n]] for n in hf_names]
+        out[ours] = _joiner(parts, transposed) if lazy else _join(parts, transposed)
+    left = sorted(wanted - set(out) - ({"head.weight"} if c.tie_embeddings else set()))
+    if left:
+        raise UnsupportedModel(f"weights: nothing in the model files maps to {left[0]}")
+    return out
+
+
+def export_weights(family: str, c: GPTConfig, state: dict) -> dict:
+    """A Hugging Face state dict from ours (fp32, contiguous)."""
+    out = {}
+    zero_biases = FAMILIES[family].export_zero_biases
+    for ours, hf_names, transposed in table(family, c):
+        if ours not in state:
+            if zero_biases and ours.endswith(".bias"):  # bias-free: zeros for GPT-2
+                weight = state[ours[: -len("bias")] + "weight"]
+                out[hf_names[0]] = torch.zeros(weight.shape[0])
+            continue
+        tensor = state[ours].detach().float().cpu()
+        parts = split_rows(ours, c, tensor, len(hf_names))
+        for name, part in zip(hf_names, parts, strict=True):
+            out[name] = (part.t() if transposed else part).contiguous()
+    return out
+
+
+def export_config(family: str, base_config: dict) -> dict:
+    """config.json an hf export of a fine-tune writes: its base's, or what the family's hook
+    makes of it (Gemma 3's multimodal config: its text model's)."""
+    hook = FAMILIES[family].export_config
+    config = hook(base_config) if hook else dict(base_config)
+    config["architectures"] = [FAMILIES[family].hf_arch]
+    return config
+
+
+# -- a model TrainDeck created ------------------------------------------------------------
+
+
+def new_model_family(c: GPTConfig) -> str:
+    """The family a model TrainDeck created is, from its shape (GPTConfig.from_train makes
+    two): Llama's options (RMSNorm, rotary positions, SwiGLU) are llama, or qwen3 (Llama with
+    q/k norms); anything else is TrainDeck's GPT-2-style model."""
+    if (c.norm, c.positions, c.mlp) == ("rmsnorm", "rope", "swiglu"):
+        return qwen3.FAMILY.name if c.qk_norm else llama.FAMILY.name
+    return gpt2.FAMILY.name
+
+
+def new_model_hf_config(c: GPTConfig) -> dict:
+    """config.json for a model TrainDeck created, in the family its shape is (new_model_family):
+    no special tokens, as its tokenizer (bytes or TrainDeck's BPE) has none."""
+    makers = {gpt2.FAMILY.name: gpt2.hf_config, llama.FAMILY.name: llama.hf_config,
+              qwen3.FAMILY.name: qwen3.hf_config}  # fmt: skip
+    return makers[new_model_family(c)](c)

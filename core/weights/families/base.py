@@ -1,0 +1,181 @@
+"""What a family module gives (Family) and the pieces several families share: reading RoPE
+settings from config.json, the Llama-style config mapping and weight-name table."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from core.errors import UserError
+from core.models.model import GPTConfig
+
+Row = tuple[str, list[str], bool]  # (our name, [Hugging Face names], transposed)
+ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
+
+
+class UnsupportedModel(UserError):
+    pass
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model family as data and small hooks: a module per family makes one of these and
+    the registry (core.weights.families) lists them. No other file compares family names."""
+
+    name: str  # the registry's key: a config.json model_type it reads
+    display: str  # for people: "Gemma 2"
+    hf_arch: str  # the architecture an hf export writes
+    config: Callable[[dict, str], GPTConfig]  # config.json -> the model's options
+    table: Callable[[GPTConfig], list[Row]]  # weight names, read both ways
+    gguf_arch: str  # llama.cpp's architecture name
+    model_types: tuple[str, ...] = ()  # more config.json model_type values it reads
+    new_arch: str = "llama"  # TrainConfig.arch a fine-tune of it shows (gpt2 or llama)
+    template: str = "chatml"  # core.use.ollama's template kind for its chat template
+    stops: tuple[str, ...] = ()  # its chat template's end-of-turn tokens
+    normalise: Callable[[str], str] | None = None  # a file's tensor name -> the table's
+    export_zero_biases: bool = False  # GPT-2: a bias-free model exports zero biases
+    gguf_names: Callable | None = None  # c -> {llama.cpp name: ours}, instead of gguf's map
+    gguf_permute: bool = False  # llama.cpp's llama rotates interleaved pairs: q/k reordered
+    gguf_tensor: Callable | None = None  # (llama.cpp name, fp32 tensor) -> what it reads
+    gguf_hparams: Callable | None = None  # (gguf writer, c) -> its own metadata keys
+    gguf_check: Callable | None = None  # c -> why llama.cpp would run it otherwise, or None
+    gguf_extra: Callable | None = None  # c -> {llama.cpp name: tensor} it adds (rope factors)
+    gguf_notes: Callable | None = None  # c -> where llama.cpp runs it otherwise, and when
+    export_config: Callable | None = None  # a fine-tune's base config.json -> the export's
+    notes: Callable | None = None  # hf config.json -> lines to log when loading it
+
+
+def rope(hf: dict, source: str) -> tuple[float, dict | None]:
+    """(theta, scaling or None) from config.json: transformers 4's rope_theta / rope_scaling
+    or transformers 5's rope_parameters, which keeps theta and scaling together."""
+    params = hf.get("rope_parameters") or {}
+    theta = float(hf.get("rope_theta") or params.get("rope_theta") or 10000.0)
+    scaling = hf.get("rope_scaling") or params or None
+    if not scaling:
+        return theta, None
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind not in ROPE_TYPES:
+        raise UnsupportedModel(
+            f"{source}: rope scaling {kind!r} is not supported; supported: {', '.join(ROPE_TYPES)}"
+        )
+    if kind == "default":
+        return theta, None
+    if kind in ("yarn", "longrope"):  # Phi-3 keeps the original context beside rope_scaling
+        scaling = dict(scaling)
+        old = hf.get("original_max_position_embeddings") or scaling.get(
+            "original_max_position_embeddings") or hf["max_position_embeddings"]  # fmt: skip
+        scaling["original_max_position_embeddings"] = old
+        if kind == "longrope" and not scaling.get("factor"):  # as transformers infers it
+            scaling["factor"] = hf["max_position_embeddings"] / old
+    return theta, scaling
+
+
+def partial_rotary(hf: dict, head_dim: int) -> int | None:
+    factor = (hf.get("rope_parameters") or {}).get("partial_rotary_factor")
+    factor = factor or hf.get("partial_rotary_factor") or 1.0
+    return None if factor == 1.0 else int(head_dim * factor)
+
+
+def llama_options(hf: dict, source: str, **extra) -> GPTConfig:
+    """The options every Llama-style family shares (RMSNorm, RoPE, SwiGLU, grouped-query
+    attention); extra: the family's own."""
+    act = hf.get("hidden_act", hf.get("hidden_activation", "silu"))
+    if act != "silu":
+        raise UnsupportedModel(f"{source}: hidden_act {act!r} is not supported (only silu)")
+    theta, scaling = rope(hf, source)
+    heads = hf["num_attention_heads"]
+    head_dim = hf.get("head_dim") or hf["hidden_size"] // heads
+    attn_bias = bool(hf.get("attention_bias", False))
+    options = {
+        "hidden_dim": hf["hidden_size"],
+        "n_layers": hf["num_hidden_layers"],
+        "n_heads": heads,
+        "n_kv_heads": hf.get("num_key_value_heads") or heads,
+        "head_dim": head_dim,
+        "ffn_dim": hf["intermediate_size"],
+        "seq_len": hf.get("max_position_embeddings", 2048),
+        "vocab_size": hf["vocab_size"],
+        "bias": False,
+        "norm": "rmsnorm",
+        "norm_eps": hf.get("rms_norm_eps", 1e-6),
+        "positions": "rope",
+        "rope_theta": theta,
+        "rope_scaling": scaling,
+        "mlp": "swiglu",
+        "qkv_bias": attn_bias,
+        "out_bias": attn_bias,
+        "mlp_bias": bool(hf.get("mlp_bias", False)),
+        "tie_embeddings": bool(hf.get("tie_word_embeddings", False)),
+    }
+    return GPTConfig(**{**options, **extra})
+
+
+def llama_table(c: GPTConfig, post_norms: bool = False) -> list[Row]:
+    """Llama's names (q/k/v and gate/up separate, joined into our fused Linears); post_norms:
+    Gemma's four norms a layer."""
+    rows = [
+        ("tok_emb.weight", ["model.embed_tokens.weight"], False),
+        ("ln_f.weight", ["model.norm.weight"], False),
+    ]
+    for i in range(c.n_layers):
+        p, a, m = f"model.layers.{i}.", f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+        b = f"blocks.{i}."
+        if post_norms:
+            rows += [
+                (b + "ln1.weight", [p + "input_layernorm.weight"], False),
+                (b + "ln1_post.weight", [p + "post_attention_layernorm.weight"], False),
+                (b + "ln2.weight", [p + "pre_feedforward_layernorm.weight"], False),
+                (b + "ln2_post.weight", [p + "post_feedforward_layernorm.weight"], False),
+            ]
+        else:
+            rows += [
+                (b + "ln1.weight", [p + "input_layernorm.weight"], False),
+                (b + "ln2.weight", [p + "post_attention_layernorm.weight"], False),
+            ]
+        rows += [
+            (b + "attn.q_norm.weight", [a + "q_norm.weight"], False),
+            (b + "attn.k_norm.weight", [a + "k_norm.weight"], False),
+            (b + "mlp.proj.weight", [m + "down_proj.weight"], False),
+            (b + "mlp.proj.bias", [m + "down_proj.bias"], False),
+            (b + "attn.proj.weight", [a + "o_proj.weight"], False),
+            (b + "attn.proj.bias", [a + "o_proj.bias"], False),
+        ]
+        for kind in ("weight", "bias"):
+            qkv = [a + f"{x}_proj.{kind}" for x in "qkv"]
+            rows.append((b + f"attn.qkv.{kind}", qkv, False))
+            rows.append(
+                (b + f"mlp.fc.{kind}", [m + f"gate_proj.{kind}", m + f"up_proj.{kind}"], False)
+            )
+    if not c.tie_embeddings:
+        rows.append(("head.weight", ["lm_head.weight"], False))
+    return rows
+
+
+def add_one_to_norms(name: str, tensor, back: bool = False):
+    """llama.cpp's Gemma norms scale by their weight: Gemma's 1 + w is written as such, as
+    convert_hf_to_gguf.py does (back: read from a GGUF file)."""
+    if not name.endswith("norm.weight"):
+        return tensor
+    return tensor - 1 if back else tensor + 1
+
+
+def layer_types(hf: dict, every: int) -> list[str]:
+    """config.json's layer_types, or (older configs) every every-th layer full attention,
+    the others sliding, as transformers fills them in."""
+    if hf.get("layer_types"):
+        return list(hf["layer_types"])
+    every = hf.get("sliding_window_pattern", every)
+    n = hf["num_hidden_layers"]
+    return ["sliding_attention" if (i + 1) % every else "full_attention" for i in range(n)]
+
+
+def check_window_pattern(c: GPTConfig, every: int, what: str) -> str | None:
+    """llama.cpp assumes a family's sliding-window pattern: None when c's is that one."""
+    expected = ["sliding_attention" if (i + 1) % every else "full_attention"
+                for i in range(c.n_layers)]  # fmt: skip
+    if c.sliding_window and list(c.layer_types or ()) != expected:
+        return (
+            f"llama.cpp's {what} takes every {every}th layer as full attention and the "
+            "others as sliding; this model's layer_types differ"
+        )
+    return None

@@ -1,0 +1,31 @@
+"""Qwen3: Llama's layers with RMSNorm over each head of q and k."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from core.models.model import GPTConfig
+from core.weights.families import llama
+from core.weights.families.base import Family, llama_options, llama_table
+
+
+def config(hf: dict, source: str) -> GPTConfig:
+    c = llama_options(hf, source, qk_norm=True)
+    window = hf.get("sliding_window")
+    if window and hf.get("use_sliding_window"):  # within the window, full attention is the same
+        c = dataclasses.replace(c, seq_len=min(c.seq_len, window))
+    return c
+
+
+def hf_config(c: GPTConfig) -> dict:
+    """config.json of a model TrainDeck created with arch llama and q/k norms."""
+    config = {**llama.hf_config(c), "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"}
+    del config["mlp_bias"]  # full attention in every layer
+    return {**config, "use_sliding_window": False, "sliding_window": None,
+            "max_window_layers": c.n_layers}  # fmt: skip
+
+
+FAMILY = Family(
+    name="qwen3", display="Qwen3", hf_arch="Qwen3ForCausalLM", config=config,
+    table=llama_table, gguf_arch="qwen3", template="chatml", stops=("<|im_end|>",),
+)  # fmt: skip
