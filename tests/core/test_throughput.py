@@ -14,13 +14,13 @@ def test_evaluation_time_is_not_counted_as_training_time(tmp_path, monkeypatch):
     fake = FakeTime()
     monkeypatch.setattr(clock, "time", fake)
     Trainer(cfg, tmp_path / "plain").run()
-    real = Trainer.evaluate
+    real = Trainer._record_eval  # the evaluation at an eval point (the objective's)
 
-    def slow_evaluate(self):
+    def slow_evaluate(self, what):
         fake.now += 100.0  # a long evaluation, far longer than five tiny training steps
-        return real(self)
+        return real(self, what)
 
-    monkeypatch.setattr(Trainer, "evaluate", slow_evaluate)
+    monkeypatch.setattr(Trainer, "_record_eval", slow_evaluate)
     Trainer(cfg, tmp_path / "slow").run()
     plain, _ = read_metrics(tmp_path / "plain" / "metrics.jsonl")
     slow, _ = read_metrics(tmp_path / "slow" / "metrics.jsonl")
