@@ -24,7 +24,9 @@ from core.runs.events import FanOut, TensorBoardEvents, TrainControl, TrainEvent
 from core.runs.folder import (
     DEFAULT_RUNS_ROOT,
     RunFolder,
+    check_out,
     check_resume_out,
+    check_writable,
     new_run_dir,
     resume_config,
 )
@@ -146,7 +148,12 @@ def build_config(args) -> tuple[TrainConfig, Path, Path | None]:
             print(run.resume_note)
             run.log(run.resume_note)
         check_resume_out(run, args.out)
+        check_writable(run.path, "--resume")
         return cfg, run.path, resume_file
+    if args.out and not (args.estimate or args.prepare_only):  # before any model is loaded
+        check_out(Path(args.out))
+    elif not (args.estimate or args.prepare_only):
+        check_writable(root, "--runs-root")
     base = preset_lib.to_config(preset_lib.load_preset(args.preset or default_preset_name()))
     overrides = _overrides(args)
     cfg = dataclasses.replace(base, **overrides)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import socket
 import time
 from pathlib import Path
 
@@ -15,6 +17,12 @@ from core.errors import CheckpointError, ConfigError
 from core.platform.atomic import disk_full_as_enospc, write_text
 
 DEFAULT_RUNS_ROOT = Path("runs")
+# What a run folder may hold; a folder with anything else is not ours and is never written into.
+RUN_NAMES = frozenset({
+    "config.yaml", "metrics.jsonl", "checkpoints", "samples.txt", "train.log", "status.json",
+    "data.json", "tokenizer.json", "tensorboard", "eval", "FINISH", ".traindeck.lock",
+})  # fmt: skip
+RUN_MARKS = ("status.json", "train.log", ".traindeck.lock")  # written by every run we start
 
 
 class RunFolder:
@@ -43,13 +51,7 @@ class RunFolder:
         return self.config_file.exists() or self.metrics_file.exists() or self.latest.exists()
 
     def create(self, resuming: bool) -> None:
-        if not resuming and self.holds_run():
-            raise ConfigError(
-                f"out: {self.path} already holds a run; choose another folder or resume it "
-                f"with --resume {self.path}"
-            )
-        if self.path.exists() and not self.path.is_dir():
-            raise ConfigError(f"out: {self.path} exists and is not a folder")
+        check_out(self.path, resuming)
         self.ckpt_dir.mkdir(parents=True, exist_ok=True)
         for stale in self.ckpt_dir.glob(".*.tmp"):  # left by a write that was killed
             stale.unlink(missing_ok=True)
@@ -223,6 +225,66 @@ def new_run_dir(root: Path, preset: str | None) -> Path:
     while path.exists():
         path, n = Path(root) / f"{name}-{n}", n + 1
     return path
+
+
+def _foreign(folder: Path) -> list[str]:
+    """The names in folder that no run of ours writes (none: an empty folder or our own)."""
+    names = [p.name for p in folder.iterdir()]
+    if not names:
+        return []
+    if not any(n in names for n in RUN_MARKS):
+        return sorted(names)
+    return sorted(n for n in names if n not in RUN_NAMES and not n.startswith(".tmp"))
+
+
+def check_out(path: Path, resuming: bool = False) -> None:
+    """Refuse, before any work, a run folder we must not write into: a link, a file, a folder
+    that holds what is not ours (an export, a model, the user's files), a run when not
+    resuming, or a place we cannot write. A new folder, an empty one or our own run is fine."""
+    path = Path(path)
+    if path.is_symlink():
+        raise ConfigError(f"--out: {path} is a symbolic link; give the folder itself or a new one")
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"--out: {path} exists and is not a folder; choose a new folder")
+    if path.is_dir():
+        run = RunFolder(path)
+        if not resuming and run.holds_run():
+            raise ConfigError(
+                f"--out: {path} already holds a run; choose another folder or resume it "
+                f"with --resume {path}"
+            )
+        try:
+            foreign = _foreign(path)
+        except OSError as e:
+            raise ConfigError(f"--out: cannot read {path} ({e.strerror or e})") from None
+        if foreign:
+            shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+            raise ConfigError(
+                f"--out: {path} holds files that are not a TrainDeck run ({shown}); give a new "
+                "or empty folder"
+            )
+    check_writable(path, "--out")
+
+
+def check_writable(path: Path, flag: str) -> None:
+    """A file can be made in path (or, when path does not exist yet, in the nearest folder
+    above it): tried, not guessed from permission bits (which say nothing for an
+    administrator or a read-only disk)."""
+    probe = Path(path)
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(f"{flag}: {path} cannot be made: {probe} is not a folder")
+    test = probe / f".traindeck-write-test-{os.getpid()}-{socket.gethostname()}"
+    try:
+        test.touch()
+        test.unlink()
+    except OSError as e:
+        raise ConfigError(
+            f"{flag}: cannot write in {probe} ({e.strerror or e}); choose a folder you can write"
+        ) from None
 
 
 def check_resume_out(run: RunFolder, out: str | Path | None) -> None:

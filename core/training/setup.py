@@ -13,6 +13,7 @@ from core.errors import CheckpointError
 from core.platform.atomic import is_disk_full
 from core.platform.device import resolve_device, resolve_precision
 from core.runs import checkpoint as ckpt
+from core.runs.folder import check_out
 from core.training import dpo, inputs, optim, resume
 from core.training.schedule import max_steps_for, plan_for
 from core.training.time_budget import untimed_plan
@@ -23,6 +24,8 @@ def setup(t) -> None:
     """Everything before the first step, in the order that keeps a bad input from touching
     the disk: checkpoint checks, device, data, then the run folder and the model."""
     cfg = t.cfg
+    if t.world.main:  # a folder that is not ours is refused before any data is prepared
+        check_out(t.folder.path, resuming=t.resume_from is not None)
     if t.resume_from and t.world.main:  # before reading: another may be writing
         t.lock.acquire()
     state = None

@@ -446,7 +446,7 @@ def _base_model(state: dict, cfg: TrainConfig, c: GPTConfig, path: Path, mapped=
 def load_checkpoint(target: str | Path, which: str = "best", device: str = "cpu",
                     mapped: bool = False) -> Loaded:  # fmt: skip
     path = checkpoint_path(target, which)
-    state = ckpt.load(path, mmap=mapped)
+    state = ckpt.load_model_state(path, mmap=mapped)
     cfg = validate(from_dict(state["config"], source=str(path)))
     c = model_config_of(state, cfg)
     c.grad_checkpointing = False
