@@ -66,6 +66,8 @@ def weights_of(cfg, parts: list[TokenData]) -> list[float]:
         raw = parse_weights(cfg.data_weights, len(parts))
     else:
         raw = [float(p.train_tokens) for p in parts]
+    top = max(raw)  # weights are relative: scaled to at most 1 first, their sum cannot overflow
+    raw = [w / top for w in raw]
     total = sum(raw)
     return [w / total for w in raw]
 

@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,7 +22,16 @@ from core.data.chat import DEFAULT_STOP, DEFAULT_TEMPLATE, render, special_token
 from core.data.sources import Sources, find_sources
 from core.data.tokenizer import Tokenizer, bytes_tokenizer, train_bpe
 from core.errors import DataError, DiskFullError, UserError
-from core.platform.atomic import as_disk_full, free_bytes, fsync_dir, is_disk_full, write_text
+from core.platform.atomic import (
+    TEMP_MARK,
+    as_disk_full,
+    free_bytes,
+    fsync_dir,
+    is_disk_full,
+    temp_owner_alive,
+    temp_sibling,
+    write_text,
+)
 
 CACHE_FORMAT = 2  # 2: chat masks mark where each packed example starts
 BLOCK = 4 << 20  # bytes read per chunk: memory stays flat whatever the corpus size
@@ -428,9 +436,7 @@ def _manifest(spec: DataSpec, listing, tokenizer: Tokenizer, content: str, secon
 
 
 def _temp_entry(target: Path) -> Path:
-    tmp = target.parent / f".tmp-{target.name}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-    tmp.mkdir(parents=True)
-    return tmp
+    return temp_sibling(target)  # named after its owner: a later run knows when it is stale
 
 
 def _commit(tmp: Path, target: Path, manifest: dict) -> None:
@@ -638,7 +644,10 @@ def _clean_stale(cache: Path) -> None:
     """Remove temp folders of preparations whose process is gone (a crash or kill)."""
     import psutil
 
-    for tmp in cache.glob(".tmp-*"):
+    for tmp in cache.glob(f".*{TEMP_MARK}*"):
+        if not temp_owner_alive(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
+    for tmp in cache.glob(".tmp-*"):  # named before temp_sibling: by the process id alone
         try:
             pid = int(tmp.name.split("-")[-2])
         except (ValueError, IndexError):

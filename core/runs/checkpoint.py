@@ -150,7 +150,7 @@ def load(path: Path, mmap: bool = False) -> dict:
 def load_model_state(path: Path, mmap: bool = False) -> dict:
     """load, and refuse in one line a checkpoint without a model, its config and step."""
     state = load(path, mmap)
-    if not MODEL_KEYS <= state.keys() or not isinstance(state["config"], dict):
+    if not state.keys() >= MODEL_KEYS or not isinstance(state["config"], dict):
         raise CheckpointError(f"checkpoint: {path} is not a TrainDeck checkpoint (no model)")
     return state
 

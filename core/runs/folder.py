@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import socket
 import time
 from pathlib import Path
 
@@ -14,7 +12,7 @@ import yaml
 
 from core.config.spec import TrainConfig, from_dict, validate
 from core.errors import CheckpointError, ConfigError
-from core.platform.atomic import disk_full_as_enospc, write_text
+from core.platform.atomic import disk_full_as_enospc, writable_problem, write_text
 
 DEFAULT_RUNS_ROOT = Path("runs")
 # What a run folder may hold; a folder with anything else is not ours and is never written into.
@@ -267,24 +265,9 @@ def check_out(path: Path, resuming: bool = False) -> None:
 
 
 def check_writable(path: Path, flag: str) -> None:
-    """A file can be made in path (or, when path does not exist yet, in the nearest folder
-    above it): tried, not guessed from permission bits (which say nothing for an
-    administrator or a read-only disk)."""
-    probe = Path(path)
-    while not probe.exists():
-        if probe.parent == probe:
-            break
-        probe = probe.parent
-    if not probe.is_dir():
-        raise ConfigError(f"{flag}: {path} cannot be made: {probe} is not a folder")
-    test = probe / f".traindeck-write-test-{os.getpid()}-{socket.gethostname()}"
-    try:
-        test.touch()
-        test.unlink()
-    except OSError as e:
-        raise ConfigError(
-            f"{flag}: cannot write in {probe} ({e.strerror or e}); choose a folder you can write"
-        ) from None
+    problem = writable_problem(path)
+    if problem:
+        raise ConfigError(f"{flag}: {problem}")
 
 
 def check_resume_out(run: RunFolder, out: str | Path | None) -> None:

@@ -185,7 +185,7 @@ def test_a_process_killed_mid_preparation_leaves_no_trusted_cache(tmp_path, text
     child = subprocess.run([sys.executable, "-c", CHILD, str(text_file), str(cache)])
     assert child.returncode == -9
     leftovers = list(cache.iterdir())
-    assert leftovers and all(p.name.startswith(".tmp-") for p in leftovers)
+    assert leftovers and all(".tmp-" in p.name for p in leftovers)
     assert not any((p / "manifest.json").exists() for p in leftovers)
     folder, m = prepare(spec_for(text_file), cache)
     assert (folder / "tokens.bin").read_bytes() == text_file.read_bytes()
