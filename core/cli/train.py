@@ -17,7 +17,7 @@ from tqdm import tqdm
 from core.cli.base import Parser, UsageError, run_main
 from core.config import presets as preset_lib
 from core.config.spec import KINDS, LIMITS, SPECS, TrainConfig, describe_limit, validate
-from core.errors import EXIT_INTERRUPTED, EXIT_OK
+from core.errors import EXIT_INTERRUPTED, EXIT_OK, ConfigError
 from core.platform.device import gpu_index
 from core.platform.distributed import World
 from core.runs.events import FanOut, TensorBoardEvents, TrainControl, TrainEvents
@@ -149,6 +149,7 @@ def build_config(args) -> tuple[TrainConfig, Path, Path | None]:
             run.log(run.resume_note)
         check_resume_out(run, args.out)
         check_writable(run.path, "--resume")
+        check_inputs(cfg)
         return cfg, run.path, resume_file
     if args.out and not (args.estimate or args.prepare_only):  # before any model is loaded
         check_out(Path(args.out))
@@ -157,6 +158,13 @@ def build_config(args) -> tuple[TrainConfig, Path, Path | None]:
     base = preset_lib.to_config(preset_lib.load_preset(args.preset or default_preset_name()))
     overrides = _overrides(args)
     cfg = dataclasses.replace(base, **overrides)
+    if not args.estimate:  # the data before any model is written, loaded or downloaded
+        try:  # a pretrained model brings its tokenizer (and may shorten seq_len)
+            early = validate(dataclasses.replace(cfg, tokenizer="model") if cfg.init_from else cfg)
+        except ConfigError:  # a pretrained model may settle it: judged once it is read
+            early = None
+        if early is not None:
+            check_inputs(early, windows=not cfg.init_from)
     if start_model.is_run(cfg.init_from):  # a finished run: its model as a model folder
         folder = start_model.start_folder(cfg.init_from, args.data_cache)
         cfg = dataclasses.replace(cfg, init_from=str(folder))
@@ -173,6 +181,18 @@ def build_config(args) -> tuple[TrainConfig, Path, Path | None]:
     cfg = validate(cfg)
     run_dir = Path(args.out) if args.out else new_run_dir(root, cfg.preset)
     return cfg, run_dir, None
+
+
+def check_inputs(cfg: TrainConfig, windows: bool = True) -> None:
+    """Each input's cheap facts (the data sources and their mix, the second validation set),
+    read before any data is prepared or any model is loaded (docs/architecture.md). windows:
+    seq_len is final (a pretrained model may still shorten it: the trainer checks then)."""
+    from core.data import mix
+    from core.data.windows import check_eval_data
+
+    mix.check_sources(cfg)
+    if cfg.eval_data and windows:
+        check_eval_data(cfg.eval_data, cfg.seq_len)
 
 
 class CliEvents(TrainEvents):

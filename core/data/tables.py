@@ -166,7 +166,7 @@ def _lines(path: Path, f) -> Iterator[str]:
         number += 1
         if len(line) > MAX_RECORD_CHARS:
             raise DataError(
-                f"{path}: line {number} is longer than {MAX_RECORD_CHARS >> 20} MiB (the "
+                f"{path}: line {number} is longer than {MAX_RECORD_CHARS:,} characters (the "
                 "longest record read); is it one record a line?"
             )
         yield line
@@ -236,9 +236,8 @@ def _json_rows(path: Path) -> list:
         size = path.stat().st_size
         if size > MAX_JSON_BYTES:
             raise DataError(
-                f"{path}: a .json file is read whole and this one holds {size >> 20} MiB (at "
-                f"most {MAX_JSON_BYTES >> 20} MiB); save it as JSON Lines (.jsonl), one record "
-                "a line"
+                f"{path}: a .json file is read whole and this one holds {size:,} bytes (at "
+                f"most {MAX_JSON_BYTES:,}); save it as JSON Lines (.jsonl), one record a line"
             )
         text = first + second + f.read()
     try:

@@ -223,6 +223,21 @@ def text_sources(data: str):
         raise DataError("eval_data:" + str(e).removeprefix("data:")) from None
 
 
+def check_eval_data(data: str, seq_len: int) -> None:
+    """The cheap facts of a second validation set, before any data is prepared: it exists,
+    and a plain text has at least one window's worth of bytes (a token is at least a byte;
+    the tokenizer may add one token)."""
+    sources = text_sources(data)
+    if any(tables.is_table(p) for p in sources.files):
+        return  # its text column is only known by reading it
+    size = sum(e["size"] for e in sources.listing()) + len(sources.files) - 1
+    if size < seq_len:
+        raise DataError(
+            f"eval_data: {sources.description} holds {size} bytes; one window needs "
+            f"{seq_len + 1} tokens (at least {seq_len} bytes)"
+        )
+
+
 def _leading_text(path: Path, limit: int) -> str:
     """At most limit bytes of a file's text, never reading more: a plain file's first bytes,
     a table's (.jsonl, .csv, .parquet...) text column, row by row."""

@@ -32,6 +32,7 @@ def prepare_data(cfg: TrainConfig, pretrained: Pretrained | None, saved: dict | 
     allow_change."""
     sources = mix.sources_of(cfg)
     specs = [mix.source_spec(cfg, src, events.on_prepare) for src in sources]
+    mix.check_pairs_alone(specs, sources)  # before any source is prepared
     if saved:
         tokenizer = Tokenizer.from_json(saved["tokenizer_json"], saved.get("tokenizer_meta"))
     else:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from core.data.windows import text_sources, text_windows
+from core.data.windows import check_eval_data, text_windows
 from core.errors import CheckpointError
 from core.platform.atomic import is_disk_full
 from core.platform.device import resolve_device, resolve_precision
@@ -31,8 +31,8 @@ def setup(t) -> None:
     state = None
     if t.resume_from:
         state = resume.load_resume_state(t.resume_from, cfg, t.pretrained, t.log)
-    if cfg.eval_data:  # a wrong path is named before any data is prepared
-        text_sources(cfg.eval_data)
+    if cfg.eval_data:  # a wrong path or a short text is named before any data is prepared
+        check_eval_data(cfg.eval_data, cfg.seq_len)
     t.device = resolve_device(t.world.device_name(cfg.device))
     t.owns_group = t.world.init(t.device)
     t.precision = resolve_precision(cfg.precision, t.device)
