@@ -6,6 +6,8 @@ and after). The documented successes are checked for what they promise."""
 from __future__ import annotations
 
 import hashlib
+import io
+import json
 import os
 import signal
 import subprocess
@@ -156,11 +158,18 @@ def test_export_out_that_is_a_link_is_refused(home, capsys, run):
 
 # -- damaged files given to the commands that load them ----------------------------------------------
 
+def _saved(obj) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
 DAMAGE = {
     "random": lambda raw: np.random.default_rng(0).bytes(4096),
     "truncated": lambda raw: raw[: len(raw) // 2],
     "empty": lambda raw: b"",
-    "pickle": lambda raw: b"\x80\x02]q\x00." + raw[:50],  # `pop from empty list` before
+    "pickle": lambda raw: b"\x80\x02.",  # was IndexError: pop from empty list (exit 1)
+    "no-model": lambda raw: _saved({"format_version": 1, "step": 3}),  # was KeyError
 }
 
 
@@ -352,3 +361,69 @@ def test_a_second_export_into_the_same_out_while_one_writes_is_refused(tmp_path,
     err = refused(capsys, export_main, [run, "--format", "hf", "--out", out], tmp_path,
                   "another export is writing")  # fmt: skip
     assert live.name in err and live.is_dir()
+
+
+# -- every loader, fed random bytes, a truncated copy and an empty file --------------------------
+
+
+def _good_files(folder: Path, run: Path) -> dict[str, Path]:
+    """One intact file for each loader a user's file reaches."""
+    from safetensors.torch import save_file
+
+    files = {"checkpoint": run / "checkpoints" / "best.pt"}
+    tok = folder / "tokenizer.json"
+    bytes_tokenizer().save(tok)
+    files["tokenizer"] = tok
+    st = folder / "model.safetensors"
+    save_file({"w": torch.arange(64, dtype=torch.float32)}, str(st))
+    files["safetensors"] = st
+    rows = [{"text": f"row {i} " * 20} for i in range(50)]
+    (folder / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / "t.json").write_text(json.dumps(rows))
+    (folder / "t.csv").write_text("text\n" + "".join(f"{r['text']}\n" for r in rows))
+    files.update({s: folder / f"t.{s}" for s in ("jsonl", "json", "csv")})
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": [r["text"] for r in rows]}), folder / "t.parquet")
+    files["parquet"] = folder / "t.parquet"
+    return files
+
+
+def _load(kind: str, path: Path):
+    from core.data.tokenizer import Tokenizer
+    from core.runs import checkpoint as ckpt
+    from core.weights.loader import map_safetensors
+
+    if kind == "checkpoint":
+        return ckpt.load_model_state(path)
+    if kind == "tokenizer":
+        return Tokenizer.load(path)
+    if kind == "safetensors":
+        return {k: v.clone() for k, v in map_safetensors(path).items()}
+    return list(tables.iter_records(path))
+
+
+@pytest.mark.parametrize("damage", ["random", "truncated", "empty"])
+def test_every_loader_refuses_damaged_files_in_one_line_naming_them(tmp_path, run, damage):
+    from core.errors import UserError
+
+    good = _good_files(tmp_path, run)
+    for kind, path in good.items():
+        _load(kind, path)  # the intact file loads
+        bad = tmp_path / "bad" / kind / path.name
+        bad.parent.mkdir(parents=True)
+        raw = path.read_bytes()
+        cut = {
+            "random": np.random.default_rng(len(raw)).bytes(len(raw)),
+            "truncated": raw[: len(raw) // 2],
+            "empty": b"",
+        }[damage]
+        bad.write_bytes(cut)
+        try:
+            loaded = _load(kind, bad)
+        except UserError as e:
+            assert str(bad) in str(e) and "\n" not in str(e), (kind, str(e))
+            continue
+        # What still loads is whole data: a table cut at a row boundary, an empty table.
+        assert kind in ("jsonl", "csv", "json") and isinstance(loaded, list), (kind, damage)
