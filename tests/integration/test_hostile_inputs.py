@@ -158,6 +158,7 @@ def test_export_out_that_is_a_link_is_refused(home, capsys, run):
 
 # -- damaged files given to the commands that load them ----------------------------------------
 
+
 def _saved(obj) -> bytes:
     buf = io.BytesIO()
     torch.save(obj, buf)
