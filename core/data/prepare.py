@@ -30,6 +30,7 @@ from core.platform.atomic import (
     is_disk_full,
     temp_owner_alive,
     temp_sibling,
+    writable_problem,
     write_text,
 )
 
@@ -99,6 +100,7 @@ def data_spec(cfg) -> DataSpec:
     chat = None
     fmt = "chat" if cfg.data_format == "preference" else cfg.data_format
     columns = tables.columns_of(cfg)
+    tables.check_columns(columns)
     if chatdata.is_chat(cfg.data, fmt, cfg.data_extensions, columns):
         if cfg.data is None:
             raise DataError(f"data_format: {fmt} needs data, a .jsonl file or a folder of them")
@@ -670,10 +672,9 @@ def prepare(
     progress(phase, done_bytes, total_bytes) is called as it goes; cancelled() -> True stops.
     """
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
-    try:
-        cache.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise DataError(f"data cache: cannot create {cache} ({e.strerror})") from None
+    problem = writable_problem(cache)  # made only when an entry is written
+    if problem:
+        raise DataError(f"data cache: {problem}")
     listing = spec.sources.listing()
     if not any(f["size"] for f in listing):
         raise DataError(f"data: {spec.sources.description} holds no text (every file is empty)")

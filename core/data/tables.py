@@ -62,6 +62,16 @@ def columns_of(cfg) -> dict[str, str]:
     return out
 
 
+def check_columns(columns: dict) -> None:
+    """One layout a mapping: a text column beside a chat or preference one would be ignored."""
+    others = [COLUMN_FIELDS[k] for k in columns if k != "text"]
+    if "text" in columns and others:
+        raise DataError(
+            f"text_column: reads a table as plain text and cannot go with {others[0]} (a chat "
+            "or preference layout); give one or the other"
+        )
+
+
 def detect_layout(keys) -> str:
     """Which layout records with these (canonical) keys have: preference (prompt, chosen,
     rejected), messages, prompt/completion, alpaca (instruction, input, output) or text; ""

@@ -17,9 +17,13 @@ from pathlib import Path
 import torch
 
 from core.config import recipe
+from core.errors import DiskFullError
 from core.models import lora
 from core.platform.atomic import (
+    as_disk_full,
     clean_stale_temps,
+    free_bytes,
+    is_disk_full,
     rename_into_place,
     temp_sibling,
     writable_problem,
@@ -239,8 +243,16 @@ def export(target: str | Path, fmt: str, out: str | Path, which: str = "best",
         _write(fmt, loaded, tmp, quant, system, log, progress)
         if not rename_into_place(tmp, out):
             raise ExportError(f"out: another process wrote {out} meanwhile; this export is dropped")
-    except BaseException:
+    except BaseException as e:
+        full = as_disk_full(e, tmp)  # asked before the half-written files give space back
         shutil.rmtree(tmp, ignore_errors=True)
+        if is_disk_full(full):
+            free = (free_bytes(out.parent) or 0) / 1e6
+            raise DiskFullError(
+                f"disk full: no space left on the device holding {out.parent} while writing "
+                f"the export; nothing was written ({free:,.1f} MB free now); free some space or "
+                "give --out on another disk"
+            ) from None
         raise
     return out
 

@@ -428,3 +428,44 @@ def test_every_loader_refuses_damaged_files_in_one_line_naming_them(tmp_path, ru
             continue
         # What still loads is whole data: a table cut at a row boundary, an empty table.
         assert kind in ("jsonl", "csv", "json") and isinstance(loaded, list), (kind, damage)
+
+
+def test_a_disk_that_fills_during_an_export_leaves_nothing_and_says_so(tmp_path, run, capsys,
+                                                                      monkeypatch):  # fmt: skip
+    import errno
+
+    from core.use import export as export_mod
+
+    def fill_up(fmt, loaded, folder, *rest):
+        (folder / "model.safetensors").write_bytes(b"x" * 1000)  # a part, then the disk is full
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(export_mod, "_write", fill_up)
+    out = tmp_path / "model"
+    before = tree(tmp_path)
+    assert export_main([str(run), "--format", "hf", "--out", str(out)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "disk full" in err and "nothing was written" in err
+    assert tree(tmp_path) == before and temps_of(out) == []
+
+
+# -- messages ---------------------------------------------------------------------------------
+
+
+def test_text_column_beside_a_chat_column_is_refused_not_ignored(home, capsys):
+    table = home / "t.jsonl"
+    table.write_text('{"body": "x", "q": "a", "a": "b"}\n' * 30)
+    args = [*TINY, "--data", table, "--text-column", "body", "--prompt-column", "q",
+            "--completion-column", "a", "--out", home / "r"]  # fmt: skip
+    refused(capsys, train_main, args, home, "text_column", "prompt_column")
+
+
+def test_a_bad_chat_line_is_labelled_data_once(home, capsys):
+    chat = home / "chat.jsonl"
+    good = (
+        '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}'
+    )
+    chat.write_text(good + "\n" + "{not json\n" + good + "\n")
+    err = refused(capsys, train_main, [*TINY, "--data", chat, "--out", home / "r"], home,
+                  "chat.jsonl", "line 2")  # fmt: skip
+    assert err.count("data:") == 1, err
