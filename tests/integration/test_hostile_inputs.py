@@ -73,9 +73,11 @@ def tree(folder: Path) -> dict[str, str]:
     return out
 
 
-def refused(capsys, main, args, folder: Path, *needles):
-    """main(args) exits 2 with one line naming what is wrong, having written nothing."""
+def refused(capsys, main, args, folder: Path, *needles, log: str | None = None):
+    """main(args) exits 2 with one line naming what is wrong, having written nothing (but,
+    for a run, the refusal appended to its own log)."""
     before = tree(folder)
+    old_log = (folder / log).read_text() if log else None
     capsys.readouterr()
     code = main([str(a) for a in args])
     err = capsys.readouterr().err.strip()
@@ -84,7 +86,11 @@ def refused(capsys, main, args, folder: Path, *needles):
     assert "Traceback" not in err
     for needle in needles:
         assert needle in err, err
-    assert tree(folder) == before  # nothing written, nothing changed
+    after = tree(folder)
+    if log:
+        assert (folder / log).read_text().startswith(old_log)  # appended to, nothing lost
+        before.pop(log), after.pop(log)
+    assert after == before  # nothing written, nothing changed
     return err
 
 
@@ -469,3 +475,15 @@ def test_a_bad_chat_line_is_labelled_data_once(home, capsys):
     err = refused(capsys, train_main, [*TINY, "--data", chat, "--out", home / "r"], home,
                   "chat.jsonl", "line 2")  # fmt: skip
     assert err.count("data:") == 1, err
+
+
+def test_resume_with_changed_data_is_refused_before_it_is_tokenized(home, capsys):
+    data = home / "d"
+    data.mkdir()
+    (data / "a.txt").write_text(TEXT)
+    assert train_main([*TINY, "--data", str(data), "--out", str(home / "r")]) == 0
+    (data / "a.txt").write_text(TEXT + "one more line\n")
+    (data / "b.txt").write_text(TEXT)
+    args = ["--resume", home / "r", "--max-steps", "4"]
+    refused(capsys, train_main, args, home, "data changed", "a.txt", "--allow-data-change",
+            log="r/train.log")  # fmt: skip
