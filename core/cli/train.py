@@ -385,6 +385,10 @@ def run_cli(argv: list[str] | None = None) -> int:
     control = TrainControl()
     _install_signals(control)
     main_process = World.from_env().main  # under torchrun only rank 0 reports
+    if main_process and not args.resume:  # the window's line under Data
+        from core.data.describe import cli_data_line
+
+        print(cli_data_line(cfg))
     events = CliEvents() if main_process else TrainEvents()
     if args.tensorboard and main_process:
         events = FanOut(events, TensorBoardEvents())

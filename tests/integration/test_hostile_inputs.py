@@ -487,3 +487,20 @@ def test_resume_with_changed_data_is_refused_before_it_is_tokenized(home, capsys
     args = ["--resume", home / "r", "--max-steps", "4"]
     refused(capsys, train_main, args, home, "data changed", "a.txt", "--allow-data-change",
             log="r/train.log")  # fmt: skip
+
+
+def test_the_cli_prints_the_windows_data_line_computed_in_core(home, capsys):
+    from core.data.describe import data_line
+
+    chat = home / "chat.jsonl"
+    turn = (
+        '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}'
+    )
+    chat.write_text((turn + "\n") * 30)
+    args = [*TINY, "--seq-len", "128", "--data", str(chat), "--out", str(home / "r")]
+    assert train_main(args) == 0
+    out = capsys.readouterr().out
+    line = data_line(tiny_config(data=str(chat), seq_len=128))
+    assert line.startswith("Chat data: 30 examples") and line in out.splitlines()
+    assert train_main([*TINY, "--data", str(home / "data.txt"), "--out", str(home / "t")]) == 0
+    assert f"Data: {home / 'data.txt'}: 0.0 MB, used whole" in capsys.readouterr().out
