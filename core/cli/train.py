@@ -139,9 +139,18 @@ def default_preset_name() -> str:
     return recommend_preset().name
 
 
+def default_cache_dir() -> Path:
+    from core.data.prepare import default_cache_dir
+
+    return default_cache_dir()
+
+
 def build_config(args) -> tuple[TrainConfig, Path, Path | None]:
     """(config, run folder, checkpoint to resume from or None)."""
     root = Path(args.runs_root)
+    if not args.estimate:  # where prepared data goes
+        check_writable(Path(args.data_cache) if args.data_cache else default_cache_dir(),
+                       "--data-cache")  # fmt: skip
     if args.resume:
         cfg, resume_file, run = resume_config(args.resume, root, args.preset, _overrides(args))
         if run.resume_note:
@@ -154,7 +163,7 @@ def build_config(args) -> tuple[TrainConfig, Path, Path | None]:
     if args.out and not (args.estimate or args.prepare_only):  # before any model is loaded
         check_out(Path(args.out))
     elif not (args.estimate or args.prepare_only):
-        check_writable(root, "--runs-root")
+        check_writable(root, "--out (default runs/)")
     base = preset_lib.to_config(preset_lib.load_preset(args.preset or default_preset_name()))
     overrides = _overrides(args)
     cfg = dataclasses.replace(base, **overrides)

@@ -504,3 +504,21 @@ def test_the_cli_prints_the_windows_data_line_computed_in_core(home, capsys):
     assert line.startswith("Chat data: 30 examples") and line in out.splitlines()
     assert train_main([*TINY, "--data", str(home / "data.txt"), "--out", str(home / "t")]) == 0
     assert f"Data: {home / 'data.txt'}: 0.0 MB, used whole" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="no /dev/zero")
+def test_endless_devices_are_never_read(home, capsys):
+    zero = "/dev/zero"
+    refused(capsys, train_main, [*TINY, "--data", zero, "--out", home / "r"], home,
+            "data:", zero)  # fmt: skip
+    args = [*TINY, "--data", home / "data.txt", "--eval-data", zero, "--out", home / "r"]
+    refused(capsys, train_main, args, home, "eval_data", zero)
+    refused(capsys, generate_main, ["no-such-run", "--prompt-file", zero], home,
+            "--prompt-file", "not a file")  # fmt: skip
+
+
+def test_a_data_cache_that_is_a_file_is_refused_before_any_work(home, capsys):
+    (home / "cachefile").write_text("mine")
+    args = [*TINY, "--data", home / "data.txt", "--data-cache", home / "cachefile",
+            "--out", home / "r"]  # fmt: skip
+    refused(capsys, train_main, args, home, "--data-cache", "not a folder")
