@@ -241,7 +241,14 @@ def export(target: str | Path, fmt: str, out: str | Path, which: str = "best",
     tmp = temp_sibling(out)
     try:
         _write(fmt, loaded, tmp, quant, system, log, progress)
-        if not rename_into_place(tmp, out):
+        try:
+            placed = rename_into_place(tmp, out)
+        except PermissionError as e:  # Windows: another program holds it open (Ollama)
+            raise ExportError(
+                f"out: cannot move the export into {out} ({e.strerror or e}); another program "
+                "may hold it open: close it, or choose another folder"
+            ) from None
+        if not placed:
             raise ExportError(f"out: another process wrote {out} meanwhile; this export is dropped")
     except BaseException as e:
         full = as_disk_full(e, tmp)  # asked before the half-written files give space back

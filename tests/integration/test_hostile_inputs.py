@@ -522,3 +522,48 @@ def test_a_data_cache_that_is_a_file_is_refused_before_any_work(home, capsys):
     args = [*TINY, "--data", home / "data.txt", "--data-cache", home / "cachefile",
             "--out", home / "r"]  # fmt: skip
     refused(capsys, train_main, args, home, "--data-cache", "not a folder")
+
+
+SLOW_EXPORT = """
+import sys, time
+from core.use.export import export
+def slow(done, total):
+    if done == 1:
+        print("writing", flush=True)
+        time.sleep(4)
+export(sys.argv[1], "gguf", sys.argv[2], progress=slow)
+"""
+
+
+def test_two_processes_exporting_into_one_out_one_wins_one_is_told(tmp_path, run, capsys):
+    pytest.importorskip("gguf")
+    out = tmp_path / "model"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    first = subprocess.Popen([sys.executable, "-c", SLOW_EXPORT, str(run), str(out)], env=env,
+                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        while (line := first.stdout.readline()) and line.strip() != "writing":
+            pass  # the export's own log lines
+        assert line.strip() == "writing"
+        refused(capsys, export_main, [run, "--format", "gguf", "--out", out], tmp_path,
+                "another export is writing", str(out))  # fmt: skip
+    finally:
+        assert first.wait(timeout=120) == 0
+    assert any(out.glob("*.gguf")) and temps_of(out) == []
+
+
+def test_an_out_held_open_by_another_program_is_one_line(tmp_path, run, capsys, monkeypatch):
+    """Windows refuses to rename onto a folder another program holds (Ollama reading a GGUF
+    there): PermissionError, as raised here, becomes one line, and nothing is left."""
+    from core.platform import atomic
+
+    def held(src, dst):
+        raise PermissionError(13, "Access is denied", str(dst))
+
+    monkeypatch.setattr(atomic.os, "rename", held)
+    out = tmp_path / "model"
+    before = tree(tmp_path)
+    assert export_main([str(run), "--format", "hf", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "hold it open" in err, err
+    assert tree(tmp_path) == before
