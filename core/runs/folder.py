@@ -240,17 +240,17 @@ def check_out(path: Path, resuming: bool = False) -> None:
     that holds what is not ours (an export, a model, the user's files), a run when not
     resuming, or a place we cannot write. A new folder, an empty one or our own run is fine."""
     path = Path(path)
-    if path.is_symlink():
+    if path.is_symlink() and not resuming:  # a new run never writes through a link
         raise ConfigError(f"--out: {path} is a symbolic link; give the folder itself or a new one")
     if path.exists() and not path.is_dir():
         raise ConfigError(f"--out: {path} exists and is not a folder; choose a new folder")
-    if path.is_dir():
-        run = RunFolder(path)
-        if not resuming and run.holds_run():
+    if path.is_dir() and RunFolder(path).holds_run():
+        if not resuming:
             raise ConfigError(
                 f"--out: {path} already holds a run; choose another folder or resume it "
                 f"with --resume {path}"
             )
+    elif path.is_dir():  # not a run: empty, or what a run that failed early left
         try:
             foreign = _foreign(path)
         except OSError as e:

@@ -567,3 +567,10 @@ def test_an_out_held_open_by_another_program_is_one_line(tmp_path, run, capsys, 
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "hold it open" in err, err
     assert tree(tmp_path) == before
+
+
+def test_resume_keeps_working_in_a_run_folder_holding_the_users_notes(home, capsys):
+    assert train_main([*TINY, "--data", str(home / "data.txt"), "--out", str(home / "r")]) == 0
+    (home / "r" / "notes.txt").write_text("lr 3e-3 looked good")
+    assert train_main(["--resume", str(home / "r"), "--max-steps", "3"]) == 0
+    assert (home / "r" / "notes.txt").read_text() == "lr 3e-3 looked good"
