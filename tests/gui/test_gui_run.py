@@ -264,13 +264,13 @@ def test_stop_during_data_preparation_cancels_and_caches_nothing(
     text = gui_env / "big.txt"
     text.write_text("lorem ipsum dolor sit amet\n" * 40_000)
     monkeypatch.setattr(data_mod, "BLOCK", 4096)  # many progress reports: time to press Stop
-    advance = data_mod._Progress.advance
+    advance = data_mod.Progress.advance
 
     def slow_advance(self, n):
         time.sleep(0.005)  # a slow disk: preparation outlasts the click
         advance(self, n)
 
-    monkeypatch.setattr(data_mod._Progress, "advance", slow_advance)
+    monkeypatch.setattr(data_mod.Progress, "advance", slow_advance)
     monkeypatch.setattr("gui.worker.TRAIN_IN_CHILD", False)  # the slow disk is patched here
     window = tiny_window(make_window, max_steps=5)
     window.form.data.set_value(str(text))
