@@ -311,7 +311,7 @@ def test_eval_data_reads_only_what_it_uses(home, monkeypatch):
 def test_validation_windows_of_more_than_2_24_held_out_tokens(tmp_path):
     """A float32 linspace rounded the last window's start past the end (a short window:
     `all input arrays must have the same shape`). The token file is sparse: 34 MB on paper."""
-    seq_len, n_train, n_val = 32, 1000, (1 << 24) + 12_345
+    seq_len, n_train, n_val = 32, 1000, (1 << 24) + 12_380
     folder = tmp_path / "entry"
     folder.mkdir()
     with open(folder / "tokens.bin", "wb") as f:
@@ -323,6 +323,7 @@ def test_validation_windows_of_more_than_2_24_held_out_tokens(tmp_path):
                 "dtype": "uint16", "val_bytes": n_val}  # fmt: skip
     data = TokenData(folder, manifest, seq_len, seed=0)
     high = n_val - seq_len - 1
+    assert torch.linspace(0, high, 2).long()[-1] > high  # where float32 starts ran past the end
     for n_windows in (2, 3, 7, 1000):
         batches = list(data.val_batches(n_windows, 64))
         x = torch.cat([b[0] for b in batches])
