@@ -160,9 +160,10 @@ def build_config(args) -> tuple[TrainConfig, Path, Path | None]:
         check_writable(run.path, "--resume")
         check_inputs(cfg)
         return cfg, run.path, resume_file
-    if args.out and not (args.estimate or args.prepare_only):  # before any model is loaded
+    runs = not (args.estimate or args.prepare_only) and World.from_env().main  # rank 0 writes
+    if args.out and runs:  # before any model is loaded
         check_out(Path(args.out))
-    elif not (args.estimate or args.prepare_only):
+    elif runs:
         check_writable(root, "--out (default runs/)")
     base = preset_lib.to_config(preset_lib.load_preset(args.preset or default_preset_name()))
     overrides = _overrides(args)
