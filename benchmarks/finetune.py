@@ -56,7 +56,7 @@ def build_model(folder: Path, shape: dict = SHAPE, vocab: int | None = None) -> 
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    from core.data.prepare import _read_blocks
+    from core.data.build_text import read_blocks as _read_blocks
     from core.data.sources import _stdlib_files
     from core.data.tokenizer import train_bpe
 
@@ -278,7 +278,7 @@ def tokenize_corpus(folder: Path, out: Path) -> None:
     import numpy as np
     from transformers import AutoTokenizer
 
-    from core.data.prepare import _read_blocks
+    from core.data.build_text import read_blocks as _read_blocks
     from core.data.sources import _stdlib_files
 
     text = b"".join(_read_blocks(_stdlib_files(), 1_000_000)).decode("utf-8", "replace")

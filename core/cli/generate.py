@@ -16,6 +16,8 @@ from core.platform.device import resolve_device
 from core.use.generate import generate_ids, start_ids, stream_text
 from core.weights.loader import load
 
+MAX_PROMPT_BYTES = 16 << 20  # far past any model's context
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="python -m core.generate", description="Generate text with a model.")
@@ -44,8 +46,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def read_prompt(args) -> str:
     if args.prompt_file:
+        path = Path(args.prompt_file)
+        if not path.is_file():  # a folder, a pipe, /dev/zero: nothing to read whole
+            raise UsageError(f"--prompt-file: {path} is not a file")
+        if path.stat().st_size > MAX_PROMPT_BYTES:
+            raise UsageError(
+                f"--prompt-file: {path} holds {path.stat().st_size:,} bytes; a prompt is at "
+                f"most {MAX_PROMPT_BYTES:,}"
+            )
         try:
-            return Path(args.prompt_file).read_text(encoding="utf-8")
+            return path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
             raise UsageError(f"--prompt-file: cannot read {args.prompt_file} ({e})") from None
     return args.prompt if args.prompt is not None else "\n"

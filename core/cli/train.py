@@ -17,14 +17,16 @@ from tqdm import tqdm
 from core.cli.base import Parser, UsageError, run_main
 from core.config import presets as preset_lib
 from core.config.spec import KINDS, LIMITS, SPECS, TrainConfig, describe_limit, validate
-from core.errors import EXIT_INTERRUPTED, EXIT_OK
+from core.errors import EXIT_INTERRUPTED, EXIT_OK, ConfigError
 from core.platform.device import gpu_index
 from core.platform.distributed import World
 from core.runs.events import FanOut, TensorBoardEvents, TrainControl, TrainEvents
 from core.runs.folder import (
     DEFAULT_RUNS_ROOT,
     RunFolder,
+    check_out,
     check_resume_out,
+    check_writable,
     new_run_dir,
     resume_config,
 )
@@ -137,19 +139,42 @@ def default_preset_name() -> str:
     return recommend_preset().name
 
 
+def default_cache_dir() -> Path:
+    from core.data.prepare import default_cache_dir
+
+    return default_cache_dir()
+
+
 def build_config(args) -> tuple[TrainConfig, Path, Path | None]:
     """(config, run folder, checkpoint to resume from or None)."""
     root = Path(args.runs_root)
+    if not args.estimate:  # where prepared data goes
+        check_writable(Path(args.data_cache) if args.data_cache else default_cache_dir(),
+                       "--data-cache")  # fmt: skip
     if args.resume:
         cfg, resume_file, run = resume_config(args.resume, root, args.preset, _overrides(args))
         if run.resume_note:
             print(run.resume_note)
             run.log(run.resume_note)
         check_resume_out(run, args.out)
+        check_writable(run.path, "--resume")
+        check_inputs(cfg)
         return cfg, run.path, resume_file
+    runs = not (args.estimate or args.prepare_only) and World.from_env().main  # rank 0 writes
+    if args.out and runs:  # before any model is loaded
+        check_out(Path(args.out))
+    elif runs:
+        check_writable(root, "--out (default runs/)")
     base = preset_lib.to_config(preset_lib.load_preset(args.preset or default_preset_name()))
     overrides = _overrides(args)
     cfg = dataclasses.replace(base, **overrides)
+    if not args.estimate:  # the data before any model is written, loaded or downloaded
+        try:  # a pretrained model brings its tokenizer (and may shorten seq_len)
+            early = validate(dataclasses.replace(cfg, tokenizer="model") if cfg.init_from else cfg)
+        except ConfigError:  # a pretrained model may settle it: judged once it is read
+            early = None
+        if early is not None:
+            check_inputs(early, windows=not cfg.init_from)
     if start_model.is_run(cfg.init_from):  # a finished run: its model as a model folder
         folder = start_model.start_folder(cfg.init_from, args.data_cache)
         cfg = dataclasses.replace(cfg, init_from=str(folder))
@@ -166,6 +191,18 @@ def build_config(args) -> tuple[TrainConfig, Path, Path | None]:
     cfg = validate(cfg)
     run_dir = Path(args.out) if args.out else new_run_dir(root, cfg.preset)
     return cfg, run_dir, None
+
+
+def check_inputs(cfg: TrainConfig, windows: bool = True) -> None:
+    """Each input's cheap facts (the data sources and their mix, the second validation set),
+    read before any data is prepared or any model is loaded (docs/architecture.md). windows:
+    seq_len is final (a pretrained model may still shorten it: the trainer checks then)."""
+    from core.data import mix
+    from core.data.windows import check_eval_data
+
+    mix.check_sources(cfg)
+    if cfg.eval_data and windows:
+        check_eval_data(cfg.eval_data, cfg.seq_len)
 
 
 class CliEvents(TrainEvents):
@@ -358,6 +395,10 @@ def run_cli(argv: list[str] | None = None) -> int:
     control = TrainControl()
     _install_signals(control)
     main_process = World.from_env().main  # under torchrun only rank 0 reports
+    if main_process and not args.resume:  # the window's line under Data
+        from core.data.describe import cli_data_line
+
+        print(cli_data_line(cfg))
     events = CliEvents() if main_process else TrainEvents()
     if args.tensorboard and main_process:
         events = FanOut(events, TensorBoardEvents())

@@ -127,7 +127,7 @@ def read_examples(
             try:
                 tables.require_layout(path, columns)
             except DataError as e:
-                raise DataError(f"data: {e}") from None
+                raise _labelled(e) from None
         for number, obj in _records(path, columns, lambda n, r, p=path: bad(p, n, r)):
             try:
                 out.conversations.append(parse(obj))
@@ -150,7 +150,13 @@ def _records(path: Path, columns: dict | None, on_bad):
     try:
         yield from tables.iter_records(path, columns, on_bad)
     except DataError as e:
-        raise DataError(f"data: {e}") from None
+        raise _labelled(e) from None
+
+
+def _labelled(e: DataError) -> DataError:
+    """A table's error as the data's, labelled once (a bad line is labelled already)."""
+    text = str(e)
+    return DataError(text if text.startswith("data: ") else f"data: {text}")
 
 
 def _size(value) -> int:

@@ -66,8 +66,31 @@ def weights_of(cfg, parts: list[TokenData]) -> list[float]:
         raw = parse_weights(cfg.data_weights, len(parts))
     else:
         raw = [float(p.train_tokens) for p in parts]
+    top = max(raw)  # weights are relative: scaled to at most 1 first, their sum cannot overflow
+    raw = [w / top for w in raw]
     total = sum(raw)
     return [w / total for w in raw]
+
+
+def check_pairs_alone(specs: list[DataSpec], sources: list[str | None]) -> None:
+    """Preference pairs train alone: refused before any source of a mix is prepared."""
+    if len(specs) < 2:
+        return
+    for name, spec in zip(source_names(sources), specs, strict=True):
+        if spec.chat is not None and spec.chat.pairs:
+            raise DataError(
+                f"data: {name} holds preference pairs (method dpo), which train alone; "
+                "give it as the only --data"
+            )
+
+
+def check_sources(cfg) -> None:
+    """The cheap facts of every local data source (exists, kind, first record, layout) and of
+    the mix, before anything is prepared; a dataset id is checked when it is downloaded."""
+    sources = sources_of(cfg)
+    local = [s for s in sources if not hub.is_hub_id(s if s != EMBEDDED else None)]
+    specs = [source_spec(cfg, s) for s in local]
+    check_pairs_alone(specs, local)
 
 
 class MixedData:

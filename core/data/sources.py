@@ -88,3 +88,17 @@ def data_changes(old: list[dict], new: list[dict]) -> list[str]:
         and (after[p]["size"], after[p]["mtime_ns"]) != (before[p]["size"], before[p]["mtime_ns"])
     ]
     return changes
+
+
+def sure_changes(old: list[dict], new: list[dict]) -> list[str]:
+    """The changes that certainly change the data, known without reading it: a file added
+    (not empty) or removed (not empty), or one whose size changed. A file only touched (same
+    size, new time) may hold the same text: only its tokens can tell."""
+    before = {f["path"]: f for f in old}
+    after = {f["path"]: f for f in new}
+    changes = [f"added {p}" for p, f in after.items() if p not in before and f["size"]]
+    changes += [f"removed {p}" for p, f in before.items() if p not in after and f["size"]]
+    changes += [
+        f"modified {p}" for p in after if p in before and after[p]["size"] != before[p]["size"]
+    ]
+    return changes

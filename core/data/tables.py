@@ -34,6 +34,11 @@ CHAT_LAYOUTS = ("messages", "prompt/completion", "alpaca")
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
                   "system": "system", "chatgpt": "assistant", "bing": "assistant"}  # fmt: skip
 PARQUET_BATCH = 1024  # rows a Parquet batch holds: memory stays flat whatever the file size
+# The longest line (a .jsonl record, a CSV row or field) read: a longer one is refused without
+# reading it whole (a 2 GB file with no line break would otherwise be held in memory).
+MAX_RECORD_CHARS = 64 << 20
+# A .json array is parsed whole: past this size, JSON Lines (.jsonl) is asked for instead.
+MAX_JSON_BYTES = 256 << 20
 
 OnBad = Callable[[int, str], None]  # (row number, what is wrong) of a row to skip
 
@@ -55,6 +60,16 @@ def columns_of(cfg) -> dict[str, str]:
         if value:
             out[key] = value
     return out
+
+
+def check_columns(columns: dict) -> None:
+    """One layout a mapping: a text column beside a chat or preference one would be ignored."""
+    others = [COLUMN_FIELDS[k] for k in columns if k != "text"]
+    if "text" in columns and others:
+        raise DataError(
+            f"text_column: reads a table as plain text and cannot go with {others[0]} (a chat "
+            "or preference layout); give one or the other"
+        )
 
 
 def detect_layout(keys) -> str:
@@ -150,10 +165,27 @@ def _open_text(path: Path):
         raise DataError(f"{path}: cannot read it ({e.strerror or e})") from None
 
 
+def _lines(path: Path, f) -> Iterator[str]:
+    """The file's lines, each read with a bound: a line over MAX_RECORD_CHARS is refused
+    naming the file, the line and the limit."""
+    number = 0
+    while True:
+        line = f.readline(MAX_RECORD_CHARS + 1)
+        if not line:
+            return
+        number += 1
+        if len(line) > MAX_RECORD_CHARS:
+            raise DataError(
+                f"{path}: line {number} is longer than {MAX_RECORD_CHARS:,} characters (the "
+                "longest record read); is it one record a line?"
+            )
+        yield line
+
+
 def _jsonl(path: Path, bad) -> Iterator[tuple[int, object]]:
     with _open_text(path) as f:
         # newline="" keeps "\r\n" whole; lines split at "\n" as the file's own numbering does
-        for number, line in enumerate(f, 1):
+        for number, line in enumerate(_lines(path, f), 1):
             if not line.strip():
                 continue
             try:
@@ -167,9 +199,10 @@ def _jsonl(path: Path, bad) -> Iterator[tuple[int, object]]:
 def _csv(path: Path, bad) -> Iterator[tuple[int, dict]]:
     """Each data row with the file line it ends on. A row with more or fewer fields than the
     header is bad: an unquoted comma would shift a value into another column."""
-    csv.field_size_limit(2**31 - 1)  # a document in one cell is far over the 128 KB default
+    csv.field_size_limit(MAX_RECORD_CHARS)  # a document in a cell is over the 128 KB default
     with _open_text(path) as f:
-        reader = csv.DictReader(f)
+        reader = csv.DictReader(_lines(path, f))
+        _check_header(path, reader.fieldnames)
         for n, row in enumerate(reader, 1):
             line, header = reader.line_num, len(reader.fieldnames)
             if None in row:  # DictReader keeps the extra fields under the key None
@@ -184,15 +217,39 @@ def _csv(path: Path, bad) -> Iterator[tuple[int, dict]]:
 
 
 def csv_header(path: Path) -> list[str]:
-    with _open_text(path) as f:
-        return next(csv.reader(f), [])
+    csv.field_size_limit(MAX_RECORD_CHARS)
+    try:
+        with _open_text(path) as f:
+            header = next(csv.reader(_lines(path, f)), [])
+    except csv.Error as e:
+        raise DataError(f"{path}: not a readable CSV header ({e})") from None
+    _check_header(path, header)
+    return header
+
+
+def _check_header(path: Path, header) -> None:
+    """Two columns of one name: csv would keep the last and count the row short."""
+    seen = set()
+    for name in header or []:
+        if name in seen:
+            raise DataError(f"{path}: the header names the column {name!r} twice; rename one")
+        seen.add(name)
 
 
 def _json_rows(path: Path) -> list:
     """The list of records of a .json file: the file itself, or the one list of objects an
     object holds ({"data": [...]}). A file of JSON lines named .json is read as such."""
     with _open_text(path) as f:
-        text = f.read()
+        first, second = f.readline(MAX_RECORD_CHARS + 1), f.readline(MAX_RECORD_CHARS + 1)
+        if _is_json_line(first) and second.strip():  # JSON Lines saved as .json (datasets'
+            return None  # to_json does)
+        size = path.stat().st_size
+        if size > MAX_JSON_BYTES:
+            raise DataError(
+                f"{path}: a .json file is read whole and this one holds {size:,} bytes (at "
+                f"most {MAX_JSON_BYTES:,}); save it as JSON Lines (.jsonl), one record a line"
+            )
+        text = first + second + f.read()
     try:
         value = json.loads(text)
     except ValueError as e:
@@ -210,6 +267,17 @@ def _json_rows(path: Path) -> list:
             f"got {got}"
         )
     return value
+
+
+def _is_json_line(line: str) -> bool:
+    """A first line that is one whole JSON object on its own (the file is JSON Lines)."""
+    line = line.strip()
+    if not (line.startswith("{") and line.endswith("}")):
+        return False
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:
+        return False
 
 
 def _parquet_file(path: Path):
@@ -292,6 +360,8 @@ def iter_records(
             yield number, canonical(record, columns)
     except UnicodeDecodeError as e:
         raise DataError(f"{path} is not UTF-8 text ({e.reason}); save it as UTF-8") from None
+    except csv.Error as e:  # a field over the limit, a NUL byte, a stray line break
+        raise DataError(f"{path}: not a readable CSV file ({e})") from None
 
 
 def _raw(path: Path, bad) -> Iterator[tuple[int, object]]:

@@ -206,7 +206,7 @@ class Tokenizer:
         path = Path(path)
         try:
             return cls.from_json(path.read_text(encoding="utf-8"), meta)
-        except (OSError, DataError) as e:
+        except (OSError, UnicodeDecodeError, DataError) as e:
             raise DataError(f"tokenizer: {path} is not a readable tokenizer.json ({e})") from None
 
     @classmethod

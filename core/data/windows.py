@@ -13,10 +13,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from core.data import tables
 from core.data.chatdata import START
 from core.data.sources import find_sources
 from core.data.tokenizer import Tokenizer
 from core.errors import DataError
+
+
+def evenly_spaced(high: int, n: int) -> torch.Tensor:
+    """n integers from 0 to high inclusive, evenly spread, in exact int64 arithmetic: a float32
+    linspace rounds past 2^24 (a start beyond the end of the held-out tokens)."""
+    if n <= 1:
+        return torch.zeros(max(0, n), dtype=torch.int64)
+    return torch.arange(n, dtype=torch.int64) * high // (n - 1)
 
 
 class _WindowReader:
@@ -116,7 +125,7 @@ class TokenData:
         """Every held-out pair (at most n_pairs, evenly spread), the same every evaluation."""
         pairs = len(self.val) // (2 * self.row)
         n = pairs if n_pairs is None else min(n_pairs, pairs)
-        return torch.linspace(0, pairs - 1, n).long().unique() * 2 * self.row
+        return evenly_spaced(pairs - 1, n).unique() * 2 * self.row
 
     def sample_starts(self, n: int) -> torch.Tensor:
         """Start offsets for one optimizer step's n sequences (drawn once, split later)."""
@@ -137,11 +146,11 @@ class TokenData:
         (chat: at most every held-out row once)."""
         if self.row is not None:
             rows = len(self.val) // self.row
-            starts = torch.linspace(0, rows - 1, min(n_windows, rows)).long().unique()
+            starts = evenly_spaced(rows - 1, min(n_windows, rows)).unique()
             starts = starts * self.row
         else:
             high = len(self.val) - self.seq_len - 1
-            starts = torch.linspace(0, high, n_windows).long()
+            starts = evenly_spaced(high, n_windows)
         for chunk in starts.split(batch_size):
             yield self._windows(len(self.train), chunk)
 
@@ -214,6 +223,40 @@ def text_sources(data: str):
         raise DataError("eval_data:" + str(e).removeprefix("data:")) from None
 
 
+def check_eval_data(data: str, seq_len: int) -> None:
+    """The cheap facts of a second validation set, before any data is prepared: it exists,
+    and a plain text has at least one window's worth of bytes (a token is at least a byte;
+    the tokenizer may add one token)."""
+    sources = text_sources(data)
+    if any(tables.is_table(p) for p in sources.files):
+        return  # its text column is only known by reading it
+    size = sum(e["size"] for e in sources.listing()) + len(sources.files) - 1
+    if size < seq_len:
+        raise DataError(
+            f"eval_data: {sources.description} holds {size} bytes; one window needs "
+            f"{seq_len + 1} tokens (at least {seq_len} bytes)"
+        )
+
+
+def _leading_text(path: Path, limit: int) -> str:
+    """At most limit bytes of a file's text, never reading more: a plain file's first bytes,
+    a table's (.jsonl, .csv, .parquet...) text column, row by row."""
+    if tables.is_table(path):
+        parts, size = [], 0
+        for value in tables.iter_texts(path):
+            parts.append(value)
+            size += len(value.encode("utf-8")) + 1
+            if size >= limit:
+                break
+        return "\n".join(parts).encode("utf-8")[:limit].decode("utf-8", errors="ignore")
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(limit)
+    except OSError as e:
+        raise DataError(f"eval_data: cannot read {path} ({e.strerror or e})") from None
+    return raw.decode("utf-8", errors="replace")
+
+
 def text_windows(data: str, tokenizer: Tokenizer, seq_len: int, count: int) -> TextWindows:
     """Up to count windows of seq_len + 1 tokens from the start of a text file or folder, or
     of the embedded corpus for 'embedded'; a text too short for one window is refused."""
@@ -222,9 +265,9 @@ def text_windows(data: str, tokenizer: Tokenizer, seq_len: int, count: int) -> T
     for path in sources.files:
         if left <= 0:
             break
-        raw = path.read_bytes()[:left]
-        text.append(raw.decode("utf-8", errors="replace"))
-        left -= len(raw)
+        part = _leading_text(path, left)
+        text.append(part)
+        left -= len(part.encode("utf-8"))
     joined = "\n".join(text)
     ids = tokenizer.encode(joined)
     n = min(count, len(ids) // (seq_len + 1))

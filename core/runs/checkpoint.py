@@ -7,6 +7,7 @@ import os
 import pickle
 import random
 import shutil
+import struct
 import threading
 import uuid
 import zlib
@@ -19,6 +20,7 @@ from core.errors import CheckpointError
 from core.platform.atomic import atomic_write, fsync_dir
 
 FORMAT_VERSION = 1
+MODEL_KEYS = {"step", "config", "model"}  # what a reader of a run's model relies on
 
 
 def tensor_checksum(obj, crc: int = 0) -> int:
@@ -126,7 +128,8 @@ def load(path: Path, mmap: bool = False) -> dict:
                 "(TrainDeck checkpoints hold only tensors and plain data)"
             ) from None
         raise CheckpointError(f"checkpoint: {path} is damaged or not a checkpoint") from None
-    except (RuntimeError, EOFError, OSError, ValueError) as e:
+    except (RuntimeError, EOFError, OSError, ValueError, IndexError, KeyError, struct.error) as e:
+        # what torch's zip reader and weights-only unpickler raise on junk or a cut file
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(
             f"checkpoint: {path} is damaged or not a checkpoint ({first})"
@@ -141,6 +144,14 @@ def load(path: Path, mmap: bool = False) -> dict:
             f"checkpoint: {path} has format {state['format_version']}; this TrainDeck reads "
             f"up to {FORMAT_VERSION} (update TrainDeck)"
         )
+    return state
+
+
+def load_model_state(path: Path, mmap: bool = False) -> dict:
+    """load, and refuse in one line a checkpoint without a model, its config and step."""
+    state = load(path, mmap)
+    if not state.keys() >= MODEL_KEYS or not isinstance(state["config"], dict):
+        raise CheckpointError(f"checkpoint: {path} is not a TrainDeck checkpoint (no model)")
     return state
 
 

@@ -12,9 +12,15 @@ import yaml
 
 from core.config.spec import TrainConfig, from_dict, validate
 from core.errors import CheckpointError, ConfigError
-from core.platform.atomic import disk_full_as_enospc, write_text
+from core.platform.atomic import disk_full_as_enospc, writable_problem, write_text
 
 DEFAULT_RUNS_ROOT = Path("runs")
+# What a run folder may hold; a folder with anything else is not ours and is never written into.
+RUN_NAMES = frozenset({
+    "config.yaml", "metrics.jsonl", "checkpoints", "samples.txt", "train.log", "status.json",
+    "data.json", "tokenizer.json", "tensorboard", "eval", "FINISH", ".traindeck.lock",
+})  # fmt: skip
+RUN_MARKS = ("status.json", "train.log", ".traindeck.lock")  # written by every run we start
 
 
 class RunFolder:
@@ -43,13 +49,7 @@ class RunFolder:
         return self.config_file.exists() or self.metrics_file.exists() or self.latest.exists()
 
     def create(self, resuming: bool) -> None:
-        if not resuming and self.holds_run():
-            raise ConfigError(
-                f"out: {self.path} already holds a run; choose another folder or resume it "
-                f"with --resume {self.path}"
-            )
-        if self.path.exists() and not self.path.is_dir():
-            raise ConfigError(f"out: {self.path} exists and is not a folder")
+        check_out(self.path, resuming)
         self.ckpt_dir.mkdir(parents=True, exist_ok=True)
         for stale in self.ckpt_dir.glob(".*.tmp"):  # left by a write that was killed
             stale.unlink(missing_ok=True)
@@ -223,6 +223,51 @@ def new_run_dir(root: Path, preset: str | None) -> Path:
     while path.exists():
         path, n = Path(root) / f"{name}-{n}", n + 1
     return path
+
+
+def _foreign(folder: Path) -> list[str]:
+    """The names in folder that no run of ours writes (none: an empty folder or our own)."""
+    names = [p.name for p in folder.iterdir()]
+    if not names:
+        return []
+    if not any(n in names for n in RUN_MARKS):
+        return sorted(names)
+    return sorted(n for n in names if n not in RUN_NAMES and not n.startswith(".tmp"))
+
+
+def check_out(path: Path, resuming: bool = False) -> None:
+    """Refuse, before any work, a run folder we must not write into: a link, a file, a folder
+    that holds what is not ours (an export, a model, the user's files), a run when not
+    resuming, or a place we cannot write. A new folder, an empty one or our own run is fine."""
+    path = Path(path)
+    if path.is_symlink() and not resuming:  # a new run never writes through a link
+        raise ConfigError(f"--out: {path} is a symbolic link; give the folder itself or a new one")
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"--out: {path} exists and is not a folder; choose a new folder")
+    if path.is_dir() and RunFolder(path).holds_run():
+        if not resuming:
+            raise ConfigError(
+                f"--out: {path} already holds a run; choose another folder or resume it "
+                f"with --resume {path}"
+            )
+    elif path.is_dir():  # not a run: empty, or what a run that failed early left
+        try:
+            foreign = _foreign(path)
+        except OSError as e:
+            raise ConfigError(f"--out: cannot read {path} ({e.strerror or e})") from None
+        if foreign:
+            shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+            raise ConfigError(
+                f"--out: {path} holds files that are not a TrainDeck run ({shown}); give a new "
+                "or empty folder"
+            )
+    check_writable(path, "--out")
+
+
+def check_writable(path: Path, flag: str) -> None:
+    problem = writable_problem(path)
+    if problem:
+        raise ConfigError(f"{flag}: {problem}")
 
 
 def check_resume_out(run: RunFolder, out: str | Path | None) -> None:

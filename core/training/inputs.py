@@ -16,7 +16,7 @@ from core.data import mix
 from core.data.mix import MixedData
 from core.data.prepare import examples_line, prepare
 from core.data.prompts import PromptData
-from core.data.sources import data_changes
+from core.data.sources import data_changes, sure_changes
 from core.data.tokenizer import Tokenizer
 from core.data.windows import TokenData
 from core.errors import CheckpointError
@@ -35,12 +35,16 @@ def prepare_data(cfg: TrainConfig, pretrained: Pretrained | None, saved: dict | 
         return prepare_prompts(cfg, pretrained, saved, allow_change, log)
     sources = mix.sources_of(cfg)
     specs = [mix.source_spec(cfg, src, events.on_prepare) for src in sources]
+    mix.check_pairs_alone(specs, sources)  # before any source is prepared
     if saved:
         tokenizer = Tokenizer.from_json(saved["tokenizer_json"], saved.get("tokenizer_meta"))
     else:
         tokenizer = pretrained.tokenizer if pretrained else None
     listing = [f for spec in specs for f in spec.sources.listing()]
     changes = data_changes(saved["files"], listing) if saved else []
+    uncapped = all(spec.sources.cap is None for spec in specs)  # a cap may hide a change
+    if saved and not allow_change and uncapped and sure_changes(saved["files"], listing):
+        raise data_changed(changes)  # before anything is tokenized
     parts = []
     for spec in specs:
         folder, manifest = prepare(spec, cache, tokenizer, events.on_prepare, stop, log)
@@ -50,15 +54,9 @@ def prepare_data(cfg: TrainConfig, pretrained: Pretrained | None, saved: dict | 
     if len(parts) > 1:
         data = MixedData(parts, mix.source_names(sources), mix.weights_of(cfg, parts), cfg.seed)
     if saved and data_info(data)["fingerprint"] != saved["fingerprint"]:
-        what = "; ".join(changes[:5]) or "the content"
-        if len(changes) > 5:
-            what += f"; and {len(changes) - 5} more"
         if not allow_change:
-            raise CheckpointError(
-                f"resume: the data changed since the checkpoint ({what}); restore it, or "
-                "pass --allow-data-change to go on with the new data"
-            )
-        log(f"resume: data changed ({what}); going on as allowed")
+            raise data_changed(changes)
+        log(f"resume: data changed ({changes_text(changes)}); going on as allowed")
     for part in parts:
         log_data_notes(part, log)
     if len(parts) > 1:
@@ -89,6 +87,20 @@ def prepare_prompts(cfg: TrainConfig, pretrained: Pretrained | None, saved: dict
     log(f"prompts: {data.n_train:,} to train on, {len(data.val_index):,} held out ({kind})"
         + columns)  # fmt: skip
     return data
+
+
+def changes_text(changes: list[str]) -> str:
+    what = "; ".join(changes[:5]) or "the content"
+    if len(changes) > 5:
+        what += f"; and {len(changes) - 5} more"
+    return what
+
+
+def data_changed(changes: list[str]) -> CheckpointError:
+    return CheckpointError(
+        f"resume: the data changed since the checkpoint ({changes_text(changes)}); restore it, "
+        "or pass --allow-data-change to go on with the new data"
+    )
 
 
 def log_data_notes(data: TokenData, log) -> None:

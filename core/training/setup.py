@@ -9,12 +9,13 @@ from __future__ import annotations
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from core.data.windows import text_sources, text_windows
+from core.data.windows import check_eval_data, text_windows
 from core.errors import CheckpointError
 from core.platform.atomic import is_disk_full
 from core.platform.compiling import compile_or_eager
 from core.platform.device import resolve_device, resolve_precision
 from core.runs import checkpoint as ckpt
+from core.runs.folder import check_out
 from core.training import inputs, objectives, optim, resume
 from core.training.schedule import max_steps_for, plan_for
 from core.training.state import RunState
@@ -27,6 +28,8 @@ def setup(t) -> RunState:
     the disk: checkpoint checks, device, data, then the run folder and the model. Returns
     the run's state (and sets the trainer's progress: step, plan, best value, clock)."""
     cfg = t.cfg
+    if t.world.main:  # a folder that is not ours is refused before any data is prepared
+        check_out(t.folder.path, resuming=t.resume_from is not None)
     objective = objectives.make(cfg)
     check = getattr(objective, "check", None)  # GRPO: its reward functions, before any work
     if check is not None:
@@ -36,8 +39,8 @@ def setup(t) -> RunState:
     state = None
     if t.resume_from:
         state = resume.load_resume_state(t.resume_from, cfg, t.pretrained, t.log)
-    if cfg.eval_data:  # a wrong path is named before any data is prepared
-        text_sources(cfg.eval_data)
+    if cfg.eval_data:  # a wrong path or a short text is named before any data is prepared
+        check_eval_data(cfg.eval_data, cfg.seq_len)
     device = resolve_device(t.world.device_name(cfg.device))
     t.owns_group = t.world.init(device)
     precision = resolve_precision(cfg.precision, device)

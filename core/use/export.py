@@ -12,13 +12,22 @@ from __future__ import annotations
 
 import json
 import shutil
-import uuid
 from pathlib import Path
 
 import torch
 
 from core.config import recipe
+from core.errors import DiskFullError
 from core.models import lora
+from core.platform.atomic import (
+    as_disk_full,
+    clean_stale_temps,
+    free_bytes,
+    is_disk_full,
+    rename_into_place,
+    temp_sibling,
+    writable_problem,
+)
 from core.use.common import ExportError, hf_state_dict, need, weights
 from core.use.gguf_export import export_gguf, export_gguf_lora
 from core.use.gguf_quality import quality_line
@@ -211,8 +220,7 @@ def check_request(fmt: str, out: Path, quant: str | None) -> str | None:
         raise ExportError(f"quant: only {' and '.join(QUANTIZED)} exports are quantized, not {fmt}")
     if quant is not None and quant not in QUANTS:
         raise ExportError(f"quant: expected one of {', '.join(QUANTS)}, got {quant!r}")
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ExportError(f"out: {out} exists and is not an empty folder; choose a new one")
+    check_export_out(out)
     for module in NEEDS[fmt]:
         need(module)
     return (quant or "f16") if fmt in QUANTIZED else None
@@ -230,14 +238,46 @@ def export(target: str | Path, fmt: str, out: str | Path, which: str = "best",
     loaded = load(target, which, mapped=fmt in QUANTIZED)
     if fmt not in ADAPTERS + QUANTIZED:  # one model: the adapters folded into the weights
         lora.merge(loaded.model)  # (GGUF merges each tensor as it writes it)
-    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:6]}"
-    tmp.mkdir(parents=True)
+    check_export_out(out)  # again: another export may have started while this one loaded
+    tmp = temp_sibling(out)
     try:
         _write(fmt, loaded, tmp, quant, system, log, progress)
-        if out.exists():
-            out.rmdir()
-        tmp.rename(out)
-    except BaseException:
+        try:
+            placed = rename_into_place(tmp, out)
+        except PermissionError as e:  # Windows: another program holds it open (Ollama)
+            raise ExportError(
+                f"out: cannot move the export into {out} ({e.strerror or e}); another program "
+                "may hold it open: close it, or choose another folder"
+            ) from None
+        if not placed:
+            raise ExportError(f"out: another process wrote {out} meanwhile; this export is dropped")
+    except BaseException as e:
+        full = as_disk_full(e, tmp)  # asked before the half-written files give space back
         shutil.rmtree(tmp, ignore_errors=True)
+        if is_disk_full(full):
+            free = (free_bytes(out.parent) or 0) / 1e6
+            raise DiskFullError(
+                f"disk full: no space left on the device holding {out.parent} while writing "
+                f"the export; nothing was written ({free:,.1f} MB free now); free some space or "
+                "give --out on another disk"
+            ) from None
         raise
     return out
+
+
+def check_export_out(out: Path) -> None:
+    """out is new or an empty folder (not a link), writable, and no live process is writing
+    it; temporaries left there by a killed export are deleted."""
+    if out.is_symlink():
+        raise ExportError(f"out: {out} is a symbolic link; give a new folder")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ExportError(f"out: {out} exists and is not an empty folder; choose a new one")
+    live = clean_stale_temps(out)
+    if live:
+        raise ExportError(
+            f"out: another export is writing {out} now ({live[0].name}); wait for it or "
+            "choose another folder"
+        )
+    problem = writable_problem(out)
+    if problem:
+        raise ExportError(f"out: {problem}")

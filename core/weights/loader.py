@@ -120,9 +120,18 @@ def map_safetensors(path: Path, maps: list | None = None) -> dict[str, torch.Ten
     maps: collects the map, for drop_pages once the model holds what it needs."""
     import numpy as np
 
+    damaged = ModelSourceError(f"init_from: {path} is damaged or not a safetensors file")
+    total = path.stat().st_size
     with open(path, "rb") as f:
         size = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(size))
+        if total < 8 or size > total - 8:  # never read a length the file does not hold
+            raise damaged
+        try:
+            header = json.loads(f.read(size))
+        except ValueError:  # not JSON, not UTF-8
+            raise damaged from None
+    if not isinstance(header, dict) or not header:
+        raise damaged
     mapped = np.memmap(path, dtype=np.uint8, mode="c")
     if maps is not None:
         maps.append(mapped)
@@ -131,9 +140,12 @@ def map_safetensors(path: Path, maps: list | None = None) -> dict[str, torch.Ten
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        begin, end = (8 + size + x for x in info["data_offsets"])
-        dtype = SAFETENSORS_DTYPES[info["dtype"]]
-        out[name] = raw[begin:end].view(dtype).reshape(info["shape"])
+        try:  # a header that names what the file does not hold
+            begin, end = (8 + size + x for x in info["data_offsets"])
+            dtype = SAFETENSORS_DTYPES[info["dtype"]]
+            out[name] = raw[begin:end].view(dtype).reshape(info["shape"])
+        except (KeyError, TypeError, ValueError, RuntimeError):
+            raise damaged from None
     return out
 
 
@@ -447,7 +459,7 @@ def _base_model(state: dict, cfg: TrainConfig, c: GPTConfig, path: Path, mapped=
 def load_checkpoint(target: str | Path, which: str = "best", device: str = "cpu",
                     mapped: bool = False) -> Loaded:  # fmt: skip
     path = checkpoint_path(target, which)
-    state = ckpt.load(path, mmap=mapped)
+    state = ckpt.load_model_state(path, mmap=mapped)
     cfg = validate(from_dict(state["config"], source=str(path)))
     c = model_config_of(state, cfg)
     c.grad_checkpointing = False

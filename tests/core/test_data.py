@@ -9,7 +9,7 @@ import pytest
 import torch
 from helpers import Recorder, StopAfter, tiny_config
 
-from core.data import prepare as data_mod
+from core.data import build_text
 from core.data.prepare import DataSpec, PrepareCancelled, prepare
 from core.data.sources import DEFAULT_CORPUS, find_sources
 from core.data.tokenizer import Tokenizer, bytes_tokenizer, train_bpe
@@ -127,7 +127,7 @@ def test_unchanged_data_reuses_the_cache_without_reading_the_sources(
     def no_reading(*args):
         raise AssertionError("sources were read again")
 
-    monkeypatch.setattr(data_mod, "_read_blocks", no_reading)
+    monkeypatch.setattr(build_text, "read_blocks", no_reading)
     again, m = prepare(spec_for(text_file, "bpe"), tmp_path / "cache")
     assert again == first and m["tokenizer"] == "bpe"
 
@@ -164,7 +164,7 @@ def test_cancelled_preparation_leaves_nothing_trusted(tmp_path, text_file):
     cache = tmp_path / "cache"
     with pytest.raises(PrepareCancelled):
         prepare(spec_for(text_file, "bpe"), cache, cancelled=lambda: True)
-    assert list(cache.iterdir()) == []
+    assert not cache.exists()  # nothing written, not even the cache folder
 
 
 CHILD = """
@@ -185,7 +185,7 @@ def test_a_process_killed_mid_preparation_leaves_no_trusted_cache(tmp_path, text
     child = subprocess.run([sys.executable, "-c", CHILD, str(text_file), str(cache)])
     assert child.returncode == -9
     leftovers = list(cache.iterdir())
-    assert leftovers and all(p.name.startswith(".tmp-") for p in leftovers)
+    assert leftovers and all(".tmp-" in p.name for p in leftovers)
     assert not any((p / "manifest.json").exists() for p in leftovers)
     folder, m = prepare(spec_for(text_file), cache)
     assert (folder / "tokens.bin").read_bytes() == text_file.read_bytes()

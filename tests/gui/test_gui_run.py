@@ -259,18 +259,19 @@ def test_tokenizer_field_bpe_run_shows_preparation_data_and_bits_per_byte(
 def test_stop_during_data_preparation_cancels_and_caches_nothing(
     make_window, qtbot, gui_env, monkeypatch
 ):
+    from core.data import build_text
     from core.data import prepare as data_mod
 
     text = gui_env / "big.txt"
     text.write_text("lorem ipsum dolor sit amet\n" * 40_000)
-    monkeypatch.setattr(data_mod, "BLOCK", 4096)  # many progress reports: time to press Stop
-    advance = data_mod._Progress.advance
+    monkeypatch.setattr(build_text, "BLOCK", 4096)  # many progress reports: time to press Stop
+    advance = data_mod.Progress.advance
 
     def slow_advance(self, n):
         time.sleep(0.005)  # a slow disk: preparation outlasts the click
         advance(self, n)
 
-    monkeypatch.setattr(data_mod._Progress, "advance", slow_advance)
+    monkeypatch.setattr(data_mod.Progress, "advance", slow_advance)
     monkeypatch.setattr("gui.worker.TRAIN_IN_CHILD", False)  # the slow disk is patched here
     window = tiny_window(make_window, max_steps=5)
     window.form.data.set_value(str(text))
