@@ -8,18 +8,14 @@ import hashlib
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from core.data import chatdata, preference
-from core.data.cache import Progress, commit, discard, manifest_of, temp_entry
+from core.data.cache import DataSpec, Progress, commit, discard, manifest_of, temp_entry
 from core.data.chat import DEFAULT_STOP, DEFAULT_TEMPLATE, render, special_tokens, template_of
 from core.data.tokenizer import Tokenizer, bytes_tokenizer, train_bpe
 from core.errors import DataError
-
-if TYPE_CHECKING:
-    from core.data.prepare import DataSpec
 
 
 def _chat_tokenizer(spec: DataSpec, tokenizer, conversations, log) -> Tokenizer:

@@ -9,18 +9,13 @@ import hashlib
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from core.data import tables
-from core.data.cache import Progress, commit, discard, manifest_of, temp_entry
+from core.data.cache import DataSpec, Progress, commit, discard, manifest_of, temp_entry
 from core.data.tokenizer import Tokenizer, bytes_tokenizer, train_bpe
 from core.errors import DataError
-
-if TYPE_CHECKING:
-    from core.data.prepare import DataSpec
-
 
 BLOCK = 4 << 20  # bytes read per chunk: memory stays flat whatever the corpus size
 

@@ -9,10 +9,7 @@ transaction (core.data.cache).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import shutil
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from core.data import chatdata, preference, tables
@@ -20,6 +17,8 @@ from core.data.build_chat import build_chat, held_out_split  # noqa: F401 (held_
 from core.data.build_text import build_text
 from core.data.cache import (  # noqa: F401 (Progress, PrepareCancelled: the trainer, tests)
     CACHE_FORMAT,
+    ChatSpec,
+    DataSpec,
     PrepareCancelled,
     Progress,
     clean_stale,
@@ -31,45 +30,6 @@ from core.data.sources import Sources, find_sources
 from core.data.tokenizer import Tokenizer
 from core.errors import DataError, DiskFullError
 from core.platform.atomic import free_bytes, is_disk_full, writable_problem
-
-
-@dataclass
-class ChatSpec:
-    """How chat examples become training rows (see core.data.chatdata)."""
-
-    seq_len: int  # rows hold seq_len + 1 tokens: a window and its shifted targets
-    train_on_prompts: bool = False
-    drop_long: bool = False
-    skip_bad_lines: bool = False
-    pairs: bool = False  # preference pairs (method dpo): two rows a pair, not packed
-
-
-@dataclass
-class DataSpec:
-    sources: Sources
-    tokenizer: str  # "bytes" | "bpe"
-    vocab_size: int
-    val_fraction: float
-    chat: ChatSpec | None = None  # None: plain text
-    columns: dict = field(default_factory=dict)  # a table's column mapping (core.data.tables)
-    table: bool = False  # plain text from the text column of table files, a document a row
-
-    def key(self, listing: list[dict], template: str | None = None) -> str:
-        body = {
-            "format": CACHE_FORMAT,
-            "files": listing,
-            "cap": self.sources.cap,
-            "tokenizer": self.tokenizer,
-            "vocab_size": self.vocab_size if self.tokenizer == "bpe" else 256,
-            "val_fraction": self.val_fraction,
-        }
-        if self.chat is not None:
-            body["chat"] = {**vars(self.chat), "template": template}
-        if self.table:
-            body["table"] = True
-        if self.columns:  # which column is the text or the answer decides the tokens
-            body["columns"] = self.columns
-        return hashlib.blake2b(json.dumps(body).encode(), digest_size=12).hexdigest()
 
 
 def data_spec(cfg) -> DataSpec:

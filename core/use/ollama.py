@@ -723,7 +723,7 @@ _MISTRAL_RESULT = (
 
 
 def _go_mistral(lay: Layout) -> str:
-    tools = lay.tool_calls == "mistral"
+    tools = lay.tool_calls is not None  # v0.3: [AVAILABLE_TOOLS], [TOOL_CALLS]
     first = "{{- $lastUser := -1 }}" if tools else ""
     if tools:  # the tool list goes before the last user message
         first += '{{- range $k, $_ := .Messages }}{{ if eq .Role "user" }}'
