@@ -40,7 +40,7 @@ from gui.form import ConfigForm
 from gui.hardware_panel import HardwareInfo, HardwarePanel, detect
 from gui.preset_box import PresetBox
 from gui.resume_dialog import ResumeDialog
-from gui.run_controls import ControlsBox, OutputBox, out_edit
+from gui.run_controls import ControlsBox, OutputBox, out_edit, out_problem
 from gui.run_session import RunSession, RunState
 from gui.run_view import RunView
 from gui.settings_store import SettingsStore
@@ -138,7 +138,8 @@ class MainWindow(QMainWindow):
         self.start_from.configured.connect(self._ladder_before_download)
         column.addWidget(self.start_from)
         column.addWidget(self.form)
-        column.addWidget(OutputBox(self.out_edit, self._choose_out))
+        self.output_box = OutputBox(self.out_edit, self._choose_out)
+        column.addWidget(self.output_box)
         column.addWidget(self.estimate)
         column.addStretch(1)
         scroll = QScrollArea()
@@ -289,6 +290,10 @@ class MainWindow(QMainWindow):
             cfg = self.form.validated()
         except ConfigError as e:
             self.show_error("Invalid settings", str(e))
+            return False
+        problem = out_problem(self.out_edit.text())
+        if problem:  # refused before any work, the user's folder untouched
+            self.show_error("Run folder", f"The run folder cannot be used: {problem}")
             return False
         fit = judge(cfg, self.info)
         if not fit.fits and not self.confirm(

@@ -6,7 +6,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtWidgets import QGridLayout, QGroupBox, QHBoxLayout, QLineEdit, QPushButton
+from PySide6.QtWidgets import (
+    QGridLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QVBoxLayout,
+)
+
+from core.errors import ConfigError
+from core.runs.folder import check_out
 
 FINISH_TIP = (
     "Cool the learning rate down over a short cooldown, save, and stop: a run ended early "
@@ -25,14 +36,42 @@ def out_edit(runs_root: Path) -> QLineEdit:
     return edit
 
 
+def out_problem(text: str) -> str:
+    """Why a chosen run folder will be refused (core.runs.folder.check_out: a folder holding
+    what is not ours, a run, a file, a link, a place we cannot write), in the window's words;
+    "" when it is fine or empty (a new folder is picked)."""
+    if not text.strip():
+        return ""
+    try:
+        check_out(Path(text.strip()).expanduser())
+    except ConfigError as e:
+        return str(e).replace("--out: ", "", 1).replace("with --resume", "with Resume…")
+    return ""
+
+
 class OutputBox(QGroupBox):
+    """The run-folder field, with a warning under it while the folder will be refused."""
+
     def __init__(self, edit: QLineEdit, choose_folder):
         super().__init__("Run folder")
         choose = QPushButton("Choose…")
         choose.clicked.connect(choose_folder)
-        row = QHBoxLayout(self)
+        self.warning = QLabel()
+        self.warning.setWordWrap(True)
+        self.warning.setStyleSheet("color: #b00020;")
+        self.warning.hide()
+        row = QHBoxLayout()
         row.addWidget(edit, 1)
         row.addWidget(choose)
+        column = QVBoxLayout(self)
+        column.addLayout(row)
+        column.addWidget(self.warning)
+        edit.textChanged.connect(self._check)
+
+    def _check(self, text: str) -> None:
+        problem = out_problem(text)
+        self.warning.setText(f"⚠ {problem}" if problem else "")
+        self.warning.setVisible(bool(problem))
 
 
 def _button(text: str, slot, tip: str = "") -> QPushButton:

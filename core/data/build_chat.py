@@ -13,7 +13,14 @@ import numpy as np
 
 from core.data import chatdata, preference
 from core.data.cache import DataSpec, Progress, commit, discard, manifest_of, temp_entry
-from core.data.chat import DEFAULT_STOP, DEFAULT_TEMPLATE, render, special_tokens, template_of
+from core.data.chat import (
+    DEFAULT_STOP,
+    DEFAULT_TEMPLATE,
+    TemplateError,
+    render,
+    special_tokens,
+    template_of,
+)
 from core.data.tokenizer import Tokenizer, bytes_tokenizer, train_bpe
 from core.errors import DataError
 
@@ -34,6 +41,21 @@ def _chat_tokenizer(spec: DataSpec, tokenizer, conversations, log) -> Tokenizer:
             meta["stop_strings"] = [DEFAULT_STOP]
         log("data: the model has no chat template; using the default (ChatML) template")
     return Tokenizer(tokenizer.hf, tokenizer.kind, meta)
+
+
+def refused_by_template(error: TemplateError, origin: str) -> DataError:
+    """The template's own refusal (its raise_exception), with the example's file and line
+    and what to do about it."""
+    reason = str(error).removeprefix("chat template: ")
+    hint = "fix the example, or use a model whose template takes it"
+    if "system" in reason.lower():  # Gemma 2, Mistral v0.1: no system turn at all
+        hint = (
+            "this model's template takes no system message: remove it from the examples, or "
+            "put its text at the start of the first user message"
+        )
+    elif "alternate" in reason.lower():
+        hint = "this model's template needs turns that alternate user, assistant, user, ..."
+    return DataError(f"data: {origin}: the model's chat template refused it ({reason}); {hint}")
 
 
 def held_out_split(n: int, val_fraction: float, source: str) -> list[bool]:
@@ -66,8 +88,11 @@ def _build_pairs(spec: DataSpec, listing, target: Path, tokenizer, progress_cb, 
     for number, ((prompt, chosen, rejected), is_val, size) in enumerate(
         zip(pairs, held, examples.sizes, strict=True), 1
     ):
-        sides = [preference.encode_side(tokenizer, template, prompt, a, tokens)
-                 for a in (chosen, rejected)]  # fmt: skip
+        try:
+            sides = [preference.encode_side(tokenizer, template, prompt, a, tokens)
+                     for a in (chosen, rejected)]  # fmt: skip
+        except TemplateError as e:
+            raise refused_by_template(e, examples.origins[number - 1]) from None
         wrong = out["val" if is_val else "train"].add(*sides)
         if wrong:
             raise DataError(
@@ -122,10 +147,15 @@ def build_chat(spec: DataSpec, listing, target: Path, tokenizer, progress_cb, ca
     progress = Progress(progress_cb, cancelled, sum(examples.sizes), "rendering chat")
     t0 = time.perf_counter()
     notes: set = set()  # what the template does to the data (chat.REASONING_NOTE)
-    for messages, is_val, size in zip(conversations, held, examples.sizes, strict=True):
-        ids, weights = chatdata.encode_example(
-            tokenizer, template, messages, tokens, chat.train_on_prompts, notes
-        )
+    for messages, is_val, size, origin in zip(
+        conversations, held, examples.sizes, examples.origins, strict=True
+    ):
+        try:
+            ids, weights = chatdata.encode_example(
+                tokenizer, template, messages, tokens, chat.train_on_prompts, notes
+            )
+        except TemplateError as e:
+            raise refused_by_template(e, origin) from None
         packers["val" if is_val else "train"].add(ids, weights)
         progress.advance(size)
     for note in sorted(notes):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from core.data.sources import Sources
+from core.data.sources import Sources, hashed
 from core.data.tokenizer import Tokenizer
 from core.errors import UserError
 from core.platform.atomic import (
@@ -99,12 +99,14 @@ class Progress:
 
 
 def manifest_of(spec: DataSpec, listing, tokenizer: Tokenizer, content: str, seconds: float):
-    """What every cache entry's manifest says: its sources, tokenizer and fingerprints."""
+    """What every cache entry's manifest says: its sources (with their content hashes, which
+    a resume checks before tokenizing: not for a capped source, where a change past the cap
+    changes nothing), tokenizer and fingerprints."""
     total = sum(f["size"] for f in listing)
     return {
         "format": CACHE_FORMAT,
         "source": spec.sources.description,
-        "files": listing,
+        "files": listing if spec.sources.cap is not None else hashed(listing),
         "empty_files": sum(1 for f in listing if f["size"] == 0),
         "total_bytes": total,
         "source_bytes": total,

@@ -102,6 +102,7 @@ def parse_example(obj) -> list[dict]:
 class Examples:
     conversations: list[list[dict]] = field(default_factory=list)
     sizes: list[int] = field(default_factory=list)  # each example's line length (progress)
+    origins: list[str] = field(default_factory=list)  # each example's file and line (errors)
     shapes: dict = field(default_factory=dict)  # shape -> examples of it
     bad_lines: int = 0
     first_bad: str = ""
@@ -135,6 +136,7 @@ def read_examples(
                 bad(path, number, str(e))
                 continue
             out.sizes.append(_size(obj))
+            out.origins.append(f"{path} {tables.unit(path)} {number}")
             shape = shape_of(obj)
             out.shapes[shape] = out.shapes.get(shape, 0) + 1
     if not out.conversations:

@@ -4,6 +4,7 @@ them since a checkpoint."""
 
 from __future__ import annotations
 
+import hashlib
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +51,28 @@ class Sources:
         return out
 
 
+HASH_CHUNK = 1 << 20  # bytes read at a time: memory stays bounded on any file
+
+
+def content_hash(path: Path) -> str:
+    """A file's content fingerprint (blake2b, streamed): on resume it tells a file edited
+    to the same size from one only touched, without tokenizing it."""
+    hasher = hashlib.blake2b(digest_size=16)
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(HASH_CHUNK):
+                hasher.update(chunk)
+    except OSError as e:
+        raise DataError(f"data: cannot read {path} ({e.strerror})") from None
+    return hasher.hexdigest()
+
+
+def hashed(listing: list[dict]) -> list[dict]:
+    """The listing with each file's content hash, as a cache entry's manifest keeps it (the
+    cache key is made of the listing without them)."""
+    return [{**f, "blake2b": content_hash(Path(f["path"]))} for f in listing]
+
+
 def find_sources(
     data: str | None,
     extensions: list[str],
@@ -91,14 +114,22 @@ def data_changes(old: list[dict], new: list[dict]) -> list[str]:
 
 
 def sure_changes(old: list[dict], new: list[dict]) -> list[str]:
-    """The changes that certainly change the data, known without reading it: a file added
-    (not empty) or removed (not empty), or one whose size changed. A file only touched (same
-    size, new time) may hold the same text: only its tokens can tell."""
+    """The changes that certainly change the data, known without tokenizing it: a file added
+    (not empty) or removed (not empty), one whose size changed, or one of the same size with
+    a new time whose content hash differs from the one old keeps. A file only touched (same
+    content, new time) is no change; without a kept hash (a cache entry prepared before
+    hashes were kept) only its tokens can tell."""
     before = {f["path"]: f for f in old}
     after = {f["path"]: f for f in new}
     changes = [f"added {p}" for p, f in after.items() if p not in before and f["size"]]
     changes += [f"removed {p}" for p, f in before.items() if p not in after and f["size"]]
-    changes += [
-        f"modified {p}" for p in after if p in before and after[p]["size"] != before[p]["size"]
-    ]
+    changes += [f"modified {p}" for p in after if p in before and _modified(before[p], after[p])]
     return changes
+
+
+def _modified(old: dict, new: dict) -> bool:
+    if new["size"] != old["size"]:
+        return True
+    if new["mtime_ns"] == old["mtime_ns"] or "blake2b" not in old:
+        return False
+    return content_hash(Path(new["path"])) != old["blake2b"]

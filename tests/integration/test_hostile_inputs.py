@@ -73,14 +73,17 @@ def tree(folder: Path) -> dict[str, str]:
     return out
 
 
-def refused(capsys, main, args, folder: Path, *needles, log: str | None = None):
+def refused(capsys, main, args, folder: Path, *needles, log: str | None = None, bar=None):
     """main(args) exits 2 with one line naming what is wrong, having written nothing (but,
-    for a run, the refusal appended to its own log)."""
+    for a run, the refusal appended to its own log). bar: a refusal found while rendering
+    comes after that phase's progress bar, which is left out."""
     before = tree(folder)
     old_log = (folder / log).read_text() if log else None
     capsys.readouterr()
     code = main([str(a) for a in args])
     err = capsys.readouterr().err.strip()
+    if bar:
+        err = "\n".join(ln for ln in err.splitlines() if not ln.startswith(bar + ":"))
     assert code == 2, err
     assert len(err.splitlines()) == 1 and err.startswith("error: "), err
     assert "Traceback" not in err
@@ -575,3 +578,71 @@ def test_resume_keeps_working_in_a_run_folder_holding_the_users_notes(home, caps
     (home / "r" / "notes.txt").write_text("lr 3e-3 looked good")
     assert train_main(["--resume", str(home / "r"), "--max-steps", "3"]) == 0
     assert (home / "r" / "notes.txt").read_text() == "lr 3e-3 looked good"
+
+
+def test_a_chat_template_that_refuses_system_messages_names_the_file_and_line(home, capsys):
+    """Gemma 2's own template raises on a system message: the one line names the data file,
+    the example's line, what the template said and what to do; nothing is cached."""
+    from chat_templates import REAL, m
+    from hf_models import make_model
+
+    base = home / "base"
+    make_model(base, "qwen2", max_position_embeddings=64)
+    for f in base.glob("chat_template.j*"):
+        f.unlink()
+    config = base / "tokenizer_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()),
+                                  "chat_template": REAL["gemma2"].template}))  # fmt: skip
+    turn = {"messages": [m("user", "2+2?"), m("assistant", "4")]}
+    system = {"messages": [m("system", "Be brief."), *turn["messages"]]}
+    chat = home / "chat.jsonl"
+    chat.write_text("\n".join(json.dumps(r) for r in [turn] * 3 + [system] + [turn] * 4) + "\n")
+    args = ["--data", chat, "--out", home / "r", "--device", "cpu", "--max-steps", "1",
+            "--seq-len", "64", "--batch-size", "2", "--grad-accum", "1", "--precision", "fp32",
+            "--sample-tokens", "0", "--init-from", base]  # fmt: skip
+    refused(capsys, train_main, args, home, f"{chat} line 4", "System role not supported",
+            "no system message", bar="rendering chat")  # fmt: skip
+
+
+def _same_size_edit(path: Path) -> None:
+    """path's text changed without changing its size, its time moved on."""
+    old = path.read_text()
+    new = old.replace("add", "sub")
+    assert len(new) == len(old) and new != old
+    path.write_text(new)
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
+
+
+def test_resume_with_data_edited_to_the_same_size_is_refused_before_it_is_tokenized(home, capsys):
+    data = home / "d"
+    data.mkdir()
+    (data / "a.txt").write_text(TEXT)
+    assert train_main([*TINY, "--data", str(data), "--out", str(home / "r")]) == 0
+    _same_size_edit(data / "a.txt")
+    args = ["--resume", home / "r", "--max-steps", "4"]
+    # the tree unchanged: no new cache entry, the edited file never tokenized
+    refused(capsys, train_main, args, home, "data changed", "a.txt", "--allow-data-change",
+            log="r/train.log")  # fmt: skip
+
+
+def test_resume_with_data_only_touched_goes_on(home, capsys):
+    assert train_main([*TINY, "--data", str(home / "data.txt"), "--out", str(home / "r")]) == 0
+    st = (home / "data.txt").stat()
+    os.utime(home / "data.txt", ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
+    assert train_main(["--resume", str(home / "r"), "--max-steps", "4"]) == 0, capsys.readouterr()
+    assert "data changed" not in (home / "r" / "train.log").read_text()
+
+
+def test_a_listing_kept_before_hashes_tells_only_sizes(tmp_path):
+    """A checkpoint whose cache entry kept no content hashes: a same-size file with a new
+    time is left to the tokens to judge, as before."""
+    from core.data.sources import content_hash, sure_changes
+
+    f = tmp_path / "a.txt"
+    f.write_text("abc")
+    old = {"path": str(f), "size": 3, "mtime_ns": 1}
+    new = {**old, "mtime_ns": 2}
+    assert sure_changes([old], [new]) == []
+    assert sure_changes([{**old, "blake2b": content_hash(f)}], [new]) == []
+    assert sure_changes([{**old, "blake2b": "0" * 32}], [new]) == [f"modified {f}"]
