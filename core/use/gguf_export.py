@@ -262,6 +262,24 @@ def _spm_prefix(spec: dict) -> bool:
     return '"Prepend"' in text or ('"Metaspace"' in text and '"never"' not in text)
 
 
+def gguf_add_bos(tok) -> bool:
+    """Whether llama.cpp and Ollama put BOS first. A chat template that writes no BOS (Phi-3.5,
+    with a tokenizer that adds one to plain text) is prompted without it by transformers, so
+    TrainDeck chat-trains without it; llama.cpp and Ollama add the GGUF's BOS to every
+    templated prompt, so the GGUF says no BOS there."""
+    from core.data.chat import TemplateError, render, special_tokens
+
+    if not tok.add_bos or not tok.chat_template:
+        return tok.add_bos
+    bos = tok.meta.get("bos_token") or ""
+    try:
+        text = render(tok.chat_template, [{"role": "user", "content": "a"}], True,
+                      **special_tokens(tok))  # fmt: skip
+    except TemplateError:
+        return tok.add_bos
+    return bool(bos) and text.startswith(bos)
+
+
 def _gguf_tokenizer(writer, loaded: Loaded) -> None:
     tok = loaded.tokenizer
     spec = json.loads(tok.hf_json())
@@ -283,7 +301,7 @@ def _gguf_tokenizer(writer, loaded: Loaded) -> None:
         writer.add_tokenizer_model("gpt2")
         writer.add_tokenizer_pre(_gguf_pre(spec))
         writer.add_token_merges(merges)
-    writer.add_add_bos_token(tok.add_bos)
+    writer.add_add_bos_token(gguf_add_bos(tok))
     if tok.bos_id is not None:
         writer.add_bos_token_id(tok.bos_id)
     if tok.eos_id is not None:
@@ -418,6 +436,10 @@ def export_gguf(loaded: Loaded, folder: Path, quant: str = "f16", log=print,
     if quant not in ("f32", "f16", "bf16"):
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     _gguf_tokenizer(writer, loaded)
+    if loaded.tokenizer.add_bos and not gguf_add_bos(loaded.tokenizer):
+        log("gguf: add_bos_token false: the chat template writes no BOS, so chat prompts in "
+            "llama.cpp and Ollama start as in transformers (plain prompts then start without "
+            "BOS)")  # fmt: skip
     tensors = gguf_tensors(loaded)
     types, counters, layers = {}, {}, loaded.model.config.n_layers
     tied = "output.weight" not in tensors  # the embedding is also the output
