@@ -262,11 +262,11 @@ def _spm_prefix(spec: dict) -> bool:
     return '"Prepend"' in text or ('"Metaspace"' in text and '"never"' not in text)
 
 
-def gguf_add_bos(tok) -> bool:
-    """Whether llama.cpp and Ollama put BOS first. A chat template that writes no BOS (Phi-3.5,
-    with a tokenizer that adds one to plain text) is prompted without it by transformers, so
-    TrainDeck chat-trains without it; llama.cpp and Ollama add the GGUF's BOS to every
-    templated prompt, so the GGUF says no BOS there."""
+def chat_bos(tok) -> bool:
+    """Whether the model's chat prompts start with BOS. A chat template that writes none
+    (Phi-3.5's, with a tokenizer that puts BOS before plain text) is prompted without it by
+    transformers, so TrainDeck chat-trains without it; llama.cpp and Ollama put the GGUF's BOS
+    before every templated prompt."""
     from core.data.chat import TemplateError, render, special_tokens
 
     if not tok.add_bos or not tok.chat_template:
@@ -280,7 +280,7 @@ def gguf_add_bos(tok) -> bool:
     return bool(bos) and text.startswith(bos)
 
 
-def _gguf_tokenizer(writer, loaded: Loaded) -> None:
+def _gguf_tokenizer(writer, loaded: Loaded, add_bos: bool) -> None:
     tok = loaded.tokenizer
     spec = json.loads(tok.hf_json())
     tokens, types, merges = gguf_vocab(loaded)
@@ -301,7 +301,7 @@ def _gguf_tokenizer(writer, loaded: Loaded) -> None:
         writer.add_tokenizer_model("gpt2")
         writer.add_tokenizer_pre(_gguf_pre(spec))
         writer.add_token_merges(merges)
-    writer.add_add_bos_token(gguf_add_bos(tok))
+    writer.add_add_bos_token(add_bos)
     if tok.bos_id is not None:
         writer.add_bos_token_id(tok.bos_id)
     if tok.eos_id is not None:
@@ -418,10 +418,11 @@ def _file_types() -> dict:
 
 
 def export_gguf(loaded: Loaded, folder: Path, quant: str = "f16", log=print,
-                progress=None, name: str = "model.gguf") -> dict:  # fmt: skip
+                progress=None, name: str = "model.gguf", chat: bool = False) -> dict:  # fmt: skip
     """The family's llama.cpp architecture (gpt2, llama, qwen2, gemma3, ...), each tensor
     in the type the quant's mix gives it (as llama-quantize would). Tensors are converted,
-    quantized and written one at a time. Returns {"path", "bytes", "types": {name: type}}."""
+    quantized and written one at a time; chat: a file for chat only (Ollama), whose BOS is
+    the chat template's. Returns {"path", "bytes", "types": {name: type}}."""
     import gguf
     import numpy as np
 
@@ -435,11 +436,14 @@ def export_gguf(loaded: Loaded, folder: Path, quant: str = "f16", log=print,
     writer.add_file_type(_file_types()[quant])
     if quant not in ("f32", "f16", "bf16"):
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    _gguf_tokenizer(writer, loaded)
-    if loaded.tokenizer.add_bos and not gguf_add_bos(loaded.tokenizer):
-        log("gguf: add_bos_token false: the chat template writes no BOS, so chat prompts in "
-            "llama.cpp and Ollama start as in transformers (plain prompts then start without "
-            "BOS)")  # fmt: skip
+    tok = loaded.tokenizer
+    add_bos = chat_bos(tok) if chat else tok.add_bos
+    _gguf_tokenizer(writer, loaded, add_bos)
+    if tok.add_bos and not chat_bos(tok):
+        log("gguf: add_bos_token false: the chat template writes no BOS, so chat prompts start "
+            "as in transformers" if chat else "gguf: llama.cpp's chat puts BOS before the "
+            "template's text, which transformers (and TrainDeck's chat) does not; the "
+            "ollama export writes its GGUF without it")  # fmt: skip
     tensors = gguf_tensors(loaded)
     types, counters, layers = {}, {}, loaded.model.config.n_layers
     tied = "output.weight" not in tensors  # the embedding is also the output

@@ -193,6 +193,7 @@ def test_a_gemma3_multimodal_start_says_text_only_and_gets_a_fit(
     window = make_window()
     window.start_from.set_source(str(tmp_path / "gemma3"))
     info = window.start_from.info.text()
-    assert info.startswith("gemma3, ") and "6 layers" in info and "language model only" in info
+    assert info.startswith("Gemma 3 (gemma3), ") and "6 layers" in info
+    assert "language model only" in info
     assert "fits" in window.estimate.choice.text()
     assert window.form.validated().n_layers == 6

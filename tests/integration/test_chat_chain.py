@@ -24,7 +24,7 @@ from core.training.trainer import Trainer
 from core.use import ollama
 from core.use.export import export
 from core.use.generate import generate_ids
-from core.use.gguf_export import gguf_add_bos
+from core.use.gguf_export import chat_bos
 from core.weights import families
 from core.weights.loader import load
 
@@ -161,7 +161,7 @@ def test_the_ollama_template_under_go_equals_transformers_of_the_exported_tokeni
     for shape, out in zip(shapes, outs, strict=True):
         assert not out["error"], (shape, out["error"])
         wanted = transformers_text(root / "hf", shapes[shape])
-        if gguf_add_bos(loaded.tokenizer):  # Ollama's tokenizer puts BOS first itself
+        if chat_bos(loaded.tokenizer):  # Ollama's tokenizer puts BOS first itself
             assert wanted.startswith(real.bos)
             wanted = wanted[len(real.bos) :]
         assert out["prompt"] == wanted, shape
