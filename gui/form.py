@@ -45,6 +45,7 @@ from core.data.describe import data_line, preview_data
 from core.data.sources import find_sources
 from core.errors import ConfigError, UserError
 from core.platform import compiling
+from core.weights import families
 from core.weights.loader import apply_pretrained
 
 INT_MAX = 2**31 - 1  # QSpinBox holds a C int
@@ -539,6 +540,8 @@ class ConfigForm(QWidget):
             for name, w in self.widgets.items():
                 if name == "limit":
                     w.set_values(cfg.max_steps, cfg.max_epochs, cfg.max_time)
+                elif name == "arch" and self._pretrained is not None:
+                    self._show_family(w)
                 else:
                     self._set_widget(w, getattr(cfg, name))
             self.data.set_value(cfg.data)
@@ -546,6 +549,12 @@ class ConfigForm(QWidget):
         finally:
             self._loading = False
         self._edited()
+
+    def _show_family(self, w: Combo) -> None:
+        """The greyed Architecture field names the pretrained model's family (Gemma 2, Phi-3),
+        not the "llama" a new model of that shape would be."""
+        w.setCurrentIndex(-1)
+        w.setPlaceholderText(families.get(self._pretrained.family).display)
 
     @staticmethod
     def _set_widget(w: QWidget, value) -> None:
@@ -600,6 +609,8 @@ class ConfigForm(QWidget):
         for name, w in self.widgets.items():
             if name == "limit":
                 values.update(w.values())
+            elif name == "arch" and w.currentIndex() < 0:
+                continue  # a pretrained model's family is shown: its arch stays the config's
             else:
                 values[name] = self._read_widget(w)
         seed = values["seed"]

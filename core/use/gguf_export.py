@@ -262,7 +262,25 @@ def _spm_prefix(spec: dict) -> bool:
     return '"Prepend"' in text or ('"Metaspace"' in text and '"never"' not in text)
 
 
-def _gguf_tokenizer(writer, loaded: Loaded) -> None:
+def chat_bos(tok) -> bool:
+    """Whether the model's chat prompts start with BOS. A chat template that writes none
+    (Phi-3.5's, with a tokenizer that puts BOS before plain text) is prompted without it by
+    transformers, so TrainDeck chat-trains without it; llama.cpp and Ollama put the GGUF's BOS
+    before every templated prompt."""
+    from core.data.chat import TemplateError, render, special_tokens
+
+    if not tok.add_bos or not tok.chat_template:
+        return tok.add_bos
+    bos = tok.meta.get("bos_token") or ""
+    try:
+        text = render(tok.chat_template, [{"role": "user", "content": "a"}], True,
+                      **special_tokens(tok))  # fmt: skip
+    except TemplateError:
+        return tok.add_bos
+    return bool(bos) and text.startswith(bos)
+
+
+def _gguf_tokenizer(writer, loaded: Loaded, add_bos: bool) -> None:
     tok = loaded.tokenizer
     spec = json.loads(tok.hf_json())
     tokens, types, merges = gguf_vocab(loaded)
@@ -283,7 +301,7 @@ def _gguf_tokenizer(writer, loaded: Loaded) -> None:
         writer.add_tokenizer_model("gpt2")
         writer.add_tokenizer_pre(_gguf_pre(spec))
         writer.add_token_merges(merges)
-    writer.add_add_bos_token(tok.add_bos)
+    writer.add_add_bos_token(add_bos)
     if tok.bos_id is not None:
         writer.add_bos_token_id(tok.bos_id)
     if tok.eos_id is not None:
@@ -400,10 +418,11 @@ def _file_types() -> dict:
 
 
 def export_gguf(loaded: Loaded, folder: Path, quant: str = "f16", log=print,
-                progress=None, name: str = "model.gguf") -> dict:  # fmt: skip
+                progress=None, name: str = "model.gguf", chat: bool = False) -> dict:  # fmt: skip
     """The family's llama.cpp architecture (gpt2, llama, qwen2, gemma3, ...), each tensor
     in the type the quant's mix gives it (as llama-quantize would). Tensors are converted,
-    quantized and written one at a time. Returns {"path", "bytes", "types": {name: type}}."""
+    quantized and written one at a time; chat: a file for chat only (Ollama), whose BOS is
+    the chat template's. Returns {"path", "bytes", "types": {name: type}}."""
     import gguf
     import numpy as np
 
@@ -417,7 +436,14 @@ def export_gguf(loaded: Loaded, folder: Path, quant: str = "f16", log=print,
     writer.add_file_type(_file_types()[quant])
     if quant not in ("f32", "f16", "bf16"):
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    _gguf_tokenizer(writer, loaded)
+    tok = loaded.tokenizer
+    add_bos = chat_bos(tok) if chat else tok.add_bos
+    _gguf_tokenizer(writer, loaded, add_bos)
+    if tok.add_bos and not chat_bos(tok):
+        log("gguf: add_bos_token false: the chat template writes no BOS, so chat prompts start "
+            "as in transformers" if chat else "gguf: llama.cpp's chat puts BOS before the "
+            "template's text, which transformers (and TrainDeck's chat) does not; the "
+            "ollama export writes its GGUF without it")  # fmt: skip
     tensors = gguf_tensors(loaded)
     types, counters, layers = {}, {}, loaded.model.config.n_layers
     tied = "output.weight" not in tensors  # the embedding is also the output

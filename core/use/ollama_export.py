@@ -18,7 +18,7 @@ def export_ollama(loaded: Loaded, folder: Path, quant: str, system, log, progres
     tok = loaded.tokenizer
     # First, so a template Ollama cannot be given exactly is refused before the GGUF is written.
     text = ollama.modelfile_of(tok, "model.gguf", system)
-    report = export_gguf(loaded, folder, quant, log, progress)
+    report = export_gguf(loaded, folder, quant, log, progress, chat=True)
     (folder / "Modelfile").write_text(text, encoding="utf-8")
     lay = ollama.layout_of(tok)
     stops = ollama.stop_tokens(lay.kind, tok)

@@ -275,8 +275,9 @@ class Pretrained:
 
 
 def info_line(info: dict) -> str:
+    family = f"{families.get(info['family']).display} ({info['family']})"
     return (
-        f"{info['family']}, {info['parameters'] / 1e6:,.1f}M parameters, {info['layers']} layers, "
+        f"{family}, {info['parameters'] / 1e6:,.1f}M parameters, {info['layers']} layers, "
         f"width {info['width']}, {info['heads']} heads ({info['kv_heads']} kv), context "
         f"{info['context']:,}, vocab {info['vocab']:,}, chat template: "
         f"{'yes' if info['chat_template'] else 'no'}"
@@ -355,6 +356,19 @@ def apply_pretrained(cfg: TrainConfig, pre: Pretrained, explicit=()) -> TrainCon
     return dataclasses.replace(cfg, **shape, seq_len=seq_len)
 
 
+def add_family_stops(tokenizer: Tokenizer, family: str) -> None:
+    """The family's end-of-turn tokens (Gemma's <end_of_turn>, Phi's <|end|>) that its chat
+    template writes are stops, also where generation_config.json lists only the EOS: TrainDeck's
+    chat, the GGUF's end-of-turn ids and the Modelfile's stops then agree."""
+    template = tokenizer.chat_template or ""
+    stops = list(tokenizer.meta.get("stop_ids") or [])
+    for text in families.get(family).stops:
+        i = tokenizer.hf.token_to_id(text)
+        if i is not None and text in template and i not in stops:
+            stops.append(i)
+    tokenizer.meta["stop_ids"] = stops
+
+
 def open_pretrained(source: str | Path) -> Pretrained:
     folder = resolve_folder(source)
     hf_config, family, config = _read_config(folder)
@@ -362,6 +376,7 @@ def open_pretrained(source: str | Path) -> Pretrained:
         tokenizer = pretrained_tokenizer(folder)
     except UserError as e:
         raise ModelSourceError(f"init_from: {e}") from None
+    add_family_stops(tokenizer, family)
     if tokenizer.vocab_size > config.vocab_size:
         raise ModelSourceError(
             f"init_from: the tokenizer has {tokenizer.vocab_size} tokens but the model only "

@@ -31,7 +31,9 @@ def test_pretrained_start_shows_the_model_and_fixes_its_shape(make_window, llama
     assert not form.widgets["hidden_dim"].isEnabled() and not form.widgets["tokenizer"].isEnabled()
     # the model decides its architecture: shown as it is, not editable
     assert not form.widgets["arch"].isEnabled() and not form.widgets["qk_norm"].isEnabled()
-    assert form.widgets["arch"].currentText() == "llama"
+    # the greyed Architecture field names the model's family, not the arch of a new model
+    assert form.widgets["arch"].currentText() == "" and info.startswith("Llama (llama), ")
+    assert form.widgets["arch"].placeholderText() == "Llama"
     assert not form.widgets["qk_norm"].isChecked()
     cfg = form.validated()
     assert (cfg.init_from, cfg.tokenizer, cfg.hidden_dim, cfg.n_layers, cfg.arch) == (
@@ -54,6 +56,20 @@ def test_pretrained_start_shows_the_model_and_fixes_its_shape(make_window, llama
     assert "longer than the pretrained model's context" in (form.error or "")
     assert not window.start_button.isEnabled()
     form.set_values(seq_len=32)
+
+
+@pytest.mark.parametrize("family, shown", [("gemma2", "Gemma 2"), ("phi3", "Phi-3")])
+def test_a_gemma_or_phi_start_shows_its_family_not_llama(make_window, tmp_path, family, shown):
+    make_model(tmp_path / "model", family)
+    window = tiny_window(make_window, seq_len=32)
+    window.start_from.set_source(str(tmp_path / "model"))
+    assert window.start_from.info.text().startswith(f"{shown} ({family}), ")
+    arch = window.form.widgets["arch"]
+    assert not arch.isEnabled() and arch.placeholderText() == shown and arch.currentText() == ""
+    assert window.form.validated().arch == "llama"  # what the model runs as is unchanged
+    window.start_from.set_source(None)  # back to a new model: the choice is the arch again
+    assert arch.isEnabled() and arch.currentText() == "llama"
+    assert window.form.validated().arch == "llama"
 
 
 def test_pretrained_run_from_the_window(make_window, llama_folder, tmp_path, qtbot):
@@ -177,6 +193,7 @@ def test_a_gemma3_multimodal_start_says_text_only_and_gets_a_fit(
     window = make_window()
     window.start_from.set_source(str(tmp_path / "gemma3"))
     info = window.start_from.info.text()
-    assert info.startswith("gemma3, ") and "6 layers" in info and "language model only" in info
+    assert info.startswith("Gemma 3 (gemma3), ") and "6 layers" in info
+    assert "language model only" in info
     assert "fits" in window.estimate.choice.text()
     assert window.form.validated().n_layers == 6
