@@ -144,3 +144,40 @@ def sequence_logps(head, hidden: torch.Tensor, targets: torch.Tensor, mask: torc
             use_reentrant=False,
         )  # fmt: skip
     return total
+
+
+def _chunk_token_logps(head: torch.nn.Module, hidden, targets, temperature: float):
+    logits = head(hidden).float() / temperature
+    logp_all = F.log_softmax(logits, dim=-1)
+    logps = logp_all.gather(1, targets[:, None])[:, 0]
+    with torch.no_grad():  # a logged signal: no gradient (as TRL's)
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logps, entropy
+
+
+def token_logps(head, hidden: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor,
+                temperature: float = 1.0, chunk=None):  # fmt: skip
+    """Each target's log-probability under head(hidden) / temperature, and each position's
+    entropy (no gradient), both (B, T) and 0 where mask is 0: what GRPO's loss reads. Logits
+    only at masked positions, a chunk at a time, each recomputed in the backward pass, so at
+    most one chunk's logits exist at once; equal, within fp32 rounding, to log_softmax over
+    the whole logits."""
+    shape = targets.shape
+    hidden = hidden.reshape(-1, hidden.size(-1))
+    keep = mask.reshape(-1).nonzero().squeeze(1)
+    hidden, targets = hidden[keep], targets.reshape(-1)[keep]
+    chunk = chunk or chunk_positions(head.weight.shape[0])
+    if len(targets) <= chunk:
+        parts = [_chunk_token_logps(head, hidden, targets, temperature)]
+    else:
+        parts = [
+            checkpoint(_chunk_token_logps, head, hidden[s : s + chunk], targets[s : s + chunk],
+                       temperature, use_reentrant=False)
+            for s in range(0, len(targets), chunk)
+        ]  # fmt: skip
+    out = []
+    for values in zip(*parts, strict=True):
+        values = torch.cat(values)
+        full = values.new_zeros(shape.numel()).index_copy(0, keep, values)
+        out.append(full.view(shape))
+    return out[0], out[1]
