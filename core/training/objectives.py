@@ -13,6 +13,7 @@ make(cfg) picks one, once, at setup; the step loop never asks which.
 from __future__ import annotations
 
 from core.config.spec import TrainConfig
+from core.models.loss import chunk_positions
 
 
 def make(cfg: TrainConfig):
@@ -41,14 +42,17 @@ def rows_per_example(cfg: TrainConfig) -> int:
 def extra_memory(cfg: TrainConfig, c, act_bytes: int, weight_bytes: int) -> tuple[int, int, int]:
     """(generation, logits, reference) bytes an objective adds to the estimate (besides its
     rows): GRPO's sampling holds the KV cache of all G x B completions and their last
-    logits; its loss keeps the full logits of a micro-batch's rows (log-probs and entropy);
-    beta > 0 in a full fine-tune keeps a frozen copy of the starting weights."""
+    logits; its loss makes the completion positions' logits one chunk at a time
+    (core.models.loss.token_logps: the chunk's logits, their fp32 copy at the temperature,
+    log-softmax, its exp for the entropy, and in the backward the recomputed chunk and its
+    gradient); beta > 0 in a full fine-tune keeps a frozen copy of the starting weights."""
     if cfg.method != "grpo":
         return 0, 0, 0
     rows = cfg.batch_size * cfg.grad_accum * cfg.num_generations
     kv = 2 * c.n_layers * rows * cfg.seq_len * c.n_kv_heads * c.head_dim * act_bytes
     generation = kv + rows * c.vocab_size * 4 * 3 + rows * cfg.seq_len**2  # + prefill mask
-    micro = cfg.batch_size * cfg.num_generations * cfg.seq_len
-    logits = micro * c.vocab_size * (act_bytes + 4 * 4)  # logits, fp32, log-softmax, exp, grad
+    positions = cfg.batch_size * cfg.num_generations * cfg.max_completion_tokens
+    chunk = min(positions, chunk_positions(c.vocab_size))
+    logits = chunk * c.vocab_size * (act_bytes + 4 * 4)  # logits, fp32, log-softmax, exp, grad
     reference = weight_bytes if cfg.grpo_beta and not cfg.lora_rank else 0
     return generation, logits, reference

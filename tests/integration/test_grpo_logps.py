@@ -69,3 +69,26 @@ def test_chunked_logps_entropy_and_gradients_equal_the_whole_logits_ones(tmp_pat
     assert len(got[2]) == len(want[2])
     for a, b in zip(got[2], want[2], strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_the_estimate_counts_one_chunk_of_logits_not_every_completion_position(
+    tmp_path, monkeypatch
+):
+    from dataclasses import replace
+
+    from core.training.estimate import estimate
+
+    make_model(tmp_path / "model", "qwen2")
+    pre = open_pretrained(str(tmp_path / "model"))
+    cfg = apply_pretrained(
+        tiny_config(init_from=str(tmp_path / "model"), tokenizer="model", method="grpo",
+                    reward=["length"], num_generations=4, max_completion_tokens=8, seq_len=64,
+                    batch_size=2),
+        pre,
+    )  # fmt: skip
+    vocab = pre.config.vocab_size
+    small = estimate(cfg, "fp32").logits
+    assert small == 2 * 4 * 8 * vocab * 20  # under a chunk: every completion position
+    monkeypatch.setattr(chunked, "CHUNK_BYTES", 16 * 4 * vocab)  # 16 positions a chunk
+    a, b = estimate(cfg, "fp32"), estimate(replace(cfg, num_generations=16), "fp32")
+    assert a.logits == b.logits == 16 * vocab * 20  # logits, fp32 copy, log-softmax, exp, grad
