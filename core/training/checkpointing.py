@@ -95,7 +95,7 @@ def checkpoint_state(t, model_config: dict, limit: list) -> dict:
         "schedule": t.plan.to_dict(),
         "meta": {
             "limit": limit, "saved_at": time.time(), "loss": t.last_loss,
-            "val_loss": None if math.isinf(t.best_val) else t.best_val,
+            **t.objective.best_meta(None if math.isinf(t.best_val) else t.best_val),
             "max_steps": t.max_steps, "torch": str(torch.__version__),
             "elapsed_s": t.clock.elapsed(), "paused_s": t.clock.paused_total,
         },

@@ -225,6 +225,7 @@ class GRPO:
         self.reference = None  # beta > 0: a frozen copy of a full fine-tune's start
         self.folder = None
         self.latest: list[dict] = []  # the latest step's completions and their rewards
+        self._tokens = 0  # the latest step's prompt and completion tokens
         self._table_started = False
 
     def check(self, cfg: TrainConfig) -> None:
@@ -277,6 +278,8 @@ class GRPO:
         ids = torch.cat((prompt_ids, out), dim=1)
         segments = torch.cat((prompt_mask, torch.ones_like(mask)), dim=1).long()
         n_items = float(mask.sum())
+        # What the step trains on, without padding: the prompts' and completions' tokens.
+        self._tokens = int(prompt_mask.sum()) + int(lengths.sum())
         adv = adv.to(run.device)
         rows = cfg.batch_size * g
         chunks = []
@@ -394,12 +397,21 @@ class GRPO:
             keep.remove()
 
     def step_signals(self, sums):
-        return sums, self._gen
+        return sums, self._gen, self._tokens
+
+    def step_tokens(self, signals, cfg: TrainConfig) -> int:
+        """Tokens through the model in a step (tokens/s): each row's prompt and completion
+        tokens, not the G x B rows' padding."""
+        return signals[2]
+
+    def best_meta(self, best: float | None) -> dict:
+        """best.pt is chosen by minus the held-out reward: recorded as the reward it is."""
+        return {"val_loss": None, "eval_reward": None if best is None else -best}
 
     def records(self, signals: list, cfg: TrainConfig, world) -> list[dict]:
-        sums = torch.stack([s for s, _ in signals]).cpu()
+        sums = torch.stack([s for s, *_ in signals]).cpu()
         out = []
-        for row, (_, gen) in zip(sums, signals, strict=True):
+        for row, (_, gen, _) in zip(sums, signals, strict=True):
             tokens = max(float(row[-1]), 1.0)
             rec = dict(gen)
             rec["entropy"] = float(row[1]) / tokens

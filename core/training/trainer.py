@@ -273,8 +273,8 @@ class Trainer:
                       f"{total:,} parameters train")  # fmt: skip
         self.log(
             f"training {trainable:,} parameters on {self.device} ({self.precision}), "
-            f"data {self.data.source}, {self.data.train_tokens:,} train tokens "
-            f"({self.data.tokenizer.kind}), steps {self.step}->{self.max_steps}"
+            f"data {self.data.source}, {self._data_size()} ({self.data.tokenizer.kind}), "
+            f"steps {self.step}->{self.max_steps}"
         )
         self.saver.start_at(self.step)
         if self.pretrained is not None and self.step == 0:
@@ -284,6 +284,11 @@ class Trainer:
             self.budget.first_step = self.step
         plan = describe_plan(cfg, self.plan)
         self.log(f"optimizer: {recipe.optimizer_line(cfg)}; schedule: {plan}")
+
+    def _data_size(self) -> str:
+        """The log line's training data: tokens, or (GRPO) prompts."""
+        size = getattr(self.data, "size_text", None)  # windows, mixes: their tokens
+        return size() if size else f"{self.data.train_tokens:,} train tokens"
 
     def _end(self, status: str, error: str | None = None) -> dict:
         return setup.end(self, status, error)
@@ -308,7 +313,8 @@ class Trainer:
             return
         pending, self._pending = self._pending, []
         losses = self.world.mean(torch.stack([loss for _, loss, _, _ in pending])).tolist()
-        tokens = len(pending) * self.cfg.tokens_per_step * self.world.size
+        tokens = sum(self.objective.step_tokens(s, self.cfg) for *_, s in pending)
+        tokens *= self.world.size
         # Training time only: evaluation, sampling and checkpoint writes are not throughput.
         common = {"max_steps": self.max_steps, "elapsed_s": self.clock.elapsed(),
                   "tokens_per_s": round(tokens / self.clock.training_seconds(), 1),
