@@ -5,7 +5,9 @@ loss), dpo (preference pairs), grpo (rewards on sampled completions). It says wh
 - micro_loss(run, cfg, chunk): (the loss of one micro-batch, signal sums or None);
 - records(signals, cfg, world): the extra metric records of each step, or None;
 - evaluate(run, cfg): (the value a better model lowers, the record's fields, the log line);
-- rows(cfg) and extra_bytes(cfg, shape, precision): what it adds to the memory estimate.
+- step_tokens(signals, cfg): the tokens a step trained on (tokens/s);
+- best_meta(best): how a checkpoint records the best evaluation (val_loss, GRPO's reward);
+- rows_per_example and extra_memory below: what it adds to the memory estimate.
 
 make(cfg) picks one, once, at setup; the step loop never asks which.
 """

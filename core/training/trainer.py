@@ -266,7 +266,9 @@ class Trainer:
         model's own validation loss when a fine-tune starts."""
         cfg, trainable = self.cfg, lora.trainable_params(self.model)
         self.clock.start()
-        self.events.on_train_start(metrics.start_record(self))
+        resumed = self.resume_from is not None
+        start = metrics.start_record(self.run_state, cfg, self.step, self.max_steps, resumed)
+        self.events.on_train_start(start)
         if cfg.lora_rank:
             total = self.model.num_params()
             self.log(f"LoRA rank {cfg.lora_rank} on {cfg.lora_targets}: {trainable:,} of "
@@ -291,7 +293,8 @@ class Trainer:
         return size() if size else f"{self.data.train_tokens:,} train tokens"
 
     def _end(self, status: str, error: str | None = None) -> dict:
-        return setup.end(self, status, error)
+        return setup.end(status, error, self.step, self.max_steps, self.folder, self.lock,
+                         self.events, self.log, self.owns_group)  # fmt: skip
 
     # -- checkpoints, metrics, evaluation ------------------------------------------------
 
@@ -305,7 +308,9 @@ class Trainer:
         base_shape = self.pretrained.config if self.pretrained else None
         shape = GPTConfig.from_train(self.cfg, training=False, base=base_shape)
         shape = dataclasses.replace(shape, fused=self.model.config.fused)  # as it trains
-        return checkpoint_state(self, shape.to_dict(), resume.limit_of(self.cfg))
+        return checkpoint_state(self.run_state, self.cfg, self.step, self.best_val, self.last_loss,
+                                self.plan, self.clock, self.adapters_only, shape.to_dict(),
+                                resume.limit_of(self.cfg))  # fmt: skip
 
     def _emit_metrics(self) -> None:
         """Read the pending step losses in one host-device sync and emit their records."""
