@@ -74,8 +74,9 @@ def test_a_model_trains_with_the_chunked_loss_as_with_the_plain_one():
     torch.testing.assert_close(loss, want, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("chunk", [None, 7])
-def test_token_logps_and_entropy_equal_the_whole_logits_ones_with_their_gradients(chunk):
+def test_token_logps_and_entropy_equal_the_whole_logits_ones_with_their_gradients(chunk, fused):
     from core.training.grpo import token_logps as plain_logps
 
     torch.manual_seed(0)
@@ -93,7 +94,7 @@ def test_token_logps_and_entropy_equal_the_whole_logits_ones_with_their_gradient
         return logps.detach() * mask, entropy * mask, h.grad, head.weight.grad.clone()
 
     want = run(lambda h: plain_logps(head(h), targets, 0.7))
-    got = run(lambda h: token_logps(head, h, targets, mask, 0.7, chunk=chunk))
+    got = run(lambda h: token_logps(head, h, targets, mask, 0.7, chunk=chunk, fused=fused))
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
     assert not got[1].requires_grad

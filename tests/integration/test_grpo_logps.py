@@ -21,7 +21,10 @@ from core.training.inputs import build_model  # noqa: E402
 from core.weights.loader import apply_pretrained, open_pretrained  # noqa: E402
 
 
-def test_chunked_logps_entropy_and_gradients_equal_the_whole_logits_ones(tmp_path, monkeypatch):
+@pytest.mark.parametrize("fused", [True, False])  # LinearTokenLogps; checkpointed chunks
+def test_chunked_logps_entropy_and_gradients_equal_the_whole_logits_ones(
+    tmp_path, monkeypatch, fused
+):
     make_model(tmp_path / "model", "qwen2")
     pre = open_pretrained(str(tmp_path / "model"))
     values = tiny_config(init_from=str(tmp_path / "model"), tokenizer="model", dropout=0.0,
@@ -54,12 +57,24 @@ def test_chunked_logps_entropy_and_gradients_equal_the_whole_logits_ones(tmp_pat
         logits, _ = model(ids, segments=segments)
         return grpo.token_logps(logits[:, width - 1 : -1], targets, cfg.temperature)
 
-    sizes = []
+    sizes = []  # positions of each logits block the head makes (vocabulary-wide rows)
     model.head.register_forward_hook(lambda m, i, out: sizes.append(out[..., 0].numel()))
+    mm = torch.mm
+
+    def counted(a, b, **kw):  # LinearTokenLogps's blocks: hidden @ head.weight.T
+        out = mm(a, b, **kw)
+        if out.shape[-1] == vocab:
+            sizes.append(out.shape[0])
+        return out
+
+    monkeypatch.setattr(torch, "mm", counted)
     want = pass_(plain)
     assert max(sizes) == ids.numel()  # the whole: every position's logits at once
     sizes.clear()
     monkeypatch.setattr(chunked, "CHUNK_BYTES", 5 * 4 * vocab)  # 5 positions a chunk
+    monkeypatch.setattr(chunked, "FUSED_CHUNK_BYTES", 5 * 4 * vocab)
+    if not fused:
+        monkeypatch.setattr(chunked, "fusable", lambda head, hidden: False)
     objective = grpo.GRPO(cfg)
     got = pass_(lambda: objective._logps(model, run, cfg, roll, targets))
     assert 0 < max(sizes) <= 5  # a chunk at most, forward and the backward's recompute
