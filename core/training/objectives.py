@@ -45,16 +45,20 @@ def extra_memory(cfg: TrainConfig, c, act_bytes: int, weight_bytes: int) -> tupl
     """(generation, logits, reference) bytes an objective adds to the estimate (besides its
     rows): GRPO's sampling holds the KV cache of all G x B completions and their last
     logits; its loss makes the completion positions' logits one chunk at a time
-    (core.models.loss.token_logps: the chunk's logits, their fp32 copy at the temperature,
-    log-softmax, its exp for the entropy, and in the backward the recomputed chunk and its
-    gradient); beta > 0 in a full fine-tune keeps a frozen copy of the starting weights."""
+    (core.models.loss.token_logps: in fp32 LinearTokenLogps's two blocks; else a
+    checkpointed chunk's logits, their fp32 copy, log-softmax, its exp for the entropy, and
+    in the backward the remade chunk and its gradient); beta > 0 in a full fine-tune keeps a
+    frozen copy of the starting weights."""
     if cfg.method != "grpo":
         return 0, 0, 0
     rows = cfg.batch_size * cfg.grad_accum * cfg.num_generations
     kv = 2 * c.n_layers * rows * cfg.seq_len * c.n_kv_heads * c.head_dim * act_bytes
     generation = kv + rows * c.vocab_size * 4 * 3 + rows * cfg.seq_len**2  # + prefill mask
     positions = cfg.batch_size * cfg.num_generations * cfg.max_completion_tokens
-    chunk = min(positions, chunk_positions(c.vocab_size))
-    logits = chunk * c.vocab_size * (act_bytes + 4 * 4)  # logits, fp32, log-softmax, exp, grad
+    if act_bytes == 4 and not c.logit_softcap:  # LinearTokenLogps: two fp32 blocks
+        logits = min(positions, chunk_positions(c.vocab_size, fused=True)) * c.vocab_size * 8
+    else:  # checkpointed chunks: logits, fp32, log-softmax, exp, grad
+        chunk = min(positions, chunk_positions(c.vocab_size))
+        logits = chunk * c.vocab_size * (act_bytes + 4 * 4)
     reference = weight_bytes if cfg.grpo_beta and not cfg.lora_rank else 0
     return generation, logits, reference

@@ -102,8 +102,13 @@ def test_the_estimate_counts_one_chunk_of_logits_not_every_completion_position(
         pre,
     )  # fmt: skip
     vocab = pre.config.vocab_size
-    small = estimate(cfg, "fp32").logits
-    assert small == 2 * 4 * 8 * vocab * 20  # under a chunk: every completion position
-    monkeypatch.setattr(chunked, "CHUNK_BYTES", 16 * 4 * vocab)  # 16 positions a chunk
-    a, b = estimate(cfg, "fp32"), estimate(replace(cfg, num_generations=16), "fp32")
-    assert a.logits == b.logits == 16 * vocab * 20  # logits, fp32 copy, log-softmax, exp, grad
+    positions = 2 * 4 * 8  # under a chunk: every completion position, in two fp32 blocks
+    assert estimate(cfg, "fp32").logits == positions * vocab * 8
+    # checkpointed chunks (bf16): the logits, their fp32 copy, log-softmax, exp, gradient
+    assert estimate(cfg, "bf16").logits == positions * vocab * (2 + 16)
+    monkeypatch.setattr(chunked, "FUSED_CHUNK_BYTES", 16 * 4 * vocab)  # 16 positions a chunk
+    monkeypatch.setattr(chunked, "CHUNK_BYTES", 16 * 4 * vocab)
+    for precision, per_position in (("fp32", 8), ("bf16", 18)):
+        a = estimate(cfg, precision)
+        b = estimate(replace(cfg, num_generations=16), precision)
+        assert a.logits == b.logits == 16 * vocab * per_position  # one chunk, whatever G
