@@ -47,6 +47,17 @@ def _fmt_int(value) -> str:
     return "?" if value is None else f"{value:,}"
 
 
+def _best_row(summary: dict) -> tuple[str, str]:
+    """The best evaluation so far: GRPO's best.pt is chosen by the held-out reward (higher
+    is better), shown as the reward; older GRPO checkpoints saved minus it as val_loss."""
+    reward, val = summary.get("eval_reward"), summary.get("val_loss")
+    if reward is None and val is not None and summary["config"].get("method") == "grpo":
+        reward = -val
+    if reward is not None or summary["config"].get("method") == "grpo":
+        return "Best eval reward", _fmt_loss(reward)
+    return "Best val loss", _fmt_loss(val)
+
+
 def summary_html(ckpt: Path, run_dir: Path, summary: dict, state: str | None) -> str:
     """What a checkpoint holds, as a small table."""
     cfg = summary["config"]
@@ -59,7 +70,7 @@ def summary_html(ckpt: Path, run_dir: Path, summary: dict, state: str | None) ->
         ("Step", f"{summary['step']:,} of {_fmt_int(summary.get('max_steps'))}"),
         ("Run state", state or "unknown"),
         ("Train loss", _fmt_loss(summary.get("loss"))),
-        ("Best val loss", _fmt_loss(summary.get("val_loss"))),
+        _best_row(summary),
         ("Preset", cfg.get("preset") or "custom"),
         (
             "Model",

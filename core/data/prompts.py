@@ -86,6 +86,11 @@ class PromptData:
         what an epoch is counted in, with TrainConfig.tokens_per_step."""
         return self.n_train * self.seq_len * self.rows_per_prompt
 
+    def size_text(self) -> str:
+        """The training data in the start's log line: prompts, not padded rows."""
+        tokens = sum(len(self.ids[i]) for i in range(self.n_train))
+        return f"{self.n_train:,} train prompts ({tokens:,} prompt tokens)"
+
     def sample_starts(self, n: int) -> torch.Tensor:
         """The indices of one optimizer step's n prompts."""
         return torch.randint(0, self.n_train, (n,), generator=self.generator)

@@ -144,3 +144,97 @@ def sequence_logps(head, hidden: torch.Tensor, targets: torch.Tensor, mask: torc
             use_reentrant=False,
         )  # fmt: skip
     return total
+
+
+def _chunk_token_logps(head: torch.nn.Module, hidden, targets, temperature: float):
+    logits = head(hidden).float() / temperature
+    logp_all = F.log_softmax(logits, dim=-1)
+    logps = logp_all.gather(1, targets[:, None])[:, 0]
+    with torch.no_grad():  # a logged signal: no gradient (as TRL's)
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logps, entropy
+
+
+class LinearTokenLogps(torch.autograd.Function):
+    """(log p(t_i), entropy_i) of softmax(hidden_i @ W^T / temperature), a chunk of positions
+    at a time in one reused buffer; only each position's log-sum-exp is kept. The backward
+    makes each chunk's logits again (one matmul) and turns them into softmax - onehot in
+    place: cheaper than a checkpoint's recomputation of the whole forward (entropy
+    included) and its autograd. The entropy gets no gradient."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, temperature: float, chunk: int):
+        n = len(targets)
+        logps = hidden.new_empty(n, dtype=torch.float32)
+        entropy = hidden.new_empty(n, dtype=torch.float32)
+        lse = hidden.new_empty(n, dtype=torch.float32)
+        buf = hidden.new_empty(min(chunk, n), weight.shape[0])
+        spare = torch.empty_like(buf)
+        for start in range(0, n, chunk):
+            part = slice(start, start + chunk)
+            h, t = hidden[part], targets[part]
+            z = torch.mm(h, weight.t(), out=buf[: len(t)]).div_(temperature)
+            top = z.amax(1, keepdim=True)
+            z.sub_(top)
+            e = torch.exp(z, out=spare[: len(t)])
+            sums = e.sum(1)
+            log_sums = sums.log()
+            logps[part] = z.gather(1, t[:, None])[:, 0] - log_sums
+            entropy[part] = log_sums - e.mul_(z).sum(1) / sums
+            lse[part] = top[:, 0] + log_sums
+        ctx.save_for_backward(hidden, weight, targets, lse)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        ctx.mark_non_differentiable(entropy)
+        return logps, entropy
+
+    @staticmethod
+    def backward(ctx, g, _g_entropy):
+        hidden, weight, targets, lse = ctx.saved_tensors
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        d_hidden = torch.empty_like(hidden) if need_h else None
+        d_weight = torch.zeros_like(weight) if need_w else None
+        buf = hidden.new_empty(min(ctx.chunk, len(targets)), weight.shape[0])
+        for start in range(0, len(targets), ctx.chunk):
+            part = slice(start, start + ctx.chunk)
+            h, t = hidden[part], targets[part]
+            # d logp_i / d z_i = (onehot - softmax) / temperature, times the upstream g_i
+            grad = torch.mm(h, weight.t(), out=buf[: len(t)]).div_(ctx.temperature)
+            grad.sub_(lse[part, None]).exp_().mul_(-g[part, None])
+            grad[torch.arange(len(t), device=t.device), t] += g[part]
+            grad.div_(ctx.temperature)
+            if d_hidden is not None:
+                torch.mm(grad, weight, out=d_hidden[part])
+            if d_weight is not None:
+                d_weight.addmm_(grad.t(), h)
+        return d_hidden, d_weight, None, None, None
+
+
+def token_logps(head, hidden: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor,
+                temperature: float = 1.0, chunk=None, fused: bool = True):  # fmt: skip
+    """Each target's log-probability under head(hidden) / temperature, and each position's
+    entropy (no gradient), both (B, T) and 0 where mask is 0: what GRPO's loss reads. Logits
+    only at masked positions, a chunk at a time, so at most one chunk's logits exist at
+    once; equal, within fp32 rounding, to log_softmax over the whole logits. fused:
+    LinearTokenLogps where it serves (a plain fp32 head), else checkpointed chunks."""
+    shape = targets.shape
+    hidden = hidden.reshape(-1, hidden.size(-1))
+    keep = mask.reshape(-1).nonzero().squeeze(1)
+    hidden, targets = hidden[keep], targets.reshape(-1)[keep]
+    fused = fused and fusable(head, hidden) and len(targets) > 0
+    chunk = chunk or chunk_positions(head.weight.shape[0], fused)
+    if fused:
+        parts = [LinearTokenLogps.apply(hidden, head.weight, targets, temperature, chunk)]
+    elif len(targets) <= chunk:
+        parts = [_chunk_token_logps(head, hidden, targets, temperature)]
+    else:
+        parts = [
+            checkpoint(_chunk_token_logps, head, hidden[s : s + chunk], targets[s : s + chunk],
+                       temperature, use_reentrant=False)
+            for s in range(0, len(targets), chunk)
+        ]  # fmt: skip
+    out = []
+    for values in zip(*parts, strict=True):
+        values = torch.cat(values)
+        full = values.new_zeros(shape.numel()).index_copy(0, keep, values)
+        out.append(full.view(shape))
+    return out[0], out[1]

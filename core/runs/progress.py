@@ -53,6 +53,7 @@ class Progress:
         self.last: dict | None = None  # the newest batch record
         self.last_at = 0.0  # when it arrived
         self.last_val: float | None = None
+        self.last_reward: float | None = None
 
     def start(self, max_steps: int, start_step: int) -> None:
         self.max_steps, self.start_step = max_steps, start_step
@@ -64,6 +65,7 @@ class Progress:
 
     def add_eval(self, record: dict) -> None:
         self.last_val = record.get("val_loss")
+        self.last_reward = record.get("eval_reward")  # GRPO: higher is better
 
     @property
     def step(self) -> int | None:
@@ -92,6 +94,7 @@ class Progress:
         parts = [
             f"loss {last['loss']:.4f}",
             f"val {self.last_val:.4f}" if self.last_val is not None else None,
+            f"eval reward {self.last_reward:.4f}" if self.last_reward is not None else None,
             f"{last.get('tokens_per_s', 0):,.0f} tok/s",
             f"elapsed {fmt_duration(self.elapsed(now, running))}",
             f"ETA {fmt_duration(self.eta(running))}",

@@ -123,6 +123,14 @@ class DPO:
         return [signals(s, pairs) for s in stacked.cpu()]
 
     @torch.no_grad()
+    def step_tokens(self, signals, cfg: TrainConfig) -> int:
+        """Tokens through the model in a step (tokens/s): both sequences of each pair."""
+        return cfg.tokens_per_step
+
+    def best_meta(self, best: float | None) -> dict:
+        """How a checkpoint records the best evaluation so far."""
+        return {"val_loss": best}
+
     def evaluate(self, run: RunState, cfg: TrainConfig) -> tuple[float, dict, str]:
         """The mean DPO loss over held-out pairs, and TRL's eval_ signals."""
         n_pairs = cfg.eval_batches * cfg.batch_size * cfg.grad_accum

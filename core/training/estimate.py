@@ -234,7 +234,7 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
     if recipe.optimizer(cfg) == "muon":
         optimizer -= 4 * hidden_matrix_params(c)
     generation, grpo_logits, reference = objectives.extra_memory(cfg, c, e, weights)
-    logits = max(logits, grpo_logits)
+    logits = grpo_logits or logits  # GRPO's loss reads the completion positions' only
     weights += reference
     live = weights + 4 * trained + optimizer + weight_casts + int(activations) + logits
     return Estimate(

@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -28,6 +29,7 @@ import torch.nn.functional as F
 
 from core.config.spec import TrainConfig
 from core.models import lora
+from core.models.loss import token_logps as chunked_logps
 from core.training.rewards import Rewards, check_columns, text_of
 from core.training.state import RunState
 from core.training.steps import autocast
@@ -166,8 +168,9 @@ def advantages(per_func: torch.Tensor, weights: torch.Tensor, group: int, scale:
 
 
 def token_logps(logits: torch.Tensor, targets: torch.Tensor, temperature: float):
-    """Each target's log-probability and each position's entropy, from logits divided by the
-    sampling temperature (as TRL scores them)."""
+    """Each target's log-probability and each position's entropy, from the whole logits
+    divided by the sampling temperature (as TRL scores them): the plain computation the
+    chunked pass (core.models.loss.token_logps) equals."""
     logits = logits.float() / temperature
     logp_all = F.log_softmax(logits, dim=-1)
     logps = logp_all.gather(-1, targets[..., None])[..., 0]
@@ -222,6 +225,7 @@ class GRPO:
         self.reference = None  # beta > 0: a frozen copy of a full fine-tune's start
         self.folder = None
         self.latest: list[dict] = []  # the latest step's completions and their rewards
+        self._tokens = 0  # the latest step's prompt and completion tokens
         self._table_started = False
 
     def check(self, cfg: TrainConfig) -> None:
@@ -274,6 +278,8 @@ class GRPO:
         ids = torch.cat((prompt_ids, out), dim=1)
         segments = torch.cat((prompt_mask, torch.ones_like(mask)), dim=1).long()
         n_items = float(mask.sum())
+        # What the step trains on, without padding: the prompts' and completions' tokens.
+        self._tokens = int(prompt_mask.sum()) + int(lengths.sum())
         adv = adv.to(run.device)
         rows = cfg.batch_size * g
         chunks = []
@@ -368,34 +374,44 @@ class GRPO:
         return self.reference if self.reference is not None else run.model
 
     def _logps(self, model, run, cfg, roll: Rollout, targets, no_adapters: bool = False):
+        """The completion tokens' log-probs and entropies (n, C), from the chunked pass
+        (core.models.loss.token_logps): the head never makes the whole vocabulary's logits
+        of every completion position at once."""
         width = roll.prompt_width
         base = self.reference if model is self.reference else run.model
-        # The head sees the completion's positions only (TRL's logits_to_keep): the logits at
-        # position t predict token t + 1, so the completion's come from P - 1 on.
-        keep = base.ln_f.register_forward_hook(lambda m, i, out: out[:, width - 1 : -1])
+        hidden = []
+
+        def take(module, inputs, out):
+            # The completion's hidden states (position t predicts token t + 1: from P - 1
+            # on) go to the chunked pass; the model's own head then sees no position.
+            hidden.append(out[:, width - 1 : -1])
+            return out[:, :0]
+
+        keep = base.ln_f.register_forward_hook(take)
         try:
-            with autocast(run.device, run.precision):
-                if no_adapters:
-                    was = run.model.training
-                    run.model.eval()
-                    try:
-                        with lora.adapters_disabled(run.model):
-                            logits, _ = run.model(roll.ids, segments=roll.segments)
-                    finally:
-                        run.model.train(was)
-                else:
-                    logits, _ = model(roll.ids, segments=roll.segments)
+            with autocast(run.device, run.precision), _adapters_off(run.model, no_adapters):
+                (run.model if no_adapters else model)(roll.ids, segments=roll.segments)
+                return chunked_logps(base.output_head(), hidden[0], targets,
+                                     roll.completion_mask, cfg.temperature)  # fmt: skip
         finally:
             keep.remove()
-        return token_logps(logits, targets, cfg.temperature)
 
     def step_signals(self, sums):
-        return sums, self._gen
+        return sums, self._gen, self._tokens
+
+    def step_tokens(self, signals, cfg: TrainConfig) -> int:
+        """Tokens through the model in a step (tokens/s): each row's prompt and completion
+        tokens, not the G x B rows' padding."""
+        return signals[2]
+
+    def best_meta(self, best: float | None) -> dict:
+        """best.pt is chosen by minus the held-out reward: recorded as the reward it is."""
+        return {"val_loss": None, "eval_reward": None if best is None else -best}
 
     def records(self, signals: list, cfg: TrainConfig, world) -> list[dict]:
-        sums = torch.stack([s for s, _ in signals]).cpu()
+        sums = torch.stack([s for s, *_ in signals]).cpu()
         out = []
-        for row, (_, gen) in zip(sums, signals, strict=True):
+        for row, (_, gen, _) in zip(sums, signals, strict=True):
             tokens = max(float(row[-1]), 1.0)
             rec = dict(gen)
             rec["entropy"] = float(row[1]) / tokens
@@ -434,6 +450,21 @@ class GRPO:
         each = ", ".join(f"{n} {record[f'eval_rewards/{n}/mean'] or 0:.3f}"
                          for n in self.rewards.names)  # fmt: skip
         return -reward, record, f"eval reward {reward:.4f} ({each}) on {len(index)} prompts"
+
+
+@contextmanager
+def _adapters_off(model, off: bool):
+    """The reference under LoRA: the model in eval mode with its adapters off."""
+    if not off:
+        yield
+        return
+    was = model.training
+    model.eval()
+    try:
+        with lora.adapters_disabled(model):
+            yield
+    finally:
+        model.train(was)
 
 
 def _drop_steps_from(path, step: int) -> None:

@@ -32,14 +32,14 @@ def train_records(steps: list[tuple[int, float]], losses: list[float], cfg: Trai
     return records
 
 
-def start_record(trainer) -> dict:
-    """What the front ends show when the steps start (on_train_start)."""
-    t, cfg = trainer, trainer.cfg
+def start_record(run, cfg: TrainConfig, step: int, max_steps: int, resumed: bool) -> dict:
+    """What the front ends show when the steps start (on_train_start), from the run's state
+    (core.training.state.RunState)."""
     return {
-        "run_dir": str(t.folder.path), "start_step": t.step, "max_steps": t.max_steps,
-        "n_params": t.model.num_params(), "n_trainable": lora.trainable_params(t.model),
-        "device": str(t.device), "precision": t.precision,
-        "tokens_per_step": cfg.tokens_per_step, "train_tokens": t.data.train_tokens,
-        "data_source": t.data.source, "data": t.data.summary(), "config": cfg.to_dict(),
-        "resumed": t.resume_from is not None,
+        "run_dir": str(run.folder.path), "start_step": step, "max_steps": max_steps,
+        "n_params": run.model.num_params(), "n_trainable": lora.trainable_params(run.model),
+        "device": str(run.device), "precision": run.precision,
+        "tokens_per_step": cfg.tokens_per_step, "train_tokens": run.data.train_tokens,
+        "data_source": run.data.source, "data": run.data.summary(), "config": cfg.to_dict(),
+        "resumed": resumed,
     }  # fmt: skip

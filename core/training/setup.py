@@ -128,24 +128,24 @@ def restore(t, run: RunState, state: dict) -> None:
     )
 
 
-def end(t, status: str, error: str | None = None) -> dict:
+def end(status: str, error: str | None, step: int, max_steps: int | None, folder, lock, events,
+        log, owns_group: bool) -> dict:  # fmt: skip
     """The run's last word: status.json and the log, the folder closed, the lock and the
     process group released, on_train_end; a full disk here does not hide the real error."""
-    step, max_steps = t.step, t.max_steps
-    result = {"status": status, "step": step, "run_dir": str(t.folder.path)}
+    result = {"status": status, "step": step, "run_dir": str(folder.path)}
     if error:
         result["error"] = error
     try:
-        if t.folder.path.is_dir() and max_steps is not None:
+        if folder.path.is_dir() and max_steps is not None:
             extra = {"error": error} if error else {}
-            t.folder.write_status(status, step, max_steps, **extra)
-            t.log(f"{status} at step {step}" + (f": {error}" if error else ""))
-        t.folder.close()
+            folder.write_status(status, step, max_steps, **extra)
+            log(f"{status} at step {step}" + (f": {error}" if error else ""))
+        folder.close()
     except OSError as e:  # a full disk must not hide the error that ended the run
         if not is_disk_full(e):
             raise
-    t.lock.release()
-    if t.owns_group:
+    lock.release()
+    if owns_group:
         torch.distributed.destroy_process_group()
-    t.events.on_train_end(result)
+    events.on_train_end(result)
     return result

@@ -28,6 +28,14 @@ class SFT:
     def records(self, signals: list, cfg: TrainConfig, world) -> list[dict] | None:
         return None
 
+    def step_tokens(self, signals, cfg: TrainConfig) -> int:
+        """Tokens through the model in a step (tokens/s): the step's windows."""
+        return cfg.tokens_per_step
+
+    def best_meta(self, best: float | None) -> dict:
+        """How a checkpoint records the best evaluation so far."""
+        return {"val_loss": best}
+
     def evaluate(self, run: RunState, cfg: TrainConfig) -> tuple[float, dict, str]:
         # As many windows as eval_batches optimizer steps hold, so neither an out-of-memory
         # split of the micro-batch nor the number of processes changes what is measured.

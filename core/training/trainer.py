@@ -266,15 +266,17 @@ class Trainer:
         model's own validation loss when a fine-tune starts."""
         cfg, trainable = self.cfg, lora.trainable_params(self.model)
         self.clock.start()
-        self.events.on_train_start(metrics.start_record(self))
+        resumed = self.resume_from is not None
+        start = metrics.start_record(self.run_state, cfg, self.step, self.max_steps, resumed)
+        self.events.on_train_start(start)
         if cfg.lora_rank:
             total = self.model.num_params()
             self.log(f"LoRA rank {cfg.lora_rank} on {cfg.lora_targets}: {trainable:,} of "
                       f"{total:,} parameters train")  # fmt: skip
         self.log(
             f"training {trainable:,} parameters on {self.device} ({self.precision}), "
-            f"data {self.data.source}, {self.data.train_tokens:,} train tokens "
-            f"({self.data.tokenizer.kind}), steps {self.step}->{self.max_steps}"
+            f"data {self.data.source}, {self._data_size()} ({self.data.tokenizer.kind}), "
+            f"steps {self.step}->{self.max_steps}"
         )
         self.saver.start_at(self.step)
         if self.pretrained is not None and self.step == 0:
@@ -285,8 +287,14 @@ class Trainer:
         plan = describe_plan(cfg, self.plan)
         self.log(f"optimizer: {recipe.optimizer_line(cfg)}; schedule: {plan}")
 
+    def _data_size(self) -> str:
+        """The log line's training data: tokens, or (GRPO) prompts."""
+        size = getattr(self.data, "size_text", None)  # windows, mixes: their tokens
+        return size() if size else f"{self.data.train_tokens:,} train tokens"
+
     def _end(self, status: str, error: str | None = None) -> dict:
-        return setup.end(self, status, error)
+        return setup.end(status, error, self.step, self.max_steps, self.folder, self.lock,
+                         self.events, self.log, self.owns_group)  # fmt: skip
 
     # -- checkpoints, metrics, evaluation ------------------------------------------------
 
@@ -300,7 +308,9 @@ class Trainer:
         base_shape = self.pretrained.config if self.pretrained else None
         shape = GPTConfig.from_train(self.cfg, training=False, base=base_shape)
         shape = dataclasses.replace(shape, fused=self.model.config.fused)  # as it trains
-        return checkpoint_state(self, shape.to_dict(), resume.limit_of(self.cfg))
+        return checkpoint_state(self.run_state, self.cfg, self.step, self.best_val, self.last_loss,
+                                self.plan, self.clock, self.adapters_only, shape.to_dict(),
+                                resume.limit_of(self.cfg))  # fmt: skip
 
     def _emit_metrics(self) -> None:
         """Read the pending step losses in one host-device sync and emit their records."""
@@ -308,7 +318,8 @@ class Trainer:
             return
         pending, self._pending = self._pending, []
         losses = self.world.mean(torch.stack([loss for _, loss, _, _ in pending])).tolist()
-        tokens = len(pending) * self.cfg.tokens_per_step * self.world.size
+        tokens = sum(self.objective.step_tokens(s, self.cfg) for *_, s in pending)
+        tokens *= self.world.size
         # Training time only: evaluation, sampling and checkpoint writes are not throughput.
         common = {"max_steps": self.max_steps, "elapsed_s": self.clock.elapsed(),
                   "tokens_per_s": round(tokens / self.clock.training_seconds(), 1),

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from core.models.loss import lm_loss
+from core.models.loss import lm_loss, token_logps
 
 
 def plain(head, hidden, targets, mask=None):
@@ -72,3 +72,29 @@ def test_a_model_trains_with_the_chunked_loss_as_with_the_plain_one():
     logits, _ = model(idx[:, :-1])
     want = F.cross_entropy(logits.reshape(-1, 300).float(), idx[:, 1:].reshape(-1))
     torch.testing.assert_close(loss, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("chunk", [None, 7])
+def test_token_logps_and_entropy_equal_the_whole_logits_ones_with_their_gradients(chunk, fused):
+    from core.training.grpo import token_logps as plain_logps
+
+    torch.manual_seed(0)
+    head = torch.nn.Linear(16, 50, bias=False)
+    hidden = torch.randn(3, 20, 16)
+    targets = torch.randint(0, 50, (3, 20))
+    mask = torch.rand(3, 20) < 0.6
+    weight = torch.randn(3, 20)  # a loss that weighs each token differently
+
+    def run(fn):
+        head.zero_grad()
+        h = hidden.clone().requires_grad_(True)
+        logps, entropy = fn(h)
+        (logps * weight * mask).sum().backward()
+        return logps.detach() * mask, entropy * mask, h.grad, head.weight.grad.clone()
+
+    want = run(lambda h: plain_logps(head(h), targets, 0.7))
+    got = run(lambda h: token_logps(head, h, targets, mask, 0.7, chunk=chunk, fused=fused))
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    assert not got[1].requires_grad

@@ -32,6 +32,15 @@ def test_summary_reads_like_the_status_line():
     assert p.last is None and p.summary(0.0, True) == ""
 
 
+def test_a_grpo_run_shows_its_held_out_reward_as_a_reward():
+    p = Progress()
+    p.start(100, 0)
+    p.add_batch(batch(10, elapsed=5.0), now=1.0)
+    p.add_eval({"step": 10, "eval_reward": 0.625})  # GRPO's evaluation: no val_loss
+    text = p.summary(now=1.0, running=True)
+    assert text == "loss 2.0000    eval reward 0.6250    1,000 tok/s    elapsed 0:00:05    ETA —"
+
+
 def test_durations_and_the_data_line():
     assert fmt_duration(None) == "—" and fmt_duration(3725.9) == "1:02:05"
     info = {
