@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 from tqdm import tqdm
 
@@ -106,15 +105,8 @@ def build_parser() -> Parser:
 def check_files(args) -> None:
     """Every file named exists and is a file, before any model is loaded."""
     for name in ("text", "choices"):
-        path = getattr(args, name)
-        if not path:
-            continue
-        if Path(path).is_dir():
-            what = "a text file or a table with a text column" if name == "text" else (
-                "one question file (.jsonl, .json, .csv, .parquet)")  # fmt: skip
-            raise UsageError(f"--{name}: {path} is a folder; give {what}")
-        if not Path(path).is_file():
-            raise UsageError(f"--{name}: {path} not found")
+        if getattr(args, name):
+            evaluate.input_file(getattr(args, name), f"--{name}")
     if args.tasks:
         from core.use import harness
 

@@ -54,15 +54,26 @@ def unescape(text: str | None) -> str | None:
 # -- text -------------------------------------------------------------------------------------
 
 
-def read_documents(path: str | Path, column: str = "text", flag: str = "--text") -> list[str]:
-    """A plain text file is one document; a table (.jsonl, .json, .csv, .parquet) gives one
-    document a row, from its text column."""
+WANTED = {
+    "--text": "one text file, or a table (.jsonl, .csv, .parquet) with a text column",
+    "--choices": "one question file (.jsonl, .json, .csv, .parquet)",
+}
+
+
+def input_file(path: str | Path, flag: str) -> Path:
+    """The file a flag names; a folder or a missing path is one line naming the flag."""
     path = Path(path)
     if path.is_dir():
-        raise DataError(f"{flag}: {path} is a folder; give one text file, or a table "
-                        "(.jsonl, .csv, .parquet) with a text column")  # fmt: skip
+        raise DataError(f"{flag}: {path} is a folder; give {WANTED[flag]}")
     if not path.is_file():
         raise DataError(f"{flag}: {path} not found")
+    return path
+
+
+def read_documents(path: str | Path, column: str = "text") -> list[str]:
+    """A plain text file is one document; a table (.jsonl, .json, .csv, .parquet) gives one
+    document a row, from its text column."""
+    path = input_file(path, "--text")
     if not tables.is_table(path):
         return [path.read_text(encoding="utf-8", errors="replace")]
     docs = []
@@ -74,9 +85,9 @@ def read_documents(path: str | Path, column: str = "text", flag: str = "--text")
                                 f"holds {type(value).__name__}, not text")  # fmt: skip
             docs.append(value)
     except DataError as e:
-        raise DataError(f"{flag}: {e}") from None
+        raise DataError(f"--text: {e}") from None
     if not docs:
-        raise DataError(f"{flag}: {path} holds no rows")
+        raise DataError(f"--text: {path} holds no rows")
     return docs
 
 
@@ -167,12 +178,7 @@ def read_choices(path: str | Path, template: str | None = None) -> list[dict]:
     columns question or context, choices (a list) and answer (an index or a letter), or
     A, B, C, ... in place of choices; with a template, any columns it names in place of
     question or context."""
-    path = Path(path)
-    if path.is_dir():
-        raise DataError(f"--choices: {path} is a folder; give one question file "
-                        "(.jsonl, .json, .csv, .parquet)")  # fmt: skip
-    if not path.is_file():
-        raise DataError(f"choices: {path} not found")
+    path = input_file(path, "--choices")
     rows = []
     for n, (number, row) in enumerate(tables.iter_records(path), 1):
         if path.suffix.lower() == ".csv":  # the row among the data rows, and its file line
