@@ -81,3 +81,13 @@ class FakeTime:
     def perf_counter(self) -> float:
         self.now += self.tick
         return self.now
+
+
+def llama_greedy(llm, ids: list[int], n: int) -> list[int]:
+    """llama.cpp's (llama_cpp.Llama's) first n greedy tokens after ids."""
+    got = []
+    for token in llm.generate(ids, temp=0.0, top_k=1, reset=True):
+        got.append(token)
+        if len(got) == n:
+            break
+    return got

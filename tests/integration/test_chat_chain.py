@@ -16,7 +16,7 @@ import pytest
 import torch
 from chat_templates import REAL, shapes_for
 from gotemplate import go_available, go_prompts
-from helpers import tiny_config
+from helpers import llama_greedy, tiny_config
 from hf_models import TEXT, make_config
 
 from core.data.chat import chat_ids, render, special_tokens
@@ -223,10 +223,6 @@ def test_the_gguf_runs_in_llama_cpp_with_traindecks_greedy_chat_text(chain):
     assert llm.tokenize(text.encode(), add_bos=True, special=True) == ids
     n = 6
     expected = list(generate_ids(loaded.model, ids, n, temperature=0))
-    got = []
-    for token in llm.generate(ids, temp=0.0, top_k=1, reset=True):
-        got.append(token)
-        if len(got) == n:
-            break
+    got = llama_greedy(llm, ids, n)
     assert got == expected
     assert llm.detokenize(got, special=True).decode(errors="replace") == tok.decode(expected)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers import tiny_config
+from helpers import llama_greedy, tiny_config
 
 llama_cpp = pytest.importorskip("llama_cpp")
 pytest.importorskip("transformers")
@@ -37,11 +37,7 @@ def llama_cpp_agrees(target, out, prompt: str, n_new: int = 12):
     # llama.cpp computes attention with its own kernels: close, not bit-equal
     assert np.abs(theirs - ours).max() < 0.05 * max(1.0, np.abs(ours).std())
     expected = list(generate_ids(loaded.model, ids, n_new, temperature=0))
-    got = []
-    for token in llm.generate(ids, temp=0.0, top_k=1, reset=True):
-        got.append(token)
-        if len(got) == n_new:
-            break
+    got = llama_greedy(llm, ids, n_new)
     assert got == expected
     return llm
 
