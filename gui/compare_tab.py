@@ -1,7 +1,8 @@
 """The Compare tab: tick several runs and their loss curves (train, and validation with
 points) are drawn over each other, by step or by training time, each run's settings in the
-legend, like TensorBoard's run selector; below, a table of each run's last and best validation
-loss beside its saved evaluations (RUN/eval/: perplexities, accuracies, lm_eval tasks)."""
+legend, like TensorBoard's run selector; GRPO runs by their reward instead (training and
+held-out); below, a table of each run's last and best validation loss (or held-out reward)
+beside its saved evaluations (RUN/eval/: perplexities, accuracies, lm_eval tasks)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from core.runs.compare import run_curves, run_summary
+from core.runs.compare import MEASURES, run_curves, run_summary
 from core.runs.folder import list_runs
 
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2"]
@@ -40,11 +41,18 @@ class CompareTab(QWidget):
         self.axis = QComboBox()
         self.axis.addItems(list(AXES))
         self.axis.currentTextChanged.connect(self.redraw)
+        self.measure = QComboBox()  # a GRPO run's loss says little: its reward is the curve
+        self.measure.addItems(list(MEASURES))
+        self.measure.setToolTip("loss: training and validation loss; reward: a GRPO run's "
+                                "training reward and held-out reward")  # fmt: skip
+        self.measure.currentTextChanged.connect(self.redraw)
+        self.measure_chosen = False  # until the user picks one, GRPO runs alone show reward
+        self.measure.activated.connect(lambda *_: setattr(self, "measure_chosen", True))
         refresh = QPushButton("Refresh")
         refresh.clicked.connect(self.refresh_runs)
         add = QPushButton("Add folder…")
         add.clicked.connect(self._add_folder)
-        self.plot = pg.PlotWidget(title="Loss")
+        self.plot = pg.PlotWidget(title="loss")
         self.plot.showGrid(x=True, y=True, alpha=0.3)
         self.legend = self.plot.addLegend(offset=(-10, 10))
         left = QWidget()
@@ -58,6 +66,8 @@ class CompareTab(QWidget):
         column.addLayout(buttons)
         column.addWidget(QLabel("x axis"))
         column.addWidget(self.axis)
+        column.addWidget(QLabel("curve"))
+        column.addWidget(self.measure)
         self.table = QTableWidget()  # loss and saved evaluations, a row per ticked run
         self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
         self.table.setMinimumHeight(100)  # a header and two runs stay readable
@@ -119,15 +129,27 @@ class CompareTab(QWidget):
         self.plot.clear()
         self.legend.clear()
         column, unit = AXES[self.axis.currentText()]
+        ticked = self.ticked()
+        if not self.measure_chosen and ticked:
+            rewards = all(run_curves(p, "reward")["train"] for p in ticked)
+            self.measure.blockSignals(True)
+            self.measure.setCurrentText("reward" if rewards else "loss")
+            self.measure.blockSignals(False)
+        measure = self.measure.currentText()
+        self.plot.setTitle(measure)
         self.plot.setLabel("bottom", self.axis.currentText())
-        for i, path in enumerate(self.ticked()):
-            curves = run_curves(path)
+        held_out = "validation" if measure == "loss" else "held-out"
+        for i, path in enumerate(ticked):
+            curves = run_curves(path, measure)
             color = COLORS[i % len(COLORS)]
-            xs, ys = [r[column] for r in curves["train"]], [r[2] for r in curves["train"]]
-            self.plot.plot(xs, ys, pen=pg.mkPen(color, width=1), name=f"{curves['label']} train")
-            xs, ys = [r[column] for r in curves["val"]], [r[2] for r in curves["val"]]
-            self.plot.plot(xs, ys, pen=pg.mkPen(color, width=2), symbol="o", symbolSize=5,
-                           symbolBrush=color, name=f"{curves['label']} validation")  # fmt: skip
+            if curves["train"]:
+                xs, ys = [r[column] for r in curves["train"]], [r[2] for r in curves["train"]]
+                self.plot.plot(xs, ys, pen=pg.mkPen(color, width=1),
+                               name=f"{curves['label']} train")  # fmt: skip
+            if curves["val"]:
+                xs, ys = [r[column] for r in curves["val"]], [r[2] for r in curves["val"]]
+                self.plot.plot(xs, ys, pen=pg.mkPen(color, width=2), symbol="o", symbolSize=5,
+                               symbolBrush=color, name=f"{curves['label']} {held_out}")  # fmt: skip
 
         self.fill_table()
 

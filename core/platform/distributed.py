@@ -7,7 +7,7 @@ single-GPU or CPU run takes exactly the code path it always did.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -18,6 +18,7 @@ class World:
     size: int = 1
     rank: int = 0
     local_rank: int = 0
+    owns_group: bool = field(default=False, compare=False)  # init() created the group
 
     @classmethod
     def from_env(cls) -> World:
@@ -49,6 +50,7 @@ class World:
         if device.type == "cuda":
             torch.cuda.set_device(device)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        self.owns_group = True
         return True
 
     def mean(self, t: torch.Tensor) -> torch.Tensor:

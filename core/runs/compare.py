@@ -21,22 +21,33 @@ def settings_line(run: RunFolder) -> str:
     data = Path(c.data).name if c.data else "embedded"
     parts = [start, data, f"lr {'auto' if c.lr is None else f'{c.lr:g}'}",
              f"batch {c.batch_size}x{c.grad_accum}"]  # fmt: skip
+    if c.method != "sft":
+        parts.insert(1, c.method)
     if c.lora_rank:
         parts.append(f"LoRA {c.lora_rank}" + (f" {c.base_bits}-bit" if c.base_bits in ("4", "8")
                                                else ""))  # fmt: skip
     return ", ".join(parts)
 
 
-def run_curves(path: str | Path) -> dict:
-    """{"name", "label", "train": [(step, elapsed_s, loss)], "val": [(step, train_s, loss)]}."""
+# what a curve shows: (the training records' key, the evaluations' key)
+MEASURES = {"loss": ("loss", "val_loss"), "reward": ("reward", "eval_reward")}
+
+
+def run_curves(path: str | Path, measure: str = "loss") -> dict:
+    """{"name", "label", "train": [(step, elapsed_s, value)], "val": [(step, train_s, value)]}
+    of one measure (MEASURES: the loss, or a GRPO run's reward); records without it are left
+    out, so a run that has none draws nothing."""
     run = RunFolder(Path(path))
     train, evals = read_metrics(run.metrics_file)
+    train_key, eval_key = MEASURES[measure]
     return {
         "name": run.path.name,
         "label": f"{run.path.name} ({settings_line(run)})",
-        "train": [(r["step"], r.get("elapsed_s", 0.0), r["loss"]) for r in train],
-        "val": [(r["step"], r.get("train_s", 0.0), r["val_loss"]) for r in evals],
-    }
+        "train": [(r["step"], r.get("elapsed_s", 0.0), r[train_key]) for r in train
+                  if isinstance(r.get(train_key), int | float)],
+        "val": [(r["step"], r.get("train_s", 0.0), r[eval_key]) for r in evals
+                if isinstance(r.get(eval_key), int | float)],
+    }  # fmt: skip
 
 
 # the measures a saved evaluation shows beside the loss (lm_eval tasks: all of theirs)
@@ -71,14 +82,21 @@ def _measures(record: dict, result: dict) -> dict[str, float]:
 
 
 def run_summary(path: str | Path) -> dict[str, float]:
-    """{"val_loss": the last, "best val_loss", then each saved evaluation's measures (the
-    newest of each file and settings), and "start: ..." for the model a fine-tune began from}."""
+    """{"val_loss": the last, "best val_loss" (a GRPO run: "eval_reward" and its best), then
+    each saved evaluation's measures (the newest of each file and settings), and "start: ..."
+    for the model a fine-tune began from}."""
     run = RunFolder(Path(path))
     _, evals = read_metrics(run.metrics_file)
     out = {}
-    if evals:
-        out["val_loss"] = float(evals[-1]["val_loss"])
-        out["best val_loss"] = float(min(e["val_loss"] for e in evals))
+    losses = [float(e["val_loss"]) for e in evals if isinstance(e.get("val_loss"), int | float)]
+    if losses:
+        out["val_loss"] = losses[-1]
+        out["best val_loss"] = min(losses)
+    rewards = [float(e["eval_reward"]) for e in evals
+               if isinstance(e.get("eval_reward"), int | float)]  # fmt: skip
+    if rewards:  # GRPO: the held-out reward, higher is better
+        out["eval_reward"] = rewards[-1]
+        out["best eval_reward"] = max(rewards)
     for record in reversed(eval_records(path)):  # oldest first: the newest wins
         out.update(_measures(record, record["result"]))
         if isinstance(record.get("start"), dict):

@@ -119,7 +119,8 @@ class RunFolder:
 
 
 def read_metrics(path: Path) -> tuple[list[dict], list[dict]]:
-    """(train records, eval records) from a metrics.jsonl; damaged lines are skipped."""
+    """(train records, eval records) from a metrics.jsonl; damaged lines are skipped. An
+    evaluation holds a val_ or eval_ measure (SFT and DPO's val_loss, GRPO's eval_reward)."""
     train, evals = [], []
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
@@ -130,10 +131,12 @@ def read_metrics(path: Path) -> tuple[list[dict], list[dict]]:
             rec = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if "val_loss" in rec:
-            evals.append(rec)
-        elif "loss" in rec:
+        if not isinstance(rec, dict):
+            continue
+        if "loss" in rec:
             train.append(rec)
+        elif any(k.startswith(("val_", "eval_")) for k in rec):
+            evals.append(rec)
     return train, evals
 
 

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from core.config.spec import TrainConfig
 from core.data.prepare import PrepareCancelled
 from core.models import lora
+from core.training.objectives import Objective
 from core.training.state import RunState
 from core.training.steps import autocast, to_device
 
@@ -96,20 +97,17 @@ def _pair_losses(run: RunState, cfg: TrainConfig, reference, model, starts, val:
     return dpo_loss(chosen, rejected, ref_c, ref_r, cfg.dpo_beta, cfg.dpo_label_smoothing)
 
 
-class DPO:
+class DPO(Objective):
     """The objective (core.training.objectives): pairs in, the DPO loss and TRL's signals out."""
 
     name = "dpo"
 
-    def __init__(self):
+    def __init__(self, cfg: TrainConfig):
         self.reference: Reference | None = None
 
     def prepare(self, run: RunState, cfg: TrainConfig, log, events, stop) -> None:
         """The starting model's view, before a checkpoint replaces it."""
         self.reference = make_reference(run, cfg, log, events, stop)
-
-    def micro_batches(self, run: RunState, cfg: TrainConfig, starts, step: int):
-        return starts.split(cfg.batch_size)
 
     def micro_loss(self, run: RunState, cfg: TrainConfig, starts):
         """The DPO loss of one micro-batch of pairs and its signal sums."""
@@ -122,15 +120,11 @@ class DPO:
         stacked = world.mean(torch.stack(sums)) * world.size
         return [signals(s, pairs) for s in stacked.cpu()]
 
+    @staticmethod
+    def rows_per_example(cfg: TrainConfig) -> int:
+        return 2  # a pair's two sequences
+
     @torch.no_grad()
-    def step_tokens(self, signals, cfg: TrainConfig) -> int:
-        """Tokens through the model in a step (tokens/s): both sequences of each pair."""
-        return cfg.tokens_per_step
-
-    def best_meta(self, best: float | None) -> dict:
-        """How a checkpoint records the best evaluation so far."""
-        return {"val_loss": best}
-
     def evaluate(self, run: RunState, cfg: TrainConfig) -> tuple[float, dict, str]:
         """The mean DPO loss over held-out pairs, and TRL's eval_ signals."""
         n_pairs = cfg.eval_batches * cfg.batch_size * cfg.grad_accum

@@ -29,7 +29,9 @@ import torch.nn.functional as F
 
 from core.config.spec import TrainConfig
 from core.models import lora
+from core.models.loss import chunk_positions
 from core.models.loss import token_logps as chunked_logps
+from core.training.objectives import Objective
 from core.training.rewards import Rewards, check_columns, text_of
 from core.training.state import RunState
 from core.training.steps import autocast
@@ -217,7 +219,7 @@ class Rollout:
     n_items: float  # the step's completion tokens (dapo's normalizer)
 
 
-class GRPO:
+class GRPO(Objective):
     name = "grpo"
 
     def __init__(self, cfg: TrainConfig):
@@ -231,6 +233,13 @@ class GRPO:
     def check(self, cfg: TrainConfig) -> None:
         """The reward functions, imported before any data or model is touched."""
         self.rewards = Rewards(cfg)
+
+    def load_data(self, cfg: TrainConfig, pretrained, saved: dict | None, *, cache,
+                  allow_change: bool, events, stop, log):  # fmt: skip
+        """The prompt file, read and tokenized (it is small: no cache)."""
+        from core.training.inputs import prepare_prompts
+
+        return prepare_prompts(cfg, pretrained, saved, allow_change, log)
 
     def check_data(self, data) -> None:
         """The prompts have the columns the built-in rewards read: before the model loads."""
@@ -248,6 +257,30 @@ class GRPO:
         log(f"grpo: {cfg.num_generations} completions per prompt, up to "
             f"{cfg.max_completion_tokens} tokens; rewards {names}; loss {cfg.loss_type}, "
             f"beta {cfg.grpo_beta:g}")  # fmt: skip
+
+    @staticmethod
+    def rows_per_example(cfg: TrainConfig) -> int:
+        return cfg.num_generations  # a prompt's G completions
+
+    @staticmethod
+    def extra_memory(cfg: TrainConfig, c, act_bytes: int, weight_bytes: int):
+        """(generation, logits, reference) bytes: sampling holds the KV cache of all G x B
+        completions and their last logits; the loss makes the completion positions' logits
+        one chunk at a time (core.models.loss.token_logps: in fp32 LinearTokenLogps's two
+        blocks; else a checkpointed chunk's logits, their fp32 copy, log-softmax, its exp for
+        the entropy, and in the backward the remade chunk and its gradient); beta > 0 in a
+        full fine-tune keeps a frozen copy of the starting weights."""
+        rows = cfg.batch_size * cfg.grad_accum * cfg.num_generations
+        kv = 2 * c.n_layers * rows * cfg.seq_len * c.n_kv_heads * c.head_dim * act_bytes
+        generation = kv + rows * c.vocab_size * 4 * 3 + rows * cfg.seq_len**2  # + prefill mask
+        positions = cfg.batch_size * cfg.num_generations * cfg.max_completion_tokens
+        if act_bytes == 4 and not c.logit_softcap:  # LinearTokenLogps: two fp32 blocks
+            logits = min(positions, chunk_positions(c.vocab_size, fused=True)) * c.vocab_size * 8
+        else:  # checkpointed chunks: logits, fp32, log-softmax, exp, grad
+            chunk = min(positions, chunk_positions(c.vocab_size))
+            logits = chunk * c.vocab_size * (act_bytes + 4 * 4)
+        reference = weight_bytes if cfg.grpo_beta and not cfg.lora_rank else 0
+        return generation, logits, reference
 
     # -- a step -------------------------------------------------------------------------------
 
@@ -267,7 +300,9 @@ class GRPO:
             run.model, [data.ids[i] for i in index], cfg.max_completion_tokens, cfg.temperature,
             cfg.top_p, tok.stop_ids, pad, gen, run.device, run.precision,
         )  # fmt: skip
-        per_func, completions = self._score(data, tok, index, out, mask, step)
+        # TRL's trainer_state: the optimizer steps done, the fraction of the prompts drawn
+        state = SimpleNamespace(global_step=step, epoch=step * len(starts) / data.n_train)
+        per_func, completions = self._score(data, tok, index, out, mask, state)
         adv, rewards, std, zero_std = advantages(per_func, self.rewards.weights, g,
                                                  cfg.scale_rewards)  # fmt: skip
         lengths = mask.sum(1).cpu()
@@ -289,7 +324,7 @@ class GRPO:
                                    mask[part], adv[part], n_items))  # fmt: skip
         return chunks
 
-    def _score(self, data, tok, index, out, mask, step: int):
+    def _score(self, data, tok, index, out, mask, state: SimpleNamespace):
         ids = [row[m].tolist() for row, m in zip(out.cpu(), mask.cpu(), strict=True)]
         stops = set(tok.stop_ids)
         texts = [tok.decode([t for t in row if t not in stops]) for row in ids]
@@ -300,7 +335,6 @@ class GRPO:
         else:
             completions = texts
         columns = {c: [r.get(c) for r in records] for c in data.columns}
-        state = SimpleNamespace(global_step=step, epoch=step / max(1, data.n_train))
         rows = [r["row"] for r in records]
         per_func = self.rewards.score(prompts, completions, ids, columns, rows, state)
         return per_func, completions
@@ -439,7 +473,8 @@ class GRPO:
                 run.model, [data.ids[i] for i in part], cfg.max_completion_tokens,
                 cfg.temperature, cfg.top_p, tok.stop_ids, pad, gen, run.device, run.precision,
             )  # fmt: skip
-            scores, _ = self._score(data, tok, part, out, mask, -1)
+            held_out = SimpleNamespace(global_step=-1, epoch=-1.0)  # no step's draw
+            scores, _ = self._score(data, tok, part, out, mask, held_out)
             per_func.append(scores)
         scores = torch.cat(per_func)
         rewards = (scores * self.rewards.weights[None, :]).nansum(dim=1)

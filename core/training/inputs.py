@@ -30,9 +30,7 @@ def prepare_data(cfg: TrainConfig, pretrained: Pretrained | None, saved: dict | 
                  log) -> TokenData | MixedData:  # fmt: skip
     """Prepare (or reuse) the cached token file of each data source (several: a MixedData);
     saved is a resumed checkpoint's data_info, whose data must be the same unless
-    allow_change. GRPO's prompts: a PromptData."""
-    if cfg.method == "grpo":
-        return prepare_prompts(cfg, pretrained, saved, allow_change, log)
+    allow_change."""
     sources = mix.sources_of(cfg)
     specs = [mix.source_spec(cfg, src, events.on_prepare) for src in sources]
     mix.check_pairs_alone(specs, sources)  # before any source is prepared

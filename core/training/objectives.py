@@ -1,64 +1,110 @@
 """The training objectives behind one interface. Each is one module: sft (the language-model
-loss), dpo (preference pairs), grpo (rewards on sampled completions). It says what differs:
+loss), dpo (preference pairs), grpo (rewards on sampled completions). Objective below holds
+what they share; a module overrides what differs:
 
+- check(cfg): its own settings and files, before any data or model is touched;
+- load_data(cfg, pretrained, saved, ...): its data (token windows, or GRPO's prompts);
+- check_data(data): what the data must hold for it, before the model loads;
+- prepare(run, cfg, log, events, stop): what it makes before the first step (a reference);
 - micro_batches(run, cfg, starts, step): what a step trains on, in micro-batches;
 - micro_loss(run, cfg, chunk): (the loss of one micro-batch, signal sums or None);
+- step_signals(sums): a step's signals, as records() reads them later;
 - records(signals, cfg, world): the extra metric records of each step, or None;
 - evaluate(run, cfg): (the value a better model lowers, the record's fields, the log line);
 - step_tokens(signals, cfg): the tokens a step trained on (tokens/s);
 - best_meta(best): how a checkpoint records the best evaluation (val_loss, GRPO's reward);
-- rows_per_example and extra_memory below: what it adds to the memory estimate.
+- rows_per_example(cfg) and extra_memory(...): what it adds to the memory estimate.
 
-make(cfg) picks one, once, at setup; the step loop never asks which.
+kind(cfg) names the class and make(cfg) builds it, once, at setup; the step loop never asks
+which.
 """
 
 from __future__ import annotations
 
+import importlib
+
 from core.config.spec import TrainConfig
-from core.models.loss import chunk_positions
+
+# method -> module:class, imported when asked for (GRPO's sampling need not load for SFT)
+KINDS = {
+    "sft": "core.training.sft:SFT",
+    "dpo": "core.training.dpo:DPO",
+    "grpo": "core.training.grpo:GRPO",
+}
 
 
-def make(cfg: TrainConfig):
-    if cfg.method == "dpo":
-        from core.training.dpo import DPO
+def kind(cfg: TrainConfig) -> type[Objective]:
+    module, name = KINDS[cfg.method].split(":")
+    return getattr(importlib.import_module(module), name)
 
-        return DPO()
-    if cfg.method == "grpo":
-        from core.training.grpo import GRPO
 
-        return GRPO(cfg)
-    from core.training.sft import SFT
-
-    return SFT()
+def make(cfg: TrainConfig) -> Objective:
+    return kind(cfg)(cfg)
 
 
 def rows_per_example(cfg: TrainConfig) -> int:
     """Sequences through the model per batch element: 1, a pair's 2, or GRPO's G."""
-    if cfg.method == "dpo":
-        return 2
-    if cfg.method == "grpo":
-        return cfg.num_generations
-    return 1
+    return kind(cfg).rows_per_example(cfg)
 
 
 def extra_memory(cfg: TrainConfig, c, act_bytes: int, weight_bytes: int) -> tuple[int, int, int]:
-    """(generation, logits, reference) bytes an objective adds to the estimate (besides its
-    rows): GRPO's sampling holds the KV cache of all G x B completions and their last
-    logits; its loss makes the completion positions' logits one chunk at a time
-    (core.models.loss.token_logps: in fp32 LinearTokenLogps's two blocks; else a
-    checkpointed chunk's logits, their fp32 copy, log-softmax, its exp for the entropy, and
-    in the backward the remade chunk and its gradient); beta > 0 in a full fine-tune keeps a
-    frozen copy of the starting weights."""
-    if cfg.method != "grpo":
+    """(generation, logits, reference) bytes an objective adds to the estimate."""
+    return kind(cfg).extra_memory(cfg, c, act_bytes, weight_bytes)
+
+
+class Objective:
+    """The defaults: a language-model loss over token windows, nothing made before the
+    first step, no records beyond the loss."""
+
+    name = ""
+
+    def __init__(self, cfg: TrainConfig):
+        pass
+
+    def check(self, cfg: TrainConfig) -> None:
+        """Nothing of its own to check before the data."""
+
+    def load_data(self, cfg: TrainConfig, pretrained, saved: dict | None, *, cache,
+                  allow_change: bool, events, stop, log):  # fmt: skip
+        """The cached token windows of each data source (core.training.inputs)."""
+        from core.training.inputs import prepare_data
+
+        return prepare_data(cfg, pretrained, saved, cache=cache, allow_change=allow_change,
+                            events=events, stop=stop, log=log)  # fmt: skip
+
+    def check_data(self, data) -> None:
+        """Any prepared data will do."""
+
+    def prepare(self, run, cfg: TrainConfig, log, events, stop) -> None:
+        """Nothing to make before the first step."""
+
+    def micro_batches(self, run, cfg: TrainConfig, starts, step: int):
+        return starts.split(cfg.batch_size)
+
+    def micro_loss(self, run, cfg: TrainConfig, chunk):
+        raise NotImplementedError
+
+    def step_signals(self, sums):
+        return sums
+
+    def records(self, signals: list, cfg: TrainConfig, world) -> list[dict] | None:
+        return None
+
+    def step_tokens(self, signals, cfg: TrainConfig) -> int:
+        """Tokens through the model in a step (tokens/s): the step's windows."""
+        return cfg.tokens_per_step
+
+    def best_meta(self, best: float | None) -> dict:
+        """How a checkpoint records the best evaluation so far."""
+        return {"val_loss": best}
+
+    def evaluate(self, run, cfg: TrainConfig) -> tuple[float, dict, str]:
+        raise NotImplementedError
+
+    @staticmethod
+    def rows_per_example(cfg: TrainConfig) -> int:
+        return 1
+
+    @staticmethod
+    def extra_memory(cfg: TrainConfig, c, act_bytes: int, weight_bytes: int):
         return 0, 0, 0
-    rows = cfg.batch_size * cfg.grad_accum * cfg.num_generations
-    kv = 2 * c.n_layers * rows * cfg.seq_len * c.n_kv_heads * c.head_dim * act_bytes
-    generation = kv + rows * c.vocab_size * 4 * 3 + rows * cfg.seq_len**2  # + prefill mask
-    positions = cfg.batch_size * cfg.num_generations * cfg.max_completion_tokens
-    if act_bytes == 4 and not c.logit_softcap:  # LinearTokenLogps: two fp32 blocks
-        logits = min(positions, chunk_positions(c.vocab_size, fused=True)) * c.vocab_size * 8
-    else:  # checkpointed chunks: logits, fp32, log-softmax, exp, grad
-        chunk = min(positions, chunk_positions(c.vocab_size))
-        logits = chunk * c.vocab_size * (act_bytes + 4 * 4)
-    reference = weight_bytes if cfg.grpo_beta and not cfg.lora_rank else 0
-    return generation, logits, reference

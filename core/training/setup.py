@@ -1,8 +1,8 @@
-"""Everything a run does before its first step, and at its end. setup builds the run's
-state (core.training.state.RunState) for the Trainer t; t keeps the run's progress.
-Before, in the order that keeps bad input from touching the disk: checkpoint checks (resume),
-device, data, then the run folder, the model, optimizer and scaler, and the exact state of a
-resumed run."""
+"""Everything a run does before its first step, and at its end. setup is handed the run's
+inputs (core.training.state.RunInputs) and returns what it built (RunState) and where the run
+stands (Progress: step 0, or a checkpoint's). Before, in the order that keeps bad input from
+touching the disk: checkpoint checks (resume), device, data, then the run folder, the model,
+optimizer and scaler, and the exact state of a resumed run."""
 
 from __future__ import annotations
 
@@ -18,114 +18,126 @@ from core.runs import checkpoint as ckpt
 from core.runs.folder import check_out
 from core.training import inputs, objectives, optim, resume
 from core.training.schedule import max_steps_for, plan_for
-from core.training.state import RunState
+from core.training.state import Progress, RunInputs, RunState
 from core.training.time_budget import untimed_plan
 from core.weights.loader import load_weights
 
 
-def setup(t) -> RunState:
+def setup(given: RunInputs, events, stop) -> tuple[RunState, Progress]:
     """Everything before the first step, in the order that keeps a bad input from touching
-    the disk: checkpoint checks, device, data, then the run folder and the model. Returns
-    the run's state (and sets the trainer's progress: step, plan, best value, clock)."""
-    cfg = t.cfg
-    if t.world.main:  # a folder that is not ours is refused before any data is prepared
-        check_out(t.folder.path, resuming=t.resume_from is not None)
+    the disk: checkpoint checks, device, data, then the run folder and the model. events
+    hears the log and the data preparation; stop() cancels the preparation."""
+    cfg, folder, world, lock = given.cfg, given.folder, given.world, given.lock
+    early: list[str] = []  # said before the run folder exists: written to its log after
+
+    def log_early(message: str) -> None:
+        early.append(message)
+        events.on_log(message)
+
+    def log(message: str) -> None:
+        folder.log(message)
+        events.on_log(message)
+
+    if world.main:  # a folder that is not ours is refused before any data is prepared
+        check_out(folder.path, resuming=given.resume_from is not None)
     objective = objectives.make(cfg)
-    check = getattr(objective, "check", None)  # GRPO: its reward functions, before any work
-    if check is not None:
-        check(cfg)
-    if t.resume_from and t.world.main:  # before reading: another may be writing
-        t.lock.acquire()
+    objective.check(cfg)  # GRPO: its reward functions, before any work
+    if given.resume_from and world.main:  # before reading: another may be writing
+        lock.acquire()
     state = None
-    if t.resume_from:
-        state = resume.load_resume_state(t.resume_from, cfg, t.pretrained, t.log)
+    if given.resume_from:
+        state = resume.load_resume_state(given.resume_from, cfg, given.pretrained, log)
     if cfg.eval_data:  # a wrong path or a short text is named before any data is prepared
         check_eval_data(cfg.eval_data, cfg.seq_len)
-    device = resolve_device(t.world.device_name(cfg.device))
-    t.owns_group = t.world.init(device)
+    device = resolve_device(world.device_name(cfg.device))
+    world.init(device)
     precision = resolve_precision(cfg.precision, device)
-    data = inputs.prepare_data(
-        cfg, t.pretrained, (state or {}).get("data_info"), cache=t.data_cache,
-        allow_change=t.allow_data_change, events=t.events,
-        stop=t.control.stop_set, log=t.log_early,
+    data = objective.load_data(
+        cfg, given.pretrained, (state or {}).get("data_info"), cache=given.data_cache,
+        allow_change=given.allow_data_change, events=events, stop=stop, log=log_early,
     )  # fmt: skip
-    check_data = getattr(objective, "check_data", None)  # GRPO: the columns its rewards read
-    if check_data is not None:
-        check_data(data)
+    objective.check_data(data)  # GRPO: the columns its rewards read
     second_val = None
     if cfg.eval_data:  # the same windows every evaluation: a curve that shows forgetting
         count = cfg.eval_batches * cfg.batch_size * cfg.grad_accum
         second_val = text_windows(cfg.eval_data, data.tokenizer, cfg.seq_len, count)
-        t.log_early(f"second validation set: {second_val.source}, {len(second_val.x)} windows")
-    elif t.pretrained is not None:
-        t.log_early("tip: --eval-data embedded scores general text at every evaluation too, "
-                    "so the plot shows what the fine-tune forgets")  # fmt: skip
+        log_early(f"second validation set: {second_val.source}, {len(second_val.x)} windows")
+    elif given.pretrained is not None:
+        log_early("tip: --eval-data embedded scores general text at every evaluation too, "
+                  "so the plot shows what the fine-tune forgets")  # fmt: skip
     # Only now, with the input known good, does a new run get its folder.
-    t.folder.create(resuming=state is not None)
-    if t.world.main and not t.lock.held:
-        t.lock.acquire()
-    t.folder.write_data_info(data.summary(), data.tokenizer)
-    for message in t.early_logs:
-        t.folder.log(message)
+    folder.create(resuming=state is not None)
+    if world.main and not lock.held:
+        lock.acquire()
+    folder.write_data_info(data.summary(), data.tokenizer)
+    for message in early:
+        folder.log(message)
     inputs.set_switches(cfg, device)
-    t.plan = untimed_plan() if t.budget else plan_for(
-        cfg, max_steps_for(cfg, data.train_tokens)
-    )  # fmt: skip
-    run = build(t, state, device, precision, data, objective)
+    plan = untimed_plan() if given.timed else plan_for(cfg, max_steps_for(cfg, data.train_tokens))
+    progress = Progress(plan=plan)
+    run = build(given, state, device, precision, data, objective, events, stop, log)
     run.second_val = second_val
-    t.folder.write_status("running", t.step, t.max_steps)
-    return run
+    if state is not None:
+        progress = restore(given, run, state, plan, log)
+    else:
+        folder.write_config(cfg)
+    folder.write_status("running", progress.step, progress.plan.max_steps)
+    return run, progress
 
 
-def build(t, state: dict | None, device, precision: str, data, objective) -> RunState:
-    """The model, optimizer and scaler; restored from the checkpoint when resuming."""
-    base = t.pretrained.base_record() if t.pretrained is not None else None
+def build(given: RunInputs, state: dict | None, device, precision: str, data, objective,
+          events, stop, log) -> RunState:  # fmt: skip
+    """The model, optimizer and scaler, and what the objective makes from the starting
+    model (DPO's reference) before a checkpoint's weights replace it."""
+    cfg, pretrained = given.cfg, given.pretrained
+    base = pretrained.base_record() if pretrained is not None else None
     # A fine-tune saved before the fused operations (no "fused" in its shape) keeps the plain
     # ones: its resume stays bit for bit.
     fused = state is None or bool((state.get("model_config") or {}).get("fused"))
-    model = inputs.build_model(t.cfg, t.pretrained, device, precision, t.log, fused)
+    model = inputs.build_model(cfg, pretrained, device, precision, log, fused)
     model = model.to(device)
-    optimizer = optim.make(model, t.cfg)
+    optimizer = optim.make(model, cfg)
     scaler = torch.amp.GradScaler("cuda", enabled=precision == "fp16")
-    train_model = compile_or_eager(model, device, t.log) if t.cfg.compile else model
-    if t.world.enabled:
+    train_model = compile_or_eager(model, device, log) if cfg.compile else model
+    if given.world.enabled:
         ids = [device.index] if device.type == "cuda" else None
         train_model = DistributedDataParallel(train_model, device_ids=ids)
     run = RunState(device=device, precision=precision, data=data, model=model,
                    train_model=train_model, optimizer=optimizer, scaler=scaler,
-                   objective=objective, world=t.world, folder=t.folder, base=base)  # fmt: skip
-    # The starting model's view (DPO's reference), before a checkpoint replaces it.
-    objective.prepare(run, t.cfg, t.log, t.events, t.control.stop_set)
-    if state is not None:
-        restore(t, run, state)
-    else:
-        t.folder.write_config(t.cfg)
+                   objective=objective, world=given.world, folder=given.folder,
+                   base=base)  # fmt: skip
+    objective.prepare(run, cfg, log, events, stop)
     return run
 
 
-def restore(t, run: RunState, state: dict) -> None:
-    """Weights, optimizer, scaler, data position, RNG, step, plan and clock from state."""
+def restore(given: RunInputs, run: RunState, state: dict, fresh, log) -> Progress:
+    """Weights, optimizer, scaler, data position and RNG from state into run; returns the
+    checkpoint's step, plan (fresh is this config's plan from step 0), best value and clock."""
     try:
         load_weights(run.model, state)
         run.optimizer.load_state_dict(state["optimizer"])
     except (RuntimeError, ValueError, KeyError) as e:
-        raise CheckpointError(f"resume: {t.resume_from} does not fit this model ({e})") from None
+        raise CheckpointError(
+            f"resume: {given.resume_from} does not fit this model ({e})"
+        ) from None
     if state.get("scaler"):
         run.scaler.load_state_dict(state["scaler"])
     run.data.load_state_dict(state["data"])
     ckpt.set_rng_state(state["rng"])
-    t.step = int(state["step"])
-    t.plan = resume.resumed_plan(state, t.cfg, t.step, t.plan,
-                                    t.budget is not None, t.log)  # fmt: skip
-    t.best_val = float(state.get("best_val", float("inf")))
-    t.clock.before = float(state["meta"].get("elapsed_s") or 0.0)
-    t.clock.paused_total = float(state["meta"].get("paused_s") or 0.0)
-    t.folder.write_config(t.cfg)
-    dropped = t.folder.truncate_metrics(t.step)
-    t.log(
-        f"resumed from {t.resume_from} at step {t.step}"
+    step = int(state["step"])
+    plan = resume.resumed_plan(state, given.cfg, step, fresh, given.timed, log)
+    progress = Progress(
+        step=step, plan=plan, best_val=float(state.get("best_val", float("inf"))),
+        elapsed_s=float(state["meta"].get("elapsed_s") or 0.0),
+        paused_s=float(state["meta"].get("paused_s") or 0.0),
+    )  # fmt: skip
+    given.folder.write_config(given.cfg)
+    dropped = given.folder.truncate_metrics(step)
+    log(
+        f"resumed from {given.resume_from} at step {step}"
         + (f"; dropped {dropped} metric records past it" if dropped else "")
     )
+    return progress
 
 
 def end(status: str, error: str | None, step: int, max_steps: int | None, folder, lock, events,

@@ -5,18 +5,13 @@ from __future__ import annotations
 
 from core.config.spec import TrainConfig
 from core.training import evaluation
+from core.training.objectives import Objective
 from core.training.state import RunState
 from core.training.steps import autocast, to_device
 
 
-class SFT:
+class SFT(Objective):
     name = "sft"
-
-    def prepare(self, run: RunState, cfg: TrainConfig, log, events, stop) -> None:
-        """Nothing to make before the first step."""
-
-    def micro_batches(self, run: RunState, cfg: TrainConfig, starts, step: int):
-        return starts.split(cfg.batch_size)
 
     def micro_loss(self, run: RunState, cfg: TrainConfig, starts):
         batch = run.data.train_batch(starts)
@@ -24,17 +19,6 @@ class SFT:
         with autocast(run.device, run.precision):
             _, loss = run.train_model(x, y, mask, seg)
         return loss, None
-
-    def records(self, signals: list, cfg: TrainConfig, world) -> list[dict] | None:
-        return None
-
-    def step_tokens(self, signals, cfg: TrainConfig) -> int:
-        """Tokens through the model in a step (tokens/s): the step's windows."""
-        return cfg.tokens_per_step
-
-    def best_meta(self, best: float | None) -> dict:
-        """How a checkpoint records the best evaluation so far."""
-        return {"val_loss": best}
 
     def evaluate(self, run: RunState, cfg: TrainConfig) -> tuple[float, dict, str]:
         # As many windows as eval_batches optimizer steps hold, so neither an out-of-memory

@@ -1,9 +1,12 @@
-"""What a run is built from, as one typed object: setup makes it, the step loop and the
-objectives read it (they are handed it, they do not reach into the Trainer)."""
+"""A run's state as typed objects: what setup is handed (RunInputs), what it builds
+(RunState: the step loop and the objectives are handed it, they do not reach into the
+Trainer), and where the run stands (Progress: step 0, or a checkpoint's)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,3 +26,30 @@ class RunState:
     folder: Any = None  # core.runs.folder.RunFolder (SilentFolder off the main process)
     base: dict | None = None  # the pretrained base a checkpoint names
     second_val: Any = None  # --eval-data's windows (core.data.windows.TextWindows)
+
+
+@dataclass
+class RunInputs:
+    """What the Trainer hands setup: the validated config, where the run lives, and what it
+    starts from."""
+
+    cfg: Any  # core.config.spec.TrainConfig, validated
+    folder: Any  # core.runs.folder.RunFolder (SilentFolder off the main process)
+    world: Any  # core.platform.distributed.World
+    lock: Any  # core.runs.lock.RunLock
+    pretrained: Any = None  # core.weights.loader.Pretrained: a fine-tune's base
+    resume_from: Path | None = None  # the checkpoint a resumed run goes on from
+    data_cache: Path | None = None  # the token cache's folder (None: the default)
+    allow_data_change: bool = False  # resume on data that changed since the checkpoint
+    timed: bool = False  # --max-time: the budget makes the plan once steps are timed
+
+
+@dataclass
+class Progress:
+    """Where a run stands when its steps begin."""
+
+    step: int = 0
+    plan: Any = None  # core.training.schedule.Plan
+    best_val: float = math.inf  # the best evaluation value so far (lower is better)
+    elapsed_s: float = 0.0  # earlier sessions' seconds
+    paused_s: float = 0.0  # of those, the seconds not training

@@ -32,7 +32,7 @@ from core.training.checkpointing import Checkpointer, checkpoint_state
 from core.training.clock import Clock
 from core.training.schedule import Plan, finish_plan, lr_factor
 from core.training.spill import SpillWatch
-from core.training.state import RunState
+from core.training.state import RunInputs, RunState
 from core.training.steps import OOM_ADVICE, grad_sync, smaller_micro_batch
 from core.training.time_budget import (
     FINISH_FILE,
@@ -74,8 +74,6 @@ class Trainer:
         # (step, loss, lr, the objective's signal sums or None), not yet read from the device
         self._pending: list[tuple[int, torch.Tensor, float, torch.Tensor | None]] = []
         self._step_signals = None
-        self.early_logs: list[str] = []
-        self.owns_group = False  # this trainer created the process group
         self.plan: Plan | None = None
         # What the run is built from (model, data, optimizer, objective): made by setup once
         # the input is known good; None until then.
@@ -109,11 +107,6 @@ class Trainer:
 
     def log(self, message: str) -> None:
         self.folder.log(message)
-        self.events.on_log(message)
-
-    def log_early(self, message: str) -> None:
-        """Before the run folder exists, messages go to the events and wait for the log."""
-        self.early_logs.append(message)
         self.events.on_log(message)
 
     # -- the run -------------------------------------------------------------------------
@@ -259,7 +252,12 @@ class Trainer:
     def _setup(self) -> None:
         """Check the input, prepare the data, make the run folder, build (or restore) the
         model, optimizer and schedule: see core.training.setup."""
-        self.run_state = setup.setup(self)
+        given = RunInputs(self.cfg, self.folder, self.world, self.lock, self.pretrained,
+                          self.resume_from, self.data_cache, self.allow_data_change,
+                          timed=self.budget is not None)  # fmt: skip
+        self.run_state, progress = setup.setup(given, self.events, self.control.stop_set)
+        self.step, self.plan, self.best_val = progress.step, progress.plan, progress.best_val
+        self.clock.before, self.clock.paused_total = progress.elapsed_s, progress.paused_s
 
     def _announce(self) -> None:
         """The start of this session's steps: the start event, the log lines, and the base
@@ -294,7 +292,7 @@ class Trainer:
 
     def _end(self, status: str, error: str | None = None) -> dict:
         return setup.end(status, error, self.step, self.max_steps, self.folder, self.lock,
-                         self.events, self.log, self.owns_group)  # fmt: skip
+                         self.events, self.log, self.world.owns_group)  # fmt: skip
 
     # -- checkpoints, metrics, evaluation ------------------------------------------------
 

@@ -54,3 +54,18 @@ def test_a_grpo_run_from_the_window_plots_rewards_and_shows_completions(make_win
     assert headers[:4] == ["prompt", "completion", "reward", "advantage"]
     assert {"think_format", "digits"} <= set(headers)
     assert "What is" in table.item(0, 0).text()
+    # Resume refills the plots from metrics.jsonl: the held-out reward is history too.
+    window.run_view._refill_plots(tmp_path / "run", 3)
+    window.plots.redraw()
+    assert window.plots.curve_points("eval_reward") == 2
+    # Compare shows a GRPO run by its reward (its policy loss says little), and its table
+    # the held-out reward.
+    compare = window.run_view.compare
+    compare.tick(tmp_path / "run")
+    assert compare.measure.currentText() == "reward"
+    items = compare.plot.getPlotItem().listDataItems()
+    assert [len(item.getData()[0]) for item in items] == [3, 2]  # training, held-out
+    assert "held-out" in items[1].name() and "grpo" in items[1].name()
+    headers = [compare.table.horizontalHeaderItem(i).text()
+               for i in range(compare.table.columnCount())]  # fmt: skip
+    assert headers[:2] == ["eval_reward", "best eval_reward"]

@@ -70,6 +70,18 @@ def test_step_zero_is_ln2_with_zero_rewards_and_a_short_run_learns_the_preferenc
     assert train[-1]["rewards/margins"] > 0
 
 
+def test_evaluation_keeps_no_autograd_graph(lora_run):
+    """Held-out pairs are scored without the graph a backward would need: an evaluation
+    must not hold more memory than a training step."""
+    seen = []
+    hook = lora_run.model.register_forward_hook(lambda *_: seen.append(torch.is_grad_enabled()))
+    try:
+        lora_run.evaluate()
+    finally:
+        hook.remove()
+    assert seen and not any(seen)
+
+
 def direct_logps(model, x, y, mask) -> torch.Tensor:
     """Each row's answer log-probability from its own forward pass and full logits."""
     out = []

@@ -241,6 +241,8 @@ def lucky(prompts, completions, completion_ids, answer, trainer_state, log_extra
     assert completions[0][0]["role"] == "assistant"
     assert len(answer) == len(completions) == len(completion_ids) == len(prompts)
     log_metric("custom/seen", float(len(completions)))
+    log_metric("custom/step", float(trainer_state.global_step))
+    log_metric("custom/epoch", trainer_state.epoch)
     log_extra("note", ["x"] * len(completions))
     # None: this function does not apply to the first completion of each batch
     return [None if i == 0 else float(len(ids) % 2) for i, ids in enumerate(completion_ids)]
@@ -265,6 +267,10 @@ def test_a_trl_reward_file_runs_unchanged(model_dir, tmp_path):
     Trainer(cfg, tmp_path / "run").run()
     train, _ = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert train[0]["custom/seen"] == 32.0
+    # TRL's trainer_state: optimizer steps done, and the fraction of the prompts drawn so far
+    n_train = 64 - int(64 * cfg.val_fraction)  # tests/fixtures/arithmetic.jsonl's 64 prompts
+    assert [r["custom/step"] for r in train] == [0.0, 1.0]
+    assert train[1]["custom/epoch"] == pytest.approx(cfg.batch_size / n_train)
     assert 0.0 <= train[0]["rewards/lucky/mean"] <= 1.0 and "rewards/answer/mean" in train[0]
     latest = json.loads((tmp_path / "run" / "completions.jsonl").read_text().splitlines()[-1])
     assert latest["rows"][0]["rewards"]["lucky"] is None and latest["rows"][0]["note"] == "x"
