@@ -59,6 +59,16 @@ class World:
             t /= self.size
         return t
 
+    def gather(self, t: torch.Tensor) -> torch.Tensor:
+        """Every process's t (the same shape on each) along dim 0, in rank order; t itself
+        with one process. Returned on t's device."""
+        if not self.enabled:
+            return t
+        local = t.to(self._collective_device(), torch.uint8 if t.dtype == torch.bool else t.dtype)
+        parts = [torch.empty_like(local) for _ in range(self.size)]
+        dist.all_gather(parts, local.contiguous())
+        return torch.cat(parts).to(t.device, t.dtype)
+
     def flags_from_main(self, *flags: bool) -> list[bool]:
         """The main process's stop/save requests, so every rank acts on the same step."""
         if not self.enabled:

@@ -31,6 +31,7 @@ from core.config.spec import TrainConfig
 from core.models import lora
 from core.models.loss import chunk_positions
 from core.models.loss import token_logps as chunked_logps
+from core.platform.device import is_oom
 from core.training.objectives import Objective
 from core.training.rewards import Rewards, check_columns, text_of
 from core.training.state import RunState
@@ -71,15 +72,23 @@ def _cached_forward(model, idx, positions, mask, cache):
     return model.head(model.ln_f(x[:, -1:]))[:, 0], new
 
 
-def _pick(logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator):
-    logits = logits.float() / temperature
-    if top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        drop = torch.cumsum(probs, dim=-1) - probs >= top_p  # the first token always stays
-        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-        logits = torch.full_like(logits, float("-inf")).scatter(1, order, sorted_logits)
-    return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=gen)[:, 0]
+def _pick(logits: torch.Tensor, temperature: float, top_p: float, u: torch.Tensor):
+    """Sample by the inverse CDF: row r takes the token where its cumulative probability
+    passes u[r] (uniform in [0, 1)). A row's token depends on its own logits and u alone, so
+    sampling the rows in smaller batches (after an out-of-memory error) draws the same."""
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    order, kept = None, None
+    if top_p < 1.0:  # the smallest set of likeliest tokens reaching top_p (the first stays)
+        probs, order = torch.sort(probs, descending=True, dim=-1)
+        drop = torch.cumsum(probs, dim=-1) - probs >= top_p
+        probs = probs.masked_fill(drop, 0.0)
+        kept = (~drop).sum(dim=-1, keepdim=True)
+    cdf = torch.cumsum(probs, dim=-1)
+    total = cdf[:, -1:]
+    x = torch.minimum(u[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
+    index = torch.searchsorted(cdf, x, right=True)  # the first token whose cdf passes x
+    index = index.clamp(max=probs.shape[-1] - 1) if kept is None else torch.minimum(index, kept - 1)
+    return index[:, 0] if order is None else order.gather(1, index)[:, 0]
 
 
 def left_padded(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -95,8 +104,9 @@ def left_padded(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch
 
 @torch.no_grad()
 def sample(model, prompts: list[list[int]], n_new: int, temperature: float, top_p: float,
-           stop_ids, pad: int, gen: torch.Generator, device, precision: str):  # fmt: skip
-    """Sample a completion after each prompt, all rows as one batch with the KV cache.
+           stop_ids, pad: int, uniforms: torch.Tensor, device, precision: str):  # fmt: skip
+    """Sample a completion after each prompt, all rows as one batch with the KV cache; row
+    r's token t is drawn with uniforms[r, t] (N, n_new).
     Returns (prompt ids (N, P) left-padded, prompt mask, completion ids (N, C) padded with
     pad after the stop token, completion mask (N, C) up to and with the stop token,
     terminated (N,): ended at a stop token)."""
@@ -119,7 +129,7 @@ def sample(model, prompts: list[list[int]], n_new: int, temperature: float, top_
         with autocast(device, precision):
             logits, cache = _cached_forward(model, ids, positions, mask, None)
             for t in range(n_new):
-                nxt = _pick(logits, temperature, top_p, gen)
+                nxt = _pick(logits, temperature, top_p, uniforms[:, t])
                 nxt = torch.where(done, torch.full_like(nxt, pad), nxt)
                 out[:, t] = nxt
                 done = done | torch.isin(nxt, stops)
@@ -138,6 +148,21 @@ def sample(model, prompts: list[list[int]], n_new: int, temperature: float, top_
     completion_mask = index[None, :] <= first[:, None]
     completion_mask &= index[None, :] < n_new
     return ids, valid, out, completion_mask, is_stop.any(1)
+
+
+def joined(parts: list[tuple], pad: int) -> tuple:
+    """The samples of several batches as one: the prompts left-padded to the widest."""
+    width = max(part[0].shape[1] for part in parts)
+    n = sum(part[0].shape[0] for part in parts)
+    ids = torch.full((n, width), pad, dtype=torch.long, device=parts[0][0].device)
+    valid = torch.zeros((n, width), dtype=torch.bool, device=parts[0][0].device)
+    row = 0
+    for part in parts:
+        rows, w = part[0].shape
+        ids[row : row + rows, width - w :] = part[0]
+        valid[row : row + rows, width - w :] = part[1]
+        row += rows
+    return (ids, valid, *(torch.cat([part[k] for part in parts]) for k in (2, 3, 4)))
 
 
 # -- advantages and the loss ------------------------------------------------------------------
@@ -227,6 +252,9 @@ class GRPO(Objective):
         self.reference = None  # beta > 0: a frozen copy of a full fine-tune's start
         self.folder = None
         self.latest: list[dict] = []  # the latest step's completions and their rewards
+        self.sample_rows: int | None = None  # completions sampled at once (None: a step's)
+        self.main = True
+        self.log = lambda message: None  # the run's log, from prepare
         self._tokens = 0  # the latest step's prompt and completion tokens
         self._table_started = False
 
@@ -246,11 +274,8 @@ class GRPO(Objective):
         check_columns(self.rewards.funcs, data.columns)
 
     def prepare(self, run: RunState, cfg: TrainConfig, log, events, stop) -> None:
-        if run.world.enabled:
-            from core.errors import ConfigError
-
-            raise ConfigError("method: grpo trains in one process (no torchrun) for now")
-        self.folder = run.folder
+        self.folder, self.log = run.folder, log
+        self.main = run.world.main  # the completions table is the main process's to write
         if cfg.grpo_beta and not cfg.lora_rank:  # the starting weights, kept frozen
             self.reference = copy.deepcopy(run.model).eval().requires_grad_(False)
         names = ", ".join(self.rewards.names)
@@ -292,27 +317,33 @@ class GRPO(Objective):
     def micro_batches(self, run: RunState, cfg: TrainConfig, starts, step: int) -> list:
         """Sample, score and weigh the step's completions; the rows in micro-batches of
         batch_size prompts' G completions."""
-        data, tok, g = run.data, run.data.tokenizer, cfg.num_generations
+        data, tok, g, world = run.data, run.data.tokenizer, cfg.num_generations, run.world
         index = [int(i) for i in starts for _ in range(g)]
-        pad = tok.eos_id if tok.eos_id is not None else 0
         gen = self.generator(cfg, step, run.device)
-        prompt_ids, prompt_mask, out, mask, ended = sample(
-            run.model, [data.ids[i] for i in index], cfg.max_completion_tokens, cfg.temperature,
-            cfg.top_p, tok.stop_ids, pad, gen, run.device, run.precision,
-        )  # fmt: skip
+        prompt_ids, prompt_mask, out, mask, ended = self._sample(run, cfg, index, gen, step,
+                                                                 world)  # fmt: skip
         # TRL's trainer_state: the optimizer steps done, the fraction of the prompts drawn
-        state = SimpleNamespace(global_step=step, epoch=step * len(starts) / data.n_train)
+        drawn = step * len(starts) * world.size
+        state = SimpleNamespace(global_step=step, epoch=drawn / data.n_train)
         per_func, completions = self._score(data, tok, index, out, mask, state)
-        adv, rewards, std, zero_std = advantages(per_func, self.rewards.weights, g,
+        # Advantages and signals over every process's completions: under torchrun a step
+        # weighs its completions as one process with the whole batch does.
+        every = world.gather(per_func)
+        adv, rewards, std, zero_std = advantages(every, self.rewards.weights, g,
                                                  cfg.scale_rewards)  # fmt: skip
         lengths = mask.sum(1).cpu()
-        self._gen = self._signals(per_func, rewards, std, zero_std, lengths, ended.cpu())
+        self._gen = self._signals(every, rewards, std, zero_std, world.gather(lengths),
+                                  world.gather(ended.cpu()))  # fmt: skip
+        mine = slice(world.rank * len(index), (world.rank + 1) * len(index))
+        adv, rewards = adv[mine], rewards[mine]
         self._table(step, data, index, completions, per_func, rewards, adv)
         if cfg.mask_truncated_completions:
             mask = mask & ended[:, None]
         ids = torch.cat((prompt_ids, out), dim=1)
         segments = torch.cat((prompt_mask, torch.ones_like(mask)), dim=1).long()
-        n_items = float(mask.sum())
+        # dapo's normalizer: the step's completion tokens over every process, as a share
+        # per process (DDP averages the processes' gradients)
+        n_items = float(world.gather(mask.sum().reshape(1).float()).sum()) / world.size
         # What the step trains on, without padding: the prompts' and completions' tokens.
         self._tokens = int(prompt_mask.sum()) + int(lengths.sum())
         adv = adv.to(run.device)
@@ -323,6 +354,38 @@ class GRPO(Objective):
             chunks.append(_trimmed(ids[part], segments[part], prompt_ids.shape[1],
                                    mask[part], adv[part], n_items))  # fmt: skip
         return chunks
+
+    def _sample(self, run: RunState, cfg: TrainConfig, index: list[int], gen, step: int,
+                world=None):  # fmt: skip
+        """A completion for each prompt in index, all as one batch (at most a step's rows);
+        after an out-of-memory error in halves, which draw the same tokens (see _pick).
+        Under torchrun (world) each process draws its own share of the whole step's
+        uniforms: the completions do not depend on the number of processes."""
+        tok = run.data.tokenizer
+        pad = tok.eos_id if tok.eos_id is not None else 0
+        prompts = [run.data.ids[i] for i in index]
+        n_new, n = cfg.max_completion_tokens, len(prompts)
+        rank, size = (world.rank, world.size) if world is not None else (0, 1)
+        uniforms = torch.rand((n * size, n_new), generator=gen, device=run.device)
+        uniforms = uniforms[rank * n : (rank + 1) * n]
+        step_rows = cfg.batch_size * cfg.grad_accum * cfg.num_generations
+        while True:
+            rows = min(self.sample_rows or step_rows, len(prompts))
+            try:
+                parts = [sample(run.model, prompts[s : s + rows], n_new, cfg.temperature,
+                                cfg.top_p, tok.stop_ids, pad, uniforms[s : s + rows],
+                                run.device, run.precision)
+                         for s in range(0, len(prompts), rows)]  # fmt: skip
+                return joined(parts, pad)
+            except Exception as e:
+                if not is_oom(e) or rows == 1:
+                    raise
+            if run.device.type == "cuda":  # what the failed batch held
+                torch.cuda.empty_cache()
+            self.sample_rows = rows // 2
+            where = f"at step {step + 1}" if step >= 0 else "the held-out prompts"
+            self.log(f"out of memory sampling {where}: {rows // 2} completions at a time "
+                     f"(was {rows}), the same draws")  # fmt: skip
 
     def _score(self, data, tok, index, out, mask, state: SimpleNamespace):
         ids = [row[m].tolist() for row, m in zip(out.cpu(), mask.cpu(), strict=True)]
@@ -375,7 +438,7 @@ class GRPO(Objective):
                 row[column] = values[i] if i < len(values) else None
             rows.append(row)
         self.latest = rows
-        if self.folder is not None and getattr(self.folder, "path", None) is not None:
+        if self.main and getattr(self.folder, "path", None) is not None:
             path = self.folder.path / "completions.jsonl"
             if not self._table_started:  # a resumed run: steps past its checkpoint go
                 self._table_started = True
@@ -443,7 +506,8 @@ class GRPO(Objective):
         return {"val_loss": None, "eval_reward": None if best is None else -best}
 
     def records(self, signals: list, cfg: TrainConfig, world) -> list[dict]:
-        sums = torch.stack([s for s, *_ in signals]).cpu()
+        # every process's sums (a torchrun step's tokens, entropy and clipping)
+        sums = (world.mean(torch.stack([s for s, *_ in signals])) * world.size).cpu()
         out = []
         for row, (_, gen, _) in zip(sums, signals, strict=True):
             tokens = max(float(row[-1]), 1.0)
@@ -464,19 +528,10 @@ class GRPO(Objective):
         generator (the same draw each time); lower is better: minus the reward."""
         data, tok = run.data, run.data.tokenizer
         index = data.eval_index(cfg.eval_batches * cfg.batch_size * cfg.grad_accum)
-        pad = tok.eos_id if tok.eos_id is not None else 0
         gen = torch.Generator(device=run.device).manual_seed(cfg.seed)
-        per_func = []
-        for s in range(0, len(index), cfg.batch_size * cfg.num_generations):
-            part = index[s : s + cfg.batch_size * cfg.num_generations]
-            _, _, out, mask, _ = sample(
-                run.model, [data.ids[i] for i in part], cfg.max_completion_tokens,
-                cfg.temperature, cfg.top_p, tok.stop_ids, pad, gen, run.device, run.precision,
-            )  # fmt: skip
-            held_out = SimpleNamespace(global_step=-1, epoch=-1.0)  # no step's draw
-            scores, _ = self._score(data, tok, part, out, mask, held_out)
-            per_func.append(scores)
-        scores = torch.cat(per_func)
+        _, _, out, mask, _ = self._sample(run, cfg, index, gen, -1)
+        held_out = SimpleNamespace(global_step=-1, epoch=-1.0)  # no step's draw
+        scores, _ = self._score(data, tok, index, out, mask, held_out)
         rewards = (scores * self.rewards.weights[None, :]).nansum(dim=1)
         reward = float(rewards.mean())
         record = {"eval_reward": reward}

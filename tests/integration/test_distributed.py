@@ -39,3 +39,38 @@ def test_two_processes_match_one_process_with_the_whole_batch(tmp_path):
         assert a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-5)
     assert (tmp_path / "ddp" / "checkpoints" / "latest.pt").is_file()
     assert not list((tmp_path / "ddp").glob("rank*"))  # one run folder, written by rank 0
+
+
+@pytest.mark.slow  # over ~10 s on 2 cores
+def test_grpo_in_two_processes_samples_and_weighs_as_one_process(tmp_path):
+    pytest.importorskip("transformers")
+    sys.path.insert(0, str(ROOT / "tests"))
+    from hf_models import make_model
+
+    make_model(tmp_path / "model", "qwen2")
+    data = ROOT / "tests" / "fixtures" / "arithmetic.jsonl"
+    args = ["--init-from", str(tmp_path / "model"), "--tokenizer", "model", "--data", str(data),
+            "--method", "grpo", "--reward", "regex", "--reward-regex", r"^\s*\d",
+            "--num-generations", "4", "--max-completion-tokens", "6", "--seq-len", "64",
+            "--lr", "1e-2", "--dropout", "0", "--max-steps", "4", "--log-every", "1",
+            "--eval-every", "4", "--eval-batches", "1", "--sample-tokens", "0",
+            "--warmup-steps", "0", "--scale-rewards", "batch", "--device", "cpu"]  # fmt: skip
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    run(*torchrun, "--nproc_per_node", "2", "-m", "core.train", *args, "--batch-size", "2",
+        "--out", "ddp", cwd=tmp_path)  # fmt: skip
+    run(sys.executable, "-m", "core.train", *args, "--batch-size", "4", "--out", "one",
+        cwd=tmp_path)  # fmt: skip
+
+    ddp_train, ddp_eval = read_metrics(tmp_path / "ddp" / "metrics.jsonl")
+    one_train, one_eval = read_metrics(tmp_path / "one" / "metrics.jsonl")
+    assert [r["step"] for r in ddp_train] == [1, 2, 3, 4]
+    # The same completions, weighed over the whole batch (scale_rewards batch needs every
+    # process's rewards), the same update: each rank holds half of one process's batch.
+    keys = ("reward", "reward_std", "frac_reward_zero_std", "completions/mean_length")
+    assert [[r[k] for k in keys] for r in ddp_train] == [[r[k] for k in keys] for r in one_train]
+    for a, b in zip(ddp_train, one_train, strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-6)
+        assert a["entropy"] == pytest.approx(b["entropy"], rel=1e-4)
+    assert [e["eval_reward"] for e in ddp_eval] == [e["eval_reward"] for e in one_eval]
+    table = (tmp_path / "ddp" / "completions.jsonl").read_text(encoding="utf-8").splitlines()
+    assert len(table) == 4  # one line a step, written by rank 0 alone

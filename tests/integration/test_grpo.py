@@ -122,15 +122,45 @@ def test_loss_and_its_gradient_equal_the_hand_computation(loss_type, beta):
     assert torch.allclose(entropy.detach(), -(p * p.log()).sum(-1), atol=1e-5)
 
 
+def test_sampling_draws_each_token_with_its_probability_and_top_p_drops_the_tail():
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, -30.0]]).repeat(40_000, 1)
+    u = torch.rand(40_000, generator=torch.Generator().manual_seed(1))
+    want = torch.softmax(logits[0] / 0.8, -1)
+    got = torch.bincount(grpo._pick(logits, 0.8, 1.0, u), minlength=5).float() / 40_000
+    assert torch.allclose(got, want, atol=0.01), (got, want)
+    # top_p 0.8: the likeliest tokens reaching 0.8, renormalized; the rest never drawn
+    kept = grpo._pick(logits, 0.8, 0.8, u)
+    p = want[:2] / want[:2].sum()
+    assert set(kept.tolist()) == {0, 1}
+    assert abs(float((kept == 0).float().mean()) - float(p[0])) < 0.01
+    # u at its edges: never an impossible token
+    edges = torch.tensor([0.0, 1.0 - 2**-24])
+    assert grpo._pick(logits[:2], 0.8, 0.8, edges).tolist() == [0, 1]
+    assert grpo._pick(logits[:2], 0.8, 1.0, edges).tolist() == [0, 3]
+
+
+def test_sampling_in_smaller_batches_draws_the_same_completions(model_dir):
+    pre = open_pretrained(str(model_dir))
+    cfg = apply_pretrained(validate(grpo_config(model_dir)), pre)
+    model = build_model(cfg, pre, torch.device("cpu"), "fp32", lambda m: None)
+    prompts = [[5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15], [16], [17, 18, 19, 20]]
+    u = torch.rand((5, 8), generator=torch.Generator().manual_seed(3))
+    whole = grpo.sample(model, prompts, 8, 1.0, 0.9, [7], 0, u, "cpu", "fp32")
+    parts = [grpo.sample(model, prompts[s : s + 2], 8, 1.0, 0.9, [7], 0, u[s : s + 2], "cpu",
+                         "fp32") for s in (0, 2, 4)]  # fmt: skip
+    for a, b in zip(whole, grpo.joined(parts, 0), strict=True):
+        assert torch.equal(a, b)
+
+
 def test_batched_kv_cache_sampling_decodes_and_scores_as_each_prompt_alone(model_dir):
     pre = open_pretrained(str(model_dir))
     cfg = apply_pretrained(validate(grpo_config(model_dir)), pre)
     model = build_model(cfg, pre, torch.device("cpu"), "fp32", lambda m: None).eval()
     prompts = [[5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15]]
-    gen = torch.Generator().manual_seed(0)
+    u = torch.rand((3, 5), generator=torch.Generator().manual_seed(0))
     # Near-zero temperature: the left-padded batch with the KV cache picks each prompt's
     # greedy continuation from its own full forward.
-    _, _, out, mask, _ = grpo.sample(model, prompts, 5, 1e-4, 1.0, [], 0, gen, "cpu", "fp32")
+    _, _, out, mask, _ = grpo.sample(model, prompts, 5, 1e-4, 1.0, [], 0, u, "cpu", "fp32")
     for i, p in enumerate(prompts):
         ids = list(p)
         for _ in range(5):
@@ -233,6 +263,32 @@ def test_an_out_of_memory_step_is_redone_with_the_same_completions(model_dir, tm
     b, _ = read_metrics(tmp_path / "plain" / "metrics.jsonl")
     assert fired and a[1]["batch_size"] == 2
     assert [r["reward"] for r in a] == [r["reward"] for r in b]
+
+
+def test_out_of_memory_while_sampling_halves_it_with_the_same_draws(model_dir, tmp_path,
+                                                                     monkeypatch):  # fmt: skip
+    real, fired = grpo.sample, []
+
+    def small_memory(model, prompts, *args):
+        if len(prompts) > 8:  # only 8 completions fit at once
+            fired.append(len(prompts))
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return real(model, prompts, *args)
+
+    cfg = grpo_config(model_dir, max_steps=3, batch_size=4, grad_accum=1, eval_every=3)
+    Trainer(cfg, tmp_path / "plain").run()
+    monkeypatch.setattr(grpo, "sample", small_memory)
+    Trainer(cfg, tmp_path / "small").run()
+    assert fired == [32, 16]  # 32 rows, then 16, then 8 at a time for the rest of the run
+    a, evals_a = read_metrics(tmp_path / "plain" / "metrics.jsonl")
+    b, evals_b = read_metrics(tmp_path / "small" / "metrics.jsonl")
+    keys = ("reward", "reward_std", "completions/mean_length", "loss")
+    assert [[r[k] for k in keys] for r in a] == [[r[k] for k in keys] for r in b]
+    assert [e["eval_reward"] for e in evals_a] == [e["eval_reward"] for e in evals_b]
+    assert b[0]["batch_size"] == 4  # the training pass was not shrunk
+    log = (tmp_path / "small" / "train.log").read_text(encoding="utf-8")
+    assert "out of memory sampling at step 1: 16 completions at a time (was 32)" in log
+    assert "8 completions at a time (was 16)" in log
 
 
 TRL_STYLE = """
