@@ -177,9 +177,11 @@ class Tokenizer:
         table = self._id_bytes
         return b"".join(table[i] if 0 <= i < len(table) else b"" for i in map(int, ids))
 
-    def decode(self, ids: Iterable[int]) -> str:
+    def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
+        """The text of ids; skip_special leaves a pretrained tokenizer's special tokens out
+        (as transformers' skip_special_tokens: what GRPO's rewards read, as TRL's do)."""
         if self.kind == "model":
-            return self.hf.decode([int(i) for i in ids], skip_special_tokens=False)
+            return self.hf.decode([int(i) for i in ids], skip_special_tokens=skip_special)
         return self.decode_bytes(ids).decode("utf-8", errors="replace")
 
     def token_bytes(self, i: int) -> bytes:

@@ -390,7 +390,8 @@ class GRPO(Objective):
     def _score(self, data, tok, index, out, mask, state: SimpleNamespace):
         ids = [row[m].tolist() for row, m in zip(out.cpu(), mask.cpu(), strict=True)]
         stops = set(tok.stop_ids)
-        texts = [tok.decode([t for t in row if t not in stops]) for row in ids]
+        # TRL decodes with skip_special_tokens: a reward never sees <|endoftext|> and the like
+        texts = [tok.decode([t for t in row if t not in stops], skip_special=True) for row in ids]
         records = [data.records[i] for i in index]
         prompts = [r["prompt"] for r in records]
         if data.conversational:

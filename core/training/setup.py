@@ -1,8 +1,9 @@
 """Everything a run does before its first step, and at its end. setup is handed the run's
-inputs (core.training.state.RunInputs) and returns what it built (RunState) and where the run
-stands (Progress: step 0, or a checkpoint's). Before, in the order that keeps bad input from
-touching the disk: checkpoint checks (resume), device, data, then the run folder, the model,
-optimizer and scaler, and the exact state of a resumed run."""
+inputs (core.training.state.RunInputs), returns what it built (RunState) and fills in where
+the run stands (Progress: step 0 and the plan, or a checkpoint's) as soon as each is known, so
+a run that fails half-way still ends with its plan in status.json. Before, in the order that
+keeps bad input from touching the disk: checkpoint checks (resume), device, data, then the
+run folder, the model, optimizer and scaler, and the exact state of a resumed run."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from core.training.time_budget import untimed_plan
 from core.weights.loader import load_weights
 
 
-def setup(given: RunInputs, events, stop) -> tuple[RunState, Progress]:
+def setup(given: RunInputs, progress: Progress, events, stop) -> RunState:
     """Everything before the first step, in the order that keeps a bad input from touching
     the disk: checkpoint checks, device, data, then the run folder and the model. events
     hears the log and the data preparation; stop() cancels the preparation."""
@@ -73,16 +74,17 @@ def setup(given: RunInputs, events, stop) -> tuple[RunState, Progress]:
     for message in early:
         folder.log(message)
     inputs.set_switches(cfg, device)
-    plan = untimed_plan() if given.timed else plan_for(cfg, max_steps_for(cfg, data.train_tokens))
-    progress = Progress(plan=plan)
+    progress.plan = untimed_plan() if given.timed else plan_for(
+        cfg, max_steps_for(cfg, data.train_tokens)
+    )  # fmt: skip
     run = build(given, state, device, precision, data, objective, events, stop, log)
     run.second_val = second_val
     if state is not None:
-        progress = restore(given, run, state, plan, log)
+        restore(given, run, state, progress, log)
     else:
         folder.write_config(cfg)
     folder.write_status("running", progress.step, progress.plan.max_steps)
-    return run, progress
+    return run
 
 
 def build(given: RunInputs, state: dict | None, device, precision: str, data, objective,
@@ -110,9 +112,10 @@ def build(given: RunInputs, state: dict | None, device, precision: str, data, ob
     return run
 
 
-def restore(given: RunInputs, run: RunState, state: dict, fresh, log) -> Progress:
-    """Weights, optimizer, scaler, data position and RNG from state into run; returns the
-    checkpoint's step, plan (fresh is this config's plan from step 0), best value and clock."""
+def restore(given: RunInputs, run: RunState, state: dict, progress: Progress, log) -> None:
+    """Weights, optimizer, scaler, data position and RNG from state into run; the
+    checkpoint's step, plan (progress holds this config's plan from step 0), best value and
+    clock into progress."""
     try:
         load_weights(run.model, state)
         run.optimizer.load_state_dict(state["optimizer"])
@@ -124,20 +127,17 @@ def restore(given: RunInputs, run: RunState, state: dict, fresh, log) -> Progres
         run.scaler.load_state_dict(state["scaler"])
     run.data.load_state_dict(state["data"])
     ckpt.set_rng_state(state["rng"])
-    step = int(state["step"])
-    plan = resume.resumed_plan(state, given.cfg, step, fresh, given.timed, log)
-    progress = Progress(
-        step=step, plan=plan, best_val=float(state.get("best_val", float("inf"))),
-        elapsed_s=float(state["meta"].get("elapsed_s") or 0.0),
-        paused_s=float(state["meta"].get("paused_s") or 0.0),
-    )  # fmt: skip
+    step = progress.step = int(state["step"])
+    progress.plan = resume.resumed_plan(state, given.cfg, step, progress.plan, given.timed, log)
+    progress.best_val = float(state.get("best_val", float("inf")))
+    progress.elapsed_s = float(state["meta"].get("elapsed_s") or 0.0)
+    progress.paused_s = float(state["meta"].get("paused_s") or 0.0)
     given.folder.write_config(given.cfg)
     dropped = given.folder.truncate_metrics(step)
     log(
         f"resumed from {given.resume_from} at step {step}"
         + (f"; dropped {dropped} metric records past it" if dropped else "")
     )
-    return progress
 
 
 def end(status: str, error: str | None, step: int, max_steps: int | None, folder, lock, events,

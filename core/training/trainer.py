@@ -32,7 +32,7 @@ from core.training.checkpointing import Checkpointer, checkpoint_state
 from core.training.clock import Clock
 from core.training.schedule import Plan, finish_plan, lr_factor
 from core.training.spill import SpillWatch
-from core.training.state import RunInputs, RunState
+from core.training.state import Progress, RunInputs, RunState
 from core.training.steps import OOM_ADVICE, grad_sync, smaller_micro_batch
 from core.training.time_budget import (
     FINISH_FILE,
@@ -255,9 +255,12 @@ class Trainer:
         given = RunInputs(self.cfg, self.folder, self.world, self.lock, self.pretrained,
                           self.resume_from, self.data_cache, self.allow_data_change,
                           timed=self.budget is not None)  # fmt: skip
-        self.run_state, progress = setup.setup(given, self.events, self.control.stop_set)
-        self.step, self.plan, self.best_val = progress.step, progress.plan, progress.best_val
-        self.clock.before, self.clock.paused_total = progress.elapsed_s, progress.paused_s
+        progress = Progress()
+        try:
+            self.run_state = setup.setup(given, progress, self.events, self.control.stop_set)
+        finally:  # a failed setup still ends with its plan: status.json says how far it got
+            self.step, self.plan, self.best_val = progress.step, progress.plan, progress.best_val
+            self.clock.before, self.clock.paused_total = progress.elapsed_s, progress.paused_s
 
     def _announce(self) -> None:
         """The start of this session's steps: the start event, the log lines, and the base

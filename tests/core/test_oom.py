@@ -86,3 +86,19 @@ def test_errors_other_than_oom_are_not_swallowed(tmp_path):
 
     with pytest.raises(RuntimeError, match="CUBLAS"):
         Trainer(tiny_config(max_steps=4), tmp_path / "r", fault=broken).run()
+
+
+def test_a_run_that_fails_while_building_its_model_says_so_in_its_status(tmp_path, monkeypatch):
+    """The folder exists by then: status.json tells the window and `--resume` what happened,
+    with the run's planned length, instead of nothing."""
+    from core.training import inputs
+
+    def no_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory while building")
+
+    monkeypatch.setattr(inputs, "build_model", no_memory)
+    with pytest.raises(torch.OutOfMemoryError):
+        Trainer(tiny_config(max_steps=7), tmp_path / "run").run()
+    status = RunFolder(tmp_path / "run").read_status()
+    assert status["state"] == "failed" and status["max_steps"] == 7 and status["step"] == 0
+    assert "out of memory while building" in status["error"]

@@ -332,6 +332,23 @@ def test_a_trl_reward_file_runs_unchanged(model_dir, tmp_path):
     assert latest["rows"][0]["rewards"]["lucky"] is None and latest["rows"][0]["note"] == "x"
 
 
+def test_rewards_read_completions_without_special_tokens_as_trls_do(model_dir, tmp_path):
+    from types import SimpleNamespace
+
+    t = Trainer(grpo_config(model_dir, max_steps=1), tmp_path / "run")
+    t._setup()
+    tok = t.data.tokenizer
+    text = tok.hf.encode("5 apples", add_special_tokens=False).ids
+    out = torch.tensor([[tok.hf.token_to_id("<|endoftext|>"), *text]])
+    state = SimpleNamespace(global_step=0, epoch=0.0)
+    scores, completions = t.objective._score(
+        t.data, tok, [0], out, torch.ones_like(out, dtype=torch.bool), state
+    )
+    assert completions[0][0]["content"] == "5 apples"  # TRL: skip_special_tokens=True
+    assert float(scores[0, 0]) == 1.0  # the regex sees the digit first
+    t._end("stopped")
+
+
 def test_the_built_in_answer_reward_reads_gsm8k_boxed_and_numbers():
     completions = ["so #### 1,000", "\\boxed{42}", "<answer>7</answer>", "it is 3.0", "nope"]
     got = rewards.answer(completions, answer=["1000", "#### 42", "7", "3", "4"])
