@@ -41,14 +41,6 @@ def questions() -> list[dict]:
     return rows
 
 
-MC = """output_type: multiple_choice
-doc_to_choice: choices
-doc_to_target: answer
-metric_list:
-  - metric: acc
-  - metric: acc_norm
-  - metric: acc_bytes
-"""
 PPL = """output_type: loglikelihood_rolling
 doc_to_text: ""
 doc_to_target: "{{text}}"
@@ -82,7 +74,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=60)
     args = p.parse_args()
     import lm_eval
-    from helpers import tiny_config
+    from helpers import LM_EVAL_MC, tiny_config
     from hf_models import TEXT, make_model
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
@@ -111,7 +103,7 @@ def main() -> None:
     for name, _, _, fields in SETS:
         desc = fields.get("description")
         extra = f"description: {json.dumps(desc)}\n" if desc else ""
-        yaml_task(tasks, f"q_{name}", rows, f"doc_to_text: {text[name]}\n{extra}{MC}")
+        yaml_task(tasks, f"q_{name}", rows, f"doc_to_text: {text[name]}\n{extra}{LM_EVAL_MC}")
     yaml_task(tasks, "ppl", [{"text": d} for d in docs], PPL)
     (tmp / "q.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     manager = TaskManager(include_path=str(tasks), include_defaults=False)

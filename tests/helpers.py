@@ -91,3 +91,15 @@ def llama_greedy(llm, ids: list[int], n: int) -> list[int]:
         if len(got) == n:
             break
     return got
+
+
+# An lm_eval multiple-choice task's YAML tail (choices and answer columns, its three
+# accuracies), as the harness tests and benchmarks/eval_vs_lm_eval.py write their tasks.
+LM_EVAL_MC = """output_type: multiple_choice
+doc_to_choice: choices
+doc_to_target: answer
+metric_list:
+  - metric: acc
+  - metric: acc_norm
+  - metric: acc_bytes
+"""

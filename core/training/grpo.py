@@ -342,8 +342,8 @@ class GRPO(Objective):
         ids = torch.cat((prompt_ids, out), dim=1)
         segments = torch.cat((prompt_mask, torch.ones_like(mask)), dim=1).long()
         # dapo's normalizer: the step's completion tokens over every process, as a share
-        # per process (DDP averages the processes' gradients)
-        n_items = float(world.gather(mask.sum().reshape(1).float()).sum()) / world.size
+        # per process (their mean: DDP averages the processes' gradients)
+        n_items = float(world.mean(mask.sum().float()))
         # What the step trains on, without padding: the prompts' and completions' tokens.
         self._tokens = int(prompt_mask.sum()) + int(lengths.sum())
         adv = adv.to(run.device)

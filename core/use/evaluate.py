@@ -409,6 +409,17 @@ def load_model(target, which: str = "best", device: str = "cpu") -> Loaded:
     return loaded
 
 
+def load_with_start(target, which: str, device: str, compare: bool) -> tuple[Loaded, Loaded | None]:
+    """The model to evaluate and, with compare, the pretrained model its fine-tune began
+    from (None without compare)."""
+    loaded = load_model(target, which, device)
+    if not compare:
+        return loaded, None
+    if not loaded.base:
+        raise DataError("compare: the target is not a fine-tune of a pretrained model")
+    return loaded, load_model(loaded.base["init_from"], device=device)
+
+
 def _measure(loaded: Loaded, docs, items, fmt: QuestionFormat, limit, progress) -> dict:
     out = {}
     if docs is not None:
@@ -436,12 +447,7 @@ def evaluate_files(target, text=None, choices=None, fewshot: int = 0, limit=None
                             f"{fmt.fewshot + 1} questions in {choices}")  # fmt: skip
         if fmt.template is not None:
             doc_to_text(items[0], fmt.template)  # a bad template is refused before loading
-    loaded = load_model(target, which, device)
-    start = None
-    if compare:
-        if not loaded.base:
-            raise DataError("compare: the target is not a fine-tune of a pretrained model")
-        start = load_model(loaded.base["init_from"], device=device)
+    loaded, start = load_with_start(target, which, device, compare)
     out = _measure(loaded, docs, items, fmt, limit, progress)
     if start is not None:
         out["start"] = _measure(start, docs, items, fmt, limit, progress)
@@ -464,12 +470,7 @@ def evaluate_tasks(target, tasks: str, fewshot: int | None = None, limit=None,
     from core.use import harness
 
     harness.check_tasks(tasks)  # unknown tasks and unreadable data: before the model loads
-    loaded = load_model(target, which, device)
-    start = None
-    if compare:
-        if not loaded.base:
-            raise DataError("compare: the target is not a fine-tune of a pretrained model")
-        start = load_model(loaded.base["init_from"], device=device)
+    loaded, start = load_with_start(target, which, device, compare)
     out = harness.run_tasks(loaded, tasks, fewshot, limit, chat, multiturn, progress)
     if start is not None:
         out["start"] = harness.run_tasks(start, tasks, fewshot, limit, chat, multiturn, progress)

@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("lm_eval")
 
+from helpers import LM_EVAL_MC as MC  # noqa: E402
 from hf_models import TEXT, make_model  # noqa: E402
 
 from core.use import evaluate, harness, scoring  # noqa: E402
@@ -75,16 +76,6 @@ def run_lm_eval(lm, yaml_path, **kwargs):
                                   bootstrap_iters=0, **kwargs)  # fmt: skip
     samples = sorted(out["samples"][name], key=lambda s: s["doc_id"])
     return {k.split(",")[0]: v for k, v in out["results"][name].items()}, samples
-
-
-MC = """output_type: multiple_choice
-doc_to_choice: choices
-doc_to_target: answer
-metric_list:
-  - metric: acc
-  - metric: acc_norm
-  - metric: acc_bytes
-"""
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import pytest
+from chat_templates import SYS, m
 from gotemplate import GoTemplateError, go_available, go_prompt, identifiers, ollama_prompt
 from gotemplate import render as go_render
 
@@ -387,11 +388,6 @@ MODELS = {
 }
 
 
-def m(role, content):
-    return {"role": role, "content": content}
-
-
-SYS = 'You are terse. Quote "exactly" and keep {{ .braces }} as text.'
 CONVERSATIONS = {
     "user": [m("user", "Hello, how are you?")],
     "system-user": [m("system", SYS), m("user", "Hello, how are you?")],
