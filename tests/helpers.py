@@ -103,3 +103,15 @@ metric_list:
   - metric: acc_norm
   - metric: acc_bytes
 """
+
+
+def plain_token_logps(logits, targets, temperature: float):
+    """Each target's log-probability and each position's entropy from the whole logits
+    divided by the sampling temperature, as TRL scores them: the plain computation GRPO's
+    chunked pass (core.models.loss.token_logps) must equal."""
+    import torch.nn.functional as F
+
+    logp_all = F.log_softmax(logits.float() / temperature, dim=-1)
+    logps = logp_all.gather(-1, targets[..., None])[..., 0]
+    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logps, entropy

@@ -68,21 +68,7 @@ class RunFolder:
 
     def truncate_metrics(self, last_step: int) -> int:
         """Drop records past the checkpoint we resume from; they will be trained again."""
-        if not self.metrics_file.exists():
-            return 0
-        kept, dropped = [], 0
-        for line in self.metrics_file.read_text(encoding="utf-8").splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:  # a line cut by a crash mid-write
-                dropped += 1
-                continue
-            if rec.get("step", 0) > last_step:
-                dropped += 1
-            else:
-                kept.append(line)
-        write_text(self.metrics_file, "".join(k + "\n" for k in kept))
-        return dropped
+        return drop_records_past(self.metrics_file, last_step)
 
     def append_metric(self, record: dict) -> None:
         if self._metrics is None:
@@ -116,6 +102,26 @@ class RunFolder:
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None
+
+
+def drop_records_past(path: Path, last_step: int) -> int:
+    """Keep a JSON Lines file's records up to last_step (metrics.jsonl, GRPO's
+    completions.jsonl on resume); records past it, and lines a crash cut or that hold no
+    record, go. Returns how many went."""
+    if not path.exists():
+        return 0
+    kept, dropped = [], 0
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:  # a line cut by a crash mid-write
+            rec = None
+        if isinstance(rec, dict) and rec.get("step", 0) <= last_step:
+            kept.append(line)
+        else:
+            dropped += 1
+    write_text(path, "".join(k + "\n" for k in kept))
+    return dropped
 
 
 def read_metrics(path: Path) -> tuple[list[dict], list[dict]]:

@@ -25,13 +25,13 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 import torch
-import torch.nn.functional as F
 
 from core.config.spec import TrainConfig
 from core.models import lora
 from core.models.loss import chunk_positions
 from core.models.loss import token_logps as chunked_logps
 from core.platform.device import is_oom
+from core.runs.folder import drop_records_past
 from core.training.objectives import Objective
 from core.training.rewards import Rewards, check_columns, text_of
 from core.training.state import RunState
@@ -192,17 +192,6 @@ def advantages(per_func: torch.Tensor, weights: torch.Tensor, group: int, scale:
         adv = adv / (std + 1e-4)
     zero_std = torch.isclose(std, torch.zeros_like(std))
     return torch.nan_to_num(adv, nan=0.0), rewards, std, zero_std
-
-
-def token_logps(logits: torch.Tensor, targets: torch.Tensor, temperature: float):
-    """Each target's log-probability and each position's entropy, from the whole logits
-    divided by the sampling temperature (as TRL scores them): the plain computation the
-    chunked pass (core.models.loss.token_logps) equals."""
-    logits = logits.float() / temperature
-    logp_all = F.log_softmax(logits, dim=-1)
-    logps = logp_all.gather(-1, targets[..., None])[..., 0]
-    entropy = -(logp_all.exp() * logp_all).sum(-1)
-    return logps, entropy
 
 
 def policy_loss(logps, old_logps, ref_logps, adv, mask, cfg: TrainConfig, n_items: float):
@@ -443,7 +432,7 @@ class GRPO(Objective):
             path = self.folder.path / "completions.jsonl"
             if not self._table_started:  # a resumed run: steps past its checkpoint go
                 self._table_started = True
-                _drop_steps_from(path, step + 1)
+                drop_records_past(path, step)
             if path.parent.is_dir():
                 with open(path, "a", encoding="utf-8") as f:
                     f.write(json.dumps({"step": step + 1, "rows": rows}) + "\n")
@@ -556,20 +545,6 @@ def _adapters_off(model, off: bool):
             yield
     finally:
         model.train(was)
-
-
-def _drop_steps_from(path, step: int) -> None:
-    """Keep completions.jsonl's lines of the steps before `step`."""
-    if not path.is_file():
-        return
-    kept = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            if json.loads(line)["step"] < step:
-                kept.append(line)
-        except (ValueError, KeyError, TypeError):
-            continue
-    path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
 
 
 def _finite(v) -> float | None:

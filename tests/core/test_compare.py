@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from core.runs.compare import run_curves, run_summary
-from core.runs.folder import read_metrics
+from core.runs.folder import drop_records_past, read_metrics
 
 
 def write_metrics(folder, records: list, extra_lines: tuple = ()) -> None:
@@ -56,3 +56,11 @@ def test_an_sft_run_keeps_its_loss_summary(tmp_path):
     assert run_summary(tmp_path / "s") == {"val_loss": 2.3, "best val_loss": 2.2}
     curves = run_curves(tmp_path / "s", "reward")  # no reward: nothing drawn for it
     assert curves["train"] == [] and curves["val"] == []
+
+
+def test_resume_keeps_records_up_to_its_step_and_drops_cut_or_foreign_lines(tmp_path):
+    records = [{"step": 1, "loss": 3.0}, {"step": 2, "val_loss": 2.9}, {"step": 3, "loss": 2.8}]
+    write_metrics(tmp_path, records, extra_lines=("[1, 2]", '{"step": 4, "lo'))
+    assert drop_records_past(tmp_path / "metrics.jsonl", 2) == 3
+    train, evals = read_metrics(tmp_path / "metrics.jsonl")
+    assert train == records[:1] and evals == records[1:2]

@@ -77,7 +77,7 @@ def test_a_model_trains_with_the_chunked_loss_as_with_the_plain_one():
 @pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("chunk", [None, 7])
 def test_token_logps_and_entropy_equal_the_whole_logits_ones_with_their_gradients(chunk, fused):
-    from core.training.grpo import token_logps as plain_logps
+    from helpers import plain_token_logps as plain_logps
 
     torch.manual_seed(0)
     head = torch.nn.Linear(16, 50, bias=False)

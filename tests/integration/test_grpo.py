@@ -14,7 +14,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from helpers import StopAfter, tiny_config  # noqa: E402
+from helpers import StopAfter, plain_token_logps, tiny_config  # noqa: E402
 from hf_models import make_model  # noqa: E402
 
 from core.cli.train import main as train_main  # noqa: E402
@@ -88,7 +88,7 @@ def test_loss_and_its_gradient_equal_the_hand_computation(loss_type, beta):
     ref = torch.randn(4, 5) - 2.0
     cfg = validate(tiny_config(grpo_beta=beta, loss_type=loss_type, max_completion_tokens=5,
                                grad_accum=2))  # fmt: skip
-    logps, entropy = grpo.token_logps(logits, targets, temperature=0.7)
+    logps, entropy = plain_token_logps(logits, targets, temperature=0.7)
     loss, kl, ratio = grpo.policy_loss(logps, logps.detach(), ref, adv, mask, cfg, n_items=20.0)
     loss.backward()
 
@@ -473,6 +473,6 @@ def test_the_loss_equals_trls_own_on_the_same_model_and_completions(model_dir, t
                                        max_completion_tokens=5), pre)  # fmt: skip
     ours = build_model(cfg, pre, torch.device("cpu"), "fp32", lambda m: None)
     logits, _ = ours(torch.cat((prompts, completions), 1))
-    logps, _ = grpo.token_logps(logits[:, 5:-1], completions, 1.0)
+    logps, _ = plain_token_logps(logits[:, 5:-1], completions, 1.0)
     loss, _, _ = grpo.policy_loss(logps, logps.detach(), ref, adv, mask, cfg, float(mask.sum()))
     assert float(loss.detach()) == pytest.approx(want, rel=1e-5, abs=1e-6)

@@ -11,7 +11,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from helpers import tiny_config  # noqa: E402
+from helpers import plain_token_logps, tiny_config  # noqa: E402
 from hf_models import make_model  # noqa: E402
 
 from core.config.spec import validate  # noqa: E402
@@ -55,7 +55,7 @@ def test_chunked_logps_entropy_and_gradients_equal_the_whole_logits_ones(
 
     def plain():
         logits, _ = model(ids, segments=segments)
-        return grpo.token_logps(logits[:, width - 1 : -1], targets, cfg.temperature)
+        return plain_token_logps(logits[:, width - 1 : -1], targets, cfg.temperature)
 
     sizes = []  # positions of each logits block the head makes (vocabulary-wide rows)
     model.head.register_forward_hook(lambda m, i, out: sizes.append(out[..., 0].numel()))
