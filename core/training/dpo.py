@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +23,7 @@ import torch.nn.functional as F
 from core.config.spec import TrainConfig
 from core.data.prepare import PrepareCancelled
 from core.models import lora
+from core.platform.atomic import atomic_write
 from core.training.objectives import Objective
 from core.training.state import RunState
 from core.training.steps import autocast, to_device
@@ -195,8 +195,6 @@ def make_reference(run: RunState, cfg: TrainConfig, log, events, stop) -> Refere
         log(f"dpo: reference log-probs reused from {path}")
         return Reference(run.model, np.load(path))
     values = _compute_all(run, cfg.batch_size, events, stop)
-    tmp = path.with_suffix(f".tmp-{os.getpid()}.npy")
-    np.save(tmp, values)
-    os.replace(tmp, path)
+    atomic_write(path, lambda f: np.save(f, values))  # a killed write leaves no half file
     log(f"dpo: reference log-probs of {len(values):,} pairs computed and cached in {path}")
     return Reference(run.model, values)
