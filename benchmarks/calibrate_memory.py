@@ -112,9 +112,15 @@ def build_finetune_models(root) -> None:
     from finetune import build_model
 
     for name, (d, ffn, layers, heads, kv, _, _) in FINETUNE_SHAPES.items():
-        shape = dict(hidden_size=d, intermediate_size=ffn, num_hidden_layers=layers,
-                     num_attention_heads=heads, num_key_value_heads=kv,
-                     max_position_embeddings=1024, tie_word_embeddings=False)  # fmt: skip
+        shape = dict(
+            hidden_size=d,
+            intermediate_size=ffn,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=kv,
+            max_position_embeddings=1024,
+            tie_word_embeddings=False,
+        )
         build_model(root / name, shape)
 
 
@@ -132,21 +138,30 @@ def cpu_table(steps: int, finetune: bool = False) -> None:
         text = FINETUNE_HELPER % (FINETUNE_SHAPES, str(helper_dir))
     (helper_dir / "helpers_shape.py").write_text(text)
     env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{helper_dir}"}
-    print("| shape (width, layers, seq, batch) | checkpointing | estimate (fp32, CPU) "
-          "| of it activations | measured peak RSS - start | error |")  # fmt: skip
+    print(
+        "| shape (width, layers, seq, batch) | checkpointing | estimate (fp32, CPU) "
+        "| of it activations | measured peak RSS - start | error |"
+    )
     print("|---|---|---:|---:|---:|---:|")
     for name in shapes:
         for mode in modes:
-            out = subprocess.run([sys.executable, "-c", ONE_CPU, name, str(steps), mode],
-                                 capture_output=True, text=True, env=env, cwd=root)  # fmt: skip
+            out = subprocess.run(
+                [sys.executable, "-c", ONE_CPU, name, str(steps), mode],
+                capture_output=True,
+                text=True,
+                env=env,
+                cwd=root,
+            )
             if out.returncode:
                 print(f"| {name} | {mode} | failed: {out.stderr.strip().splitlines()[-1]} |")
                 continue
             r = json.loads(out.stdout.strip().splitlines()[-1])
             err = r["est"] / r["measured"] - 1
-            print(f"| {name} | {mode} | {r['est'] / mib:,.0f} MiB "
-                  f"| {r['act'] / mib:,.0f} MiB | {r['measured'] / mib:,.0f} MiB | {err:+.1%} |",
-                  flush=True)  # fmt: skip
+            print(
+                f"| {name} | {mode} | {r['est'] / mib:,.0f} MiB "
+                f"| {r['act'] / mib:,.0f} MiB | {r['measured'] / mib:,.0f} MiB | {err:+.1%} |",
+                flush=True,
+            )
 
 
 def main() -> None:
@@ -166,17 +181,21 @@ def main() -> None:
     )
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name in args.presets.split(","):
-        out = subprocess.run([sys.executable, "-c", ONE, name, str(args.steps)],
-                             capture_output=True, text=True)  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, "-c", ONE, name, str(args.steps)], capture_output=True, text=True
+        )
         if out.returncode:
             print(f"| {name} | failed: {out.stderr.strip().splitlines()[-1]} |")
             continue
         r = json.loads(out.stdout.strip().splitlines()[-1])
         e1 = r["est_alloc"] / r["peak"] - 1
         e2 = r["est_total"] / r["nvml_used"] - 1 if r["nvml_used"] else float("nan")
-        print(f"| {name} | {r['est_alloc'] / mib:,.0f} MiB | {r['peak'] / mib:,.0f} MiB | "
-              f"{e1:+.1%} | {r['est_total'] / mib:,.0f} MiB | {r['nvml_used'] / mib:,.0f} MiB | "
-              f"{e2:+.1%} |", flush=True)  # fmt: skip
+        print(
+            f"| {name} | {r['est_alloc'] / mib:,.0f} MiB | {r['peak'] / mib:,.0f} MiB | "
+            f"{e1:+.1%} | {r['est_total'] / mib:,.0f} MiB | {r['nvml_used'] / mib:,.0f} MiB | "
+            f"{e2:+.1%} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -27,17 +27,25 @@ def questions() -> list[dict]:
         right = f"{i + 3}"
         choices = [right, f"{i + 7}", "fox", "Ünï"]
         rnd.shuffle(choices)
-        rows.append({"question": f"Numbers: {i} {i + 1} {i + 2}",
-                     "context": f"{i} {i + 1} {i + 2}", "choices": choices,
-                     "answer": choices.index(right)})  # fmt: skip
-    for word, right, wrong in [("The quick brown fox jumps over the", "lazy dog", "moon"),
-                               ("def add(a, b):\n    return", "a + b", "hello"),
-                               ("Hello world, hello", "model", "Ünïcödé"),
-                               ("and emoji \u2603 stay", "whole", "half")]:  # fmt: skip
+        rows.append(
+            {
+                "question": f"Numbers: {i} {i + 1} {i + 2}",
+                "context": f"{i} {i + 1} {i + 2}",
+                "choices": choices,
+                "answer": choices.index(right),
+            }
+        )
+    for word, right, wrong in [
+        ("The quick brown fox jumps over the", "lazy dog", "moon"),
+        ("def add(a, b):\n    return", "a + b", "hello"),
+        ("Hello world, hello", "model", "Ünïcödé"),
+        ("and emoji \u2603 stay", "whole", "half"),
+    ]:
         choices = [right, wrong]
         rnd.shuffle(choices)
-        rows.append({"question": word, "context": word, "choices": choices,
-                     "answer": choices.index(right)})  # fmt: skip
+        rows.append(
+            {"question": word, "context": word, "choices": choices, "answer": choices.index(right)}
+        )
     return rows
 
 
@@ -88,18 +96,32 @@ def main() -> None:
     base = tmp / "llama"
     make_model(base, "llama", hidden_size=64, intermediate_size=128)
     (tmp / "t.txt").write_text(TEXT, encoding="utf-8")
-    cfg = tiny_config(init_from=str(base), tokenizer="model", data=str(tmp / "t.txt"),
-                      lr=3e-3, lora_rank=8, max_steps=args.steps, eval_every=args.steps,
-                      ckpt_every=args.steps, hidden_dim=64, n_heads=4, bias=False, dropout=0.0,
-                      sample_tokens=0)  # fmt: skip
+    cfg = tiny_config(
+        init_from=str(base),
+        tokenizer="model",
+        data=str(tmp / "t.txt"),
+        lr=3e-3,
+        lora_rank=8,
+        max_steps=args.steps,
+        eval_every=args.steps,
+        ckpt_every=args.steps,
+        hidden_dim=64,
+        n_heads=4,
+        bias=False,
+        dropout=0.0,
+        sample_tokens=0,
+    )
     Trainer(cfg, tmp / "run").run()
     export(tmp / "run", "hf", tmp / "merged", log=lambda _: None)
     rows = questions()
     docs = [TEXT[:900], TEXT[900:2400], "Hello world, hello model.", "Ünïcödé \u2603  stays"]
     tasks = tmp / "tasks"
     tasks.mkdir()
-    text = {"frame": '"Question: {{question}}\\nAnswer:"', "context": '"{{context}}"',
-            "chat": '"{{question}}"'}  # fmt: skip
+    text = {
+        "frame": '"Question: {{question}}\\nAnswer:"',
+        "context": '"{{context}}"',
+        "chat": '"{{question}}"',
+    }
     for name, _, _, fields in SETS:
         desc = fields.get("description")
         extra = f"description: {json.dumps(desc)}\n" if desc else ""
@@ -109,15 +131,21 @@ def main() -> None:
     manager = TaskManager(include_path=str(tasks), include_defaults=False)
 
     def lm_eval_run(lm, name, fewshot, chat):
-        out = lm_eval.simple_evaluate(model=lm, tasks=[name], num_fewshot=fewshot,
-                                      task_manager=manager, apply_chat_template=chat,
-                                      bootstrap_iters=0)  # fmt: skip
+        out = lm_eval.simple_evaluate(
+            model=lm,
+            tasks=[name],
+            num_fewshot=fewshot,
+            task_manager=manager,
+            apply_chat_template=chat,
+            bootstrap_iters=0,
+        )
         return {k.split(",")[0]: v for k, v in out["results"][name].items() if "," in k}
 
     table = []
-    for label, hf_path, ours_path in [("start model", base, base),
-                                      (f"LoRA fine-tune ({args.steps} steps)", tmp / "merged",
-                                       tmp / "run")]:  # fmt: skip
+    for label, hf_path, ours_path in [
+        ("start model", base, base),
+        (f"LoRA fine-tune ({args.steps} steps)", tmp / "merged", tmp / "run"),
+    ]:
         hf = HFLM(pretrained=str(hf_path), batch_size=1, device="cpu", dtype="float32")
         loaded = load(ours_path)
         wrapped = harness.make_lm(loaded)
@@ -128,15 +156,25 @@ def main() -> None:
             fmt = evaluate.QuestionFormat(fewshot=fewshot, chat=chat, **fields)
             own = evaluate.choice_metrics(loaded, items, fmt)
             for m in ("acc", "acc_norm", "acc_bytes"):
-                table.append((label, f"q_{name} ({fewshot}-shot{', chat' if chat else ''})", m,
-                              theirs[m], own[m], via[m]))  # fmt: skip
+                table.append(
+                    (
+                        label,
+                        f"q_{name} ({fewshot}-shot{', chat' if chat else ''})",
+                        m,
+                        theirs[m],
+                        own[m],
+                        via[m],
+                    )
+                )
         theirs = lm_eval_run(hf, "ppl", 0, False)
         via = lm_eval_run(wrapped, "ppl", 0, False)
         own = evaluate.text_metrics(loaded, docs)
         for m in ("word_perplexity", "byte_perplexity", "bits_per_byte"):
             table.append((label, "ppl (4 documents)", m, theirs[m], own[m], via[m]))
-    print("| model | task | measure | lm_eval (hf) | core.eval | lm_eval + TrainDeck LM | "
-          "largest difference |")  # fmt: skip
+    print(
+        "| model | task | measure | lm_eval (hf) | core.eval | lm_eval + TrainDeck LM | "
+        "largest difference |"
+    )
     print("|---|---|---|---|---|---|---|")
     for label, task, m, a, b, c in table:
         diff = max(abs(a - b), abs(a - c))

@@ -40,10 +40,17 @@ def make_model(folder: Path) -> Path:
     from hf_models import make_tokenizer
 
     tok = make_tokenizer(folder, "qwen2")
-    cfg = t.Qwen2Config(vocab_size=32000, hidden_size=768, intermediate_size=2048,
-                        num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=4,
-                        max_position_embeddings=512, tie_word_embeddings=True,
-                        eos_token_id=tok.eos_token_id)  # fmt: skip
+    cfg = t.Qwen2Config(
+        vocab_size=32000,
+        hidden_size=768,
+        intermediate_size=2048,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        num_key_value_heads=4,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        eos_token_id=tok.eos_token_id,
+    )
     t.AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16).save_pretrained(folder)
     return folder
 
@@ -78,9 +85,11 @@ def main() -> None:
     mb = 1e6
     print(f"model files {size / mb:,.0f} MB; largest tensor in fp32 {largest / mb:,.0f} MB")
     print(f"runtime (a tiny model's export): {runtime / mb:,.0f} MB anonymous")
-    print(f"export: {anon / mb:,.0f} MB anonymous peak ({(anon - runtime) / mb:,.0f} MB over "
-          f"the runtime, {(anon - runtime) / largest:.2f} x the largest tensor); "
-          f"{mapped / mb:,.0f} MB file-backed peak")  # fmt: skip
+    print(
+        f"export: {anon / mb:,.0f} MB anonymous peak ({(anon - runtime) / mb:,.0f} MB over "
+        f"the runtime, {(anon - runtime) / largest:.2f} x the largest tensor); "
+        f"{mapped / mb:,.0f} MB file-backed peak"
+    )
 
 
 if __name__ == "__main__":

@@ -40,15 +40,24 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 SHAPE = dict(
-    hidden_size=384, intermediate_size=1024, num_hidden_layers=6, num_attention_heads=6,
-    num_key_value_heads=2, max_position_embeddings=1024,
-)  # fmt: skip
+    hidden_size=384,
+    intermediate_size=1024,
+    num_hidden_layers=6,
+    num_attention_heads=6,
+    num_key_value_heads=2,
+    max_position_embeddings=1024,
+)
 # About 115M parameters, two thirds of them in the 50k-vocabulary embedding and head: the
 # weights and the logits dominate memory, as in a small real model.
 SHAPE_100M = dict(
-    hidden_size=768, intermediate_size=2048, num_hidden_layers=6, num_attention_heads=12,
-    num_key_value_heads=4, max_position_embeddings=1024, tie_word_embeddings=False,
-)  # fmt: skip
+    hidden_size=768,
+    intermediate_size=2048,
+    num_hidden_layers=6,
+    num_attention_heads=12,
+    num_key_value_heads=4,
+    max_position_embeddings=1024,
+    tie_word_embeddings=False,
+)
 SHAPES = {"small": (SHAPE, None), "100m": (SHAPE_100M, 50304)}
 
 
@@ -80,11 +89,24 @@ def one(mode: str, model: str, steps: int, threads: int) -> dict:
 
     torch.set_num_threads(threads)
     cfg = TrainConfig(
-        init_from=model, batch_size=4, grad_accum=1, seq_len=256, max_steps=steps,
-        log_every=1, eval_every=10**9, ckpt_every=10**9, keep_checkpoints=0, device="cpu",
-        precision="fp32", sample_tokens=0, warmup_steps=2, lr=3e-4, dropout=0.0,
-        corpus_max_bytes=2_000_000, tokenizer="model",
-    )  # fmt: skip
+        init_from=model,
+        batch_size=4,
+        grad_accum=1,
+        seq_len=256,
+        max_steps=steps,
+        log_every=1,
+        eval_every=10**9,
+        ckpt_every=10**9,
+        keep_checkpoints=0,
+        device="cpu",
+        precision="fp32",
+        sample_tokens=0,
+        warmup_steps=2,
+        lr=3e-4,
+        dropout=0.0,
+        corpus_max_bytes=2_000_000,
+        tokenizer="model",
+    )
     extra = {} if mode == "full" else {"lora_rank": int(mode.removeprefix("lora"))}
     cfg = validate(dataclasses.replace(cfg, **extra))
     est = estimate(cfg, on_gpu=False)  # the shape comes from the model's config.json
@@ -151,12 +173,25 @@ def traindeck_side(a) -> tuple:
     from core.weights.loader import apply_pretrained, open_pretrained
 
     lora = a.mode != "full"
-    extra = {"lora_rank": a.rank, "lora_alpha": a.alpha, "lora_dropout": 0.0,
-             "lora_targets": "all"} if lora else {}  # fmt: skip
+    extra = (
+        {"lora_rank": a.rank, "lora_alpha": a.alpha, "lora_dropout": 0.0, "lora_targets": "all"}
+        if lora
+        else {}
+    )
     bits = {"qlora": "4", "lora16": "16"}.get(a.mode, "32" if lora else "auto")
-    cfg = TrainConfig(init_from=a.model, batch_size=a.batch, grad_accum=1, seq_len=a.seq,
-                      device="cpu", precision="fp32", lr=1e-4, dropout=0.0, tokenizer="model",
-                      base_bits=bits, **extra)  # fmt: skip
+    cfg = TrainConfig(
+        init_from=a.model,
+        batch_size=a.batch,
+        grad_accum=1,
+        seq_len=a.seq,
+        device="cpu",
+        precision="fp32",
+        lr=1e-4,
+        dropout=0.0,
+        tokenizer="model",
+        base_bits=bits,
+        **extra,
+    )
     pre = open_pretrained(a.model)
     cfg = validate(apply_pretrained(validate(cfg), pre))
     torch.manual_seed(0)
@@ -191,17 +226,25 @@ def peft_side(a) -> tuple:
         from transformers import BitsAndBytesConfig
 
         kw["quantization_config"] = BitsAndBytesConfig(
-            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_use_double_quant=True,
             bnb_4bit_compute_dtype=torch.float32,
-        )  # fmt: skip
+        )
         kw["device_map"] = "cpu"
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(a.model, **kw)
     if a.mode != "full":
         from peft import LoraConfig, get_peft_model
 
-        lc = LoraConfig(r=a.rank, lora_alpha=a.alpha, lora_dropout=0.0, bias="none",
-                        target_modules=PEFT_TARGETS, task_type="CAUSAL_LM")  # fmt: skip
+        lc = LoraConfig(
+            r=a.rank,
+            lora_alpha=a.alpha,
+            lora_dropout=0.0,
+            bias="none",
+            target_modules=PEFT_TARGETS,
+            task_type="CAUSAL_LM",
+        )
         model = get_peft_model(model, lc)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
@@ -234,8 +277,15 @@ def one_side(a) -> dict:
     imports_mb = rss_mb()
     step, trainable, wd = (peft_side if a.side == "peft" else traindeck_side)(a)
     loaded_mb = rss_mb()
-    out = {"side": a.side, "mode": a.mode, "rank": a.rank, "trainable": trainable,
-           "imports_mb": imports_mb, "loaded_mb": loaded_mb, "weight_decay": wd}  # fmt: skip
+    out = {
+        "side": a.side,
+        "mode": a.mode,
+        "rank": a.rank,
+        "trainable": trainable,
+        "imports_mb": imports_mb,
+        "loaded_mb": loaded_mb,
+        "weight_decay": wd,
+    }
     if a.mode == "lora16":  # 16-bit products on this CPU: far too slow to time
         out["peak_rss_mb"] = rss_mb("VmHWM")
         return out
@@ -258,8 +308,12 @@ def one_side(a) -> dict:
     # CPU seconds of the process: less moved than wall time by other jobs on a shared machine
     cpu_ms = sorted(cpu)[len(cpu) // 2] * 1000
     out.update(tokens_per_cpu_s=a.batch * a.seq / cpu_ms * 1000)
-    out.update(tokens_per_s=a.batch * a.seq / ms * 1000, ms_per_step=ms, losses=losses,
-               peak_rss_mb=rss_mb("VmHWM"))  # fmt: skip
+    out.update(
+        tokens_per_s=a.batch * a.seq / ms * 1000,
+        ms_per_step=ms,
+        losses=losses,
+        peak_rss_mb=rss_mb("VmHWM"),
+    )
     return out
 
 
@@ -290,10 +344,32 @@ def side_run(a, folder: Path, tokens: Path, side: str, mode: str, rank: int) -> 
     script = __file__
     if side.endswith("-before"):  # the same benchmark on another checkout's code
         script, side = str(Path(a.before) / "benchmarks" / "finetune.py"), side[: -len("-before")]
-    cmd = [sys.executable, script, "--one-side", side, "--mode", mode, "--model", str(folder),
-           "--tokens", str(tokens), "--rank", str(rank), "--alpha", str(a.alpha),
-           "--steps", str(a.steps), "--warmup", str(a.warmup), "--threads", str(a.threads),
-           "--batch", str(a.batch), "--seq", str(a.seq)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        script,
+        "--one-side",
+        side,
+        "--mode",
+        mode,
+        "--model",
+        str(folder),
+        "--tokens",
+        str(tokens),
+        "--rank",
+        str(rank),
+        "--alpha",
+        str(a.alpha),
+        "--steps",
+        str(a.steps),
+        "--warmup",
+        str(a.warmup),
+        "--threads",
+        str(a.threads),
+        "--batch",
+        str(a.batch),
+        "--seq",
+        str(a.seq),
+    ]
     if a.profile:
         cmd += ["--profile", str(a.profile)]
     out = subprocess.run(cmd, capture_output=True, text=True)
@@ -324,11 +400,13 @@ def vs_peft(a) -> None:
         tokenize_corpus(folder, tokens)
         fused, separate = adapter_counts(folder)
         rank_eq = max(1, round(a.rank * separate / fused))
-        print(f"model: {folder if a.model else a.shape}; batch {a.batch} x seq {a.seq}, fp32, "
-              f"{a.threads} threads; {a.steps} timed steps after {a.warmup}, {a.rounds} "
-              f"rounds; LoRA rank {a.rank} alpha {a.alpha} on all projections; lora-eq: "
-              f"TrainDeck rank {rank_eq} ({fused * rank_eq:,} vs peft's {separate * a.rank:,} "
-              f"trainable)")  # fmt: skip
+        print(
+            f"model: {folder if a.model else a.shape}; batch {a.batch} x seq {a.seq}, fp32, "
+            f"{a.threads} threads; {a.steps} timed steps after {a.warmup}, {a.rounds} "
+            f"rounds; LoRA rank {a.rank} alpha {a.alpha} on all projections; lora-eq: "
+            f"TrainDeck rank {rank_eq} ({fused * rank_eq:,} vs peft's {separate * a.rank:,} "
+            f"trainable)"
+        )
         plan = []
         for mode in a.modes.split(","):
             sides = ["td", "td-plain"] if mode == "lora-eq" else ["td", "td-plain", "peft"]
@@ -344,9 +422,14 @@ def vs_peft(a) -> None:
                 rank = rank_eq if mode == "lora-eq" else a.rank
                 res = side_run(a, folder, tokens, side, run_mode, rank)
                 results[(mode, side)].append(res)
-                print(f"  round {r + 1} {mode:<8} {side:<8} "
-                      + (res.get("error") or f"{res.get('tokens_per_s', 0):7.0f} tok/s "
-                         f"{res['peak_rss_mb']:6.0f} MB"), flush=True)  # fmt: skip
+                print(
+                    f"  round {r + 1} {mode:<8} {side:<8} "
+                    + (
+                        res.get("error")
+                        or f"{res.get('tokens_per_s', 0):7.0f} tok/s {res['peak_rss_mb']:6.0f} MB"
+                    ),
+                    flush=True,
+                )
         print_table(results, a)
         print_rates(results, a, folder)
 
@@ -355,9 +438,12 @@ def summary(runs: list[dict]) -> dict | None:
     good = [r for r in runs if "error" not in r]
     if not good:
         return None
-    out = {"trainable": good[0]["trainable"], "rank": good[0]["rank"],
-           "rss": median([r["peak_rss_mb"] for r in good]),
-           "loaded": median([r["loaded_mb"] for r in good])}  # fmt: skip
+    out = {
+        "trainable": good[0]["trainable"],
+        "rank": good[0]["rank"],
+        "rss": median([r["peak_rss_mb"] for r in good]),
+        "loaded": median([r["loaded_mb"] for r in good]),
+    }
     if "tokens_per_s" in good[0]:
         speeds = [r["tokens_per_s"] for r in good]
         out.update(tps=median(speeds), lo=min(speeds), hi=max(speeds), losses=good[0]["losses"])
@@ -406,14 +492,18 @@ def print_rates(results: dict, a, folder: Path) -> None:
         if s is None or "tps" not in s or mode == "lora-eq":
             continue
         rate = step_flops_per_token(folder, mode, a.seq) * s["tps"] / 1e9
-        print(f"{mode:<8} {side:<9} {rate:7,.0f} GFLOP/s of products = {rate / peak:4.0%} "
-              f"of the CPU's")  # fmt: skip
+        print(
+            f"{mode:<8} {side:<9} {rate:7,.0f} GFLOP/s of products = {rate / peak:4.0%} "
+            f"of the CPU's"
+        )
 
 
 def print_table(results: dict, a) -> None:
-    print(f"\n{'mode':<8} {'side':<9} {'rank':>4} {'trainable':>11} {'tok/s (min-max)':>20} "
-          f"{'peak RSS':>9} {'x peft tok/s':>12} {'x peft RSS':>10} {'tok/CPU-s':>9} "
-          f"{'x peft':>6}")  # fmt: skip
+    print(
+        f"\n{'mode':<8} {'side':<9} {'rank':>4} {'trainable':>11} {'tok/s (min-max)':>20} "
+        f"{'peak RSS':>9} {'x peft tok/s':>12} {'x peft RSS':>10} {'tok/CPU-s':>9} "
+        f"{'x peft':>6}"
+    )
     for (mode, side), runs in results.items():
         s = summary(runs)
         if s is None:
@@ -425,8 +515,10 @@ def print_table(results: dict, a) -> None:
         mem = f"{s['rss'] / ref['rss']:.2f}" if ref else "-"
         timed = ref and "cpu" in s and "cpu" in ref
         cpu = f"{s['cpu']:9.0f} {s['cpu'] / ref['cpu']:6.2f}" if timed else ""
-        print(f"{mode:<8} {side:<9} {s['rank']:>4} {s['trainable']:>11,} {speed:>20} "
-              f"{s['rss']:>6,.0f} MB {ratio:>12} {mem:>10} {cpu}")  # fmt: skip
+        print(
+            f"{mode:<8} {side:<9} {s['rank']:>4} {s['trainable']:>11,} {speed:>20} "
+            f"{s['rss']:>6,.0f} MB {ratio:>12} {mem:>10} {cpu}"
+        )
     if a.losses:
         print("\nlosses of round 1 (same seed and batches):")
         for (mode, side), runs in results.items():
@@ -483,10 +575,22 @@ def main() -> None:
         )
         for mode in args.modes.split(","):
             out = subprocess.run(
-                [sys.executable, __file__, "--one", mode, "--model", str(folder),
-                 "--steps", str(args.steps), "--threads", str(args.threads)],
-                capture_output=True, text=True, check=True,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    __file__,
+                    "--one",
+                    mode,
+                    "--model",
+                    str(folder),
+                    "--steps",
+                    str(args.steps),
+                    "--threads",
+                    str(args.threads),
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             r = json.loads(out.stdout.strip().splitlines()[-1])
             print(
                 f"{r['mode']:<8} {r['params']:>12,} {r['tokens_per_s']:>9,.0f} "

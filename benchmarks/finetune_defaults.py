@@ -32,24 +32,52 @@ LRS = {
     "full": [1e-5, 2e-5, 5e-5, 1e-4, 3e-4, 1e-3],
     "lora": [5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 3e-3],
 }
-COMMON = dict(seq_len=128, batch_size=8, grad_accum=1, device="cpu", precision="fp32",
-              sample_tokens=0, dropout=0.0)  # fmt: skip
+COMMON = dict(
+    seq_len=128,
+    batch_size=8,
+    grad_accum=1,
+    device="cpu",
+    precision="fp32",
+    sample_tokens=0,
+    dropout=0.0,
+)
 
 
 def base_model(tmp: Path, steps: int) -> tuple[Path, Path]:
-    cfg = validate(TrainConfig(hidden_dim=256, n_layers=4, n_heads=4, tokenizer="bpe",
-                               vocab_size=2048, max_steps=steps, eval_every=steps,
-                               ckpt_every=steps, corpus_max_bytes=2_000_000, **COMMON))  # fmt: skip
+    cfg = validate(
+        TrainConfig(
+            hidden_dim=256,
+            n_layers=4,
+            n_heads=4,
+            tokenizer="bpe",
+            vocab_size=2048,
+            max_steps=steps,
+            eval_every=steps,
+            ckpt_every=steps,
+            corpus_max_bytes=2_000_000,
+            **COMMON,
+        )
+    )
     Trainer(cfg, tmp / "base-run").run()
     return tmp / "base-run", export(tmp / "base-run", "hf", tmp / "base-hf", log=lambda m: None)
 
 
 def fine_tune(tmp: Path, hf: Path, data: Path, mode: str, lr: float, steps: int) -> Path:
     run = tmp / f"{mode}-{lr:g}"
-    cfg = validate(TrainConfig(init_from=str(hf), tokenizer="model", data=str(data), lr=lr,
-                               lora_rank=16 if mode == "lora" else 0, max_steps=steps,
-                               warmup_steps=max(1, steps // 10), eval_every=steps,
-                               ckpt_every=steps, **COMMON))  # fmt: skip
+    cfg = validate(
+        TrainConfig(
+            init_from=str(hf),
+            tokenizer="model",
+            data=str(data),
+            lr=lr,
+            lora_rank=16 if mode == "lora" else 0,
+            max_steps=steps,
+            warmup_steps=max(1, steps // 10),
+            eval_every=steps,
+            ckpt_every=steps,
+            **COMMON,
+        )
+    )
     Trainer(cfg, run).run()
     return run
 
@@ -74,8 +102,11 @@ def main() -> None:
             run = fine_tune(tmp, hf, data, mode, lr, args.steps)
             evals = read_metrics(run / "metrics.jsonl")[1]
             old_after = math.log(perplexity(load(run).model, old))
-            print(f"| {mode} | {lr:g} | {evals[0]['val_loss']:.4f} | {evals[-1]['val_loss']:.4f} "
-                  f"| {old_after:.4f} | {old_after - old_before:+.4f} |", flush=True)  # fmt: skip
+            print(
+                f"| {mode} | {lr:g} | {evals[0]['val_loss']:.4f} | {evals[-1]['val_loss']:.4f} "
+                f"| {old_after:.4f} | {old_after - old_before:+.4f} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -34,10 +34,24 @@ PROMPT = "def main("
 
 
 def train(folder: Path, steps: int) -> Path:
-    cfg = validate(TrainConfig(hidden_dim=256, n_layers=4, n_heads=4, seq_len=128, batch_size=8,
-                               max_steps=steps, tokenizer="bpe", vocab_size=2048, device="cpu",
-                               precision="fp32", eval_every=steps, ckpt_every=steps,
-                               sample_tokens=0, corpus_max_bytes=2_000_000))  # fmt: skip
+    cfg = validate(
+        TrainConfig(
+            hidden_dim=256,
+            n_layers=4,
+            n_heads=4,
+            seq_len=128,
+            batch_size=8,
+            max_steps=steps,
+            tokenizer="bpe",
+            vocab_size=2048,
+            device="cpu",
+            precision="fp32",
+            eval_every=steps,
+            ckpt_every=steps,
+            sample_tokens=0,
+            corpus_max_bytes=2_000_000,
+        )
+    )
     Trainer(cfg, folder).run()
     return folder
 
@@ -94,8 +108,10 @@ def main() -> None:
         ppl_t, text_t = llama_cpp_figures(theirs, windows)
         deq = perplexity(dequantized_model(loaded, ours), windows)
         mb_o, mb_t = ours.stat().st_size / 1e6, theirs.stat().st_size / 1e6
-        print(f"| {quant} | {mb_o:.3f} | {mb_t:.3f} | {mb_o / mb_t:.3f} | {ppl_o:.4f} | "
-              f"{ppl_t:.4f} | {ppl_o / ppl_t:.4f} | {deq:.4f} |")  # fmt: skip
+        print(
+            f"| {quant} | {mb_o:.3f} | {mb_t:.3f} | {mb_o / mb_t:.3f} | {ppl_o:.4f} | "
+            f"{ppl_t:.4f} | {ppl_o / ppl_t:.4f} | {deq:.4f} |"
+        )
         texts[quant] = (text_o, text_t)
     print("\ngreedy continuations of", repr(PROMPT), "(TrainDeck file / llama.cpp file):")
     for quant, (a, b) in texts.items():

@@ -43,15 +43,20 @@ print(f"{{seconds:6.2f}} s  {{peak:7.0f}} MB peak  {{outcome}}")
 
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        for name, head in (("big.jsonl", b'{"text": "'), ("big.csv", b'text\n"'),
-                           ("big.json", b'[{"text": "'), ("big.txt", b"")):  # fmt: skip
+        for name, head in (
+            ("big.jsonl", b'{"text": "'),
+            ("big.csv", b'text\n"'),
+            ("big.json", b'[{"text": "'),
+            ("big.txt", b""),
+        ):
             path = Path(tmp) / name
             with open(path, "wb") as f:
                 f.write(head + b"a" * 1000)
                 f.truncate(SIZE)  # the rest: NUL bytes, never a line break
             child = CHILD.format(root=str(ROOT))
-            out = subprocess.run([sys.executable, "-c", child, str(path)], capture_output=True,
-                                 text=True)  # fmt: skip
+            out = subprocess.run(
+                [sys.executable, "-c", child, str(path)], capture_output=True, text=True
+            )
             print(f"{name:<10} {SIZE >> 30} GiB: {(out.stdout or out.stderr).strip()}")
 
 

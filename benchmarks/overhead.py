@@ -40,12 +40,22 @@ SIZES = {
 def config(size: str, steps: int, device: str) -> TrainConfig:
     return validate(
         TrainConfig(
-            **SIZES[size], max_steps=steps, eval_every=10**9, ckpt_every=10**9,
-            keep_checkpoints=0, sample_tokens=0, log_every=50, precision="fp32",
-            device=device, corpus_max_bytes=2_000_000, dropout=0.0,
-            optimizer="adamw", schedule="cosine", lr=1e-3,  # what the bare loop runs
+            **SIZES[size],
+            max_steps=steps,
+            eval_every=10**9,
+            ckpt_every=10**9,
+            keep_checkpoints=0,
+            sample_tokens=0,
+            log_every=50,
+            precision="fp32",
+            device=device,
+            corpus_max_bytes=2_000_000,
+            dropout=0.0,
+            optimizer="adamw",
+            schedule="cosine",
+            lr=1e-3,  # what the bare loop runs
         )
-    )  # fmt: skip
+    )
 
 
 class Clock(TrainEvents):
@@ -76,8 +86,10 @@ def bare_steps_per_s(cfg: TrainConfig, data: torch.Tensor) -> float:
     rest = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0}],
-        lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=True,
-    )  # fmt: skip
+        lr=cfg.lr,
+        betas=(cfg.beta1, cfg.beta2),
+        fused=True,
+    )
     gen = torch.Generator().manual_seed(0)
     offsets = torch.arange(cfg.seq_len + 1)
     warmup = cfg.log_every

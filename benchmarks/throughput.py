@@ -42,9 +42,16 @@ def peak_tflops(explicit: float | None) -> float | None:
 def bench(name: str, steps: int, device: str, peak: float | None) -> str:
     cfg = presets.to_config(presets.load_preset(name))
     cfg = dataclasses.replace(
-        cfg, max_steps=steps, max_epochs=None, log_every=1, eval_every=10**9,
-        ckpt_every=10**9, keep_checkpoints=0, device=device, sample_tokens=0,
-    )  # fmt: skip
+        cfg,
+        max_steps=steps,
+        max_epochs=None,
+        log_every=1,
+        eval_every=10**9,
+        ckpt_every=10**9,
+        keep_checkpoints=0,
+        device=device,
+        sample_tokens=0,
+    )
     events = Collect()
     with tempfile.TemporaryDirectory() as tmp:
         t = time.perf_counter()

@@ -74,15 +74,28 @@ def prepare_nanogpt(text: str, folder: Path) -> None:
 def run_nanogpt(nano: Path, iters: int, out: Path) -> tuple[float, float]:
     r = RECIPE
     cmd = [
-        sys.executable, "train.py", "config/train_shakespeare_char.py", "--dataset=traindeck",
-        "--device=cpu", "--compile=False", "--dtype=float32", f"--max_iters={iters}",
-        f"--lr_decay_iters={iters}", f"--n_layer={r['n_layer']}", f"--n_head={r['n_head']}",
-        f"--n_embd={r['n_embd']}", f"--block_size={r['block_size']}",
-        f"--batch_size={r['batch_size']}", f"--learning_rate={r['lr']}", "--dropout=0.0",
-        "--eval_iters=20", "--log_interval=10", f"--eval_interval={iters}", f"--out_dir={out}",
-    ]  # fmt: skip
-    text = subprocess.run(cmd, cwd=nano, capture_output=True, text=True, check=True,
-                          env=ENV).stdout  # fmt: skip
+        sys.executable,
+        "train.py",
+        "config/train_shakespeare_char.py",
+        "--dataset=traindeck",
+        "--device=cpu",
+        "--compile=False",
+        "--dtype=float32",
+        f"--max_iters={iters}",
+        f"--lr_decay_iters={iters}",
+        f"--n_layer={r['n_layer']}",
+        f"--n_head={r['n_head']}",
+        f"--n_embd={r['n_embd']}",
+        f"--block_size={r['block_size']}",
+        f"--batch_size={r['batch_size']}",
+        f"--learning_rate={r['lr']}",
+        "--dropout=0.0",
+        "--eval_iters=20",
+        "--log_interval=10",
+        f"--eval_interval={iters}",
+        f"--out_dir={out}",
+    ]
+    text = subprocess.run(cmd, cwd=nano, capture_output=True, text=True, check=True, env=ENV).stdout
     times = [float(t) for t in re.findall(r"iter \d+: loss [\d.]+, time ([\d.]+)ms", text)]
     vals = re.findall(r"val loss ([\d.]+)", text)
     return statistics.median(times[len(times) // 10 :]), float(vals[-1])
@@ -91,17 +104,65 @@ def run_nanogpt(nano: Path, iters: int, out: Path) -> tuple[float, float]:
 def run_traindeck(data: Path, iters: int, out: Path) -> tuple[float, float]:
     r = RECIPE
     cmd = [
-        sys.executable, "-m", "core.train", "--data", str(data), "--out", str(out),
-        "--hidden-dim", str(r["n_embd"]), "--n-layers", str(r["n_layer"]),
-        "--n-heads", str(r["n_head"]), "--seq-len", str(r["block_size"]),
-        "--batch-size", str(r["batch_size"]), "--grad-accum", "1", "--lr", str(r["lr"]),
-        "--beta2", "0.99", "--arch", "gpt2", "--optimizer", "adamw", "--schedule", "cosine",
-        "--no-bias", "--dropout", "0", "--max-steps", str(iters), "--warmup-steps", "100",
-        "--min-lr-ratio", "0.1", "--weight-decay", "0.1", "--grad-clip", "1.0",
-        "--precision", "fp32", "--device", "cpu", "--val-fraction", "0.1",
-        "--eval-every", str(iters), "--eval-batches", "20", "--ckpt-every", str(iters),
-        "--sample-tokens", "0", "--log-every", "10",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "core.train",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--hidden-dim",
+        str(r["n_embd"]),
+        "--n-layers",
+        str(r["n_layer"]),
+        "--n-heads",
+        str(r["n_head"]),
+        "--seq-len",
+        str(r["block_size"]),
+        "--batch-size",
+        str(r["batch_size"]),
+        "--grad-accum",
+        "1",
+        "--lr",
+        str(r["lr"]),
+        "--beta2",
+        "0.99",
+        "--arch",
+        "gpt2",
+        "--optimizer",
+        "adamw",
+        "--schedule",
+        "cosine",
+        "--no-bias",
+        "--dropout",
+        "0",
+        "--max-steps",
+        str(iters),
+        "--warmup-steps",
+        "100",
+        "--min-lr-ratio",
+        "0.1",
+        "--weight-decay",
+        "0.1",
+        "--grad-clip",
+        "1.0",
+        "--precision",
+        "fp32",
+        "--device",
+        "cpu",
+        "--val-fraction",
+        "0.1",
+        "--eval-every",
+        str(iters),
+        "--eval-batches",
+        "20",
+        "--ckpt-every",
+        str(iters),
+        "--sample-tokens",
+        "0",
+        "--log-every",
+        "10",
+    ]
     subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True, env=ENV)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if "tokens_per_s" in r]
@@ -113,24 +174,61 @@ def run_traindeck(data: Path, iters: int, out: Path) -> tuple[float, float]:
 
 
 SHAPE_FLAGS = [
-    "--hidden-dim", "128", "--n-layers", "4", "--n-heads", "4", "--seq-len", "64",
-    "--batch-size", "12", "--grad-accum", "1", "--dropout", "0",
-]  # fmt: skip
+    "--hidden-dim",
+    "128",
+    "--n-layers",
+    "4",
+    "--n-heads",
+    "4",
+    "--seq-len",
+    "64",
+    "--batch-size",
+    "12",
+    "--grad-accum",
+    "1",
+    "--dropout",
+    "0",
+]
 
 
 def run_budget(data: Path, budget_s: float, out: Path, extra: list[str]) -> dict:
     """TrainDeck with the shape flags, its defaults and a time budget; its eval records."""
     cmd = [
-        sys.executable, "-m", "core.train", "--data", str(data), "--out", str(out),
-        *SHAPE_FLAGS, "--max-time", f"{budget_s:.1f}s", "--device", "cpu",
-        "--val-fraction", "0.1", "--eval-every", "25", "--eval-batches", "20",
-        "--ckpt-every", "100000", "--sample-tokens", "0", "--log-every", "25", *extra,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "core.train",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        *SHAPE_FLAGS,
+        "--max-time",
+        f"{budget_s:.1f}s",
+        "--device",
+        "cpu",
+        "--val-fraction",
+        "0.1",
+        "--eval-every",
+        "25",
+        "--eval-batches",
+        "20",
+        "--ckpt-every",
+        "100000",
+        "--sample-tokens",
+        "0",
+        "--log-every",
+        "25",
+        *extra,
+    ]
     subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True, env=ENV)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in records if "val_loss" in r]
-    return {"evals": evals, "steps": evals[-1]["step"], "val": evals[-1]["val_loss"],
-            "bpb": evals[-1]["val_bpb"]}  # fmt: skip
+    return {
+        "evals": evals,
+        "steps": evals[-1]["step"],
+        "val": evals[-1]["val_loss"],
+        "bpb": evals[-1]["val_bpb"],
+    }
 
 
 def time_to_quality(args, text: str, tmp: Path) -> None:
@@ -142,20 +240,23 @@ def time_to_quality(args, text: str, tmp: Path) -> None:
         nano_wall = nano_ms * args.iters / 1000
     (tmp / "text.txt").write_text(text, encoding="ascii")
     bpb = nano_val / math.log(2)
-    print(f"nanoGPT: {args.iters} iters, {nano_wall:.1f} s, val loss {nano_val:.4f} "
-          f"({bpb:.4f} bits/byte); TrainDeck extra flags: {args.td_args!r}")  # fmt: skip
+    print(
+        f"nanoGPT: {args.iters} iters, {nano_wall:.1f} s, val loss {nano_val:.4f} "
+        f"({bpb:.4f} bits/byte); TrainDeck extra flags: {args.td_args!r}"
+    )
     print(f"{'budget':>7}{'steps':>7}{'val loss':>10}{'bits/byte':>10}{'reached at':>12}")
     best = None
     for i, fraction in enumerate(args.fractions):
-        r = run_budget(tmp / "text.txt", fraction * nano_wall, tmp / f"td-{i}",
-                       shlex.split(args.td_args))  # fmt: skip
+        r = run_budget(
+            tmp / "text.txt", fraction * nano_wall, tmp / f"td-{i}", shlex.split(args.td_args)
+        )
         # bits per byte: equal to nats / ln 2 for bytes, and comparable for a BPE too
-        hit = next((e["train_s"] / nano_wall for e in r["evals"] if e["val_bpb"] <= bpb),
-                   None)  # fmt: skip
+        hit = next((e["train_s"] / nano_wall for e in r["evals"] if e["val_bpb"] <= bpb), None)
         best = hit if hit is not None and (best is None or hit < best) else best
         at = f"{hit:.3f}" if hit is not None else "never"
-        print(f"{fraction:>7.2f}{r['steps']:>7}{r['val']:>10.4f}{r['bpb']:>10.4f}{at:>12}",
-              flush=True)  # fmt: skip
+        print(
+            f"{fraction:>7.2f}{r['steps']:>7}{r['val']:>10.4f}{r['bpb']:>10.4f}{at:>12}", flush=True
+        )
     print(
         f"time to nanoGPT's final val loss / nanoGPT's time: "
         f"{'not reached' if best is None else f'{best:.3f}'}"
@@ -191,8 +292,10 @@ def main() -> None:
     print(f"{'':<10}{'ms/iter':>9}{'val loss':>10}")
     print(f"{'nanoGPT':<10}{nano_ms:>9.2f}{nano_val:>10.4f}")
     print(f"{'TrainDeck':<10}{td_ms:>9.2f}{td_val:>10.4f}")
-    print(f"TrainDeck speed / nanoGPT speed: {nano_ms / td_ms:.3f}; val loss difference "
-          f"{td_val - nano_val:+.4f}")  # fmt: skip
+    print(
+        f"TrainDeck speed / nanoGPT speed: {nano_ms / td_ms:.3f}; val loss difference "
+        f"{td_val - nano_val:+.4f}"
+    )
 
 
 if __name__ == "__main__":

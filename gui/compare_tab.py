@@ -43,8 +43,10 @@ class CompareTab(QWidget):
         self.axis.currentTextChanged.connect(self.redraw)
         self.measure = QComboBox()  # a GRPO run's loss says little: its reward is the curve
         self.measure.addItems(list(MEASURES))
-        self.measure.setToolTip("loss: training and validation loss; reward: a GRPO run's "
-                                "training reward and held-out reward")  # fmt: skip
+        self.measure.setToolTip(
+            "loss: training and validation loss; reward: a GRPO run's "
+            "training reward and held-out reward"
+        )
         self.measure.currentTextChanged.connect(self.redraw)
         self.measure_chosen = False  # until the user picks one, GRPO runs alone show reward
         self.measure.activated.connect(lambda *_: setattr(self, "measure_chosen", True))
@@ -144,12 +146,20 @@ class CompareTab(QWidget):
             color = COLORS[i % len(COLORS)]
             if curves["train"]:
                 xs, ys = [r[column] for r in curves["train"]], [r[2] for r in curves["train"]]
-                self.plot.plot(xs, ys, pen=pg.mkPen(color, width=1),
-                               name=f"{curves['label']} train")  # fmt: skip
+                self.plot.plot(
+                    xs, ys, pen=pg.mkPen(color, width=1), name=f"{curves['label']} train"
+                )
             if curves["val"]:
                 xs, ys = [r[column] for r in curves["val"]], [r[2] for r in curves["val"]]
-                self.plot.plot(xs, ys, pen=pg.mkPen(color, width=2), symbol="o", symbolSize=5,
-                               symbolBrush=color, name=f"{curves['label']} {held_out}")  # fmt: skip
+                self.plot.plot(
+                    xs,
+                    ys,
+                    pen=pg.mkPen(color, width=2),
+                    symbol="o",
+                    symbolSize=5,
+                    symbolBrush=color,
+                    name=f"{curves['label']} {held_out}",
+                )
 
         self.fill_table()
 

@@ -71,9 +71,14 @@ class CompletionsView(QWidget):
         self.table.setHorizontalHeaderLabels(headers)
         self.table.setRowCount(len(rows))
         for i, row in enumerate(rows):
-            cells = [row["prompt"], row["completion"], _number(row["reward"]),
-                     _number(row["advantage"]), *(_number(row["rewards"][n]) for n in names),
-                     *(str(row.get(k, "")) for k in extra)]  # fmt: skip
+            cells = [
+                row["prompt"],
+                row["completion"],
+                _number(row["reward"]),
+                _number(row["advantage"]),
+                *(_number(row["rewards"][n]) for n in names),
+                *(str(row.get(k, "")) for k in extra),
+            ]
             for j, text in enumerate(cells):
                 self.table.setItem(i, j, QTableWidgetItem(text))
         header = self.table.horizontalHeader()

@@ -53,9 +53,14 @@ def evaluate_request(request: dict, progress=None) -> dict:
         fmt = QuestionFormat(template=unescape(template), chat=chat)
         out = evaluate_files(**request, fmt=fmt, progress=progress)
     if tasks:
-        ran = evaluate_tasks(request["target"], tasks, request.get("fewshot") or None,
-                             chat=chat, compare=request.get("compare", False),
-                             progress=progress)  # fmt: skip
+        ran = evaluate_tasks(
+            request["target"],
+            tasks,
+            request.get("fewshot") or None,
+            chat=chat,
+            compare=request.get("compare", False),
+            progress=progress,
+        )
         out["tasks"] = ran["tasks"]
         if "start" in ran:
             out.setdefault("start", {})["tasks"] = ran["start"]["tasks"]
@@ -125,15 +130,21 @@ class EvaluateTab(QWidget):
         )
         self.tasks = QLineEdit()
         self.tasks.setPlaceholderText("lm_eval tasks: hellaswag,arc_easy or a task YAML")
-        self.tasks.setToolTip("lm-evaluation-harness tasks run on this model (names or task "
-                              "YAML files; needs the eval extra)")  # fmt: skip
+        self.tasks.setToolTip(
+            "lm-evaluation-harness tasks run on this model (names or task "
+            "YAML files; needs the eval extra)"
+        )
         self.fewshot = QSpinBox()
         self.fewshot.setRange(0, 25)
-        self.fewshot.setToolTip("answered examples before each question, drawn as "
-                                "lm-evaluation-harness draws them (seed 1234)")  # fmt: skip
+        self.fewshot.setToolTip(
+            "answered examples before each question, drawn as "
+            "lm-evaluation-harness draws them (seed 1234)"
+        )
         self.chat = QCheckBox("Chat template")
-        self.chat.setToolTip("the model's chat template, the examples as turns "
-                             "(lm_eval's apply_chat_template, fewshot_as_multiturn)")  # fmt: skip
+        self.chat.setToolTip(
+            "the model's chat template, the examples as turns "
+            "(lm_eval's apply_chat_template, fewshot_as_multiturn)"
+        )
         self.saved = QComboBox()
         self.saved.setToolTip("this run's saved results (RUN/eval/)")
         self.saved.activated.connect(self._show_saved)
@@ -155,9 +166,12 @@ class EvaluateTab(QWidget):
         self.output.setReadOnly(True)
         self.output.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
         grid = QGridLayout()
-        rows = [("Run", self._run_row()), ("Text", _file_row(self.text, self._pick_text)),
-                ("Questions", _file_row(self.choices, self._pick_choices)),
-                ("Prompt", self._pair(self.template, "Tasks", self.tasks))]  # fmt: skip
+        rows = [
+            ("Run", self._run_row()),
+            ("Text", _file_row(self.text, self._pick_text)),
+            ("Questions", _file_row(self.choices, self._pick_choices)),
+            ("Prompt", self._pair(self.template, "Tasks", self.tasks)),
+        ]
         for i, (label, widget) in enumerate(rows):
             grid.addWidget(QLabel(label), i, 0)
             grid.addWidget(widget, i, 1)

@@ -144,8 +144,12 @@ class ExportDialog(QDialog):
 
     def start(self) -> None:
         fmt = self.chosen_format()
-        request = {"target": self.target, "fmt": fmt, "out": self.out.text().strip(),
-                   "which": self.which}  # fmt: skip
+        request = {
+            "target": self.target,
+            "fmt": fmt,
+            "out": self.out.text().strip(),
+            "which": self.which,
+        }
         if fmt in QUANTIZED:
             request["quant"] = self.quant.currentText()
         if fmt == "ollama" and self.system.text().strip():

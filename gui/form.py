@@ -387,10 +387,11 @@ class DataChooser(QWidget):
     def _pick_file(self, edit: QLineEdit | None = None):
         edit = self.edit if edit is None else edit
         path, _ = QFileDialog.getOpenFileName(
-            self, "Training data", edit.text(),
-            "Text, chat or table data (*.txt *.md *.jsonl *.parquet *.csv *.json);;"
-            "All files (*)",
-        )  # fmt: skip
+            self,
+            "Training data",
+            edit.text(),
+            "Text, chat or table data (*.txt *.md *.jsonl *.parquet *.csv *.json);;All files (*)",
+        )
         if path:
             edit.setText(path)
 
@@ -659,11 +660,19 @@ class ConfigForm(QWidget):
         self._method_follows_data(cfg)
         pretrained = self._pretrained
         key = (
-            cfg.data, tuple(cfg.data_extensions), cfg.corpus_max_bytes, cfg.data_format,
-            cfg.seq_len, cfg.drop_long, cfg.train_on_prompts, pretrained and pretrained.name,
+            cfg.data,
+            tuple(cfg.data_extensions),
+            cfg.corpus_max_bytes,
+            cfg.data_format,
+            cfg.seq_len,
+            cfg.drop_long,
+            cfg.train_on_prompts,
+            pretrained and pretrained.name,
             cfg.method,
-            tuple(tables.columns_of(cfg).items()), tuple(cfg.extra_data), cfg.data_weights,
-        )  # fmt: skip
+            tuple(tables.columns_of(cfg).items()),
+            tuple(cfg.extra_data),
+            cfg.data_weights,
+        )
         if key == self._data_info_key:
             return
         self._data_info_key = key

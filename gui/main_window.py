@@ -267,11 +267,14 @@ class MainWindow(QMainWindow):
                 self.show_error("Fit to my GPU", why)
             return False
         self.form.set_values(
-            lora_rank=fitted.lora_rank, lora_alpha=fitted.lora_alpha,
-            grad_checkpointing=fitted.grad_checkpointing, optimizer=fitted.optimizer,
+            lora_rank=fitted.lora_rank,
+            lora_alpha=fitted.lora_alpha,
+            grad_checkpointing=fitted.grad_checkpointing,
+            optimizer=fitted.optimizer,
             base_bits=fitted.base_bits,
-            batch_size=fitted.batch_size, grad_accum=fitted.grad_accum,
-        )  # fmt: skip
+            batch_size=fitted.batch_size,
+            grad_accum=fitted.grad_accum,
+        )
         self.log(f"fit to {gpu['name']}: {why}")
         return True
 

@@ -60,9 +60,15 @@ class GenerateThread(QThread):
     failed = Signal(str)
 
     def __init__(
-        self, target: str, which: str, device: str, prompt: str, options: dict, chat=False,
+        self,
+        target: str,
+        which: str,
+        device: str,
+        prompt: str,
+        options: dict,
+        chat=False,
         history=(),
-    ):  # fmt: skip
+    ):
         super().__init__()
         self.target, self.which, self.device = target, which, device
         self.prompt, self.options, self.chat = prompt, options, chat

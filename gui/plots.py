@@ -124,7 +124,7 @@ CURVES = [
         symbol="t",
         right_axis=True,
         antialias=True,
-    ),  # fmt: skip
+    ),
     CurveSpec(
         "eval_data_loss",
         "loss",
@@ -133,7 +133,7 @@ CURVES = [
         2.0,
         symbol="s",
         antialias=True,
-    ),  # fmt: skip
+    ),
     CurveSpec("mem_allocated_mb", "memory", "allocated", "#1f77b4"),
     CurveSpec("mem_reserved_mb", "memory", "reserved", "#ff7f0e"),
     CurveSpec("mem_peak_mb", "memory", "peak", "#d62728"),
@@ -156,10 +156,10 @@ CURVES = [
         2.0,
         symbol="o",
         antialias=True,
-    ),  # fmt: skip
+    ),
     CurveSpec(
         "rewards/accuracies", "preference", "accuracy (right axis)", "#9467bd", 1.0, right_axis=True
-    ),  # fmt: skip
+    ),
     CurveSpec(
         "eval_rewards/accuracies",
         "preference",
@@ -169,14 +169,14 @@ CURVES = [
         symbol="s",
         right_axis=True,
         antialias=True,
-    ),  # fmt: skip
+    ),
     # GRPO (TRL's names): the mean reward of the step's completions, its spread, the held-out
     # reward, and how many completions were cut at the length limit
     CurveSpec("reward", "rewards", "reward", "#2ca02c", 1.5),
     CurveSpec("reward_std", "rewards", "reward std", "#8c564b", 1.0),
     CurveSpec(
         "eval_reward", "rewards", "held-out reward", "#0b3d91", 2.0, symbol="o", antialias=True
-    ),  # fmt: skip
+    ),
     CurveSpec(
         "frac_reward_zero_std",
         "rewards",
@@ -184,7 +184,7 @@ CURVES = [
         "#7f7f7f",
         1.0,
         right_axis=True,
-    ),  # fmt: skip
+    ),
     CurveSpec(
         "completions/clipped_ratio",
         "rewards",
@@ -192,7 +192,7 @@ CURVES = [
         "#d62728",
         1.0,
         right_axis=True,
-    ),  # fmt: skip
+    ),
 ]
 PLOTS = {
     "loss": ("Loss", "loss"),
@@ -204,8 +204,14 @@ PLOTS = {
     "rewards": ("Rewards (GRPO)", "reward"),
 }
 SMOOTH_KEY = "loss_smooth"
-EVAL_KEYS = ("val_loss", "val_bpb", "eval_data_loss", "eval_rewards/margins",
-             "eval_rewards/accuracies", "eval_reward")  # fmt: skip
+EVAL_KEYS = (
+    "val_loss",
+    "val_bpb",
+    "eval_data_loss",
+    "eval_rewards/margins",
+    "eval_rewards/accuracies",
+    "eval_reward",
+)
 
 
 class PlotPanel(QWidget):

@@ -97,15 +97,18 @@ class ControlsBox(QGroupBox):
         w.finish_button = _button("Finish", w.finish, FINISH_TIP)
         w.save_button = _button("Save checkpoint now", w.save_now)
         w.resume_button = _button(
-            "Resume…", lambda: w.open_resume_dialog(),
+            "Resume…",
+            lambda: w.open_resume_dialog(),
             "Continue a run from its folder or a checkpoint file",
-        )  # fmt: skip
+        )
         w.resume_latest_button = _button(
             "Resume latest", w.resume_latest, f"Continue the newest run under {w.runs_root}/"
         )
         grid = QGridLayout(self)
-        rows = [(w.start_button, w.stop_button, w.finish_button),
-                (w.resume_button, w.resume_latest_button, w.save_button)]  # fmt: skip
+        rows = [
+            (w.start_button, w.stop_button, w.finish_button),
+            (w.resume_button, w.resume_latest_button, w.save_button),
+        ]
         for r, row in enumerate(rows):
             for c, button in enumerate(row):
                 grid.addWidget(button, r, c)

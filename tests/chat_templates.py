@@ -30,11 +30,17 @@ REAL = {
     "qwen2.5": Model("Qwen-Qwen2.5-7B-Instruct.jinja", eos="<|im_end|>"),
     "qwen3": Model("Qwen-Qwen3-0.6B.jinja", eos="<|im_end|>", kind="qwen3"),
     "llama3.1": Model(
-        "meta-llama-Llama-3.1-8B-Instruct.jinja", "<|begin_of_text|>", "<|eot_id|>", True,
+        "meta-llama-Llama-3.1-8B-Instruct.jinja",
+        "<|begin_of_text|>",
+        "<|eot_id|>",
+        True,
         kind="llama3",
     ),
     "llama3.2": Model(
-        "meta-llama-Llama-3.2-3B-Instruct.jinja", "<|begin_of_text|>", "<|eot_id|>", True,
+        "meta-llama-Llama-3.2-3B-Instruct.jinja",
+        "<|begin_of_text|>",
+        "<|eot_id|>",
+        True,
         kind="llama3",
     ),
     "mistral-v0.3": Model(
@@ -49,11 +55,14 @@ REAL = {
         "microsoft-Phi-4-mini-instruct.jinja", "<|endoftext|>", "<|endoftext|>", kind="phi"
     ),
     "deepseek-r1-distill": Model(
-        "deepseek-ai-DeepSeek-R1-Distill.jinja", "<｜begin▁of▁sentence｜>", DS_EOS, True,
+        "deepseek-ai-DeepSeek-R1-Distill.jinja",
+        "<｜begin▁of▁sentence｜>",
+        DS_EOS,
+        True,
         kind="deepseek",
     ),
     "smollm3": Model("HuggingFaceTB-SmolLM3-3B.jinja", eos="<|im_end|>", kind="smollm3"),
-}  # fmt: skip
+}
 
 
 def m(role, content):
@@ -104,7 +113,12 @@ def transformers_prompt(template: str, messages: list[dict], bos="", eos="", **e
 
     cont = messages[-1]["role"] == "assistant"
     rendered, _ = render_jinja_template(
-        [messages], chat_template=template, add_generation_prompt=not cont,
-        continue_final_message=cont, bos_token=bos, eos_token=eos, **extra,
-    )  # fmt: skip
+        [messages],
+        chat_template=template,
+        add_generation_prompt=not cont,
+        continue_final_message=cont,
+        bos_token=bos,
+        eos_token=eos,
+        **extra,
+    )
     return rendered[0]

@@ -469,8 +469,15 @@ def _collate(messages):
         if out and out[-1]["Role"] == m["role"] and m["role"] != "tool":
             out[-1]["Content"] += "\n\n" + m["content"]
         else:
-            out.append({"Role": m["role"], "Content": m["content"], "Thinking": "",
-                        "ToolCalls": [], "ToolName": ""})  # fmt: skip
+            out.append(
+                {
+                    "Role": m["role"],
+                    "Content": m["content"],
+                    "Thinking": "",
+                    "ToolCalls": [],
+                    "ToolName": "",
+                }
+            )
     return "\n\n".join(system), out
 
 
@@ -566,11 +573,17 @@ def _go_binary() -> str | None:
     binary = folder / "render"
     if not binary.exists():
         folder.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "GO111MODULE": "off", "GOCACHE": str(folder / "cache"),
-               "GOPATH": str(folder / "gopath"), "GOFLAGS": ""}  # fmt: skip
+        env = {
+            **os.environ,
+            "GO111MODULE": "off",
+            "GOCACHE": str(folder / "cache"),
+            "GOPATH": str(folder / "gopath"),
+            "GOFLAGS": "",
+        }
         tmp = folder / f"render.{os.getpid()}"
-        subprocess.run([go, "build", "-o", str(tmp), str(GO_SOURCE)], check=True, env=env,
-                       capture_output=True)  # fmt: skip
+        subprocess.run(
+            [go, "build", "-o", str(tmp), str(GO_SOURCE)], check=True, env=env, capture_output=True
+        )
         os.replace(tmp, binary)
     return str(binary)
 
@@ -586,8 +599,9 @@ def go_prompts(cases: list[dict]) -> list[dict]:
     binary = _go_binary()
     if binary is None:
         raise GoTemplateError("the go tool is not installed (apt-get install golang-go)")
-    done = subprocess.run([binary], input=json.dumps(cases), capture_output=True, text=True,
-                          check=True)  # fmt: skip
+    done = subprocess.run(
+        [binary], input=json.dumps(cases), capture_output=True, text=True, check=True
+    )
     return json.loads(done.stdout)
 
 

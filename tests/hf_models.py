@@ -28,25 +28,50 @@ FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "p
 # soft caps that bite, LongRoPE's long factors past 8 tokens, linear scaling on Gemma 3's
 # global layers, a NoPE layer; and stays what llama.cpp runs.
 NEW_FAMILY_CONFIGS = {
-    "gemma2": {"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 8,
-               "attn_logit_softcapping": 2.0, "final_logit_softcapping": 3.0},
-    "gemma3": {"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 8,
-               "num_hidden_layers": 6, "rope_parameters": {
-                   "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
-                   "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}},
-    "phi3": {"sliding_window": None, "original_max_position_embeddings": 8,
-             "partial_rotary_factor": 0.75, "rope_scaling": {
-                 "rope_type": "longrope", "short_factor": [1.0, 1.3, 2.1],
-                 "long_factor": [1.1, 2.5, 5.0]}},
+    "gemma2": {
+        "head_dim": 16,
+        "query_pre_attn_scalar": 16,
+        "sliding_window": 8,
+        "attn_logit_softcapping": 2.0,
+        "final_logit_softcapping": 3.0,
+    },
+    "gemma3": {
+        "head_dim": 16,
+        "query_pre_attn_scalar": 16,
+        "sliding_window": 8,
+        "num_hidden_layers": 6,
+        "rope_parameters": {
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+        },
+    },
+    "phi3": {
+        "sliding_window": None,
+        "original_max_position_embeddings": 8,
+        "partial_rotary_factor": 0.75,
+        "rope_scaling": {
+            "rope_type": "longrope",
+            "short_factor": [1.0, 1.3, 2.1],
+            "long_factor": [1.1, 2.5, 5.0],
+        },
+    },
     "smollm3": {"num_hidden_layers": 4},  # layer 3 without RoPE
-}  # fmt: skip
+}
 # Qwen2.5-1.5B's config.json: the estimate and the hub tests read only the shape.
 QWEN_1_5B = {
-    "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_size": 1536,
-    "intermediate_size": 8960, "num_hidden_layers": 28, "num_attention_heads": 12,
-    "num_key_value_heads": 2, "max_position_embeddings": 32768, "vocab_size": 151936,
-    "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": True,
-}  # fmt: skip
+    "model_type": "qwen2",
+    "architectures": ["Qwen2ForCausalLM"],
+    "hidden_size": 1536,
+    "intermediate_size": 8960,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 32768,
+    "vocab_size": 151936,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "tie_word_embeddings": True,
+}
 
 
 def make_spm_tokenizer(folder: Path):
@@ -64,15 +89,24 @@ def make_spm_tokenizer(folder: Path):
         vocab_size=600, special_tokens=["<unk>", "<s>", "</s>", *byte_tokens], show_progress=False
     )
     hf.train_from_iterator([TEXT], trainer)
-    hf.decoder = decoders.Sequence([
-        decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
-        decoders.Strip(" ", 1, 0),
-    ])  # fmt: skip
+    hf.decoder = decoders.Sequence(
+        [
+            decoders.Replace("\u2581", " "),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+            decoders.Strip(" ", 1, 0),
+        ]
+    )
     hf.post_processor = processors.TemplateProcessing(
         single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)]
     )
-    tok = LlamaTokenizerFast(tokenizer_object=hf, bos_token="<s>", eos_token="</s>",
-                             unk_token="<unk>", chat_template=CHATML)  # fmt: skip
+    tok = LlamaTokenizerFast(
+        tokenizer_object=hf,
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        chat_template=CHATML,
+    )
     tok.save_pretrained(folder)
     return tok
 
@@ -94,9 +128,10 @@ def make_tokenizer(folder: Path, family: str):
         hf.add_special_tokens(specials)
         bos = hf.token_to_id("<|begin|>")
         hf.post_processor = processors.TemplateProcessing(
-            single="<|begin|> $A", pair="<|begin|> $A <|begin|> $B",
+            single="<|begin|> $A",
+            pair="<|begin|> $A <|begin|> $B",
             special_tokens=[("<|begin|>", bos)],
-        )  # fmt: skip
+        )
         kw = {"bos_token": "<|begin|>", "eos_token": "<|end|>", "chat_template": LLAMA_CHAT}
     else:
         hf.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
@@ -116,9 +151,13 @@ def make_config(family: str, vocab: int, **extra):
     if family == "gpt2":
         return t.GPT2Config(n_positions=64, n_embd=32, n_layer=2, n_head=4, **common, **extra)
     shape = {
-        "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64,
-    }  # fmt: skip
+        "hidden_size": 32,
+        "intermediate_size": 48,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 64,
+    }
     if family in NEW_FAMILY_CONFIGS:
         extra = {**NEW_FAMILY_CONFIGS[family], **extra}
     shape = {**shape, **{k: extra.pop(k) for k in list(extra) if k in shape}}
@@ -126,9 +165,13 @@ def make_config(family: str, vocab: int, **extra):
         return t.LlamaConfig(**shape, **common, **extra)
     if family == "llama":
         scaling = {
-            "rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0, "original_max_position_embeddings": 16, "rope_theta": 500000.0,
-        }  # fmt: skip
+            "rope_type": "llama3",
+            "factor": 4.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16,
+            "rope_theta": 500000.0,
+        }
         return t.LlamaConfig(**shape, rope_scaling=scaling, rope_theta=500000.0, **common, **extra)
     if family == "mistral":
         return t.MistralConfig(**shape, sliding_window=None, **common, **extra)
@@ -136,8 +179,12 @@ def make_config(family: str, vocab: int, **extra):
         return t.Qwen2Config(**shape, tie_word_embeddings=True, **common, **extra)
     if family in NEW_FAMILY_CONFIGS:
         options = dict(extra)
-        kind = {"gemma2": t.Gemma2Config, "gemma3": t.Gemma3TextConfig, "phi3": t.Phi3Config,
-                "smollm3": t.SmolLM3Config}[family]  # fmt: skip
+        kind = {
+            "gemma2": t.Gemma2Config,
+            "gemma3": t.Gemma3TextConfig,
+            "phi3": t.Phi3Config,
+            "smollm3": t.SmolLM3Config,
+        }[family]
         options.setdefault("pad_token_id", options.get("eos_token_id"))
         options.setdefault("bos_token_id", None)
         return kind(**shape, **common, **options)
@@ -161,9 +208,9 @@ def make_model(folder: Path, family: str, seed: int = 0, **extra):
     stops = [tok.eos_token_id]
     if family in ("llama", "mistral"):
         stops.append(tok.convert_tokens_to_ids("<|eot|>"))
-    model.generation_config = GenerationConfig(eos_token_id=stops, **{
-        k: v for k, v in ids.items() if k == "bos_token_id"
-    })  # fmt: skip
+    model.generation_config = GenerationConfig(
+        eos_token_id=stops, **{k: v for k, v in ids.items() if k == "bos_token_id"}
+    )
     model.save_pretrained(folder)
     return model, tok
 
@@ -174,17 +221,38 @@ def make_gemma3_multimodal(folder):
 
     tok = make_tokenizer(folder, "gemma3")
     text = t.Gemma3TextConfig(
-        vocab_size=len(tok) + 5, hidden_size=32, intermediate_size=48, num_hidden_layers=6,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16,
-        sliding_window=8, max_position_embeddings=64, initializer_range=0.3,
-        pad_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None,
+        vocab_size=len(tok) + 5,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        query_pre_attn_scalar=16,
+        sliding_window=8,
+        max_position_embeddings=64,
+        initializer_range=0.3,
+        pad_token_id=tok.eos_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=None,
         rope_scaling={"rope_type": "linear", "factor": 8.0},
-    )  # fmt: skip
-    vision = t.SiglipVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                  num_attention_heads=2, image_size=28, patch_size=14)  # fmt: skip
-    config = t.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
-                            image_token_id=len(tok) + 1, boi_token_index=len(tok) + 2,
-                            eoi_token_index=len(tok) + 3)  # fmt: skip
+    )
+    vision = t.SiglipVisionConfig(
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=28,
+        patch_size=14,
+    )
+    config = t.Gemma3Config(
+        text_config=text,
+        vision_config=vision,
+        mm_tokens_per_image=4,
+        image_token_id=len(tok) + 1,
+        boi_token_index=len(tok) + 2,
+        eoi_token_index=len(tok) + 3,
+    )
     torch.manual_seed(0)
     model = t.Gemma3ForConditionalGeneration(config).float().eval()
     model.save_pretrained(folder)

@@ -21,25 +21,37 @@ def build_parser() -> Parser:
     )
     p.add_argument("target", help="a run folder, a checkpoint file, a model folder or hub id")
     p.add_argument(
-        "--text", metavar="FILE",
+        "--text",
+        metavar="FILE",
         help="word/byte perplexity and bits per byte (lm_eval's rolling log-likelihood) of a "
         "text file, or of each row of a .jsonl/.csv/.parquet table's text column",
-    )  # fmt: skip
-    p.add_argument("--text-column", default="text", metavar="NAME",
-                   help="with a table as --text: the column holding the text")  # fmt: skip
+    )
     p.add_argument(
-        "--choices", metavar="FILE",
+        "--text-column",
+        default="text",
+        metavar="NAME",
+        help="with a table as --text: the column holding the text",
+    )
+    p.add_argument(
+        "--choices",
+        metavar="FILE",
         help="multiple-choice accuracy (acc, acc_norm, acc_bytes) on .jsonl, .csv or .parquet "
         "questions",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--tasks", metavar="NAME[,NAME]",
+        "--tasks",
+        metavar="NAME[,NAME]",
         help="lm-evaluation-harness tasks (names, or paths of task YAML files) run on this "
         "model; needs the eval extra",
-    )  # fmt: skip
-    p.add_argument("--fewshot", type=non_negative(int), default=None, metavar="K",
-                   help="K answered examples before each question, drawn as lm_eval draws "
-                   "them (seeded); for --tasks: the task's own when not given")  # fmt: skip
+    )
+    p.add_argument(
+        "--fewshot",
+        type=non_negative(int),
+        default=None,
+        metavar="K",
+        help="K answered examples before each question, drawn as lm_eval draws "
+        "them (seeded); for --tasks: the task's own when not given",
+    )
     p.add_argument(
         "--fewshot-seed",
         type=int,
@@ -48,11 +60,12 @@ def build_parser() -> Parser:
         help="the few-shot sampler's seed (lm_eval's fewshot_random_seed, 1234)",
     )
     p.add_argument(
-        "--template", metavar="JINJA",
+        "--template",
+        metavar="JINJA",
         help="the prompt of a question (lm_eval's doc_to_text): a Jinja template over the "
         "file's columns, e.g. '{{question}}\\nAnswer:', or a column name; default: the context "
         "column as is, else 'Question: {question}\\nAnswer:'",
-    )  # fmt: skip
+    )
     p.add_argument(
         "--target-delimiter",
         default=" ",
@@ -66,31 +79,44 @@ def build_parser() -> Parser:
         help="a line shown before the examples (lm_eval's description)",
     )
     p.add_argument(
-        "--chat", action="store_true",
+        "--chat",
+        action="store_true",
         help="questions or tasks in the model's chat template, the few-shot examples as "
         "turns (lm_eval's apply_chat_template with fewshot_as_multiturn)",
-    )  # fmt: skip
+    )
     p.add_argument(
         "--single-turn",
         action="store_true",
         help="with --chat: the examples and the question in one user message",
     )
-    p.add_argument("--limit", type=non_negative(int), default=None, metavar="N",
-                   help="score at most N questions (per task)")  # fmt: skip
     p.add_argument(
-        "--compare", action="store_true",
+        "--limit",
+        type=non_negative(int),
+        default=None,
+        metavar="N",
+        help="score at most N questions (per task)",
+    )
+    p.add_argument(
+        "--compare",
+        action="store_true",
         help="a fine-tune: also evaluate the model it started from, side by side",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--report", type=non_negative(int), nargs="?", const=report.DEFAULT_EXAMPLES,
+        "--report",
+        type=non_negative(int),
+        nargs="?",
+        const=report.DEFAULT_EXAMPLES,
         metavar="N",
         help="a chat fine-tune: its first N (default 5) held-out prompts answered by the start "
         "model and the fine-tuned one, side by side in RUN/eval/report.md",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--max-new-tokens", type=non_negative(int), default=report.DEFAULT_NEW_TOKENS,
-        metavar="N", help="with --report: the longest answer, in tokens",
-    )  # fmt: skip
+        "--max-new-tokens",
+        type=non_negative(int),
+        default=report.DEFAULT_NEW_TOKENS,
+        metavar="N",
+        help="with --report: the longest answer, in tokens",
+    )
     p.add_argument("--checkpoint", choices=("best", "latest"), default="best")
     p.add_argument(
         "--device",
@@ -117,9 +143,12 @@ def question_format(args) -> evaluate.QuestionFormat:
     return evaluate.QuestionFormat(
         template=evaluate.unescape(args.template),
         target_delimiter=evaluate.unescape(args.target_delimiter),
-        description=evaluate.unescape(args.description), fewshot=args.fewshot or 0,
-        seed=args.fewshot_seed, chat=args.chat, multiturn=not args.single_turn,
-    )  # fmt: skip
+        description=evaluate.unescape(args.description),
+        fewshot=args.fewshot or 0,
+        seed=args.fewshot_seed,
+        chat=args.chat,
+        multiturn=not args.single_turn,
+    )
 
 
 def run_cli(argv=None) -> int:
@@ -139,14 +168,31 @@ def run_cli(argv=None) -> int:
     out = {}
     if args.text or args.choices:
         out = evaluate.evaluate_files(
-            args.target, args.text, args.choices, 0, args.limit, args.compare,
-            args.checkpoint, bar.update, question_format(args), args.text_column, args.device,
-        )  # fmt: skip
+            args.target,
+            args.text,
+            args.choices,
+            0,
+            args.limit,
+            args.compare,
+            args.checkpoint,
+            bar.update,
+            question_format(args),
+            args.text_column,
+            args.device,
+        )
     if args.tasks:
         ran = evaluate.evaluate_tasks(
-            args.target, args.tasks, args.fewshot, args.limit, args.chat, not args.single_turn,
-            args.compare, args.checkpoint, bar.update, args.device,
-        )  # fmt: skip
+            args.target,
+            args.tasks,
+            args.fewshot,
+            args.limit,
+            args.chat,
+            not args.single_turn,
+            args.compare,
+            args.checkpoint,
+            bar.update,
+            args.device,
+        )
         out["tasks"] = ran["tasks"]
         if "start" in ran:
             out.setdefault("start", {})["tasks"] = ran["start"]["tasks"]

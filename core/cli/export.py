@@ -20,15 +20,17 @@ def build_parser() -> Parser:
     p.add_argument("--out", required=True, help="a new (or empty) folder")
     p.add_argument("--checkpoint", choices=("best", "latest"), default="best")
     p.add_argument(
-        "--quant", metavar="TYPE",
+        "--quant",
+        metavar="TYPE",
         help=f"gguf and ollama: {' | '.join(QUANTS)} (default f16); q4_k_m and q5_k_m keep "
         "llama.cpp's mix (Q6_K for the output and half the attn_v/ffn_down layers)",
-    )  # fmt: skip
+    )
     p.add_argument("--system", help="ollama: the Modelfile's SYSTEM prompt")
     p.add_argument(
-        "--ollama-create", metavar="NAME",
+        "--ollama-create",
+        metavar="NAME",
         help="ollama: run `ollama create NAME` on the exported folder (ollama must be on PATH)",
-    )  # fmt: skip
+    )
     return p
 
 

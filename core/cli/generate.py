@@ -25,9 +25,10 @@ def build_parser() -> argparse.ArgumentParser:
         "target", help="a run folder, a checkpoint file, a Hugging Face model folder or hub id"
     )
     p.add_argument(
-        "--chat", action="store_true",
+        "--chat",
+        action="store_true",
         help="the prompt is a user message: apply the model's chat template, stop at end of turn",
-    )  # fmt: skip
+    )
     p.add_argument("--system", help="with --chat: a system message first")
     p.add_argument("--prompt", default=None, help="text to continue (default: a newline)")
     p.add_argument("--prompt-file", help="read the prompt from this file")
@@ -75,9 +76,16 @@ def run_cli(argv=None) -> int:
         out.write(prompt)
         out.flush()
     new = generate_ids(
-        loaded.model, ids, args.max_new_tokens, args.temperature, args.top_k or None,
-        args.top_p, args.seed, use_cache=not args.no_cache, stop_ids=stops,
-    )  # fmt: skip
+        loaded.model,
+        ids,
+        args.max_new_tokens,
+        args.temperature,
+        args.top_k or None,
+        args.top_p,
+        args.seed,
+        use_cache=not args.no_cache,
+        stop_ids=stops,
+    )
     for text in stream_text(tok, new, hide=stops, until=until):
         out.write(text)
         out.flush()

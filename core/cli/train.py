@@ -81,30 +81,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", help="preset name or YAML file (see --list-presets)")
     add_field_flags(p)
     p.add_argument(
-        "--data-cache", metavar="DIR",
+        "--data-cache",
+        metavar="DIR",
         help="where prepared token files are kept (default: your user cache folder)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--allow-data-change", action="store_true",
+        "--allow-data-change",
+        action="store_true",
         help="resume even though the data changed since the checkpoint (logged)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--prepare-only", action="store_true",
+        "--prepare-only",
+        action="store_true",
         help="prepare (tokenize and cache) the data, print its figures and exit",
-    )  # fmt: skip
+    )
     p.add_argument("--no-mixed-precision", action="store_true", help="same as --precision fp32")
     p.add_argument("--out", help="run folder (default runs/<preset>-<time>)")
     p.add_argument("--resume", help="RUN_DIR, CHECKPOINT file, or 'latest'")
     p.add_argument(
-        "--finish", metavar="RUN_DIR",
+        "--finish",
+        metavar="RUN_DIR",
         help="ask the run training in RUN_DIR to finish: a short lr cooldown, then save and "
         "stop (what SIGUSR1 does; works on Windows too)",
-    )  # fmt: skip
+    )
     p.add_argument("--runs-root", default=str(DEFAULT_RUNS_ROOT), help=argparse.SUPPRESS)
     p.add_argument(
-        "--tensorboard", action="store_true",
+        "--tensorboard",
+        action="store_true",
         help="also log to <run>/tensorboard (needs: pip install -e .[tensorboard])",
-    )  # fmt: skip
+    )
     p.add_argument("--list-presets", action="store_true", help="list presets and exit")
     p.add_argument("--test-gpu", action="store_true", help="print a GPU diagnostic and exit")
     p.add_argument(
@@ -149,8 +154,9 @@ def build_config(args) -> tuple[TrainConfig, Path, Path | None]:
     """(config, run folder, checkpoint to resume from or None)."""
     root = Path(args.runs_root)
     if not args.estimate:  # where prepared data goes
-        check_writable(Path(args.data_cache) if args.data_cache else default_cache_dir(),
-                       "--data-cache")  # fmt: skip
+        check_writable(
+            Path(args.data_cache) if args.data_cache else default_cache_dir(), "--data-cache"
+        )
     if args.resume:
         cfg, resume_file, run = resume_config(args.resume, root, args.preset, _overrides(args))
         if run.resume_note:

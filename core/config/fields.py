@@ -51,8 +51,13 @@ def spec(default, help: str, **kw):
 
 
 MODEL, BATCH, EXECUTION, INTERVALS, DATA, ADVANCED = (
-    "Model", "Batch and schedule", "Execution", "Intervals (steps)", "Data", "Advanced",
-)  # fmt: skip
+    "Model",
+    "Batch and schedule",
+    "Execution",
+    "Intervals (steps)",
+    "Data",
+    "Advanced",
+)
 GRPO = "GRPO: rewards and sampling"  # the form shows this box for method grpo only
 
 

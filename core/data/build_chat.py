@@ -89,8 +89,10 @@ def _build_pairs(spec: DataSpec, listing, target: Path, tokenizer, progress_cb, 
         zip(pairs, held, examples.sizes, strict=True), 1
     ):
         try:
-            sides = [preference.encode_side(tokenizer, template, prompt, a, tokens)
-                     for a in (chosen, rejected)]  # fmt: skip
+            sides = [
+                preference.encode_side(tokenizer, template, prompt, a, tokens)
+                for a in (chosen, rejected)
+            ]
         except TemplateError as e:
             raise refused_by_template(e, examples.origins[number - 1]) from None
         wrong = out["val" if is_val else "train"].add(*sides)
@@ -102,10 +104,13 @@ def _build_pairs(spec: DataSpec, listing, target: Path, tokenizer, progress_cb, 
         progress.advance(size)
     rows = {split: list(zip(r.ids, r.weights, strict=True)) for split, r in out.items()}
     examples_info = {
-        "unit": "pairs", "train": out["train"].pairs, "val": out["val"].pairs,
+        "unit": "pairs",
+        "train": out["train"].pairs,
+        "val": out["val"].pairs,
         "truncated": out["train"].truncated + out["val"].truncated,
-        "bad_lines": examples.bad_lines, "seq_len": chat.seq_len,
-    }  # fmt: skip
+        "bad_lines": examples.bad_lines,
+        "seq_len": chat.seq_len,
+    }
     extra = {"data_format": "preference", "row": chat.seq_len + 1, "examples": examples_info}
     return _write_row_entry(spec, listing, target, tokenizer, rows, t0, extra)
 
@@ -179,8 +184,12 @@ def build_chat(spec: DataSpec, listing, target: Path, tokenizer, progress_cb, ca
         "bad_lines": examples.bad_lines,
         "seq_len": chat.seq_len,
     }
-    extra = {"data_format": "chat", "row": row, "examples": examples_info,
-             "train_on_prompts": chat.train_on_prompts}  # fmt: skip
+    extra = {
+        "data_format": "chat",
+        "row": row,
+        "examples": examples_info,
+        "train_on_prompts": chat.train_on_prompts,
+    }
     return _write_row_entry(spec, listing, target, tokenizer, rows, t0, extra)
 
 

@@ -100,8 +100,13 @@ def _compiled(template: str):
 
 def _context(messages, add_generation_prompt, tokens) -> dict:
     # transformers passes tools and documents (None without them) to every render.
-    return {"tools": None, "documents": None, **tokens, "messages": messages,
-            "add_generation_prompt": add_generation_prompt}  # fmt: skip
+    return {
+        "tools": None,
+        "documents": None,
+        **tokens,
+        "messages": messages,
+        "add_generation_prompt": add_generation_prompt,
+    }
 
 
 def render(
@@ -170,9 +175,10 @@ def _keep_last_reasoning(template: str, messages: list[dict], tokens: dict) -> d
     template drops (DeepSeek-R1's content.split('</think>')[-1]); empty where it keeps it."""
     last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
     late = [
-        i for i, m in enumerate(messages)
+        i
+        for i, m in enumerate(messages)
         if i > last_user and m["role"] == "assistant" and _reasoning(m["content"])
-    ]  # fmt: skip
+    ]
     if not late:
         return {}
     text = render(template, messages, False, **tokens)

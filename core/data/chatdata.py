@@ -215,9 +215,13 @@ def _token_chars(tokenizer, text: str) -> tuple[np.ndarray, np.ndarray, np.ndarr
 
 
 def encode_example(
-    tokenizer, template: str, messages: list[dict], tokens: dict, train_on_prompts: bool,
+    tokenizer,
+    template: str,
+    messages: list[dict],
+    tokens: dict,
+    train_on_prompts: bool,
     notes: set | None = None,
-) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+) -> tuple[np.ndarray, np.ndarray]:
     """(ids, weights): the conversation as the template renders it, and 1 on the tokens
     of assistant turns (their end-of-turn marks too), 0 elsewhere (1 everywhere with
     train_on_prompts). notes collects lines for the log (core.data.chat.REASONING_NOTE)."""
@@ -301,9 +305,14 @@ SUMMARY_SAMPLE = 2000  # examples rendered to count those longer than the contex
 
 
 def summary(
-    files: list[Path], seq_len: int, tokenizer, template: str, tokens: dict, drop_long: bool,
+    files: list[Path],
+    seq_len: int,
+    tokenizer,
+    template: str,
+    tokens: dict,
+    drop_long: bool,
     columns: dict | None = None,
-) -> str:  # fmt: skip
+) -> str:
     """One line for the window: the shapes, the number of examples and how many are longer
     than the context, to be truncated or dropped (from a sample of a large set)."""
     size = sum(p.stat().st_size for p in files)

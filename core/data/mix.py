@@ -98,8 +98,7 @@ class MixedData:
     rows of (source index, start), so a step's draws split into micro-batches and ranks as
     a single source's do."""
 
-    def __init__(self, parts: list[TokenData], names: list[str], weights: list[float],
-                 seed: int):  # fmt: skip
+    def __init__(self, parts: list[TokenData], names: list[str], weights: list[float], seed: int):
         for name, part in zip(names, parts, strict=True):
             if part.manifest.get("data_format") == "preference":
                 raise DataError(
@@ -201,8 +200,16 @@ class MixedData:
         """data.json: the main source's figures, the mix's totals and each source's own."""
         out = self.main.summary()
         each = [p.summary() for p in self.parts]
-        totals = ("source_bytes", "total_bytes", "files", "empty_files", "train_tokens",
-                  "val_tokens", "train_bytes", "val_bytes")  # fmt: skip
+        totals = (
+            "source_bytes",
+            "total_bytes",
+            "files",
+            "empty_files",
+            "train_tokens",
+            "val_tokens",
+            "train_bytes",
+            "val_bytes",
+        )
         out.update({key: sum(e[key] for e in each) for key in totals})
         out.update(
             source=self.source,

@@ -57,8 +57,9 @@ def parse_pair(obj) -> tuple[list[dict], list[dict], list[dict]]:
     return prompt, chosen, rejected
 
 
-def encode_side(tokenizer, template: str, prompt: list[dict], answer: list[dict],
-                tokens: dict) -> tuple[np.ndarray, int]:  # fmt: skip
+def encode_side(
+    tokenizer, template: str, prompt: list[dict], answer: list[dict], tokens: dict
+) -> tuple[np.ndarray, int]:
     """(ids, where the answer starts) of prompt + answer as the template renders it; the
     answer runs from the start of its first turn to the end of the text."""
     messages = prompt + answer

@@ -44,9 +44,12 @@ def data_spec(cfg) -> DataSpec:
         chat = ChatSpec(cfg.seq_len, cfg.train_on_prompts, cfg.drop_long, cfg.skip_bad_lines)
     table = chat is None and _text_table(cfg.data, cfg.data_format, cfg.data_extensions)
     sources = find_sources(
-        cfg.data, cfg.data_extensions, cfg.corpus_max_bytes, cfg.max_data_bytes,
+        cfg.data,
+        cfg.data_extensions,
+        cfg.corpus_max_bytes,
+        cfg.max_data_bytes,
         bool(chat) or table,
-    )  # fmt: skip
+    )
     if chat is not None:
         chat.pairs = cfg.data_format == "preference" or preference.holds_pairs(
             sources.files, columns

@@ -23,10 +23,16 @@ def _prompt_ids(tok: Tokenizer, prompt, where: str) -> list[int]:
     if isinstance(prompt, str):
         ids = tok.encode(prompt)
         return [tok.bos_id, *ids] if tok.add_bos else ids
-    ok = isinstance(prompt, list) and prompt and all(
-        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-        for m in prompt
-    )  # fmt: skip
+    ok = (
+        isinstance(prompt, list)
+        and prompt
+        and all(
+            isinstance(m, dict)
+            and isinstance(m.get("role"), str)
+            and isinstance(m.get("content"), str)
+            for m in prompt
+        )
+    )
     if not ok:
         raise DataError(
             f"{where}: prompt must be text or a list of messages with role and content, got "
@@ -40,8 +46,16 @@ class PromptData:
 
     is_chat, is_pairs = False, False
 
-    def __init__(self, path: str | Path, tokenizer: Tokenizer, room: int, seed: int,
-                 val_fraction: float, rows_per_prompt: int, seq_len: int):  # fmt: skip
+    def __init__(
+        self,
+        path: str | Path,
+        tokenizer: Tokenizer,
+        room: int,
+        seed: int,
+        val_fraction: float,
+        rows_per_prompt: int,
+        seq_len: int,
+    ):
         """room: the most prompt tokens that leave space for a completion."""
         self.path = Path(path)
         if not self.path.is_file() or self.path.suffix.lower() not in SUFFIXES:
@@ -76,9 +90,11 @@ class PromptData:
         digest.update(tokenizer.fingerprint().encode())
         self.source = str(self.path)
         self.manifest = {
-            "fingerprint": digest.hexdigest(), "source": self.source, "tokenizer": tokenizer.kind,
+            "fingerprint": digest.hexdigest(),
+            "source": self.source,
+            "tokenizer": tokenizer.kind,
             "files": [[str(self.path), self.path.stat().st_size]],
-        }  # fmt: skip
+        }
 
     @property
     def train_tokens(self) -> int:
@@ -112,13 +128,18 @@ class PromptData:
 
     def summary(self) -> dict:
         return {
-            "source": self.source, "data_format": "prompts", "files": 1,
+            "source": self.source,
+            "data_format": "prompts",
+            "files": 1,
             "examples": {"train": self.n_train, "val": len(self.val_index)},
-            "conversational": self.conversational, "columns": self.columns,
-            "train_tokens": self.train_tokens, "val_tokens": 0,
-            "prompt_tokens": sum(len(i) for i in self.ids), "tokenizer": self.tokenizer.kind,
+            "conversational": self.conversational,
+            "columns": self.columns,
+            "train_tokens": self.train_tokens,
+            "val_tokens": 0,
+            "prompt_tokens": sum(len(i) for i in self.ids),
+            "tokenizer": self.tokenizer.kind,
             "fingerprint": self.manifest["fingerprint"],
-        }  # fmt: skip
+        }
 
 
 def describe(path: str | Path) -> str:

@@ -31,8 +31,15 @@ COLUMN_FIELDS = {
 }
 LAYOUTS = ("preference", "messages", "prompt/completion", "alpaca", "text")
 CHAT_LAYOUTS = ("messages", "prompt/completion", "alpaca")
-SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
-                  "system": "system", "chatgpt": "assistant", "bing": "assistant"}  # fmt: skip
+SHAREGPT_ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "system": "system",
+    "chatgpt": "assistant",
+    "bing": "assistant",
+}
 PARQUET_BATCH = 1024  # rows a Parquet batch holds: memory stays flat whatever the file size
 # The longest line (a .jsonl record, a CSV row or field) read: a longer one is refused without
 # reading it whole (a 2 GB file with no line break would otherwise be held in memory).
@@ -123,8 +130,10 @@ def _sharegpt(turns):
 
 def _missing(path: Path, key: str, column: str, found) -> str:
     found = ", ".join(map(str, found)) or "none"
-    return (f"{path}: no column {column!r} (the {key} column, {COLUMN_FIELDS[key]}); "
-            f"columns found: {found}")  # fmt: skip
+    return (
+        f"{path}: no column {column!r} (the {key} column, {COLUMN_FIELDS[key]}); "
+        f"columns found: {found}"
+    )
 
 
 def canonical(record: dict, columns: dict | None) -> dict:
@@ -348,8 +357,11 @@ def iter_records(
         for number, record in _raw(path, bad):
             if not isinstance(record, dict):
                 kind = f"a {type(record).__name__}"
-                bad(number, f"expected a JSON object, got {kind}",
-                    f"line {number}: expected an object, got {kind}")  # fmt: skip
+                bad(
+                    number,
+                    f"expected a JSON object, got {kind}",
+                    f"line {number}: expected an object, got {kind}",
+                )
                 continue
             if declared is None:
                 gone = missing_column(columns, record)

@@ -193,7 +193,7 @@ class TokenData:
                 {"data_format": m.get("data_format", "chat"), "examples": m["examples"]}
                 if self.is_chat
                 else {}
-            ),  # fmt: skip
+            ),
         }
 
 

@@ -123,8 +123,9 @@ def _chunk_logps(head: torch.nn.Module, hidden, targets, weights, rows, n_rows: 
     return logps.new_zeros(n_rows).index_add(0, rows, logps)
 
 
-def sequence_logps(head, hidden: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor,
-                   chunk=None) -> torch.Tensor:  # fmt: skip
+def sequence_logps(
+    head, hidden: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, chunk=None
+) -> torch.Tensor:
     """Each sequence's summed log-probability of its targets where mask is non-zero (B,):
     what preference tuning compares. Logits only at masked positions, a chunk at a time."""
     n_rows, t = targets.shape
@@ -140,9 +141,15 @@ def sequence_logps(head, hidden: torch.Tensor, targets: torch.Tensor, mask: torc
     for start in range(0, len(targets), chunk):
         part = slice(start, start + chunk)
         total = total + checkpoint(
-            _chunk_logps, head, hidden[part], targets[part], weights[part], rows[part], n_rows,
+            _chunk_logps,
+            head,
+            hidden[part],
+            targets[part],
+            weights[part],
+            rows[part],
+            n_rows,
             use_reentrant=False,
-        )  # fmt: skip
+        )
     return total
 
 
@@ -209,8 +216,15 @@ class LinearTokenLogps(torch.autograd.Function):
         return d_hidden, d_weight, None, None, None
 
 
-def token_logps(head, hidden: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor,
-                temperature: float = 1.0, chunk=None, fused: bool = True):  # fmt: skip
+def token_logps(
+    head,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    mask: torch.Tensor,
+    temperature: float = 1.0,
+    chunk=None,
+    fused: bool = True,
+):
     """Each target's log-probability under head(hidden) / temperature, and each position's
     entropy (no gradient), both (B, T) and 0 where mask is 0: what GRPO's loss reads. Logits
     only at masked positions, a chunk at a time, so at most one chunk's logits exist at
@@ -228,10 +242,16 @@ def token_logps(head, hidden: torch.Tensor, targets: torch.Tensor, mask: torch.T
         parts = [_chunk_token_logps(head, hidden, targets, temperature)]
     else:
         parts = [
-            checkpoint(_chunk_token_logps, head, hidden[s : s + chunk], targets[s : s + chunk],
-                       temperature, use_reentrant=False)
+            checkpoint(
+                _chunk_token_logps,
+                head,
+                hidden[s : s + chunk],
+                targets[s : s + chunk],
+                temperature,
+                use_reentrant=False,
+            )
             for s in range(0, len(targets), chunk)
-        ]  # fmt: skip
+        ]
     out = []
     for values in zip(*parts, strict=True):
         values = torch.cat(values)

@@ -36,8 +36,13 @@ SLIDING = "sliding_attention"  # a layer type (config.json's names), the other "
 
 
 # A new model with arch llama: Llama's choices, as SmolLM2 makes them (tied embeddings).
-LLAMA_OPTIONS = {"bias": False, "norm": "rmsnorm", "norm_eps": 1e-6, "positions": "rope",
-                 "mlp": "swiglu"}  # fmt: skip
+LLAMA_OPTIONS = {
+    "bias": False,
+    "norm": "rmsnorm",
+    "norm_eps": 1e-6,
+    "positions": "rope",
+    "mlp": "swiglu",
+}
 
 
 def swiglu_width(hidden_dim: int) -> int:
@@ -118,8 +123,14 @@ class GPTConfig:
             "vocab_size": cfg.model_vocab,
         }
         if cfg.arch == "llama":
-            return cls(**shape, **LLAMA_OPTIONS, **run, ffn_dim=swiglu_width(cfg.hidden_dim),
-                       n_kv_heads=cfg.n_kv_heads, qk_norm=cfg.qk_norm)  # fmt: skip
+            return cls(
+                **shape,
+                **LLAMA_OPTIONS,
+                **run,
+                ffn_dim=swiglu_width(cfg.hidden_dim),
+                n_kv_heads=cfg.n_kv_heads,
+                qk_norm=cfg.qk_norm,
+            )
         return cls(**shape, bias=cfg.bias, **run)
 
     def to_dict(self) -> dict:
@@ -290,16 +301,23 @@ class SelfAttention(nn.Module):
         if causal and self.window is not None and q.shape[2] > self.window:
             mask = window_mask(q.shape[2], self.window, q.device, mask)
         if self.softcap:
-            y = softcapped_attention(q, k, v, causal and mask is None, mask, self.scale,
-                                     self.softcap, drop)  # fmt: skip
+            y = softcapped_attention(
+                q, k, v, causal and mask is None, mask, self.scale, self.softcap, drop
+            )
         else:
             # SDPA picks the flash / memory-efficient kernel on CUDA; with packed examples
             # the mask (causal within each example) takes the place of is_causal. Grouped-
             # query: fused, SDPA serves each k/v head to its q heads (no repeated k and v).
             y = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=drop, is_causal=causal and mask is None,
-                enable_gqa=gqa and self.fused, scale=self.scale,
-            )  # fmt: skip
+                q,
+                k,
+                v,
+                attn_mask=mask,
+                dropout_p=drop,
+                is_causal=causal and mask is None,
+                enable_gqa=gqa and self.fused,
+                scale=self.scale,
+            )
         b, _, t, _ = y.shape
         return self.proj(y.transpose(1, 2).reshape(b, t, self.n_heads * self.hd))
 
@@ -315,8 +333,9 @@ class SelfAttention(nn.Module):
         if past is not None:
             k, v = torch.cat((past[0], k), dim=2), torch.cat((past[1], v), dim=2)
             if self.window is not None:
-                return self._attend(q, k[:, :, -self.window :], v[:, :, -self.window :],
-                                    causal=False), (k, v)  # fmt: skip
+                return self._attend(
+                    q, k[:, :, -self.window :], v[:, :, -self.window :], causal=False
+                ), (k, v)
         return self._attend(q, k, v, causal=past is None), (k, v)
 
 
@@ -430,8 +449,10 @@ class GPT(nn.Module):
     def __init__(self, c: GPTConfig):
         super().__init__()
         for name, value, allowed in (
-            ("norm", c.norm, NORMS), ("positions", c.positions, POSITIONS), ("mlp", c.mlp, MLPS)
-        ):  # fmt: skip
+            ("norm", c.norm, NORMS),
+            ("positions", c.positions, POSITIONS),
+            ("mlp", c.mlp, MLPS),
+        ):
             if value not in allowed:
                 raise ValueError(f"{name}: expected one of {', '.join(allowed)}, got {value!r}")
         self.config = c
@@ -478,9 +499,11 @@ class GPT(nn.Module):
         long = rope_kind(c) == "longrope" and furthest > s["original_max_position_embeddings"]
         cache = self._rope_cache
         if (
-            cache is None or cache[0].shape[0] < end or cache[0].device != device
+            cache is None
+            or cache[0].shape[0] < end
+            or cache[0].device != device
             or self._rope_long != long
-        ):  # fmt: skip
+        ):
             n = max(end, 256)
             inv = rope_frequencies(c, long).to(device)
             cache = self._rope_table(inv, n, device, rope_attention_factor(c))
@@ -565,8 +588,10 @@ class GPT(nn.Module):
         passing its original context): cached keys must then be made again, as
         transformers drops its cache there."""
         s = self.config.rope_scaling or {}
-        return rope_kind(self.config) == "longrope" and end == s[
-            "original_max_position_embeddings"] + 1  # fmt: skip
+        return (
+            rope_kind(self.config) == "longrope"
+            and end == s["original_max_position_embeddings"] + 1
+        )
 
     @torch.no_grad()
     def forward_cached(self, idx, cache: list | None, pos: int = 0):

@@ -11,13 +11,19 @@ def param_count(
     """Exact parameter count of core.models.model.GPT (the output head is tied to the embedding)."""
     d, b = hidden, int(bias)
     per_block = (
-        d + b * d  # ln1
-        + 3 * d * d + b * 3 * d  # qkv
-        + d * d + b * d  # attention projection
-        + d + b * d  # ln2
-        + 4 * d * d + b * 4 * d  # mlp fc
-        + 4 * d * d + b * d  # mlp projection
-    )  # fmt: skip
+        d
+        + b * d  # ln1
+        + 3 * d * d
+        + b * 3 * d  # qkv
+        + d * d
+        + b * d  # attention projection
+        + d
+        + b * d  # ln2
+        + 4 * d * d
+        + b * 4 * d  # mlp fc
+        + 4 * d * d
+        + b * d  # mlp projection
+    )
     return vocab * d + seq_len * d + layers * per_block + d + b * d
 
 

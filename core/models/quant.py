@@ -35,18 +35,23 @@ def _quantized(m: LoRALinear, weight, bits: int, compute_dtype: torch.dtype, dev
     bnb = bitsandbytes()
     weight = weight.detach().to(torch.float16 if device.type != "cpu" else torch.float32)
     if bits == 4:
-        q = bnb.nn.Linear4bit(m.in_features, m.out_features, bias=False,
-                              compute_dtype=compute_dtype, quant_type="nf4",
-                              compress_statistics=True)  # fmt: skip
-        q.weight = bnb.nn.Params4bit(weight, requires_grad=False, quant_type="nf4",
-                                     compress_statistics=True)  # fmt: skip
+        q = bnb.nn.Linear4bit(
+            m.in_features,
+            m.out_features,
+            bias=False,
+            compute_dtype=compute_dtype,
+            quant_type="nf4",
+            compress_statistics=True,
+        )
+        q.weight = bnb.nn.Params4bit(
+            weight, requires_grad=False, quant_type="nf4", compress_statistics=True
+        )
         # bitsandbytes repacks the weight for a bf16 CPU kernel the first time it runs in eval
         # mode: after an evaluation training would compute differently, and a resumed run
         # (no evaluation before its first step) would not match an uninterrupted one.
         q.support_avx512bf16_for_cpu = False
     else:
-        q = bnb.nn.Linear8bitLt(m.in_features, m.out_features, bias=False,
-                                has_fp16_weights=False)  # fmt: skip
+        q = bnb.nn.Linear8bitLt(m.in_features, m.out_features, bias=False, has_fp16_weights=False)
         q.weight = bnb.nn.Int8Params(weight, requires_grad=False, has_fp16_weights=False)
     return q.to(device)  # bitsandbytes quantizes when the weight is moved
 
@@ -81,8 +86,11 @@ def quantized_bytes(module: nn.Module) -> int:
     total = sum(p.numel() * p.element_size() for p in module.parameters())
     state = getattr(module.weight, "quant_state", None)
     if state is not None:
-        for t in (state.absmax, getattr(state.state2, "absmax", None) if state.nested else None,
-                  state.code):  # fmt: skip
+        for t in (
+            state.absmax,
+            getattr(state.state2, "absmax", None) if state.nested else None,
+            state.code,
+        ):
             if isinstance(t, torch.Tensor):
                 total += t.numel() * t.element_size()
     return total

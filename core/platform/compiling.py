@@ -22,9 +22,11 @@ WINDOWS = sys.platform == "win32"
 def needs_text(system: str = sys.platform) -> str:
     """What torch.compile needs on this OS: the window's tooltip and the docs say the same."""
     if system == "win32":
-        return ("torch.compile needs, on Windows: MSVC (Visual Studio Build Tools, 'Desktop "
-                "development with C++', cl.exe on PATH: start from a Developer prompt) for the "
-                "CPU, and the triton-windows package for an NVIDIA GPU")  # fmt: skip
+        return (
+            "torch.compile needs, on Windows: MSVC (Visual Studio Build Tools, 'Desktop "
+            "development with C++', cl.exe on PATH: start from a Developer prompt) for the "
+            "CPU, and the triton-windows package for an NVIDIA GPU"
+        )
     if system == "darwin":
         return "torch.compile needs, on macOS: Xcode's command line tools (clang++) for the CPU"
     return (
@@ -110,8 +112,10 @@ def _reason(e: BaseException) -> str:
 
 
 def fallback_line(why: str) -> str:
-    return (f"torch.compile is off for this run: {why}. Training goes on uncompiled "
-            f"(slower steps, same results). {needs_text()}.")  # fmt: skip
+    return (
+        f"torch.compile is off for this run: {why}. Training goes on uncompiled "
+        f"(slower steps, same results). {needs_text()}."
+    )
 
 
 def _smoke(device: torch.device) -> None:
@@ -147,8 +151,12 @@ class CompiledOrEager(nn.Module):
         return self.__dict__["compiled"] is not None
 
 
-def compile_or_eager(model: nn.Module, device: torch.device, log: Callable[[str], None],
-                     smoke: Callable[[torch.device], None] | None = None) -> nn.Module:  # fmt: skip
+def compile_or_eager(
+    model: nn.Module,
+    device: torch.device,
+    log: Callable[[str], None],
+    smoke: Callable[[torch.device], None] | None = None,
+) -> nn.Module:
     """The model to train: compiled where the tools work, else the model itself and one line."""
     problem = compile_problem(device)
     if problem is None:

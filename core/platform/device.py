@@ -35,9 +35,13 @@ def _archs(arch_list: list[str], prefix: str) -> list[int]:
     return [int(re.sub(r"\D", "", a[len(prefix) :])) for a in arch_list if a.startswith(prefix)]
 
 
-def build_problem(gpu: str, capability: tuple[int, int], arch_list: list[str],
-                  torch_version: str = torch.__version__, python: str = sys.executable,
-                  ) -> str | None:  # fmt: skip
+def build_problem(
+    gpu: str,
+    capability: tuple[int, int],
+    arch_list: list[str],
+    torch_version: str = torch.__version__,
+    python: str = sys.executable,
+) -> str | None:
     """One line when this torch build has no kernels for the GPU (an RTX 50 card, sm_120, on a
     build older than cu128): torch only warns, then fails at the first kernel. A cubin runs on
     its major version's later minors; PTX (compute_XY) on any later GPU."""

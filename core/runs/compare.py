@@ -19,13 +19,18 @@ def settings_line(run: RunFolder) -> str:
         return "settings unreadable"
     start = Path(c.init_from).name if c.init_from else f"new {c.hidden_dim}x{c.n_layers}"
     data = Path(c.data).name if c.data else "embedded"
-    parts = [start, data, f"lr {'auto' if c.lr is None else f'{c.lr:g}'}",
-             f"batch {c.batch_size}x{c.grad_accum}"]  # fmt: skip
+    parts = [
+        start,
+        data,
+        f"lr {'auto' if c.lr is None else f'{c.lr:g}'}",
+        f"batch {c.batch_size}x{c.grad_accum}",
+    ]
     if c.method != "sft":
         parts.insert(1, c.method)
     if c.lora_rank:
-        parts.append(f"LoRA {c.lora_rank}" + (f" {c.base_bits}-bit" if c.base_bits in ("4", "8")
-                                               else ""))  # fmt: skip
+        parts.append(
+            f"LoRA {c.lora_rank}" + (f" {c.base_bits}-bit" if c.base_bits in ("4", "8") else "")
+        )
     return ", ".join(parts)
 
 
@@ -43,11 +48,17 @@ def run_curves(path: str | Path, measure: str = "loss") -> dict:
     return {
         "name": run.path.name,
         "label": f"{run.path.name} ({settings_line(run)})",
-        "train": [(r["step"], r.get("elapsed_s", 0.0), r[train_key]) for r in train
-                  if isinstance(r.get(train_key), int | float)],
-        "val": [(r["step"], r.get("train_s", 0.0), r[eval_key]) for r in evals
-                if isinstance(r.get(eval_key), int | float)],
-    }  # fmt: skip
+        "train": [
+            (r["step"], r.get("elapsed_s", 0.0), r[train_key])
+            for r in train
+            if isinstance(r.get(train_key), int | float)
+        ],
+        "val": [
+            (r["step"], r.get("train_s", 0.0), r[eval_key])
+            for r in evals
+            if isinstance(r.get(eval_key), int | float)
+        ],
+    }
 
 
 # the measures a saved evaluation shows beside the loss (lm_eval tasks: all of theirs)
@@ -92,8 +103,9 @@ def run_summary(path: str | Path) -> dict[str, float]:
     if losses:
         out["val_loss"] = losses[-1]
         out["best val_loss"] = min(losses)
-    rewards = [float(e["eval_reward"]) for e in evals
-               if isinstance(e.get("eval_reward"), int | float)]  # fmt: skip
+    rewards = [
+        float(e["eval_reward"]) for e in evals if isinstance(e.get("eval_reward"), int | float)
+    ]
     if rewards:  # GRPO: the held-out reward, higher is better
         out["eval_reward"] = rewards[-1]
         out["best eval_reward"] = max(rewards)

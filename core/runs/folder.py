@@ -16,10 +16,22 @@ from core.platform.atomic import disk_full_as_enospc, writable_problem, write_te
 
 DEFAULT_RUNS_ROOT = Path("runs")
 # What a run folder may hold; a folder with anything else is not ours and is never written into.
-RUN_NAMES = frozenset({
-    "config.yaml", "metrics.jsonl", "checkpoints", "samples.txt", "train.log", "status.json",
-    "data.json", "tokenizer.json", "tensorboard", "eval", "FINISH", ".traindeck.lock",
-})  # fmt: skip
+RUN_NAMES = frozenset(
+    {
+        "config.yaml",
+        "metrics.jsonl",
+        "checkpoints",
+        "samples.txt",
+        "train.log",
+        "status.json",
+        "data.json",
+        "tokenizer.json",
+        "tensorboard",
+        "eval",
+        "FINISH",
+        ".traindeck.lock",
+    }
+)
 RUN_MARKS = ("status.json", "train.log", ".traindeck.lock")  # written by every run we start
 
 

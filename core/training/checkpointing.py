@@ -82,24 +82,45 @@ class Checkpointer:
         return f"disk full: no space left on the device holding {where}{space}; {good}"
 
 
-def checkpoint_state(run, cfg, step: int, best_val: float, last_loss, plan, clock,
-                     adapters_only: bool, model_config: dict, limit: list) -> dict:  # fmt: skip
+def checkpoint_state(
+    run,
+    cfg,
+    step: int,
+    best_val: float,
+    last_loss,
+    plan,
+    clock,
+    adapters_only: bool,
+    model_config: dict,
+    limit: list,
+) -> dict:
     """Everything exact continuation needs (format: core.runs.checkpoint): the run's state
     (core.training.state.RunState), its config, and its progress (step, best evaluation,
     last loss, schedule plan, clock)."""
     model = lora.adapter_state(run.model) if adapters_only else run.model.state_dict()
     return {
-        "format_version": ckpt.FORMAT_VERSION, "step": step, "best_val": best_val,
-        "model": model, "adapters_only": adapters_only,
+        "format_version": ckpt.FORMAT_VERSION,
+        "step": step,
+        "best_val": best_val,
+        "model": model,
+        "adapters_only": adapters_only,
         "optimizer": run.optimizer.state_dict(),
         "scaler": run.scaler.state_dict() if run.scaler.is_enabled() else {},
-        "data": run.data.state_dict(), "data_info": data_info(run.data),
-        "rng": ckpt.rng_state(), "config": cfg.to_dict(), "model_config": model_config,
-        "base": run.base, "schedule": plan.to_dict(),
+        "data": run.data.state_dict(),
+        "data_info": data_info(run.data),
+        "rng": ckpt.rng_state(),
+        "config": cfg.to_dict(),
+        "model_config": model_config,
+        "base": run.base,
+        "schedule": plan.to_dict(),
         "meta": {
-            "limit": limit, "saved_at": time.time(), "loss": last_loss,
+            "limit": limit,
+            "saved_at": time.time(),
+            "loss": last_loss,
             **run.objective.best_meta(None if math.isinf(best_val) else best_val),
-            "max_steps": plan.max_steps, "torch": str(torch.__version__),
-            "elapsed_s": clock.elapsed(), "paused_s": clock.paused_total,
+            "max_steps": plan.max_steps,
+            "torch": str(torch.__version__),
+            "elapsed_s": clock.elapsed(),
+            "paused_s": clock.paused_total,
         },
-    }  # fmt: skip
+    }

@@ -43,10 +43,14 @@ def dpo_loss(chosen, rejected, ref_chosen, ref_rejected, beta: float, smoothing:
 
 def signal_sums(chosen_reward, rejected_reward) -> torch.Tensor:
     """The four signals summed over pairs (divided by the pair count when read)."""
-    return torch.stack([
-        chosen_reward.sum(), rejected_reward.sum(), (chosen_reward - rejected_reward).sum(),
-        (chosen_reward > rejected_reward).float().sum(),
-    ])  # fmt: skip
+    return torch.stack(
+        [
+            chosen_reward.sum(),
+            rejected_reward.sum(),
+            (chosen_reward - rejected_reward).sum(),
+            (chosen_reward > rejected_reward).float().sum(),
+        ]
+    )
 
 
 def signals(sums: torch.Tensor, pairs: int, prefix: str = "") -> dict:
@@ -140,8 +144,10 @@ class DPO(Objective):
         finally:
             model.train()
         val, extra = total / count, signals(sums, count, "eval_")
-        line = (f"val_loss {val:.4f}, margin {extra['eval_rewards/margins']:.4f}, "
-                f"accuracy {extra['eval_rewards/accuracies']:.3f}")  # fmt: skip
+        line = (
+            f"val_loss {val:.4f}, margin {extra['eval_rewards/margins']:.4f}, "
+            f"accuracy {extra['eval_rewards/accuracies']:.3f}"
+        )
         return val, {"val_loss": val, **extra}, line
 
 

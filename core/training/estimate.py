@@ -320,8 +320,12 @@ def ladder(cfg: TrainConfig) -> list[tuple[str, TrainConfig]]:
     out = []
     for name, rung in methods:
         out.append((name, dataclasses.replace(rung, grad_checkpointing=False)))
-        out.append((f"{name} with activation checkpointing",
-                    dataclasses.replace(rung, grad_checkpointing=True)))  # fmt: skip
+        out.append(
+            (
+                f"{name} with activation checkpointing",
+                dataclasses.replace(rung, grad_checkpointing=True),
+            )
+        )
     return out
 
 

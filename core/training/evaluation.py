@@ -11,8 +11,9 @@ from core.data.windows import TokenData
 from core.training.steps import autocast, to_device
 
 
-def validation_loss(model, train_model, data: TokenData, windows: int, batch: int,
-                    device, precision) -> float:  # fmt: skip
+def validation_loss(
+    model, train_model, data: TokenData, windows: int, batch: int, device, precision
+) -> float:
     """The mean loss over the scored tokens of `windows` validation windows; for a mix of
     sources (core.data.mix), the weighted mean of each source's own over its share of them."""
     parts = getattr(data, "parts", None)
@@ -26,8 +27,9 @@ def validation_loss(model, train_model, data: TokenData, windows: int, batch: in
 
 
 @torch.no_grad()
-def _validation_loss(model, train_model, data: TokenData, windows: int, batch: int,
-                     device, precision) -> float:  # fmt: skip
+def _validation_loss(
+    model, train_model, data: TokenData, windows: int, batch: int, device, precision
+) -> float:
     model.eval()
     losses, weights = [], []
     for x, y, mask, seg in data.val_batches(windows, batch):

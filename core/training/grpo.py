@@ -37,8 +37,14 @@ from core.training.rewards import Rewards, check_columns, text_of
 from core.training.state import RunState
 from core.training.steps import autocast
 
-LOSS_SUMS = ("kl", "entropy", "clip_ratio/low_mean", "clip_ratio/high_mean",
-             "clip_ratio/region_mean", "tokens")  # fmt: skip
+LOSS_SUMS = (
+    "kl",
+    "entropy",
+    "clip_ratio/low_mean",
+    "clip_ratio/high_mean",
+    "clip_ratio/region_mean",
+    "tokens",
+)
 TABLE_ROWS = 64  # sampled completions kept per step in completions.jsonl
 TABLE_CHARS = 2000
 
@@ -103,8 +109,18 @@ def left_padded(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch
 
 
 @torch.no_grad()
-def sample(model, prompts: list[list[int]], n_new: int, temperature: float, top_p: float,
-           stop_ids, pad: int, uniforms: torch.Tensor, device, precision: str):  # fmt: skip
+def sample(
+    model,
+    prompts: list[list[int]],
+    n_new: int,
+    temperature: float,
+    top_p: float,
+    stop_ids,
+    pad: int,
+    uniforms: torch.Tensor,
+    device,
+    precision: str,
+):
     """Sample a completion after each prompt, all rows as one batch with the KV cache; row
     r's token t is drawn with uniforms[r, t] (N, n_new).
     Returns (prompt ids (N, P) left-padded, prompt mask, completion ids (N, C) padded with
@@ -137,13 +153,15 @@ def sample(model, prompts: list[list[int]], n_new: int, temperature: float, top_
                     break
                 keys = torch.cat((keys, torch.ones_like(keys[:, :1])), dim=1)
                 last = last + 1
-                logits, cache = _cached_forward(model, nxt[:, None], last, keys[:, None, None, :],
-                                                cache)  # fmt: skip
+                logits, cache = _cached_forward(
+                    model, nxt[:, None], last, keys[:, None, None, :], cache
+                )
     finally:
         model.train(was_training)
     is_stop = torch.isin(out, stops)
-    first = torch.where(is_stop.any(1), is_stop.float().argmax(1), torch.full_like(done, n_new,
-                        dtype=torch.long))  # fmt: skip
+    first = torch.where(
+        is_stop.any(1), is_stop.float().argmax(1), torch.full_like(done, n_new, dtype=torch.long)
+    )
     index = torch.arange(out.shape[1], device=device)
     completion_mask = index[None, :] <= first[:, None]
     completion_mask &= index[None, :] < n_new
@@ -251,8 +269,18 @@ class GRPO(Objective):
         """The reward functions, imported before any data or model is touched."""
         self.rewards = Rewards(cfg)
 
-    def load_data(self, cfg: TrainConfig, pretrained, saved: dict | None, *, cache,
-                  allow_change: bool, events, stop, log):  # fmt: skip
+    def load_data(
+        self,
+        cfg: TrainConfig,
+        pretrained,
+        saved: dict | None,
+        *,
+        cache,
+        allow_change: bool,
+        events,
+        stop,
+        log,
+    ):
         """The prompt file, read and tokenized (it is small: no cache)."""
         from core.training.inputs import prepare_prompts
 
@@ -268,9 +296,11 @@ class GRPO(Objective):
         if cfg.grpo_beta and not cfg.lora_rank:  # the starting weights, kept frozen
             self.reference = copy.deepcopy(run.model).eval().requires_grad_(False)
         names = ", ".join(self.rewards.names)
-        log(f"grpo: {cfg.num_generations} completions per prompt, up to "
+        log(
+            f"grpo: {cfg.num_generations} completions per prompt, up to "
             f"{cfg.max_completion_tokens} tokens; rewards {names}; loss {cfg.loss_type}, "
-            f"beta {cfg.grpo_beta:g}")  # fmt: skip
+            f"beta {cfg.grpo_beta:g}"
+        )
 
     @staticmethod
     def rows_per_example(cfg: TrainConfig) -> int:
@@ -309,8 +339,7 @@ class GRPO(Objective):
         data, tok, g, world = run.data, run.data.tokenizer, cfg.num_generations, run.world
         index = [int(i) for i in starts for _ in range(g)]
         gen = self.generator(cfg, step, run.device)
-        prompt_ids, prompt_mask, out, mask, ended = self._sample(run, cfg, index, gen, step,
-                                                                 world)  # fmt: skip
+        prompt_ids, prompt_mask, out, mask, ended = self._sample(run, cfg, index, gen, step, world)
         # TRL's trainer_state: the optimizer steps done, the fraction of the prompts drawn
         drawn = step * len(starts) * world.size
         state = SimpleNamespace(global_step=step, epoch=drawn / data.n_train)
@@ -318,11 +347,11 @@ class GRPO(Objective):
         # Advantages and signals over every process's completions: under torchrun a step
         # weighs its completions as one process with the whole batch does.
         every = world.gather(per_func)
-        adv, rewards, std, zero_std = advantages(every, self.rewards.weights, g,
-                                                 cfg.scale_rewards)  # fmt: skip
+        adv, rewards, std, zero_std = advantages(every, self.rewards.weights, g, cfg.scale_rewards)
         lengths = mask.sum(1).cpu()
-        self._gen = self._signals(every, rewards, std, zero_std, world.gather(lengths),
-                                  world.gather(ended.cpu()))  # fmt: skip
+        self._gen = self._signals(
+            every, rewards, std, zero_std, world.gather(lengths), world.gather(ended.cpu())
+        )
         mine = slice(world.rank * len(index), (world.rank + 1) * len(index))
         adv, rewards = adv[mine], rewards[mine]
         self._table(step, data, index, completions, per_func, rewards, adv)
@@ -340,12 +369,16 @@ class GRPO(Objective):
         chunks = []
         for s in range(0, len(index), rows):
             part = slice(s, s + rows)
-            chunks.append(_trimmed(ids[part], segments[part], prompt_ids.shape[1],
-                                   mask[part], adv[part], n_items))  # fmt: skip
+            chunks.append(
+                _trimmed(
+                    ids[part], segments[part], prompt_ids.shape[1], mask[part], adv[part], n_items
+                )
+            )
         return chunks
 
-    def _sample(self, run: RunState, cfg: TrainConfig, index: list[int], gen, step: int,
-                world=None):  # fmt: skip
+    def _sample(
+        self, run: RunState, cfg: TrainConfig, index: list[int], gen, step: int, world=None
+    ):
         """A completion for each prompt in index, all as one batch (at most a step's rows);
         after an out-of-memory error in halves, which draw the same tokens (see _pick).
         Under torchrun (world) each process draws its own share of the whole step's
@@ -361,10 +394,21 @@ class GRPO(Objective):
         while True:
             rows = min(self.sample_rows or step_rows, len(prompts))
             try:
-                parts = [sample(run.model, prompts[s : s + rows], n_new, cfg.temperature,
-                                cfg.top_p, tok.stop_ids, pad, uniforms[s : s + rows],
-                                run.device, run.precision)
-                         for s in range(0, len(prompts), rows)]  # fmt: skip
+                parts = [
+                    sample(
+                        run.model,
+                        prompts[s : s + rows],
+                        n_new,
+                        cfg.temperature,
+                        cfg.top_p,
+                        tok.stop_ids,
+                        pad,
+                        uniforms[s : s + rows],
+                        run.device,
+                        run.precision,
+                    )
+                    for s in range(0, len(prompts), rows)
+                ]
                 return joined(parts, pad)
             except Exception as e:
                 if not is_oom(e) or rows == 1:
@@ -373,8 +417,10 @@ class GRPO(Objective):
                 torch.cuda.empty_cache()
             self.sample_rows = rows // 2
             where = f"at step {step + 1}" if step >= 0 else "the held-out prompts"
-            self.log(f"out of memory sampling {where}: {rows // 2} completions at a time "
-                     f"(was {rows}), the same draws")  # fmt: skip
+            self.log(
+                f"out of memory sampling {where}: {rows // 2} completions at a time "
+                f"(was {rows}), the same draws"
+            )
 
     def _score(self, data, tok, index, out, mask, state: SimpleNamespace):
         ids = [row[m].tolist() for row, m in zip(out.cpu(), mask.cpu(), strict=True)]
@@ -394,20 +440,25 @@ class GRPO(Objective):
 
     def _signals(self, per_func, rewards, std, zero_std, lengths, ended) -> dict:
         """TRL's sampling metrics of the step (read on the CPU, no device sync)."""
-        out = {"reward": float(torch.nanmean(rewards)), "reward_std": float(nanstd(rewards)),
-               "frac_reward_zero_std": float(zero_std.float().mean())}  # fmt: skip
+        out = {
+            "reward": float(torch.nanmean(rewards)),
+            "reward_std": float(nanstd(rewards)),
+            "frac_reward_zero_std": float(zero_std.float().mean()),
+        }
         for j, name in enumerate(self.rewards.names):
             out[f"rewards/{name}/mean"] = float(torch.nanmean(per_func[:, j]))
             out[f"rewards/{name}/std"] = float(nanstd(per_func[:, j]))
         lengths = lengths.float()
         term = lengths[ended] if bool(ended.any()) else torch.zeros(1)
-        out.update({
-            "completions/mean_length": float(lengths.mean()),
-            "completions/min_length": float(lengths.min()),
-            "completions/max_length": float(lengths.max()),
-            "completions/clipped_ratio": float((~ended).float().mean()),
-            "completions/mean_terminated_length": float(term.mean()),
-        })  # fmt: skip
+        out.update(
+            {
+                "completions/mean_length": float(lengths.mean()),
+                "completions/min_length": float(lengths.min()),
+                "completions/max_length": float(lengths.max()),
+                "completions/clipped_ratio": float((~ended).float().mean()),
+                "completions/mean_terminated_length": float(term.mean()),
+            }
+        )
         for name, values in self.rewards.metrics.items():
             out[name] = sum(values) / len(values)
         return {k: (v if math.isfinite(v) else None) for k, v in out.items()}
@@ -419,11 +470,13 @@ class GRPO(Objective):
             prompt = data.records[index[i]]["prompt"]
             if isinstance(prompt, list):
                 prompt = prompt[-1]["content"]
-            row = {"prompt": str(prompt)[:TABLE_CHARS],
-                   "completion": text_of(completions[i])[:TABLE_CHARS],
-                   "rewards": {n: _finite(per_func[i, j]) for j, n in
-                               enumerate(self.rewards.names)},
-                   "reward": _finite(rewards[i]), "advantage": _finite(adv[i])}  # fmt: skip
+            row = {
+                "prompt": str(prompt)[:TABLE_CHARS],
+                "completion": text_of(completions[i])[:TABLE_CHARS],
+                "rewards": {n: _finite(per_func[i, j]) for j, n in enumerate(self.rewards.names)},
+                "reward": _finite(rewards[i]),
+                "advantage": _finite(adv[i]),
+            }
             for column, values in self.rewards.extra.items():
                 row[column] = values[i] if i < len(values) else None
             rows.append(row)
@@ -443,18 +496,33 @@ class GRPO(Objective):
         ref = None
         if cfg.grpo_beta != 0.0:
             with torch.no_grad():
-                ref, _ = self._logps(self._reference_model(run), run, cfg, roll, targets,
-                                     no_adapters=self.reference is None)  # fmt: skip
+                ref, _ = self._logps(
+                    self._reference_model(run),
+                    run,
+                    cfg,
+                    roll,
+                    targets,
+                    no_adapters=self.reference is None,
+                )
         logps, entropy = self._logps(run.train_model, run, cfg, roll, targets)
-        loss, kl, ratio = policy_loss(logps, logps.detach(), ref, roll.advantages,
-                                      roll.completion_mask, cfg, roll.n_items)  # fmt: skip
+        loss, kl, ratio = policy_loss(
+            logps, logps.detach(), ref, roll.advantages, roll.completion_mask, cfg, roll.n_items
+        )
         m = roll.completion_mask.float()
         a = roll.advantages[:, None]
         low = ((ratio < 1 - cfg.epsilon) & (a < 0)).float()
         high = ((ratio > 1 + cfg.epsilon) & (a > 0)).float()
         kl_sum = (kl * m).sum() if kl is not None else m.new_zeros(())
-        sums = torch.stack([kl_sum, (entropy * m).sum(), (low * m).sum(), (high * m).sum(),
-                            (((low + high) > 0).float() * m).sum(), m.sum()]).detach()  # fmt: skip
+        sums = torch.stack(
+            [
+                kl_sum,
+                (entropy * m).sum(),
+                (low * m).sum(),
+                (high * m).sum(),
+                (((low + high) > 0).float() * m).sum(),
+                m.sum(),
+            ]
+        ).detach()
         return loss, sums
 
     def _reference_model(self, run: RunState):
@@ -478,8 +546,9 @@ class GRPO(Objective):
         try:
             with autocast(run.device, run.precision), _adapters_off(run.model, no_adapters):
                 (run.model if no_adapters else model)(roll.ids, segments=roll.segments)
-                return chunked_logps(base.output_head(), hidden[0], targets,
-                                     roll.completion_mask, cfg.temperature)  # fmt: skip
+                return chunked_logps(
+                    base.output_head(), hidden[0], targets, roll.completion_mask, cfg.temperature
+                )
         finally:
             keep.remove()
 
@@ -527,8 +596,9 @@ class GRPO(Objective):
         record = {"eval_reward": reward}
         for j, name in enumerate(self.rewards.names):
             record[f"eval_rewards/{name}/mean"] = _finite(torch.nanmean(scores[:, j]))
-        each = ", ".join(f"{n} {record[f'eval_rewards/{n}/mean'] or 0:.3f}"
-                         for n in self.rewards.names)  # fmt: skip
+        each = ", ".join(
+            f"{n} {record[f'eval_rewards/{n}/mean'] or 0:.3f}" for n in self.rewards.names
+        )
         return -reward, record, f"eval reward {reward:.4f} ({each}) on {len(index)} prompts"
 
 

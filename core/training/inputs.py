@@ -25,9 +25,17 @@ from core.models.model import GPT, GPTConfig
 from core.weights.loader import Pretrained, drop_pages
 
 
-def prepare_data(cfg: TrainConfig, pretrained: Pretrained | None, saved: dict | None, *,
-                 cache, allow_change: bool, events, stop,
-                 log) -> TokenData | MixedData:  # fmt: skip
+def prepare_data(
+    cfg: TrainConfig,
+    pretrained: Pretrained | None,
+    saved: dict | None,
+    *,
+    cache,
+    allow_change: bool,
+    events,
+    stop,
+    log,
+) -> TokenData | MixedData:
     """Prepare (or reuse) the cached token file of each data source (several: a MixedData);
     saved is a resumed checkpoint's data_info, whose data must be the same unless
     allow_change."""
@@ -62,8 +70,9 @@ def prepare_data(cfg: TrainConfig, pretrained: Pretrained | None, saved: dict | 
     return data
 
 
-def prepare_prompts(cfg: TrainConfig, pretrained: Pretrained | None, saved: dict | None,
-                    allow_change: bool, log) -> PromptData:  # fmt: skip
+def prepare_prompts(
+    cfg: TrainConfig, pretrained: Pretrained | None, saved: dict | None, allow_change: bool, log
+) -> PromptData:
     """GRPO's prompt file, read and tokenized (it is small: no cache), checked against a
     resumed checkpoint's."""
     if saved:
@@ -71,8 +80,9 @@ def prepare_prompts(cfg: TrainConfig, pretrained: Pretrained | None, saved: dict
     else:
         tokenizer = pretrained.tokenizer
     room = cfg.seq_len - cfg.max_completion_tokens
-    data = PromptData(cfg.data, tokenizer, room, cfg.seed, cfg.val_fraction,
-                      cfg.num_generations, cfg.seq_len)  # fmt: skip
+    data = PromptData(
+        cfg.data, tokenizer, room, cfg.seed, cfg.val_fraction, cfg.num_generations, cfg.seq_len
+    )
     if saved and data.manifest["fingerprint"] != saved["fingerprint"]:
         if not allow_change:
             raise CheckpointError(
@@ -82,8 +92,10 @@ def prepare_prompts(cfg: TrainConfig, pretrained: Pretrained | None, saved: dict
         log(f"resume: prompts changed ({data.source}); going on as allowed")
     columns = f"; columns for the rewards: {', '.join(data.columns)}" if data.columns else ""
     kind = "conversational" if data.conversational else "text"
-    log(f"prompts: {data.n_train:,} to train on, {len(data.val_index):,} held out ({kind})"
-        + columns)  # fmt: skip
+    log(
+        f"prompts: {data.n_train:,} to train on, {len(data.val_index):,} held out ({kind})"
+        + columns
+    )
     return data
 
 
@@ -129,8 +141,9 @@ def data_info(data: TokenData) -> dict:
     return info
 
 
-def build_model(cfg: TrainConfig, pretrained: Pretrained | None, device, precision, log,
-                fused: bool = True) -> GPT:  # fmt: skip
+def build_model(
+    cfg: TrainConfig, pretrained: Pretrained | None, device, precision, log, fused: bool = True
+) -> GPT:
     """fused=False: a fine-tune with the plain operations, as one saved before the fused ones
     existed resumes bit for bit."""
     if pretrained is None:

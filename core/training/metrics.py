@@ -10,8 +10,14 @@ from core.errors import TrainingError
 from core.models import lora
 
 
-def train_records(steps: list[tuple[int, float]], losses: list[float], cfg: TrainConfig,
-                  train_tokens: int, common: dict, extras=None) -> list[dict]:  # fmt: skip
+def train_records(
+    steps: list[tuple[int, float]],
+    losses: list[float],
+    cfg: TrainConfig,
+    train_tokens: int,
+    common: dict,
+    extras=None,
+) -> list[dict]:
     """One record per (step, lr) with its loss (and extras[i], DPO's signals, merged in);
     raises TrainingError when a loss is not finite: this is where divergence is seen."""
     records = []
@@ -23,12 +29,21 @@ def train_records(steps: list[tuple[int, float]], losses: list[float], cfg: Trai
                 f"{recipe.adamw_lr(cfg):.3g}) or use precision bf16/fp32"
             )
         epoch = round(step * cfg.tokens_per_step / train_tokens, 4)
-        records.append({
-            "step": step, "loss": loss, "lr": lr, "max_steps": common["max_steps"],
-            "tokens_per_s": common["tokens_per_s"], "epoch": epoch,
-            "elapsed_s": common["elapsed_s"], "batch_size": cfg.batch_size,
-            "grad_accum": cfg.grad_accum, **extra, **common["memory"],
-        })  # fmt: skip
+        records.append(
+            {
+                "step": step,
+                "loss": loss,
+                "lr": lr,
+                "max_steps": common["max_steps"],
+                "tokens_per_s": common["tokens_per_s"],
+                "epoch": epoch,
+                "elapsed_s": common["elapsed_s"],
+                "batch_size": cfg.batch_size,
+                "grad_accum": cfg.grad_accum,
+                **extra,
+                **common["memory"],
+            }
+        )
     return records
 
 
@@ -36,10 +51,17 @@ def start_record(run, cfg: TrainConfig, step: int, max_steps: int, resumed: bool
     """What the front ends show when the steps start (on_train_start), from the run's state
     (core.training.state.RunState)."""
     return {
-        "run_dir": str(run.folder.path), "start_step": step, "max_steps": max_steps,
-        "n_params": run.model.num_params(), "n_trainable": lora.trainable_params(run.model),
-        "device": str(run.device), "precision": run.precision,
-        "tokens_per_step": cfg.tokens_per_step, "train_tokens": run.data.train_tokens,
-        "data_source": run.data.source, "data": run.data.summary(), "config": cfg.to_dict(),
+        "run_dir": str(run.folder.path),
+        "start_step": step,
+        "max_steps": max_steps,
+        "n_params": run.model.num_params(),
+        "n_trainable": lora.trainable_params(run.model),
+        "device": str(run.device),
+        "precision": run.precision,
+        "tokens_per_step": cfg.tokens_per_step,
+        "train_tokens": run.data.train_tokens,
+        "data_source": run.data.source,
+        "data": run.data.summary(),
+        "config": cfg.to_dict(),
         "resumed": resumed,
-    }  # fmt: skip
+    }

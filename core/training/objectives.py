@@ -64,13 +64,31 @@ class Objective:
     def check(self, cfg: TrainConfig) -> None:
         """Nothing of its own to check before the data."""
 
-    def load_data(self, cfg: TrainConfig, pretrained, saved: dict | None, *, cache,
-                  allow_change: bool, events, stop, log):  # fmt: skip
+    def load_data(
+        self,
+        cfg: TrainConfig,
+        pretrained,
+        saved: dict | None,
+        *,
+        cache,
+        allow_change: bool,
+        events,
+        stop,
+        log,
+    ):
         """The cached token windows of each data source (core.training.inputs)."""
         from core.training.inputs import prepare_data
 
-        return prepare_data(cfg, pretrained, saved, cache=cache, allow_change=allow_change,
-                            events=events, stop=stop, log=log)  # fmt: skip
+        return prepare_data(
+            cfg,
+            pretrained,
+            saved,
+            cache=cache,
+            allow_change=allow_change,
+            events=events,
+            stop=stop,
+            log=log,
+        )
 
     def check_data(self, data) -> None:
         """Any prepared data will do."""

@@ -168,13 +168,21 @@ class Rewards:
     def log_metric(self, name: str, value: float) -> None:
         self.metrics.setdefault(name, []).append(float(value))
 
-    def score(self, prompts: list, completions: list, completion_ids: list, columns: dict,
-              rows: list[int], state: SimpleNamespace) -> torch.Tensor:  # fmt: skip
+    def score(
+        self,
+        prompts: list,
+        completions: list,
+        completion_ids: list,
+        columns: dict,
+        rows: list[int],
+        state: SimpleNamespace,
+    ) -> torch.Tensor:
         """(completions, functions) rewards; NaN where a function returned None."""
         self.extra, self.metrics = {}, {}
         out = torch.zeros(len(completions), len(self.funcs))
-        kwargs = dict(columns, trainer_state=state, log_extra=self.log_extra,
-                      log_metric=self.log_metric)  # fmt: skip
+        kwargs = dict(
+            columns, trainer_state=state, log_extra=self.log_extra, log_metric=self.log_metric
+        )
         for j, (name, function) in enumerate(self.funcs):
             call = dict(prompts=prompts, completions=completions, completion_ids=completion_ids)
             try:
@@ -223,8 +231,9 @@ def _failing_row(function, call: dict, kwargs: dict, rows: list[int]) -> str:
     n = len(call["completions"])
     for i in range(n):
         one = {k: [v[i]] for k, v in call.items()}
-        one.update({k: [v[i]] if isinstance(v, list) and len(v) == n else v
-                    for k, v in kwargs.items()})  # fmt: skip
+        one.update(
+            {k: [v[i]] if isinstance(v, list) and len(v) == n else v for k, v in kwargs.items()}
+        )
         try:
             function(**one)
         except Exception:

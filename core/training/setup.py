@@ -54,9 +54,15 @@ def setup(given: RunInputs, progress: Progress, events, stop) -> RunState:
     world.init(device)
     precision = resolve_precision(cfg.precision, device)
     data = objective.load_data(
-        cfg, given.pretrained, (state or {}).get("data_info"), cache=given.data_cache,
-        allow_change=given.allow_data_change, events=events, stop=stop, log=log_early,
-    )  # fmt: skip
+        cfg,
+        given.pretrained,
+        (state or {}).get("data_info"),
+        cache=given.data_cache,
+        allow_change=given.allow_data_change,
+        events=events,
+        stop=stop,
+        log=log_early,
+    )
     objective.check_data(data)  # GRPO: the columns its rewards read
     second_val = None
     if cfg.eval_data:  # the same windows every evaluation: a curve that shows forgetting
@@ -64,8 +70,10 @@ def setup(given: RunInputs, progress: Progress, events, stop) -> RunState:
         second_val = text_windows(cfg.eval_data, data.tokenizer, cfg.seq_len, count)
         log_early(f"second validation set: {second_val.source}, {len(second_val.x)} windows")
     elif given.pretrained is not None:
-        log_early("tip: --eval-data embedded scores general text at every evaluation too, "
-                  "so the plot shows what the fine-tune forgets")  # fmt: skip
+        log_early(
+            "tip: --eval-data embedded scores general text at every evaluation too, "
+            "so the plot shows what the fine-tune forgets"
+        )
     # Only now, with the input known good, does a new run get its folder.
     folder.create(resuming=state is not None)
     if world.main and not lock.held:
@@ -74,9 +82,9 @@ def setup(given: RunInputs, progress: Progress, events, stop) -> RunState:
     for message in early:
         folder.log(message)
     inputs.set_switches(cfg, device)
-    progress.plan = untimed_plan() if given.timed else plan_for(
-        cfg, max_steps_for(cfg, data.train_tokens)
-    )  # fmt: skip
+    progress.plan = (
+        untimed_plan() if given.timed else plan_for(cfg, max_steps_for(cfg, data.train_tokens))
+    )
     run = build(given, state, device, precision, data, objective, events, stop, log)
     run.second_val = second_val
     if state is not None:
@@ -87,8 +95,9 @@ def setup(given: RunInputs, progress: Progress, events, stop) -> RunState:
     return run
 
 
-def build(given: RunInputs, state: dict | None, device, precision: str, data, objective,
-          events, stop, log) -> RunState:  # fmt: skip
+def build(
+    given: RunInputs, state: dict | None, device, precision: str, data, objective, events, stop, log
+) -> RunState:
     """The model, optimizer and scaler, and what the objective makes from the starting
     model (DPO's reference) before a checkpoint's weights replace it."""
     cfg, pretrained = given.cfg, given.pretrained
@@ -104,10 +113,19 @@ def build(given: RunInputs, state: dict | None, device, precision: str, data, ob
     if given.world.enabled:
         ids = [device.index] if device.type == "cuda" else None
         train_model = DistributedDataParallel(train_model, device_ids=ids)
-    run = RunState(device=device, precision=precision, data=data, model=model,
-                   train_model=train_model, optimizer=optimizer, scaler=scaler,
-                   objective=objective, world=given.world, folder=given.folder,
-                   base=base)  # fmt: skip
+    run = RunState(
+        device=device,
+        precision=precision,
+        data=data,
+        model=model,
+        train_model=train_model,
+        optimizer=optimizer,
+        scaler=scaler,
+        objective=objective,
+        world=given.world,
+        folder=given.folder,
+        base=base,
+    )
     objective.prepare(run, cfg, log, events, stop)
     return run
 
@@ -140,8 +158,17 @@ def restore(given: RunInputs, run: RunState, state: dict, progress: Progress, lo
     )
 
 
-def end(status: str, error: str | None, step: int, max_steps: int | None, folder, lock, events,
-        log, owns_group: bool) -> dict:  # fmt: skip
+def end(
+    status: str,
+    error: str | None,
+    step: int,
+    max_steps: int | None,
+    folder,
+    lock,
+    events,
+    log,
+    owns_group: bool,
+) -> dict:
     """The run's last word: status.json and the log, the folder closed, the lock and the
     process group released, on_train_end; a full disk here does not hide the real error."""
     result = {"status": status, "step": step, "run_dir": str(folder.path)}

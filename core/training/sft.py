@@ -24,7 +24,8 @@ class SFT(Objective):
         # As many windows as eval_batches optimizer steps hold, so neither an out-of-memory
         # split of the micro-batch nor the number of processes changes what is measured.
         windows = cfg.eval_batches * cfg.batch_size * cfg.grad_accum * run.world.size
-        val = evaluation.validation_loss(run.model, run.train_model, run.data, windows,
-                                         cfg.batch_size, run.device, run.precision)  # fmt: skip
+        val = evaluation.validation_loss(
+            run.model, run.train_model, run.data, windows, cfg.batch_size, run.device, run.precision
+        )
         bpb = evaluation.bits_per_byte(val, run.data)
         return val, {"val_loss": val, "val_bpb": bpb}, f"val_loss {val:.4f}, {bpb:.4f} bits/byte"

@@ -80,8 +80,12 @@ class TimeBudget:
             return Plan(total, step, decay_top=top, warm_from=old.warm_from)
         if cfg.schedule == "wsd":
             decay = max(1, round(decay_s / per_step))
-            return Plan(max(total, step + 2), max(total - decay, step + 1),
-                        warm_from=old.warm_from, provisional=True)  # fmt: skip
+            return Plan(
+                max(total, step + 2),
+                max(total - decay, step + 1),
+                warm_from=old.warm_from,
+                provisional=True,
+            )
         # cosine: its curve needs the length early; fixed after a tenth of the budget
         plan = plan_for(cfg, max(total, step + 1), warm_from=old.warm_from)
         plan.provisional = elapsed < 0.1 * self.seconds

@@ -48,8 +48,15 @@ __all__ = ["FINISH_FILE", "Trainer", "smaller_micro_batch"]
 class Trainer:
     """One run. Build with a validated config and a run folder; call run()."""
 
-    def __init__(self, cfg: TrainConfig, run_dir: str | Path, resume_from=None, fault=None,
-                 data_cache=None, allow_data_change: bool = False):  # fmt: skip
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        run_dir: str | Path,
+        resume_from=None,
+        fault=None,
+        data_cache=None,
+        allow_data_change: bool = False,
+    ):
         # A pretrained start: the model's shape and tokenizer fill the config in.
         self.pretrained: Pretrained | None = None
         if cfg.init_from:
@@ -252,9 +259,17 @@ class Trainer:
     def _setup(self) -> None:
         """Check the input, prepare the data, make the run folder, build (or restore) the
         model, optimizer and schedule: see core.training.setup."""
-        given = RunInputs(self.cfg, self.folder, self.world, self.lock, self.pretrained,
-                          self.resume_from, self.data_cache, self.allow_data_change,
-                          timed=self.budget is not None)  # fmt: skip
+        given = RunInputs(
+            self.cfg,
+            self.folder,
+            self.world,
+            self.lock,
+            self.pretrained,
+            self.resume_from,
+            self.data_cache,
+            self.allow_data_change,
+            timed=self.budget is not None,
+        )
         progress = Progress()
         try:
             self.run_state = setup.setup(given, progress, self.events, self.control.stop_set)
@@ -272,8 +287,10 @@ class Trainer:
         self.events.on_train_start(start)
         if cfg.lora_rank:
             total = self.model.num_params()
-            self.log(f"LoRA rank {cfg.lora_rank} on {cfg.lora_targets}: {trainable:,} of "
-                      f"{total:,} parameters train")  # fmt: skip
+            self.log(
+                f"LoRA rank {cfg.lora_rank} on {cfg.lora_targets}: {trainable:,} of "
+                f"{total:,} parameters train"
+            )
         self.log(
             f"training {trainable:,} parameters on {self.device} ({self.precision}), "
             f"data {self.data.source}, {self._data_size()} ({self.data.tokenizer.kind}), "
@@ -294,24 +311,43 @@ class Trainer:
         return size() if size else f"{self.data.train_tokens:,} train tokens"
 
     def _end(self, status: str, error: str | None = None) -> dict:
-        return setup.end(status, error, self.step, self.max_steps, self.folder, self.lock,
-                         self.events, self.log, self.world.owns_group)  # fmt: skip
+        return setup.end(
+            status,
+            error,
+            self.step,
+            self.max_steps,
+            self.folder,
+            self.lock,
+            self.events,
+            self.log,
+            self.world.owns_group,
+        )
 
     # -- checkpoints, metrics, evaluation ------------------------------------------------
 
     def save_checkpoint(self, best: bool = False) -> Path:
         self._emit_metrics()
         with self.clock.not_training():
-            return self.saver.save(self._state, self.step, best, self.max_steps,
-                                   self.events.on_checkpoint)  # fmt: skip
+            return self.saver.save(
+                self._state, self.step, best, self.max_steps, self.events.on_checkpoint
+            )
 
     def _state(self) -> dict:
         base_shape = self.pretrained.config if self.pretrained else None
         shape = GPTConfig.from_train(self.cfg, training=False, base=base_shape)
         shape = dataclasses.replace(shape, fused=self.model.config.fused)  # as it trains
-        return checkpoint_state(self.run_state, self.cfg, self.step, self.best_val, self.last_loss,
-                                self.plan, self.clock, self.adapters_only, shape.to_dict(),
-                                resume.limit_of(self.cfg))  # fmt: skip
+        return checkpoint_state(
+            self.run_state,
+            self.cfg,
+            self.step,
+            self.best_val,
+            self.last_loss,
+            self.plan,
+            self.clock,
+            self.adapters_only,
+            shape.to_dict(),
+            resume.limit_of(self.cfg),
+        )
 
     def _emit_metrics(self) -> None:
         """Read the pending step losses in one host-device sync and emit their records."""
@@ -322,16 +358,20 @@ class Trainer:
         tokens = sum(self.objective.step_tokens(s, self.cfg) for *_, s in pending)
         tokens *= self.world.size
         # Training time only: evaluation, sampling and checkpoint writes are not throughput.
-        common = {"max_steps": self.max_steps, "elapsed_s": self.clock.elapsed(),
-                  "tokens_per_s": round(tokens / self.clock.training_seconds(), 1),
-                  "memory": memory_stats(self.device)}  # fmt: skip
+        common = {
+            "max_steps": self.max_steps,
+            "elapsed_s": self.clock.elapsed(),
+            "tokens_per_s": round(tokens / self.clock.training_seconds(), 1),
+            "memory": memory_stats(self.device),
+        }
         if warning := self.spill.check(common["memory"]):
             self.log(warning)
         steps = [(step, lr) for step, _, lr, _ in pending]
         sums = [s for *_, s in pending]
         extras = None if sums[0] is None else self.objective.records(sums, self.cfg, self.world)
-        for record in metrics.train_records(steps, losses, self.cfg, self.data.train_tokens,
-                                            common, extras):  # fmt: skip
+        for record in metrics.train_records(
+            steps, losses, self.cfg, self.data.train_tokens, common, extras
+        ):
             self.folder.append_metric(record)
             self.events.on_train_batch_end(record)
         self.last_loss = losses[-1]
@@ -364,9 +404,14 @@ class Trainer:
             val = self._record_eval(f"step {self.step}")
             text = ""
             if self.world.main:
-                text = evaluation.sample_text(self.model, self.data, self.cfg.sample_tokens,
-                                              self.cfg.seed + self.step, self.device,
-                                              self.precision)  # fmt: skip
+                text = evaluation.sample_text(
+                    self.model,
+                    self.data,
+                    self.cfg.sample_tokens,
+                    self.cfg.seed + self.step,
+                    self.device,
+                    self.precision,
+                )
             if text:
                 self.folder.append_sample(self.step, text)
                 self.events.on_sample(self.step, text)

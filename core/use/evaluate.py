@@ -81,8 +81,10 @@ def read_documents(path: str | Path, column: str = "text") -> list[str]:
         for number, row in tables.iter_records(path, {"text": column}):
             value = row["text"]
             if not isinstance(value, str):
-                raise DataError(f"{path}: {tables.unit(path)} {number}: the {column} column "
-                                f"holds {type(value).__name__}, not text")  # fmt: skip
+                raise DataError(
+                    f"{path}: {tables.unit(path)} {number}: the {column} column "
+                    f"holds {type(value).__name__}, not text"
+                )
             docs.append(value)
     except DataError as e:
         raise DataError(f"--text: {e}") from None
@@ -126,8 +128,10 @@ def _answer(value, choices: list[str], where: str) -> int:
     if text.lstrip("-").isdigit() and 0 <= int(text) < len(choices):
         return int(text)
     last = len(choices) - 1
-    raise DataError(f"{where}: answer {text!r} is not one of the {len(choices)} choices "
-                    f"(an index 0-{last} or a letter A-{LETTERS[min(last, 9)]})")  # fmt: skip
+    raise DataError(
+        f"{where}: answer {text!r} is not one of the {len(choices)} choices "
+        f"(an index 0-{last} or a letter A-{LETTERS[min(last, 9)]})"
+    )
 
 
 def _choices(row: dict, where: str) -> list[str]:
@@ -146,8 +150,10 @@ def _choices(row: dict, where: str) -> list[str]:
         raise DataError(f"{where}: needs at least two choices")
     for n, c in enumerate(choices):
         if not isinstance(c, str):  # 1 and "1" would score alike and read back differently
-            raise DataError(f"{where}: choice {n} is {type(c).__name__} {c!r}, not text; "
-                            "write the choices as strings")  # fmt: skip
+            raise DataError(
+                f"{where}: choice {n} is {type(c).__name__} {c!r}, not text; "
+                "write the choices as strings"
+            )
         if not c.strip():  # acc_norm divides by its length; an empty choice cannot be scored
             raise DataError(f"{where}: choice {n} is empty")
     seen = {}
@@ -162,13 +168,17 @@ def _item(row, where: str, template: str | None = None) -> dict:
     """{"doc": the row, "choices", "answer"} of one question; the context is made later
     (doc_to_text: a template, the context column as is, or the question in a frame)."""
     if not isinstance(row, dict):
-        raise DataError(f"{where}: expected an object with question, choices and answer, got "
-                        f"{type(row).__name__}")  # fmt: skip
+        raise DataError(
+            f"{where}: expected an object with question, choices and answer, got "
+            f"{type(row).__name__}"
+        )
     prompt = template is not None or {"question", "context"} & set(row)
     if not prompt or "answer" not in row:
         found = ", ".join(sorted(str(k) for k in row)) or "none"
-        raise DataError(f"{where}: needs the columns question (or context), answer and choices "
-                        f"(or A, B, C, ...); found {found}")  # fmt: skip
+        raise DataError(
+            f"{where}: needs the columns question (or context), answer and choices "
+            f"(or A, B, C, ...); found {found}"
+        )
     choices = _choices(row, where)
     return {"doc": row, "choices": choices, "answer": _answer(row["answer"], choices, where)}
 
@@ -286,8 +296,13 @@ def question_requests(loaded, items: list[dict], fmt: QuestionFormat, limit=None
     return scored, requests
 
 
-def choice_metrics(loaded: Loaded, items: list[dict], fmt: QuestionFormat | None = None,
-                   limit: int | None = None, progress=None) -> dict:  # fmt: skip
+def choice_metrics(
+    loaded: Loaded,
+    items: list[dict],
+    fmt: QuestionFormat | None = None,
+    limit: int | None = None,
+    progress=None,
+) -> dict:
     """acc, acc_norm (per character of the choice) and acc_bytes (per UTF-8 byte), with their
     standard errors, and each item's picks [acc, acc_norm, acc_bytes]."""
     fmt = fmt or QuestionFormat()
@@ -303,8 +318,11 @@ def choice_metrics(loaded: Loaded, items: list[dict], fmt: QuestionFormat | None
         mine, at = lls[at : at + k], at + k
         chars = [len(c) for c in item["choices"]]
         size = [len(c.encode("utf-8")) for c in item["choices"]]
-        pick = [_argmax(mine), _argmax([a / b for a, b in zip(mine, chars, strict=True)]),
-                _argmax([a / b for a, b in zip(mine, size, strict=True)])]  # fmt: skip
+        pick = [
+            _argmax(mine),
+            _argmax([a / b for a, b in zip(mine, chars, strict=True)]),
+            _argmax([a / b for a, b in zip(mine, size, strict=True)]),
+        ]
         picks.append(pick)
         for name, p in zip(hits, pick, strict=True):
             hits[name].append(1.0 if p == item["answer"] else 0.0)
@@ -346,8 +364,15 @@ def result_name(kind: str, label: str, settings: dict) -> str:
     return f"{kind}-{safe}-{tag}.json"
 
 
-def write_record(loaded: Loaded, kind: str, label: str, settings: dict, result: dict,
-                 start: dict | None = None, data: Path | None = None) -> Path | None:  # fmt: skip
+def write_record(
+    loaded: Loaded,
+    kind: str,
+    label: str,
+    settings: dict,
+    result: dict,
+    start: dict | None = None,
+    data: Path | None = None,
+) -> Path | None:
     """RUN/eval/<kind>-<name>-<settings>.json for a run (None for a plain model folder)."""
     from core.platform.atomic import write_text
 
@@ -356,9 +381,15 @@ def write_record(loaded: Loaded, kind: str, label: str, settings: dict, result: 
         return None
     folder = run / "eval"
     folder.mkdir(exist_ok=True)
-    record = {"model": str(loaded.checkpoint), "step": loaded.step, "kind": kind,
-              "data": label, "settings": settings, "result": result,
-              "time": time.strftime("%Y-%m-%d %H:%M:%S")}  # fmt: skip
+    record = {
+        "model": str(loaded.checkpoint),
+        "step": loaded.step,
+        "kind": kind,
+        "data": label,
+        "settings": settings,
+        "result": result,
+        "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
     if data is not None:
         record["data_fingerprint"] = fingerprint(data)
     if start is not None:
@@ -369,8 +400,9 @@ def write_record(loaded: Loaded, kind: str, label: str, settings: dict, result: 
     return path
 
 
-def write_result(loaded: Loaded, data: Path, kind: str, settings: dict, result: dict,
-                 start: dict | None = None):  # fmt: skip
+def write_result(
+    loaded: Loaded, data: Path, kind: str, settings: dict, result: dict, start: dict | None = None
+):
     """The record of a data file's evaluation (its resolved path names it)."""
     data = Path(data)
     settings = {**settings, "file": str(data.resolve())}
@@ -429,10 +461,19 @@ def _measure(loaded: Loaded, docs, items, fmt: QuestionFormat, limit, progress) 
     return out
 
 
-def evaluate_files(target, text=None, choices=None, fewshot: int = 0, limit=None,
-                   compare: bool = False, which: str = "best", progress=None,
-                   fmt: QuestionFormat | None = None, text_column: str = "text",
-                   device: str = "cpu") -> dict:  # fmt: skip
+def evaluate_files(
+    target,
+    text=None,
+    choices=None,
+    fewshot: int = 0,
+    limit=None,
+    compare: bool = False,
+    which: str = "best",
+    progress=None,
+    fmt: QuestionFormat | None = None,
+    text_column: str = "text",
+    device: str = "cpu",
+) -> dict:
     """What `python -m core.eval` and the window's Evaluate tab compute: {"text": ...,
     "choices": ..., and with compare "start": the same for the model a fine-tune began from}.
     Results of a run are written to RUN/eval/."""
@@ -443,8 +484,10 @@ def evaluate_files(target, text=None, choices=None, fewshot: int = 0, limit=None
     items = read_choices(choices, fmt.template) if choices else None
     if items is not None:
         if fmt.fewshot + 1 > len(items) and fmt.fewshot:
-            raise DataError(f"--fewshot: {fmt.fewshot} examples need at least "
-                            f"{fmt.fewshot + 1} questions in {choices}")  # fmt: skip
+            raise DataError(
+                f"--fewshot: {fmt.fewshot} examples need at least "
+                f"{fmt.fewshot + 1} questions in {choices}"
+            )
         if fmt.template is not None:
             doc_to_text(items[0], fmt.template)  # a bad template is refused before loading
     loaded, start = load_with_start(target, which, device, compare)
@@ -457,14 +500,24 @@ def evaluate_files(target, text=None, choices=None, fewshot: int = 0, limit=None
         write_result(loaded, Path(text), "text", settings, out["text"], before.get("text"))
     if choices:
         settings = {**asdict(fmt), "limit": limit}
-        write_result(loaded, Path(choices), "choices", settings, out["choices"],
-                     before.get("choices"))  # fmt: skip
+        write_result(
+            loaded, Path(choices), "choices", settings, out["choices"], before.get("choices")
+        )
     return out
 
 
-def evaluate_tasks(target, tasks: str, fewshot: int | None = None, limit=None,
-                   chat: bool = False, multiturn: bool = True, compare: bool = False,
-                   which: str = "best", progress=None, device: str = "cpu") -> dict:  # fmt: skip
+def evaluate_tasks(
+    target,
+    tasks: str,
+    fewshot: int | None = None,
+    limit=None,
+    chat: bool = False,
+    multiturn: bool = True,
+    compare: bool = False,
+    which: str = "best",
+    progress=None,
+    device: str = "cpu",
+) -> dict:
     """lm-evaluation-harness tasks on a run or model (core.use.harness), and with compare on
     the model a fine-tune started from; a run's results go to RUN/eval/."""
     from core.use import harness
@@ -474,8 +527,13 @@ def evaluate_tasks(target, tasks: str, fewshot: int | None = None, limit=None,
     out = harness.run_tasks(loaded, tasks, fewshot, limit, chat, multiturn, progress)
     if start is not None:
         out["start"] = harness.run_tasks(start, tasks, fewshot, limit, chat, multiturn, progress)
-    settings = {"tasks": tasks, "fewshot": fewshot, "limit": limit, "chat": chat,
-                "multiturn": multiturn}  # fmt: skip
+    settings = {
+        "tasks": tasks,
+        "fewshot": fewshot,
+        "limit": limit,
+        "chat": chat,
+        "multiturn": multiturn,
+    }
     label = ",".join(Path(t.strip()).stem for t in tasks.split(",") if t.strip())
     result = {"tasks": out["tasks"], "n": out["n"]}
     before = {"tasks": out["start"]["tasks"]} if start is not None else None

@@ -192,8 +192,14 @@ def export_peft(loaded: Loaded, folder: Path) -> None:
 
 
 QUANTIZED = ("gguf", "ollama")  # the formats --quant applies to
-NEEDS = {"hf": ["safetensors"], "gguf": ["gguf"], "ollama": ["gguf"], "gguf-lora": ["gguf"],
-         "safetensors": ["safetensors"], "peft": []}  # fmt: skip
+NEEDS = {
+    "hf": ["safetensors"],
+    "gguf": ["gguf"],
+    "ollama": ["gguf"],
+    "gguf-lora": ["gguf"],
+    "safetensors": ["safetensors"],
+    "peft": [],
+}
 ADAPTERS = ("peft", "gguf-lora")  # the formats that write the adapters alone, unmerged
 
 
@@ -226,9 +232,16 @@ def check_request(fmt: str, out: Path, quant: str | None) -> str | None:
     return (quant or "f16") if fmt in QUANTIZED else None
 
 
-def export(target: str | Path, fmt: str, out: str | Path, which: str = "best",
-           quant: str | None = None, system: str | None = None, log=print,
-           progress=None) -> Path:  # fmt: skip
+def export(
+    target: str | Path,
+    fmt: str,
+    out: str | Path,
+    which: str = "best",
+    quant: str | None = None,
+    system: str | None = None,
+    log=print,
+    progress=None,
+) -> Path:
     """Write the export into out (a new or empty folder); nothing is left on failure.
     quant: the GGUF type mix for gguf and ollama (default f16); system: ollama's SYSTEM;
     log(line) hears what happens, progress(done, total) counts the tensors written."""

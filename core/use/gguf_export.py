@@ -156,8 +156,9 @@ def _table_tensors(loaded: Loaded) -> dict[str, Lazy]:
         for k, (hf_name, piece) in enumerate(zip(hf_names, parts, strict=True)):
             heads = _rope_heads(hf_name, c, family)
             name = _llama_name(names, hf_name)
-            make = _llama_part(src[ours], ours, c, len(hf_names), k, heads, name,
-                               family.gguf_tensor)  # fmt: skip
+            make = _llama_part(
+                src[ours], ours, c, len(hf_names), k, heads, name, family.gguf_tensor
+            )
             out[name] = Lazy(piece.shape, make)
     scaling = c.rope_scaling or {}
     if scaling.get("rope_type", scaling.get("type")) == "llama3":
@@ -273,8 +274,9 @@ def chat_bos(tok) -> bool:
         return tok.add_bos
     bos = tok.meta.get("bos_token") or ""
     try:
-        text = render(tok.chat_template, [{"role": "user", "content": "a"}], True,
-                      **special_tokens(tok))  # fmt: skip
+        text = render(
+            tok.chat_template, [{"role": "user", "content": "a"}], True, **special_tokens(tok)
+        )
     except TemplateError:
         return tok.add_bos
     return bool(bos) and text.startswith(bos)
@@ -412,13 +414,27 @@ def _file_types() -> dict:
     import gguf
 
     F = gguf.LlamaFileType
-    return {"f32": F.ALL_F32, "f16": F.MOSTLY_F16, "bf16": F.MOSTLY_BF16,
-            "q8_0": F.MOSTLY_Q8_0, "q6_k": F.MOSTLY_Q6_K, "q5_k_m": F.MOSTLY_Q5_K_M,
-            "q4_k_m": F.MOSTLY_Q4_K_M, "q4_0": F.MOSTLY_Q4_0}  # fmt: skip
+    return {
+        "f32": F.ALL_F32,
+        "f16": F.MOSTLY_F16,
+        "bf16": F.MOSTLY_BF16,
+        "q8_0": F.MOSTLY_Q8_0,
+        "q6_k": F.MOSTLY_Q6_K,
+        "q5_k_m": F.MOSTLY_Q5_K_M,
+        "q4_k_m": F.MOSTLY_Q4_K_M,
+        "q4_0": F.MOSTLY_Q4_0,
+    }
 
 
-def export_gguf(loaded: Loaded, folder: Path, quant: str = "f16", log=print,
-                progress=None, name: str = "model.gguf", chat: bool = False) -> dict:  # fmt: skip
+def export_gguf(
+    loaded: Loaded,
+    folder: Path,
+    quant: str = "f16",
+    log=print,
+    progress=None,
+    name: str = "model.gguf",
+    chat: bool = False,
+) -> dict:
     """The family's llama.cpp architecture (gpt2, llama, qwen2, gemma3, ...), each tensor
     in the type the quant's mix gives it (as llama-quantize would). Tensors are converted,
     quantized and written one at a time; chat: a file for chat only (Ollama), whose BOS is
@@ -440,10 +456,14 @@ def export_gguf(loaded: Loaded, folder: Path, quant: str = "f16", log=print,
     add_bos = chat_bos(tok) if chat else tok.add_bos
     _gguf_tokenizer(writer, loaded, add_bos)
     if tok.add_bos and not chat_bos(tok):
-        log("gguf: add_bos_token false: the chat template writes no BOS, so chat prompts start "
-            "as in transformers" if chat else "gguf: llama.cpp's chat puts BOS before the "
+        log(
+            "gguf: add_bos_token false: the chat template writes no BOS, so chat prompts start "
+            "as in transformers"
+            if chat
+            else "gguf: llama.cpp's chat puts BOS before the "
             "template's text, which transformers (and TrainDeck's chat) does not; the "
-            "ollama export writes its GGUF without it")  # fmt: skip
+            "ollama export writes its GGUF without it"
+        )
     tensors = gguf_tensors(loaded)
     types, counters, layers = {}, {}, loaded.model.config.n_layers
     tied = "output.weight" not in tensors  # the embedding is also the output
@@ -465,8 +485,11 @@ def export_gguf(loaded: Loaded, folder: Path, quant: str = "f16", log=print,
         if progress is not None:
             progress(i + 1, len(types))
     writer.close()
-    return {"path": path, "bytes": path.stat().st_size,
-            "types": {k: v.name for k, v in types.items()}}  # fmt: skip
+    return {
+        "path": path,
+        "bytes": path.stat().st_size,
+        "types": {k: v.name for k, v in types.items()},
+    }
 
 
 # -- LoRA adapters for llama.cpp --------------------------------------------------------------
@@ -522,6 +545,8 @@ def export_gguf_lora(loaded: Loaded, folder: Path, log=print) -> dict:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    log(f"gguf-lora: {len(tensors) // 2} adapted tensors, rank {cfg.lora_rank}, alpha "
-        f"{cfg.lora_scale_alpha:g}")  # fmt: skip
+    log(
+        f"gguf-lora: {len(tensors) // 2} adapted tensors, rank {cfg.lora_rank}, alpha "
+        f"{cfg.lora_scale_alpha:g}"
+    )
     return {"path": path, "bytes": path.stat().st_size}

@@ -83,8 +83,10 @@ def quality_line(loaded: Loaded, path: Path, quant: str) -> str:
     plain = perplexity(fp32_model(loaded.model), windows)
     quantized = perplexity(dequantized_model(loaded, path), windows)
     change = 100 * (quantized / plain - 1)
-    return (f"{size}; perplexity {quantized:.3f} on the run's validation text "
-            f"(unquantized {plain:.3f}, {change:+.2f}%)")  # fmt: skip
+    return (
+        f"{size}; perplexity {quantized:.3f} on the run's validation text "
+        f"(unquantized {plain:.3f}, {change:+.2f}%)"
+    )
 
 
 def model_shape(target: str | Path, which: str = "best"):

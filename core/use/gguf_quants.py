@@ -27,9 +27,15 @@ T = GGMLQuantizationType
 QK_K = 256
 QUANTS = ("f32", "f16", "bf16", "q8_0", "q6_k", "q5_k_m", "q4_k_m", "q4_0")
 DEFAULT_TYPE = {
-    "f32": T.F32, "f16": T.F16, "bf16": T.BF16, "q8_0": T.Q8_0, "q6_k": T.Q6_K,
-    "q5_k_m": T.Q5_K, "q4_k_m": T.Q4_K, "q4_0": T.Q4_0,
-}  # fmt: skip
+    "f32": T.F32,
+    "f16": T.F16,
+    "bf16": T.BF16,
+    "q8_0": T.Q8_0,
+    "q6_k": T.Q6_K,
+    "q5_k_m": T.Q5_K,
+    "q4_k_m": T.Q4_K,
+    "q4_0": T.Q4_0,
+}
 # llama.cpp's tensor_type_fallback for a row length the type's blocks do not divide. It has none
 # for Q4_0 / Q5_0 / Q5_1 / Q8_0 (llama-quantize stops there); we store those tensors as F16.
 FALLBACK = {T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0}

@@ -69,8 +69,10 @@ def make_lm(loaded: Loaded, progress=None):
             for req in requests:
                 context, kwargs = req.args[0], dict(req.args[1] or {})
                 if kwargs.get("do_sample") or float(kwargs.get("temperature") or 0) > 0:
-                    raise DataError("--tasks: TrainDeck answers generate_until greedily; this "
-                                    "task asks for sampling (do_sample)")  # fmt: skip
+                    raise DataError(
+                        "--tasks: TrainDeck answers generate_until greedily; this "
+                        "task asks for sampling (do_sample)"
+                    )
                 most = kwargs.get("max_gen_toks") or kwargs.get("max_new_tokens") or 256
                 out.append(scoring.generate_until(loaded, context, kwargs.get("until"), most))
                 if progress:
@@ -158,8 +160,10 @@ def check_tasks(tasks: str) -> None:
     manager = _manager(folders, builtin)
     unknown = [n for n in names if n not in manager.all_tasks]
     if unknown:
-        raise DataError(f"--tasks: no task named {unknown[0]} (lm_eval --tasks list shows them; "
-                        "or give the path of a task YAML)")  # fmt: skip
+        raise DataError(
+            f"--tasks: no task named {unknown[0]} (lm_eval --tasks list shows them; "
+            "or give the path of a task YAML)"
+        )
     try:
         manager.load(names)
     except _data_errors() as e:
@@ -167,8 +171,15 @@ def check_tasks(tasks: str) -> None:
         raise DataError(f"--tasks: the data of {tasks} cannot be read: {first}") from None
 
 
-def run_tasks(loaded: Loaded, tasks: str, fewshot: int | None = None, limit=None,
-              chat: bool = False, multiturn: bool = True, progress=None) -> dict:  # fmt: skip
+def run_tasks(
+    loaded: Loaded,
+    tasks: str,
+    fewshot: int | None = None,
+    limit=None,
+    chat: bool = False,
+    multiturn: bool = True,
+    progress=None,
+) -> dict:
     """lm_eval's simple_evaluate on the loaded model: {"tasks": {task: measures}, "n": {task:
     samples}, "config": what ran}."""
     require_lm_eval()
@@ -177,10 +188,16 @@ def run_tasks(loaded: Loaded, tasks: str, fewshot: int | None = None, limit=None
 
     manager = _manager(folders, builtin)
     result = simple_evaluate(
-        model=make_lm(loaded, progress), tasks=names, num_fewshot=fewshot, limit=limit,
-        task_manager=manager, apply_chat_template=chat, fewshot_as_multiturn=multiturn,
-        log_samples=False, bootstrap_iters=1000,
-    )  # fmt: skip
+        model=make_lm(loaded, progress),
+        tasks=names,
+        num_fewshot=fewshot,
+        limit=limit,
+        task_manager=manager,
+        apply_chat_template=chat,
+        fewshot_as_multiturn=multiturn,
+        log_samples=False,
+        bootstrap_iters=1000,
+    )
     return {
         "tasks": _flatten(result["results"]),
         "n": {

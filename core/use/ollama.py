@@ -42,9 +42,14 @@ from core.errors import UserError
 
 KINDS = ("chatml", "llama3", "mistral", "gemma", "phi", "deepseek", "plain")
 KIND_NAMES = {
-    "chatml": "ChatML", "llama3": "Llama 3", "mistral": "Mistral [INST]", "gemma": "Gemma",
-    "phi": "Phi", "deepseek": "DeepSeek-R1", "plain": "none",
-}  # fmt: skip
+    "chatml": "ChatML",
+    "llama3": "Llama 3",
+    "mistral": "Mistral [INST]",
+    "gemma": "Gemma",
+    "phi": "Phi",
+    "deepseek": "DeepSeek-R1",
+    "plain": "none",
+}
 
 
 class OllamaError(UserError):
@@ -153,37 +158,64 @@ class Layout:
 # and Ollama's chatml; Llama 3.0 with BOS added by Ollama's tokenizer; Mistral-7B-Instruct v0.3.
 def _turns(kind: str, user: str, answer: str, close: str, **kw) -> Layout:
     return Layout(
-        kind, system_open=kw.pop("system_open", None), user_open=user, user_close=close,
-        answer_open=answer, answer_close=close, last_open=answer, gen=answer, **kw,
-    )  # fmt: skip
+        kind,
+        system_open=kw.pop("system_open", None),
+        user_open=user,
+        user_close=close,
+        answer_open=answer,
+        answer_close=close,
+        last_open=answer,
+        gen=answer,
+        **kw,
+    )
 
 
 CANONICAL = {
     "chatml": _turns(
-        "chatml", "<|im_start|>user\n", "<|im_start|>assistant\n", "<|im_end|>\n",
-        system_open="<|im_start|>system\n", system_close="<|im_end|>\n",
+        "chatml",
+        "<|im_start|>user\n",
+        "<|im_start|>assistant\n",
+        "<|im_end|>\n",
+        system_open="<|im_start|>system\n",
+        system_close="<|im_end|>\n",
     ),
     "llama3": _turns(
-        "llama3", "<|start_header_id|>user<|end_header_id|>\n\n",
-        "<|start_header_id|>assistant<|end_header_id|>\n\n", "<|eot_id|>",
-        system_open="<|start_header_id|>system<|end_header_id|>\n\n", system_close="<|eot_id|>",
+        "llama3",
+        "<|start_header_id|>user<|end_header_id|>\n\n",
+        "<|start_header_id|>assistant<|end_header_id|>\n\n",
+        "<|eot_id|>",
+        system_open="<|start_header_id|>system<|end_header_id|>\n\n",
+        system_close="<|eot_id|>",
     ),
     "mistral": Layout("mistral", answer_end="</s>"),
     "gemma": _turns(
-        "gemma", "<start_of_turn>user\n", "<start_of_turn>model\n", "<end_of_turn>\n",
-        system_join="\n\n", system_open="",
+        "gemma",
+        "<start_of_turn>user\n",
+        "<start_of_turn>model\n",
+        "<end_of_turn>\n",
+        system_join="\n\n",
+        system_open="",
     ),
     "phi": _turns(
-        "phi", "<|user|>\n", "<|assistant|>\n", "<|end|>\n",
-        system_open="<|system|>\n", system_close="<|end|>\n",
+        "phi",
+        "<|user|>\n",
+        "<|assistant|>\n",
+        "<|end|>\n",
+        system_open="<|system|>\n",
+        system_close="<|end|>\n",
     ),
     "deepseek": Layout(
-        "deepseek", system_open="", user_open="<｜User｜>", answer_open="<｜Assistant｜>",
-        answer_close="<｜end▁of▁sentence｜>", last_open="<｜Assistant｜>",
-        gen="<｜Assistant｜><think>\n", think=("<think>\n", "\n</think>\n\n"),
+        "deepseek",
+        system_open="",
+        user_open="<｜User｜>",
+        answer_open="<｜Assistant｜>",
+        answer_close="<｜end▁of▁sentence｜>",
+        last_open="<｜Assistant｜>",
+        gen="<｜Assistant｜><think>\n",
+        think=("<think>\n", "\n</think>\n\n"),
     ),
     "plain": Layout("plain"),
-}  # fmt: skip
+}
 
 
 def _markers(text: str) -> str:
@@ -233,10 +265,16 @@ _T = "ProbeThinking7"
 _DATE = "ProbeDate7"  # what strftime_now gives while probing; currentDate in the TEMPLATE
 _TOOLS = "ProbeToolList7"  # where the tool list goes in a piece
 _PROBE_TOOLS = [
-    {"type": "function", "function": {"name": f"probe_tool_{n}", "description": "Probe.",
-                                      "parameters": {"type": "object", "properties": {}}}}
+    {
+        "type": "function",
+        "function": {
+            "name": f"probe_tool_{n}",
+            "description": "Probe.",
+            "parameters": {"type": "object", "properties": {}},
+        },
+    }
     for n in (1, 2)
-]  # fmt: skip
+]
 
 
 def _msg(role: str, content: str) -> dict:
@@ -338,9 +376,21 @@ def _probe_turns(kind: str, jinja, bos: str, takes_thinking: bool) -> Layout:
     else:  # refused, or dropped (Phi-3-mini's first template)
         system_open, system_close, join = None, "", None
     return Layout(
-        kind, lead, default_turn, system_open, system_close, join, user_open, user_close,
-        answer_close, last_open, gen, think, always, answer_open=answer_open,
-    )  # fmt: skip
+        kind,
+        lead,
+        default_turn,
+        system_open,
+        system_close,
+        join,
+        user_open,
+        user_close,
+        answer_close,
+        last_open,
+        gen,
+        think,
+        always,
+        answer_open=answer_open,
+    )
 
 
 def _tool_json(tool: dict, text: str) -> str | None:
@@ -377,10 +427,16 @@ def _probe_tools(kind: str, lay: Layout, jinja, jinja_template: str) -> Layout:
             kind, listed(jinja([_msg("system", _S), _msg("user", _U1)], **tools)), lay.lead
         )
     return replace(
-        lay, tools=True, tool_sep=sep, tools_default_turn=default_turn,
-        tools_user_open=user_open, tools_system_open=t_open, tools_system_close=t_close,
-        tool_calls=calls, tool_as_user=as_user,
-    )  # fmt: skip
+        lay,
+        tools=True,
+        tool_sep=sep,
+        tools_default_turn=default_turn,
+        tools_user_open=user_open,
+        tools_system_open=t_open,
+        tools_system_close=t_close,
+        tool_calls=calls,
+        tool_as_user=as_user,
+    )
 
 
 def _tool_as_user(jinja) -> bool:
@@ -406,16 +462,30 @@ def _probe_mistral(jinja, bos: str) -> Layout:
             [_msg("system", _S), _msg("user", _U1), _msg("assistant", _A1), _msg("user", _U2)]
         )
     except TemplateError:  # v0.1's first template: no system message at all
-        return Layout("mistral", lead, answer_end=answer_end, inst_open=inst_open,
-                      inst_close=inst_close, answer_open=answer_open, system_sep="",
-                      system_at=None)  # fmt: skip
+        return Layout(
+            "mistral",
+            lead,
+            answer_end=answer_end,
+            inst_open=inst_open,
+            inst_close=inst_close,
+            answer_open=answer_open,
+            system_sep="",
+            system_at=None,
+        )
     if system.startswith(lead + inst_open + _S):
         at, (sep, _) = "first", _cut(system, _S, _U1)
     else:
         at, (sep, _) = "last", _cut(system, _S, _U2)
-    return Layout("mistral", lead, answer_end=answer_end, inst_open=inst_open,
-                  inst_close=inst_close, answer_open=answer_open, system_sep=sep,
-                  system_at=at)  # fmt: skip
+    return Layout(
+        "mistral",
+        lead,
+        answer_end=answer_end,
+        inst_open=inst_open,
+        inst_close=inst_close,
+        answer_open=answer_open,
+        system_sep=sep,
+        system_at=at,
+    )
 
 
 def _probe(kind: str, jinja_template: str, tokens: dict) -> Layout:
@@ -437,8 +507,16 @@ def _probe(kind: str, jinja_template: str, tokens: dict) -> Layout:
 
 
 def _pieces(lay: Layout) -> list:
-    return [lay.lead, lay.default_turn, lay.system_open, lay.system_close, lay.tools_default_turn,
-            lay.tools_system_open, lay.tools_system_close, lay.tools_user_open]  # fmt: skip
+    return [
+        lay.lead,
+        lay.default_turn,
+        lay.system_open,
+        lay.system_close,
+        lay.tools_default_turn,
+        lay.tools_system_open,
+        lay.tools_system_close,
+        lay.tools_user_open,
+    ]
 
 
 def layout(
@@ -755,8 +833,13 @@ def _either(lay: Layout, tools: str | None, plain: str, when: str = "$.Tools") -
     """A piece that differs with tools: both, chosen by when."""
     if tools is None or tools == plain:
         return _text(plain)
-    return (f"{{{{ if {when} }}}}" + _tools_text(tools, lay.tool_sep) + "{{ else }}"
-            + _text(plain) + "{{ end }}")  # fmt: skip
+    return (
+        f"{{{{ if {when} }}}}"
+        + _tools_text(tools, lay.tool_sep)
+        + "{{ else }}"
+        + _text(plain)
+        + "{{ end }}"
+    )
 
 
 # Tool calls in an answer, tool results, and what ends a run of tool results, per form.
@@ -786,24 +869,40 @@ def _go_calls(lay: Layout) -> str:
         calls = "{{ range .ToolCalls }}" + _go_call(form) + "{{ end }}"
         return head + calls + _text("<|im_end|>\n")
     if form == "llama3":
-        return (_text(lay.answer_open) + "{{ range .ToolCalls }}" + _go_call(form) + "{{ end }}"
-                + _text(lay.answer_close))  # fmt: skip
+        return (
+            _text(lay.answer_open)
+            + "{{ range .ToolCalls }}"
+            + _go_call(form)
+            + "{{ end }}"
+            + _text(lay.answer_close)
+        )
     # DeepSeek-R1's template closes the calls only after a second or later call (and once per
     # such call): written as it does.
     end = _text("<｜tool▁calls▁end｜><｜end▁of▁sentence｜>")
-    return (_text("<｜Assistant｜><｜tool▁calls▁begin｜>") + "{{ range $k, $_ := .ToolCalls }}"
-            + "{{ if $k }}\n" + _go_call(form) + end + "{{ else }}" + _go_call(form)
-            + "{{ end }}{{ end }}")  # fmt: skip
+    return (
+        _text("<｜Assistant｜><｜tool▁calls▁begin｜>")
+        + "{{ range $k, $_ := .ToolCalls }}"
+        + "{{ if $k }}\n"
+        + _go_call(form)
+        + end
+        + "{{ else }}"
+        + _go_call(form)
+        + "{{ end }}{{ end }}"
+    )
 
 
 def _go_result(form: str) -> str:
     if form == "chatml":
-        return ('{{ if ne $prev "tool" }}<|im_start|>user{{ end }}\n<tool_response>\n'
-                "{{ .Content }}\n</tool_response>")  # fmt: skip
+        return (
+            '{{ if ne $prev "tool" }}<|im_start|>user{{ end }}\n<tool_response>\n'
+            "{{ .Content }}\n</tool_response>"
+        )
     if form == "llama3":  # Llama 3.1's template writes a text result as JSON (tojson)
         return "<|start_header_id|>ipython<|end_header_id|>\n\n{{ json .Content }}<|eot_id|>"
-    return ('{{ if ne $prev "tool" }}<｜tool▁outputs▁begin｜>{{ else }}\n{{ end }}'
-            "<｜tool▁output▁begin｜>{{ .Content }}<｜tool▁output▁end｜>")  # fmt: skip
+    return (
+        '{{ if ne $prev "tool" }}<｜tool▁outputs▁begin｜>{{ else }}\n{{ end }}'
+        "<｜tool▁output▁begin｜>{{ .Content }}<｜tool▁output▁end｜>"
+    )
 
 
 def _go_turns(lay: Layout) -> _Lines:
@@ -986,9 +1085,13 @@ def modelfile_of(tokenizer, gguf_name: str = "model.gguf", system: str | None = 
     jinja_template = tokenizer.chat_template
     stops = stop_tokens(template_kind(jinja_template), tokenizer)
     return modelfile(
-        gguf_name, jinja_template, stops, system, add_bos=tokenizer.add_bos,
+        gguf_name,
+        jinja_template,
+        stops,
+        system,
+        add_bos=tokenizer.add_bos,
         **special_tokens(tokenizer),
-    )  # fmt: skip
+    )
 
 
 def create_command(name: str, folder) -> list[str]:

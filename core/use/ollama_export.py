@@ -26,8 +26,10 @@ def export_ollama(loaded: Loaded, folder: Path, quant: str, system, log, progres
     log(f"ollama: Modelfile with the {name} template, stop at {', '.join(stops)}")
     caps = ollama.capabilities(lay)
     if caps:  # recent Ollama uses the GGUF's own template when the TEMPLATE has fewer
-        log(f"ollama: the TEMPLATE takes {' and '.join(caps)} as the model's template does, "
-            "so Ollama uses it rather than the GGUF's template")  # fmt: skip
+        log(
+            f"ollama: the TEMPLATE takes {' and '.join(caps)} as the model's template does, "
+            "so Ollama uses it rather than the GGUF's template"
+        )
     differences = ollama.differences(lay, tok.chat_template) if lay.kind != "plain" else []
     for line in differences:
         log(f"ollama: differs from the model's template: {line}")
@@ -38,8 +40,9 @@ def ollama_create(name: str, folder: Path) -> str:
     """Run `ollama create NAME -f Modelfile`; its output, or one line saying what failed."""
     command = ollama.create_command(name, Path(folder))
     if shutil.which("ollama") is None:
-        raise ExportError("ollama-create: ollama is not on PATH; install it or run: "
-                          + " ".join(command))  # fmt: skip
+        raise ExportError(
+            "ollama-create: ollama is not on PATH; install it or run: " + " ".join(command)
+        )
     done = subprocess.run(command, capture_output=True, text=True, cwd=folder)
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]

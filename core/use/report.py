@@ -58,25 +58,34 @@ def chat_sources(cfg: TrainConfig, target, run: Path) -> Sources:
             "to compare with); train with --init-from"
         )
     if getattr(cfg, "method", "sft") != "sft":
-        raise DataError(f"report: {target} was trained with method {cfg.method}; the report "
-                        "needs a chat fine-tune (method sft)")  # fmt: skip
+        raise DataError(
+            f"report: {target} was trained with method {cfg.method}; the report "
+            "needs a chat fine-tune (method sft)"
+        )
     if cfg.data is None or cfg.data_format not in ("auto", "chat"):
         data = cfg.data or "the embedded corpus"
-        raise DataError(f"report: {target} was not trained on chat data (data: {data}, "
-                        f"format {cfg.data_format})")  # fmt: skip
+        raise DataError(
+            f"report: {target} was not trained on chat data (data: {data}, "
+            f"format {cfg.data_format})"
+        )
     if Path(cfg.data).expanduser().exists():
-        if not chatdata.is_chat(cfg.data, cfg.data_format, cfg.data_extensions,
-                                tables.columns_of(cfg)):  # fmt: skip
-            raise DataError(f"report: {target} was not trained on chat data ({cfg.data} is "
-                            "text, not .jsonl examples)")  # fmt: skip
+        if not chatdata.is_chat(
+            cfg.data, cfg.data_format, cfg.data_extensions, tables.columns_of(cfg)
+        ):
+            raise DataError(
+                f"report: {target} was not trained on chat data ({cfg.data} is "
+                "text, not .jsonl examples)"
+            )
         return data_spec(cfg).sources
     # Not found from here (a relative path, or moved): the files the run was prepared from.
     old = _cached_listing(run) or []
     files = [Path(f["path"]) for f in old]
     if files and all(f.is_file() and f.suffix == chatdata.CHAT_SUFFIX for f in files):
         return Sources(str(cfg.data), files, None)
-    raise DataError(f"report: the run's data {cfg.data} is gone; put it back to read the "
-                    "held-out examples from it")  # fmt: skip
+    raise DataError(
+        f"report: the run's data {cfg.data} is gone; put it back to read the "
+        "held-out examples from it"
+    )
 
 
 def held_out(cfg: TrainConfig, sources: Sources, run: Path, n: int) -> tuple[list, str]:
@@ -87,12 +96,16 @@ def held_out(cfg: TrainConfig, sources: Sources, run: Path, n: int) -> tuple[lis
     if old is not None:
         gone = [f["path"] for f in old if not Path(f["path"]).is_file()]
         if gone:
-            raise DataError(f"report: the run's data file {gone[0]} is gone; put it back to "
-                            "read the held-out examples from it")  # fmt: skip
+            raise DataError(
+                f"report: the run's data file {gone[0]} is gone; put it back to "
+                "read the held-out examples from it"
+            )
         changes = data_changes(old, sources.listing())
         if changes:
-            note = (f"The data changed since the run prepared it ({', '.join(changes[:3])}): "
-                    "these examples may not be the ones it held out.")  # fmt: skip
+            note = (
+                f"The data changed since the run prepared it ({', '.join(changes[:3])}): "
+                "these examples may not be the ones it held out."
+            )
     examples = chatdata.read_examples(
         sources.files, cfg.skip_bad_lines, columns=tables.columns_of(cfg)
     )
@@ -123,8 +136,13 @@ def _answers(model, tok, prompts, max_new_tokens, progress) -> list[str]:
     return out
 
 
-def make_report(target, n: int = DEFAULT_EXAMPLES, max_new_tokens: int = DEFAULT_NEW_TOKENS,
-                which: str = "best", progress=None) -> dict:  # fmt: skip
+def make_report(
+    target,
+    n: int = DEFAULT_EXAMPLES,
+    max_new_tokens: int = DEFAULT_NEW_TOKENS,
+    which: str = "best",
+    progress=None,
+) -> dict:
     """Write RUN/eval/report.md; returns {"path", "markdown", "examples"}, each example
     {"prompt": messages, "reference", "start", "fine_tuned"}."""
     if n < 1:
@@ -146,9 +164,16 @@ def make_report(target, n: int = DEFAULT_EXAMPLES, max_new_tokens: int = DEFAULT
         {"prompt": c[:-1], "reference": c[-1]["content"], "start": s, "fine_tuned": t}
         for c, s, t in zip(conversations, start, tuned, strict=True)
     ]
-    header = {"run": run.name, "base": cfg.init_from, "checkpoint": file.name,
-              "lora": cfg.lora_rank, "data": cfg.data, "max_new_tokens": max_new_tokens,
-              "note": note, "measures": measures(run)}  # fmt: skip
+    header = {
+        "run": run.name,
+        "base": cfg.init_from,
+        "checkpoint": file.name,
+        "lora": cfg.lora_rank,
+        "data": cfg.data,
+        "max_new_tokens": max_new_tokens,
+        "note": note,
+        "measures": measures(run),
+    }
     markdown = to_markdown(header, examples)
     folder = run / "eval"
     folder.mkdir(exist_ok=True)
@@ -188,9 +213,12 @@ def measures(run: Path) -> list[tuple[str, str, float, float]]:
         if kind in HEADLINE:
             pairs = [(data, k, before.get(k), after.get(k)) for k in HEADLINE[kind]]
         else:
-            pairs = [(task, k, (before.get("tasks") or {}).get(task, {}).get(k), v)
-                     for task, ms in (after.get("tasks") or {}).items()
-                     for k, v in ms.items() if not k.endswith("_stderr")]  # fmt: skip
+            pairs = [
+                (task, k, (before.get("tasks") or {}).get(task, {}).get(k), v)
+                for task, ms in (after.get("tasks") or {}).items()
+                for k, v in ms.items()
+                if not k.endswith("_stderr")
+            ]
         for row in pairs:
             numbers = all(isinstance(v, int | float) for v in row[2:])
             if numbers and row[:2] not in seen:
@@ -211,15 +239,22 @@ def to_markdown(header: dict, examples: list[dict]) -> str:
     if header["note"]:
         lines += ["", f"**Note:** {header['note']}"]
     if header.get("measures"):  # the run's saved evaluations with --compare, in one table
-        lines += ["", "## Measures", "", "| Data or task | Measure | Start model | Fine-tuned |",
-                  "|---|---|---|---|"]  # fmt: skip
-        lines += [f"| {inline(d)} | {m} | {a:.4f} | {b:.4f} |"
-                  for d, m, a, b in header["measures"]]  # fmt: skip
+        lines += [
+            "",
+            "## Measures",
+            "",
+            "| Data or task | Measure | Start model | Fine-tuned |",
+            "|---|---|---|---|",
+        ]
+        lines += [f"| {inline(d)} | {m} | {a:.4f} | {b:.4f} |" for d, m, a, b in header["measures"]]
     for i, ex in enumerate(examples, 1):
         lines += ["", f"## Example {i}", ""]
         for m in ex["prompt"]:
             lines += [f"**{m['role']}:** {inline(m['content'])}", ""]
         cells = (inline(ex[k]) for k in ("reference", "start", "fine_tuned"))
-        lines += ["| Reference | Start model | Fine-tuned |", "|---|---|---|",
-                  "| " + " | ".join(cells) + " |"]  # fmt: skip
+        lines += [
+            "| Reference | Start model | Fine-tuned |",
+            "|---|---|---|",
+            "| " + " | ".join(cells) + " |",
+        ]
     return "\n".join(lines) + "\n"

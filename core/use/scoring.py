@@ -85,9 +85,11 @@ def _device(model) -> torch.device:
 
 
 @torch.no_grad()
-def loglikelihood_tokens(loaded: Loaded, pairs: list[tuple[list[int], list[int]]],
-                         progress: Callable[[int], None] | None = None
-                         ) -> list[tuple[float, bool]]:  # fmt: skip
+def loglikelihood_tokens(
+    loaded: Loaded,
+    pairs: list[tuple[list[int], list[int]]],
+    progress: Callable[[int], None] | None = None,
+) -> list[tuple[float, bool]]:
     """(sum of log p(continuation | context), whether every continuation token is the
     argmax) per (context tokens, continuation tokens), the input cut from the left to the
     model's context plus one, as the harness does. Longest first, right-padded batches (a
@@ -168,8 +170,9 @@ def loglikelihood_rolling(loaded: Loaded, texts: list[str], progress=None) -> li
     return out
 
 
-def generate_until(loaded: Loaded, context: str, until: list[str] | str | None = None,
-                   max_gen_toks: int = 256) -> str:  # fmt: skip
+def generate_until(
+    loaded: Loaded, context: str, until: list[str] | str | None = None, max_gen_toks: int = 256
+) -> str:
     """Greedy text after context, with TrainDeck's KV-cache generation, up to the first stop
     string (until plus the EOS token's text), as the harness's generate_until returns it."""
     from core.use.generate import generate_ids
@@ -185,8 +188,7 @@ def generate_until(loaded: Loaded, context: str, until: list[str] | str | None =
         raise ValueError(f"max_gen_toks {max_gen_toks} leaves no room in the context")
     ids = tok_encode(tok, context)[-keep:]
     out: list[int] = []
-    for i in generate_ids(loaded.model, ids, max_gen_toks, temperature=0.0,
-                          stop_ids=tok.stop_ids):  # fmt: skip
+    for i in generate_ids(loaded.model, ids, max_gen_toks, temperature=0.0, stop_ids=tok.stop_ids):
         out.append(i)
         text = tok_decode(tok, out)
         if any(s and s in text for s in until):

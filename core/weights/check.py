@@ -71,8 +71,10 @@ def _headers(folder: Path, files: list[Path]) -> dict[str, tuple[Path, dict]]:
     if index.is_file():
         for name, shard in json.loads(index.read_text(encoding="utf-8"))["weight_map"].items():
             if found.get(name, (None,))[0] != folder / shard:
-                raise WeightFileError(f"init_from: {folder / shard} lacks tensor {name}, which "
-                                      f"{index.name} puts there")  # fmt: skip
+                raise WeightFileError(
+                    f"init_from: {folder / shard} lacks tensor {name}, which "
+                    f"{index.name} puts there"
+                )
     return found
 
 
@@ -86,8 +88,10 @@ def check_weight_files(folder: Path, family: str, c, files: list[Path]) -> None:
             raise WeightFileError(f"init_from: the weight files in {folder} lack tensor {name}")
         path, info = headers[found[name]]
         if info["dtype"] not in FLOAT_DTYPES:
-            raise WeightFileError(f"init_from: {path}: tensor {name} is {info['dtype']}, not "
-                                  "a float type (F32, F16, BF16)")  # fmt: skip
+            raise WeightFileError(
+                f"init_from: {path}: tensor {name} is {info['dtype']}, not "
+                "a float type (F32, F16, BF16)"
+            )
         if tuple(info["shape"]) != shape:
             raise WeightFileError(
                 f"init_from: {path}: tensor {name} has shape {list(info['shape'])}, but "

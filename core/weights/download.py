@@ -153,9 +153,13 @@ def fetch_resumable(repo_id: str, revision: str, name: str, size: int, sha256: s
         tqdm_class(total=size).update(have)
     with open(part, "ab") as f:
         http_get(
-            file_url(repo_id, name, revision), f, resume_size=have, headers=build_hf_headers(),
-            expected_size=size, tqdm_class=tqdm_class,
-        )  # fmt: skip
+            file_url(repo_id, name, revision),
+            f,
+            resume_size=have,
+            headers=build_hf_headers(),
+            expected_size=size,
+            tqdm_class=tqdm_class,
+        )
     if _sha256(part) != sha256:
         part.unlink()  # a corrupt partial would fail every later start the same way
         raise DownloadError(

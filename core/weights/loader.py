@@ -108,10 +108,17 @@ def weight_files(folder: Path) -> list[Path]:
 
 
 SAFETENSORS_DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
-    "U8": torch.uint8, "BOOL": torch.bool,
-}  # fmt: skip
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
 
 
 def map_safetensors(path: Path, maps: list | None = None) -> dict[str, torch.Tensor]:
@@ -471,8 +478,9 @@ def _base_model(state: dict, cfg: TrainConfig, c: GPTConfig, path: Path, mapped=
     return model
 
 
-def load_checkpoint(target: str | Path, which: str = "best", device: str = "cpu",
-                    mapped: bool = False) -> Loaded:  # fmt: skip
+def load_checkpoint(
+    target: str | Path, which: str = "best", device: str = "cpu", mapped: bool = False
+) -> Loaded:
     path = checkpoint_path(target, which)
     state = ckpt.load_model_state(path, mmap=mapped)
     cfg = validate(from_dict(state["config"], source=str(path)))
@@ -488,9 +496,15 @@ def load_checkpoint(target: str | Path, which: str = "best", device: str = "cpu"
     meta = state.get("meta") or {}
     base = state.get("base")
     return Loaded(
-        model, run_tokenizer(state, path), cfg, path, int(state["step"]), meta.get("val_loss"),
-        family=base["family"] if base else families.new_model_family(c), base=base,
-    )  # fmt: skip
+        model,
+        run_tokenizer(state, path),
+        cfg,
+        path,
+        int(state["step"]),
+        meta.get("val_loss"),
+        family=base["family"] if base else families.new_model_family(c),
+        base=base,
+    )
 
 
 def is_model_folder(target: str | Path) -> bool:
@@ -500,8 +514,9 @@ def is_model_folder(target: str | Path) -> bool:
     )
 
 
-def load(target: str | Path, which: str = "best", device: str = "cpu",
-         mapped: bool = False) -> Loaded:  # fmt: skip
+def load(
+    target: str | Path, which: str = "best", device: str = "cpu", mapped: bool = False
+) -> Loaded:
     """Model (eval mode, fp32, on device) and tokenizer of a run folder, a checkpoint file,
     a Hugging Face model folder or a hub id. mapped (exports): the weights memory-mapped in
     their files' dtype where they can be, so a model larger than memory can be written out."""

@@ -37,8 +37,12 @@ def _sources(tmp_path: Path, kind: str) -> DataSpec:
         path.write_text("def add(a, b):\n    return a + b\n" * 40)
         return DataSpec(find_sources(str(path), [".txt"], 0), "bytes", 256, 0.1)
     path = tmp_path / "c.jsonl"
-    turn = {"messages": [{"role": "user", "content": "hi"},
-                         {"role": "assistant", "content": "hello there"}]}  # fmt: skip
+    turn = {
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "hello there"},
+        ]
+    }
     path.write_text((json.dumps(turn) + "\n") * 40)
     return DataSpec(find_sources(str(path), [], 0, chat=True), "bytes", 256, 0.1, ChatSpec(64))
 

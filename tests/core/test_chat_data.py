@@ -243,10 +243,18 @@ def test_answers_only_loss_learns_a_skill_that_plain_training_learns_worse(tmp_p
     accuracy = {}
     for on_prompts in (False, True):
         cfg = tiny_config(
-            data=str(data), max_steps=300, dropout=0.0, eval_every=300, ckpt_every=300,
-            train_on_prompts=on_prompts, sample_tokens=0, **shape,
-            arch="gpt2", optimizer="adamw", schedule="cosine",  # the recipe measured below
-        )  # fmt: skip
+            data=str(data),
+            max_steps=300,
+            dropout=0.0,
+            eval_every=300,
+            ckpt_every=300,
+            train_on_prompts=on_prompts,
+            sample_tokens=0,
+            **shape,
+            arch="gpt2",
+            optimizer="adamw",
+            schedule="cosine",  # the recipe measured below
+        )
         run = tmp_path / f"run-{on_prompts}"
         Trainer(cfg, run, data_cache=tmp_path / "cache").run()
         accuracy[on_prompts] = skill_accuracy(run, held_out)
@@ -301,10 +309,28 @@ def test_exported_template_gives_transformers_the_trained_ids(tmp_path, family):
         extra = ["--init-from", str(tmp_path / "base")]
     run = tmp_path / "run"
     args = [
-        "--data", str(data), "--out", str(run), "--device", "cpu", "--max-steps", "2",
-        "--seq-len", "48", "--batch-size", "2", "--grad-accum", "1", "--precision", "fp32",
-        "--sample-tokens", "0", "--data-cache", str(tmp_path / "cache"), *extra,
-    ]  # fmt: skip
+        "--data",
+        str(data),
+        "--out",
+        str(run),
+        "--device",
+        "cpu",
+        "--max-steps",
+        "2",
+        "--seq-len",
+        "48",
+        "--batch-size",
+        "2",
+        "--grad-accum",
+        "1",
+        "--precision",
+        "fp32",
+        "--sample-tokens",
+        "0",
+        "--data-cache",
+        str(tmp_path / "cache"),
+        *extra,
+    ]
     if not family:
         args += ["--hidden-dim", "32", "--n-layers", "1", "--n-heads", "2", "--seq-len", "128"]
     assert train_main(args) == 0

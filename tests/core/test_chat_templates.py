@@ -36,9 +36,12 @@ def transformers_whole(model, messages, **extra):
     from transformers.utils.chat_template_utils import render_jinja_template
 
     rendered, _ = render_jinja_template(
-        [messages], chat_template=model.template, bos_token=model.bos, eos_token=model.eos,
+        [messages],
+        chat_template=model.template,
+        bos_token=model.bos,
+        eos_token=model.eos,
         **extra,
-    )  # fmt: skip
+    )
     return rendered[0]
 
 
@@ -65,8 +68,9 @@ def test_generation_spans_are_transformers_assistant_indices():
     text, spans = chat.generation_spans(model.template, messages)
     assert (text, spans) == (want_text, want_spans)
     assert [text[a:b] for a, b in spans] == [
-        "<|im_start|>assistant\nBlue.<|im_end|>\n", "<|im_start|>assistant\nRed.<|im_end|>\n"
-    ]  # fmt: skip
+        "<|im_start|>assistant\nBlue.<|im_end|>\n",
+        "<|im_start|>assistant\nRed.<|im_end|>\n",
+    ]
     # Outside generation_spans the tag only renders its body.
     assert chat.render(model.template, messages, False) == text
 
@@ -103,9 +107,11 @@ def test_smollm3_chat_data_masks_as_transformers_assistant_mask(tmp_path):
     return_assistant_tokens_mask=True)."""
     model = REAL["smollm3"]
     hf_tok, tok = _tokenizer(
-        tmp_path, model.template, ["<|im_start|>", "<|im_end|>", "<think>", "</think>"],
+        tmp_path,
+        model.template,
+        ["<|im_start|>", "<|im_end|>", "<think>", "</think>"],
         eos="<|im_end|>",
-    )  # fmt: skip
+    )
     messages = SHAPES["multi-turn"][:-1]
     tokens = chat.special_tokens(tok)
     ids, weights = encode_example(tok, chat.template_of(tok), messages, tokens, False)
@@ -115,8 +121,9 @@ def test_smollm3_chat_data_masks_as_transformers_assistant_mask(tmp_path):
     assert ids.tolist() == list(out["input_ids"])
     assert weights.tolist() == list(out["assistant_masks"])
     assert _runs(tok, ids, weights) == [
-        "<|im_start|>assistant\nBlue.<|im_end|>\n", "<|im_start|>assistant\nRed.<|im_end|>\n"
-    ]  # fmt: skip
+        "<|im_start|>assistant\nBlue.<|im_end|>\n",
+        "<|im_start|>assistant\nRed.<|im_end|>\n",
+    ]
 
 
 DS = REAL["deepseek-r1-distill"]
@@ -130,10 +137,12 @@ REASONED = [
 
 def test_deepseek_keeps_the_last_answers_reasoning_and_masks_it(tmp_path):
     hf_tok, tok = _tokenizer(
-        tmp_path, DS.template,
+        tmp_path,
+        DS.template,
         ["<｜begin▁of▁sentence｜>", DS.eos, "<｜User｜>", "<｜Assistant｜>", "<think>", "</think>"],
-        bos=DS.bos, eos=DS.eos,
-    )  # fmt: skip
+        bos=DS.bos,
+        eos=DS.eos,
+    )
     tokens = chat.special_tokens(tok)
     # The template itself drops every answer's reasoning, the last one's too.
     plain = transformers_whole(DS, REASONED)
@@ -149,8 +158,9 @@ def test_deepseek_keeps_the_last_answers_reasoning_and_masks_it(tmp_path):
     assert text == prompt + "Three and three make six.\n</think>\n\n6" + DS.eos
     assert text.startswith(plain[: plain.index("<｜User｜>And")])
     assert _runs(tok, ids, weights) == [
-        "\n\n4" + DS.eos, "Three and three make six.\n</think>\n\n6" + DS.eos
-    ]  # fmt: skip
+        "\n\n4" + DS.eos,
+        "Three and three make six.\n</think>\n\n6" + DS.eos,
+    ]
     # train_on_prompts: the same text, every token weighted.
     all_ids, everything = encode_example(tok, chat.template_of(tok), REASONED, tokens, True)
     assert all_ids.tolist() == ids.tolist() and everything.all()
@@ -199,11 +209,29 @@ def test_chat_fine_tuning_through_a_family_template(tmp_path, capsys, name):
     row = {"messages": [m("user", "2+2?"), m("assistant", "<think>\nAdd.\n</think>\n\n4")]}
     data.write_text((json.dumps(row) + "\n") * 8, encoding="utf-8")
     args = [
-        "--data", str(data), "--out", str(tmp_path / "run"), "--device", "cpu",
-        "--max-steps", "1", "--seq-len", str(seq), "--batch-size", "2", "--grad-accum", "1",
-        "--precision", "fp32", "--sample-tokens", "0", "--data-cache", str(tmp_path / "cache"),
-        "--init-from", str(tmp_path / "base"),
-    ]  # fmt: skip
+        "--data",
+        str(data),
+        "--out",
+        str(tmp_path / "run"),
+        "--device",
+        "cpu",
+        "--max-steps",
+        "1",
+        "--seq-len",
+        str(seq),
+        "--batch-size",
+        "2",
+        "--grad-accum",
+        "1",
+        "--precision",
+        "fp32",
+        "--sample-tokens",
+        "0",
+        "--data-cache",
+        str(tmp_path / "cache"),
+        "--init-from",
+        str(tmp_path / "base"),
+    ]
     assert train_main(args) == 0
     captured = capsys.readouterr()
     assert (chat.REASONING_NOTE in captured.out + captured.err) == (name != "smollm3")
@@ -215,9 +243,16 @@ def test_chat_fine_tuning_through_a_family_template(tmp_path, capsys, name):
     assert "Add." in first  # the reasoning is trained on
 
 
-END_MARKS = {"chatml": "<|im_end|>", "qwen3": "<|im_end|>", "smollm3": "<|im_end|>",
-             "llama3": "<|eot_id|>", "gemma": "<end_of_turn>", "phi": "<|end|>",
-             "deepseek": "<｜end▁of▁sentence｜>", "mistral": "</s>"}  # fmt: skip
+END_MARKS = {
+    "chatml": "<|im_end|>",
+    "qwen3": "<|im_end|>",
+    "smollm3": "<|im_end|>",
+    "llama3": "<|eot_id|>",
+    "gemma": "<end_of_turn>",
+    "phi": "<|end|>",
+    "deepseek": "<｜end▁of▁sentence｜>",
+    "mistral": "</s>",
+}
 
 
 @pytest.mark.parametrize("name", REAL)

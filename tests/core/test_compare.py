@@ -50,8 +50,12 @@ def test_a_grpo_run_compares_by_its_reward(tmp_path):
 
 
 def test_an_sft_run_keeps_its_loss_summary(tmp_path):
-    records = [{"step": 2, "loss": 2.0}, {"step": 2, "val_loss": 2.5},
-               {"step": 4, "val_loss": 2.2}, {"step": 6, "val_loss": 2.3}]  # fmt: skip
+    records = [
+        {"step": 2, "loss": 2.0},
+        {"step": 2, "val_loss": 2.5},
+        {"step": 4, "val_loss": 2.2},
+        {"step": 6, "val_loss": 2.3},
+    ]
     write_metrics(tmp_path / "s", records)
     assert run_summary(tmp_path / "s") == {"val_loss": 2.3, "best val_loss": 2.2}
     curves = run_curves(tmp_path / "s", "reward")  # no reward: nothing drawn for it

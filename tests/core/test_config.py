@@ -50,8 +50,12 @@ def test_builtin_presets_have_the_documented_values():
     assert {"cpu-tiny", "cpu", "gpu-small", "gpu", "gpu-large", "gpu-80gb"} <= set(by_name)
     cpu = by_name["cpu"]
     assert (cpu.batch_size, cpu.hidden_dim, cpu.n_layers, cpu.grad_accum, cpu.precision) == (
-        4, 512, 6, 8, "fp32",
-    )  # fmt: skip
+        4,
+        512,
+        6,
+        8,
+        "fp32",
+    )
     small = by_name["gpu-small"]
     assert (small.batch_size, small.hidden_dim, small.n_layers) == (8, 128, 2)
     gpu = by_name["gpu"]

@@ -226,8 +226,15 @@ def test_bpe_run_writes_data_json_tokenizer_and_bits_per_byte(tmp_path, text_fil
     trainer = Trainer(cfg, run)
     assert trainer.run()["status"] == "finished"
     info = json.loads((run / "data.json").read_text())
-    assert {"source", "source_bytes", "train_tokens", "val_tokens", "tokenizer", "vocab_size",
-            "fingerprint"} <= set(info)  # fmt: skip
+    assert {
+        "source",
+        "source_bytes",
+        "train_tokens",
+        "val_tokens",
+        "tokenizer",
+        "vocab_size",
+        "fingerprint",
+    } <= set(info)
     assert info["tokenizer"] == "bpe" and info["source_bytes"] == text_file.stat().st_size
     assert Tokenizer.load(run / "tokenizer.json").kind == "bpe"
     assert trainer.model.tok_emb.num_embeddings == 512

@@ -109,15 +109,21 @@ def test_a_model_larger_than_the_free_disk_is_refused_before_any_byte(monkeypatc
 @pytest.mark.parametrize(
     "error, needles",
     [
-        (GatedRepoError("gated", response=response(403)),
-         ["gated", "HF_TOKEN", "huggingface-cli login", f"https://huggingface.co/{REPO}"]),
-        (huggingface_hub.errors.HfHubHTTPError("401", response=response(401)),
-         ["HF_TOKEN", f"https://huggingface.co/{REPO}"]),
-        (RepositoryNotFoundError("404", response=response(404)),
-         ["nor a model on the Hugging Face hub", "spelling"]),
+        (
+            GatedRepoError("gated", response=response(403)),
+            ["gated", "HF_TOKEN", "huggingface-cli login", f"https://huggingface.co/{REPO}"],
+        ),
+        (
+            huggingface_hub.errors.HfHubHTTPError("401", response=response(401)),
+            ["HF_TOKEN", f"https://huggingface.co/{REPO}"],
+        ),
+        (
+            RepositoryNotFoundError("404", response=response(404)),
+            ["nor a model on the Hugging Face hub", "spelling"],
+        ),
         (httpx2.ConnectError("Name or service not known"), ["offline", "HF_HUB_OFFLINE"]),
     ],
-)  # fmt: skip
+)
 def test_hub_failures_are_one_line(monkeypatch, tmp_path, error, needles):
     FakeHub(monkeypatch, tmp_path, FILES, error=error)
     with pytest.raises(UserError) as e:

@@ -90,12 +90,21 @@ print("LOADED", json.dumps(loaded))
 
 
 def start(steps: str, work: Path, blocked: list[str]) -> subprocess.CompletedProcess:
-    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", HOME=str(work),
-               XDG_CONFIG_HOME=str(work / "config"), HF_HUB_OFFLINE="1")  # fmt: skip
+    env = dict(
+        os.environ,
+        QT_QPA_PLATFORM="offscreen",
+        HOME=str(work),
+        XDG_CONFIG_HOME=str(work / "config"),
+        HF_HUB_OFFLINE="1",
+    )
     return subprocess.run(
         [sys.executable, "-c", CHILD, json.dumps(blocked), str(work), steps],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_the_blocked_set_holds_every_extra_and_no_base_package():
@@ -122,7 +131,12 @@ def test_a_module_level_import_of_an_extra_is_caught(tmp_path):
     (tmp_path / "uses_extra.py").write_text("import peft\n")
     code = CHILD.split("work = sys.argv[2]")[0] + "import uses_extra\n"
     env = dict(os.environ, PYTHONPATH=str(tmp_path))
-    result = subprocess.run([sys.executable, "-c", code, json.dumps(optional_modules())],
-                            env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(optional_modules())],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode != 0
     assert "No module named 'peft' (an extra; blocked)" in result.stderr

@@ -45,9 +45,12 @@ def test_muon_state_bytes_are_exact():
     for o in opt.all:
         o.step()
     state_bytes = sum(
-        t.numel() * t.element_size() for o in opt.all for s in o.state.values()
-        for k, t in s.items() if k in ("exp_avg", "exp_avg_sq", "momentum_buffer")
-    )  # fmt: skip
+        t.numel() * t.element_size()
+        for o in opt.all
+        for s in o.state.values()
+        for k, t in s.items()
+        if k in ("exp_avg", "exp_avg_sq", "momentum_buffer")
+    )
     assert estimate(c).optimizer == state_bytes < 8 * model.num_params()
 
 
@@ -127,14 +130,29 @@ def test_a_fine_tunes_estimate_follows_what_it_keeps_and_the_cpus_checkpoint_cop
     in the same memory, and with checkpointing it is the peak (docs/performance.md)."""
     import json
 
-    shape = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 688,
-             "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
-             "vocab_size": 32000, "max_position_embeddings": 512, "rms_norm_eps": 1e-5,
-             "tie_word_embeddings": False}  # fmt: skip
+    shape = {
+        "model_type": "llama",
+        "hidden_size": 256,
+        "intermediate_size": 688,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 32000,
+        "max_position_embeddings": 512,
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": False,
+    }
     (tmp_path / "config.json").write_text(json.dumps(shape))
     run = dict(seq_len=64, batch_size=1, grad_accum=1, device="cpu", precision="fp32")
-    tuned = cfg(init_from=str(tmp_path), tokenizer="model", hidden_dim=256, n_layers=4,
-                n_heads=4, bias=False, **run)  # fmt: skip
+    tuned = cfg(
+        init_from=str(tmp_path),
+        tokenizer="model",
+        hidden_dim=256,
+        n_layers=4,
+        n_heads=4,
+        bias=False,
+        **run,
+    )
     new = dataclasses.replace(tuned, init_from=None, tokenizer="bytes", arch="llama")
     assert estimate(tuned, on_gpu=False).activations < estimate(new, on_gpu=False).activations
     ckpt = estimate(dataclasses.replace(tuned, grad_checkpointing=True), on_gpu=False)

@@ -22,11 +22,14 @@ from core.weights.loader import load  # noqa: E402
 
 ITEMS = [
     {"question": "2 + 2 is", "choices": ["four", "five", "a fox"], "answer": 0},
-    {"question": "The quick brown fox jumps over the", "choices": ["lazy dog", "moon"],
-     "answer": "A"},
+    {
+        "question": "The quick brown fox jumps over the",
+        "choices": ["lazy dog", "moon"],
+        "answer": "A",
+    },
     {"question": "def add(a, b): return", "choices": ["a + b", "hello world", "0"], "answer": 1},
     {"question": "Numbers: 0 1 2", "choices": ["3 4", "x y"], "answer": "0"},
-]  # fmt: skip
+]
 
 
 @pytest.fixture(scope="module")
@@ -71,8 +74,12 @@ def test_choice_log_likelihoods_and_answers_equal_transformers(model, hf):
     for shots in ("", shot):  # zero-shot and with one worked example before the question
         for raw, item in zip(ITEMS, items, strict=True):
             context = f"{shots}Question: {raw['question']}\nAnswer:"
-            ours = [ll for ll, _ in scoring.loglikelihood(
-                loaded, [(context, " " + c) for c in item["choices"]])]  # fmt: skip
+            ours = [
+                ll
+                for ll, _ in scoring.loglikelihood(
+                    loaded, [(context, " " + c) for c in item["choices"]]
+                )
+            ]
             theirs = [hf_loglikelihood(hf_model, tok, context, " " + c) for c in item["choices"]]
             assert ours == pytest.approx(theirs, abs=1e-4)
             assert ours.index(max(ours)) == theirs.index(max(theirs))
@@ -110,8 +117,14 @@ def test_csv_jsonl_and_the_letter_layout_read_the_same(model, tmp_path):
         w.writeheader()
         for r in ITEMS:
             w.writerow({**r, "choices": json.dumps(r["choices"])})
-    letters = [{"question": r["question"], **dict(zip("ABC", r["choices"], strict=False)),
-                "answer": "ABC"[evaluate._item(r, "t")["answer"]]} for r in ITEMS]  # fmt: skip
+    letters = [
+        {
+            "question": r["question"],
+            **dict(zip("ABC", r["choices"], strict=False)),
+            "answer": "ABC"[evaluate._item(r, "t")["answer"]],
+        }
+        for r in ITEMS
+    ]
     layout = write_jsonl(tmp_path / "letters.jsonl", letters)
     read = [scored(evaluate.read_choices(p)) for p in (jsonl, tmp_path / "q.csv", layout)]
     assert read[0] == read[1] == read[2]
@@ -128,7 +141,8 @@ def test_csv_jsonl_and_the_letter_layout_read_the_same(model, tmp_path):
     assert scored(evaluate.read_choices(as_indexes)) == read[0]
     loaded = load(model)
     assert evaluate.choice_metrics(loaded, evaluate.read_choices(jsonl)) == (
-        evaluate.choice_metrics(loaded, evaluate.read_choices(layout)))  # fmt: skip
+        evaluate.choice_metrics(loaded, evaluate.read_choices(layout))
+    )
 
 
 def test_json_output_and_the_run_folder_record(tmp_path, capsys):
@@ -137,16 +151,26 @@ def test_json_output_and_the_run_folder_record(tmp_path, capsys):
     text = tmp_path / "t.txt"
     text.write_text(TEXT[:500], encoding="utf-8")
     capsys.readouterr()
-    args = [str(tmp_path / "run"), "--text", str(text), "--choices", str(questions),
-            "--fewshot", "1", "--json"]  # fmt: skip
+    args = [
+        str(tmp_path / "run"),
+        "--text",
+        str(text),
+        "--choices",
+        str(questions),
+        "--fewshot",
+        "1",
+        "--json",
+    ]
     assert eval_main(args) == 0
     out = json.loads(capsys.readouterr().out)
     # every question scored, each with one example drawn from the others
     assert set(out) == {"text", "choices"} and out["choices"]["n"] == 4
     assert out["text"]["word_perplexity"] > 1 and 0 <= out["choices"]["acc"] <= 1
     records = evaluate.list_results(tmp_path / "run")
-    assert [r["kind"] for r in records] == ["choices", "text"] or [
-        r["kind"] for r in records] == ["text", "choices"]  # fmt: skip
+    assert [r["kind"] for r in records] == ["choices", "text"] or [r["kind"] for r in records] == [
+        "text",
+        "choices",
+    ]
     record = next(r for r in records if r["kind"] == "choices")
     assert record["result"] == out["choices"] and record["settings"]["fewshot"] == 1
     assert len(record["data_fingerprint"]) == 16 and record["step"] == 3
@@ -159,8 +183,10 @@ def test_two_question_files_of_one_name_keep_their_own_results(tmp_path, capsys)
     import pyarrow.parquet as pq
 
     Trainer(tiny_config(max_steps=2, eval_every=2, ckpt_every=2), tmp_path / "run").run()
-    rows = [{"question": r["question"], "choices": json.dumps(r["choices"]),
-             "answer": str(r["answer"])} for r in ITEMS]  # fmt: skip
+    rows = [
+        {"question": r["question"], "choices": json.dumps(r["choices"]), "answer": str(r["answer"])}
+        for r in ITEMS
+    ]
     with open(tmp_path / "q.csv", "w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, ["question", "choices", "answer"])
         w.writeheader()
@@ -168,8 +194,12 @@ def test_two_question_files_of_one_name_keep_their_own_results(tmp_path, capsys)
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "q.parquet")
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    files = [tmp_path / "q.csv", tmp_path / "q.parquet", write_jsonl(tmp_path / "a" / "q.jsonl",
-             ITEMS), write_jsonl(tmp_path / "b" / "q.jsonl", ITEMS[:2])]  # fmt: skip
+    files = [
+        tmp_path / "q.csv",
+        tmp_path / "q.parquet",
+        write_jsonl(tmp_path / "a" / "q.jsonl", ITEMS),
+        write_jsonl(tmp_path / "b" / "q.jsonl", ITEMS[:2]),
+    ]
     for path in files:
         assert eval_main([str(tmp_path / "run"), "--choices", str(path), "--json"]) == 0
     capsys.readouterr()
@@ -187,8 +217,10 @@ def test_two_question_files_of_one_name_keep_their_own_results(tmp_path, capsys)
         ([{"question": "q", "choices": ["a", "b"], "answer": "C"}], "answer 'C' is not one of"),
         ([{"prompt": "q", "answer": 0}], "found answer, prompt"),
         # what cannot be scored: a tie between equal choices would always pick the first
-        ([{"question": "q", "choices": ["a", "b", "a"], "answer": 0}],
-         "choices 0 and 2 are the same ('a')"),
+        (
+            [{"question": "q", "choices": ["a", "b", "a"], "answer": 0}],
+            "choices 0 and 2 are the same ('a')",
+        ),
         ([{"question": "q", "choices": ["a", ""], "answer": 0}], "choice 1 is empty"),
         ([{"question": "q", "choices": ["a", "  "], "answer": 0}], "choice 1 is empty"),
         ([{"question": "q", "choices": [1, 2], "answer": 0}], "choice 0 is int 1, not text"),
@@ -196,7 +228,7 @@ def test_two_question_files_of_one_name_keep_their_own_results(tmp_path, capsys)
         ([{"question": "q", "choices": ["a", ["b"]], "answer": 0}], "choice 1 is list"),
         ([{"question": "q", "A": "x", "B": 2.5, "answer": "A"}], "choice 1 is float 2.5"),
     ],
-)  # fmt: skip
+)
 def test_bad_questions_are_one_line_and_exit_2(model, tmp_path, capsys, rows, words):
     path = write_jsonl(tmp_path / "bad.jsonl", rows)
     assert eval_main([str(model), "--choices", str(path)]) == 2
@@ -225,13 +257,19 @@ def test_bad_formats_are_refused_before_the_model_loads(tmp_path, capsys):
         ("bad.csv", "prompt,A,B,answer\nq,a,b,A\n", "row 1 (line 2): needs the columns"),
         ("bad.csv", "question,A,B,answer\nq,a,b,A\nq, a, b,c,A\n", "row 2 (line 3) has 5 fields"),
         ("bad.csv", 'question,choices,answer\nq,"[""a"", ""b""]",2\n', "answer '2' is not one"),
-        ("bad.jsonl", '{"question": "q", "choices": ["a", "b"], "answer": 0}\n\n[1]\n',
-         "line 3: expected an object"),
-        ("bad.jsonl", '{"question": "q", "choices": ["a", "b"], "answer": 0}\n{"question"\n',
-         "line 2 is not JSON"),
+        (
+            "bad.jsonl",
+            '{"question": "q", "choices": ["a", "b"], "answer": 0}\n\n[1]\n',
+            "line 3: expected an object",
+        ),
+        (
+            "bad.jsonl",
+            '{"question": "q", "choices": ["a", "b"], "answer": 0}\n{"question"\n',
+            "line 2 is not JSON",
+        ),
         ("bad.jsonl", "", "holds no questions"),
     ],
-)  # fmt: skip
+)
 def test_bad_rows_name_the_row_or_line(model, tmp_path, capsys, name, content, words):
     path = tmp_path / name
     path.write_text(content, encoding="utf-8")
@@ -245,8 +283,9 @@ def test_bad_rows_name_the_row_or_line(model, tmp_path, capsys, name, content, w
 def test_odd_but_valid_files_read(tmp_path):
     bom = tmp_path / "excel.csv"  # saved by Excel: a byte-order mark before the header
     bom.write_text("\ufeffquestion,A,B,answer\nq,a,b,B\n", encoding="utf-8")
-    floats = write_jsonl(tmp_path / "floats.jsonl", [{"question": "q", "choices": ["a", "b"],
-                                                      "answer": 1.0}])  # fmt: skip
+    floats = write_jsonl(
+        tmp_path / "floats.jsonl", [{"question": "q", "choices": ["a", "b"], "answer": 1.0}]
+    )
     assert scored(evaluate.read_choices(bom)) == scored(evaluate.read_choices(floats))
     latin = tmp_path / "latin.csv"
     latin.write_bytes("question,A,B,answer\nq,\xe9,b,A\n".encode("latin-1"))
@@ -278,9 +317,21 @@ def test_missing_files_and_no_data_are_one_line_exit_2(model, tmp_path, capsys):
 def test_compare_evaluates_the_model_a_fine_tune_started_from(model, tmp_path, capsys):
     text = tmp_path / "t.txt"
     text.write_text(TEXT, encoding="utf-8")
-    cfg = tiny_config(init_from=str(model), tokenizer="model", data=str(text), lr=3e-3,
-                      lora_rank=4, max_steps=10, eval_every=10, ckpt_every=10, hidden_dim=32,
-                      n_heads=4, bias=False, dropout=0.0, sample_tokens=0)  # fmt: skip
+    cfg = tiny_config(
+        init_from=str(model),
+        tokenizer="model",
+        data=str(text),
+        lr=3e-3,
+        lora_rank=4,
+        max_steps=10,
+        eval_every=10,
+        ckpt_every=10,
+        hidden_dim=32,
+        n_heads=4,
+        bias=False,
+        dropout=0.0,
+        sample_tokens=0,
+    )
     Trainer(cfg, tmp_path / "run").run()
     capsys.readouterr()
     assert eval_main([str(tmp_path / "run"), "--text", str(text), "--compare", "--json"]) == 0
@@ -304,20 +355,40 @@ def test_cli_question_format_flags_reach_the_prompt(model, tmp_path, capsys):
     path = write_jsonl(tmp_path / "q.jsonl", ITEMS)
     loaded = load(model)
     items = evaluate.read_choices(path)
-    fmt = evaluate.QuestionFormat(template="Q: {{question}}\nA:", description="Quiz.\n\n",
-                                  target_delimiter="\t", fewshot=2, seed=7)  # fmt: skip
+    fmt = evaluate.QuestionFormat(
+        template="Q: {{question}}\nA:",
+        description="Quiz.\n\n",
+        target_delimiter="\t",
+        fewshot=2,
+        seed=7,
+    )
     _, requests = evaluate.question_requests(loaded, items, fmt)
     assert requests[0][0][0].startswith("Quiz.\n\nQ: ") and requests[0][0][1] == "\tfour"
-    args = [str(model), "--choices", str(path), "--template", r"Q: {{question}}\nA:",
-            "--description", r"Quiz.\n\n", "--target-delimiter", r"\t", "--fewshot", "2",
-            "--fewshot-seed", "7", "--json"]  # fmt: skip
+    args = [
+        str(model),
+        "--choices",
+        str(path),
+        "--template",
+        r"Q: {{question}}\nA:",
+        "--description",
+        r"Quiz.\n\n",
+        "--target-delimiter",
+        r"\t",
+        "--fewshot",
+        "2",
+        "--fewshot-seed",
+        "7",
+        "--json",
+    ]
     assert eval_main(args) == 0
     assert json.loads(capsys.readouterr().out)["choices"] == evaluate.choice_metrics(
-        loaded, items, fmt)  # fmt: skip
+        loaded, items, fmt
+    )
     assert eval_main([*args[:-1], "--chat", "--json"]) == 0
     chat = evaluate.QuestionFormat(**{**fmt.__dict__, "chat": True})
     _, turns = evaluate.question_requests(loaded, items, chat)
     assert turns[0][0][0].startswith("<|begin|><|start|>system<|sep|>Quiz.")
     assert turns[0][0][1] == "four"  # after a chat prompt the choice follows with no delimiter
     assert json.loads(capsys.readouterr().out)["choices"] == evaluate.choice_metrics(
-        loaded, items, chat)  # fmt: skip
+        loaded, items, chat
+    )

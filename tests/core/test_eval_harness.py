@@ -21,23 +21,55 @@ from core.use import evaluate, harness, scoring  # noqa: E402
 from core.weights.loader import load  # noqa: E402
 
 ITEMS = [
-    {"question": "2 + 2 is", "context": "Two and two make", "choices": ["four", "five", "a fox"],
-     "answer": 0, "topic": "sums"},
-    {"question": "The quick brown fox jumps over the", "context": "A fox jumps over the",
-     "choices": ["lazy dog", "moon"], "answer": 0, "topic": "animals"},
-    {"question": "def add(a, b): return", "context": "def add(a, b):\n    return",
-     "choices": ["a + b", "hello world", "0"], "answer": 1, "topic": "code"},
-    {"question": "Numbers: 0 1 2", "context": "0 1 2", "choices": ["3 4", " x y"], "answer": 0,
-     "topic": "sums"},
-    {"question": "Hello", "context": "Hello ", "choices": ["world", "model", "Ünïcödé"],
-     "answer": 2, "topic": "words"},
-    {"question": "Emoji", "context": "A snowman:", "choices": ["\u2603", "a b c d e"],
-     "answer": 0, "topic": "words"},
-]  # fmt: skip
+    {
+        "question": "2 + 2 is",
+        "context": "Two and two make",
+        "choices": ["four", "five", "a fox"],
+        "answer": 0,
+        "topic": "sums",
+    },
+    {
+        "question": "The quick brown fox jumps over the",
+        "context": "A fox jumps over the",
+        "choices": ["lazy dog", "moon"],
+        "answer": 0,
+        "topic": "animals",
+    },
+    {
+        "question": "def add(a, b): return",
+        "context": "def add(a, b):\n    return",
+        "choices": ["a + b", "hello world", "0"],
+        "answer": 1,
+        "topic": "code",
+    },
+    {
+        "question": "Numbers: 0 1 2",
+        "context": "0 1 2",
+        "choices": ["3 4", " x y"],
+        "answer": 0,
+        "topic": "sums",
+    },
+    {
+        "question": "Hello",
+        "context": "Hello ",
+        "choices": ["world", "model", "Ünïcödé"],
+        "answer": 2,
+        "topic": "words",
+    },
+    {
+        "question": "Emoji",
+        "context": "A snowman:",
+        "choices": ["\u2603", "a b c d e"],
+        "answer": 0,
+        "topic": "words",
+    },
+]
 DOCS = [TEXT[:700], "Hello world, hello model.", TEXT[300:1500], "Ünïcödé \u2603  stays whole"]
-GENERATE = [{"question": "The quick brown", "answer": "fox"},
-            {"question": "0 1 2 3", "answer": "4"},
-            {"question": "def add(a, b):", "answer": "return"}]  # fmt: skip
+GENERATE = [
+    {"question": "The quick brown", "answer": "fox"},
+    {"question": "0 1 2 3", "answer": "4"},
+    {"question": "def add(a, b):", "answer": "return"},
+]
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +104,9 @@ def run_lm_eval(lm, yaml_path, **kwargs):
 
     name = yaml_path.stem
     manager = TaskManager(include_path=str(yaml_path.parent), include_defaults=False)
-    out = lm_eval.simple_evaluate(model=lm, tasks=[name], task_manager=manager, log_samples=True,
-                                  bootstrap_iters=0, **kwargs)  # fmt: skip
+    out = lm_eval.simple_evaluate(
+        model=lm, tasks=[name], task_manager=manager, log_samples=True, bootstrap_iters=0, **kwargs
+    )
     samples = sorted(out["samples"][name], key=lambda s: s["doc_id"])
     return {k.split(",")[0]: v for k, v in out["results"][name].items()}, samples
 
@@ -91,8 +124,9 @@ def test_questions_equal_lm_eval(folder, hf_lm, tmp_path, template, description,
     extra = f"description: {json.dumps(description)}\n" if description else ""
     # without a template: a file with no context column gets the question frame
     rows = ITEMS if template else [{k: v for k, v in r.items() if k != "context"} for r in ITEMS]
-    yaml_path, data = task_yaml(tmp_path, "td_mc", rows, f"doc_to_text: {json.dumps(text)}\n"
-                                + extra + MC)  # fmt: skip
+    yaml_path, data = task_yaml(
+        tmp_path, "td_mc", rows, f"doc_to_text: {json.dumps(text)}\n" + extra + MC
+    )
     theirs, samples = run_lm_eval(hf_lm, yaml_path, num_fewshot=fewshot)
     loaded = load(folder)
     fmt = evaluate.QuestionFormat(template=template, description=description, fewshot=fewshot)
@@ -105,9 +139,10 @@ def test_questions_equal_lm_eval(folder, hf_lm, tmp_path, template, description,
     result = evaluate.choice_metrics(loaded, items, fmt)
     for name in ("acc", "acc_norm", "acc_bytes"):
         assert result[name] == theirs[name]
-        assert [p[("acc", "acc_norm", "acc_bytes").index(name)] == i["answer"]
-                for p, i in zip(result["picks"], items, strict=True)] == [
-            s[name] == 1.0 for s in samples]  # fmt: skip
+        assert [
+            p[("acc", "acc_norm", "acc_bytes").index(name)] == i["answer"]
+            for p, i in zip(result["picks"], items, strict=True)
+        ] == [s[name] == 1.0 for s in samples]
 
 
 def test_acc_norm_is_per_character_and_acc_bytes_per_byte(folder):
@@ -120,37 +155,42 @@ def test_acc_norm_is_per_character_and_acc_bytes_per_byte(folder):
         lls = [ll for ll, _ in scoring.loglikelihood(loaded, reqs)]
         per_char = [ll / len(c) for ll, c in zip(lls, item["choices"], strict=True)]
         per_byte = [ll / len(c.encode()) for ll, c in zip(lls, item["choices"], strict=True)]
-        assert pick == [lls.index(max(lls)), per_char.index(max(per_char)),
-                        per_byte.index(max(per_byte))]  # fmt: skip
+        assert pick == [
+            lls.index(max(lls)),
+            per_char.index(max(per_char)),
+            per_byte.index(max(per_byte)),
+        ]
 
 
 def test_rolling_perplexity_equals_lm_eval(folder, hf_lm, tmp_path):
-    body = ('output_type: loglikelihood_rolling\ndoc_to_text: ""\ndoc_to_target: "{{text}}"\n'
-            "metric_list:\n  - metric: word_perplexity\n  - metric: byte_perplexity\n"
-            "  - metric: bits_per_byte\n")  # fmt: skip
+    body = (
+        'output_type: loglikelihood_rolling\ndoc_to_text: ""\ndoc_to_target: "{{text}}"\n'
+        "metric_list:\n  - metric: word_perplexity\n  - metric: byte_perplexity\n"
+        "  - metric: bits_per_byte\n"
+    )
     yaml_path, data = task_yaml(tmp_path, "td_ppl", [{"text": d} for d in DOCS], body)
     theirs, samples = run_lm_eval(hf_lm, yaml_path)
     loaded = load(folder)
     assert len(scoring.tok_encode(loaded.tokenizer, DOCS[2])) > 2 * loaded.model.config.seq_len
     rolled = scoring.loglikelihood_rolling(loaded, DOCS)
     # a document's sum of float32 window sums: within float32's own precision
-    assert [r["ll"] for r in rolled] == pytest.approx([s["resps"][0][0] for s in samples],
-                                                      rel=1e-7)  # fmt: skip
+    assert [r["ll"] for r in rolled] == pytest.approx([s["resps"][0][0] for s in samples], rel=1e-7)
     for doc in DOCS:
-        windows = scoring.rolling_windows(scoring.tok_encode(loaded.tokenizer, doc),
-                                          hf_lm.prefix_token_id, hf_lm.max_length)  # fmt: skip
+        windows = scoring.rolling_windows(
+            scoring.tok_encode(loaded.tokenizer, doc), hf_lm.prefix_token_id, hf_lm.max_length
+        )
         # one window a call, as loglikelihood_rolling sends them at batch size 1
         theirs_w = [hf_lm._loglikelihood_tokens([(None, c, x)])[0] for c, x in windows]
         ours_w = scoring.loglikelihood_tokens(loaded, windows)
         # within 1e-5, or one float32 step of a large window sum (3e-5 at -479)
-        assert [w[0] for w in ours_w] == pytest.approx([w[0] for w in theirs_w], abs=1e-5,
-                                                       rel=1e-7)  # fmt: skip
+        assert [w[0] for w in ours_w] == pytest.approx([w[0] for w in theirs_w], abs=1e-5, rel=1e-7)
     ours = evaluate.text_metrics(loaded, evaluate.read_documents(data))
     assert ours["bits_per_byte"] == pytest.approx(theirs["bits_per_byte"], abs=1e-6)
     for name in ("word_perplexity", "byte_perplexity"):  # a random model's: 10^4, so relative
         assert ours[name] == pytest.approx(theirs[name], rel=1e-6)
-    assert ours["token_perplexity"] == pytest.approx(math.exp(-ours["loglikelihood"] /
-                                                              ours["tokens"]))  # fmt: skip
+    assert ours["token_perplexity"] == pytest.approx(
+        math.exp(-ours["loglikelihood"] / ours["tokens"])
+    )
 
 
 def test_rolling_windows_are_lm_eval_s(folder):
@@ -164,19 +204,27 @@ def test_rolling_windows_are_lm_eval_s(folder):
 
 def test_encode_pair_moves_trailing_spaces_like_lm_eval(folder, hf_lm):
     tok = load(folder).tokenizer
-    for context, continuation in [("Hello ", "world"), ("Answer:  ", "a b"), ("", " four"),
-                                  ("x\n", "y"), ("<|begin|>Hi", " there")]:  # fmt: skip
+    for context, continuation in [
+        ("Hello ", "world"),
+        ("Answer:  ", "a b"),
+        ("", " four"),
+        ("x\n", "y"),
+        ("<|begin|>Hi", " there"),
+    ]:
         if context:
             assert scoring.encode_pair(tok, context, continuation) == hf_lm._encode_pair(
-                context, continuation)  # fmt: skip
+                context, continuation
+            )
         for text in (context + continuation, continuation):
             assert scoring.tok_encode(tok, text) == hf_lm.tok_encode(text)
 
 
 def test_generate_until_equals_lm_eval_greedy(folder, hf_lm, tmp_path):
-    body = ('output_type: generate_until\ndoc_to_text: "{{question}}"\ndoc_to_target: answer\n'
-            'generation_kwargs:\n  until: ["\\n", "."]\n  max_gen_toks: 12\n  do_sample: false\n'
-            "metric_list:\n  - metric: exact_match\n")  # fmt: skip
+    body = (
+        'output_type: generate_until\ndoc_to_text: "{{question}}"\ndoc_to_target: answer\n'
+        'generation_kwargs:\n  until: ["\\n", "."]\n  max_gen_toks: 12\n  do_sample: false\n'
+        "metric_list:\n  - metric: exact_match\n"
+    )
     yaml_path, _ = task_yaml(tmp_path, "td_gen", GENERATE, body)
     _, theirs = run_lm_eval(hf_lm, yaml_path)
     ours_lm = harness.make_lm(load(folder))
@@ -191,16 +239,23 @@ def test_chat_template_with_fewshot_as_multiturn_equals_lm_eval(folder, hf_lm, t
     loaded = load(folder)
     items = evaluate.read_choices(data)
     for multiturn in (True, False):
-        theirs, samples = run_lm_eval(hf_lm, yaml_path, num_fewshot=2, apply_chat_template=True,
-                                      fewshot_as_multiturn=multiturn)  # fmt: skip
-        fmt = evaluate.QuestionFormat(template="question", description="Be brief.", fewshot=2,
-                                      chat=True, multiturn=multiturn)  # fmt: skip
+        theirs, samples = run_lm_eval(
+            hf_lm,
+            yaml_path,
+            num_fewshot=2,
+            apply_chat_template=True,
+            fewshot_as_multiturn=multiturn,
+        )
+        fmt = evaluate.QuestionFormat(
+            template="question", description="Be brief.", fewshot=2, chat=True, multiturn=multiturn
+        )
         _, requests = evaluate.question_requests(loaded, items, fmt)
         assert [[tuple(a) for a in s["arguments"]] for s in samples] == requests
         assert requests[0][0][0].startswith("<|begin|><|start|>system<|sep|>Be brief.")
         result = evaluate.choice_metrics(loaded, items, fmt)
         assert [result[k] for k in ("acc", "acc_norm", "acc_bytes")] == [
-            theirs[k] for k in ("acc", "acc_norm", "acc_bytes")]  # fmt: skip
+            theirs[k] for k in ("acc", "acc_norm", "acc_bytes")
+        ]
 
 
 def test_the_lm_wrapper_gives_lm_eval_s_numbers(folder, hf_lm, tmp_path):
@@ -210,8 +265,9 @@ def test_the_lm_wrapper_gives_lm_eval_s_numbers(folder, hf_lm, tmp_path):
     for name in ("acc", "acc_norm", "acc_bytes"):
         assert ours[name] == theirs[name]
     for a, b in zip(our_samples, their_samples, strict=True):
-        assert [r[0][0] for r in a["resps"]] == pytest.approx([r[0][0] for r in b["resps"]],
-                                                              abs=1e-5)  # fmt: skip
+        assert [r[0][0] for r in a["resps"]] == pytest.approx(
+            [r[0][0] for r in b["resps"]], abs=1e-5
+        )
         assert [r[0][1] for r in a["resps"]] == [r[0][1] for r in b["resps"]]  # is_greedy
 
 
@@ -224,9 +280,21 @@ def lora_run(folder, tmp_path_factory):
     root = tmp_path_factory.mktemp("lora")
     text = root / "t.txt"
     text.write_text(TEXT, encoding="utf-8")
-    cfg = tiny_config(init_from=str(folder), tokenizer="model", data=str(text), lr=3e-3,
-                      lora_rank=4, max_steps=6, eval_every=6, ckpt_every=6, hidden_dim=32,
-                      n_heads=4, bias=False, dropout=0.0, sample_tokens=0)  # fmt: skip
+    cfg = tiny_config(
+        init_from=str(folder),
+        tokenizer="model",
+        data=str(text),
+        lr=3e-3,
+        lora_rank=4,
+        max_steps=6,
+        eval_every=6,
+        ckpt_every=6,
+        hidden_dim=32,
+        n_heads=4,
+        bias=False,
+        dropout=0.0,
+        sample_tokens=0,
+    )
     Trainer(cfg, root / "run").run()
     return root / "run"
 
@@ -240,8 +308,9 @@ def test_a_lora_run_unmerged_equals_lm_eval_on_its_merged_export(lora_run, tmp_p
     from core.use.export import export
 
     export(lora_run, "hf", tmp_path / "merged", log=lambda _: None)
-    theirs_lm = HFLM(pretrained=str(tmp_path / "merged"), batch_size=1, device="cpu",
-                     dtype="float32")  # fmt: skip
+    theirs_lm = HFLM(
+        pretrained=str(tmp_path / "merged"), batch_size=1, device="cpu", dtype="float32"
+    )
     loaded = load(lora_run)
     assert any(lora.is_adapter(k) for k in loaded.model.state_dict())  # not merged
     ours_lm = harness.make_lm(loaded)
@@ -250,12 +319,16 @@ def test_a_lora_run_unmerged_equals_lm_eval_on_its_merged_export(lora_run, tmp_p
     theirs, their_samples = run_lm_eval(theirs_lm, mc, num_fewshot=1)
     ours, our_samples = run_lm_eval(ours_lm, mc, num_fewshot=1)
     assert {k: ours[k] for k in ("acc", "acc_norm", "acc_bytes")} == {
-        k: theirs[k] for k in ("acc", "acc_norm", "acc_bytes")}  # fmt: skip
+        k: theirs[k] for k in ("acc", "acc_norm", "acc_bytes")
+    }
     for a, b in zip(our_samples, their_samples, strict=True):
-        assert [r[0][0] for r in a["resps"]] == pytest.approx([r[0][0] for r in b["resps"]],
-                                                              abs=1e-5)  # fmt: skip
-    body = ('output_type: loglikelihood_rolling\ndoc_to_text: ""\ndoc_to_target: "{{text}}"\n'
-            "metric_list:\n  - metric: bits_per_byte\n  - metric: word_perplexity\n")  # fmt: skip
+        assert [r[0][0] for r in a["resps"]] == pytest.approx(
+            [r[0][0] for r in b["resps"]], abs=1e-5
+        )
+    body = (
+        'output_type: loglikelihood_rolling\ndoc_to_text: ""\ndoc_to_target: "{{text}}"\n'
+        "metric_list:\n  - metric: bits_per_byte\n  - metric: word_perplexity\n"
+    )
     ppl, _ = task_yaml(tmp_path, "td_lora_ppl", [{"text": d} for d in DOCS], body)
     theirs, _ = run_lm_eval(theirs_lm, ppl)
     ours, _ = run_lm_eval(ours_lm, ppl)
@@ -292,11 +365,14 @@ def test_without_lm_eval_tasks_say_how_to_install_it(folder, tmp_path, capsys, m
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and 'pip install "traindeck[eval]"' in err
     # core.eval's own measures do not import it
-    code = ("import sys, core.eval, core.use.evaluate, core.use.harness; "
-            "print('lm_eval' in sys.modules)")  # fmt: skip
+    code = (
+        "import sys, core.eval, core.use.evaluate, core.use.harness; "
+        "print('lm_eval' in sys.modules)"
+    )
     root = Path(__file__).resolve().parents[2]
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          check=True, cwd=root)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root
+    )
     assert done.stdout.strip() == "False"
 
 
@@ -314,16 +390,29 @@ def test_a_4_bit_lora_run_is_evaluated_as_it_trained(folder, tmp_path):
 
     text = tmp_path / "t.txt"
     text.write_text(TEXT, encoding="utf-8")
-    cfg = tiny_config(init_from=str(folder), tokenizer="model", data=str(text), lr=3e-3,
-                      lora_rank=4, base_bits="4", max_steps=3, eval_every=3, ckpt_every=3,
-                      hidden_dim=32, n_heads=4, bias=False, dropout=0.0,
-                      sample_tokens=0)  # fmt: skip
+    cfg = tiny_config(
+        init_from=str(folder),
+        tokenizer="model",
+        data=str(text),
+        lr=3e-3,
+        lora_rank=4,
+        base_bits="4",
+        max_steps=3,
+        eval_every=3,
+        ckpt_every=3,
+        hidden_dim=32,
+        n_heads=4,
+        bias=False,
+        dropout=0.0,
+        sample_tokens=0,
+    )
     Trainer(cfg, tmp_path / "run").run()
     loaded = evaluate.load_model(tmp_path / "run")
     quantized = [m for m in loaded.model.modules() if type(m).__name__ == "Linear4bit"]
     assert quantized and all(m.weight.dtype == torch.uint8 for m in quantized)
-    trained = build_model(loaded.config, open_pretrained(folder), torch.device("cpu"), "fp32",
-                          lambda _: None)  # fmt: skip
+    trained = build_model(
+        loaded.config, open_pretrained(folder), torch.device("cpu"), "fp32", lambda _: None
+    )
     trained.load_state_dict(ckpt.load(loaded.checkpoint)["model"], strict=False)
     ids = torch.tensor([scoring.tok_encode(loaded.tokenizer, TEXT[:200])[:32]])
     with torch.no_grad():

@@ -16,12 +16,20 @@ from core.training.trainer import Trainer
 pytest.importorskip("bitsandbytes")
 
 QWEN3_8B = {
-    "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "hidden_size": 4096,
-    "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32,
-    "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 40960,
-    "vocab_size": 151936, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+    "model_type": "qwen3",
+    "architectures": ["Qwen3ForCausalLM"],
+    "hidden_size": 4096,
+    "intermediate_size": 12288,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "max_position_embeddings": 40960,
+    "vocab_size": 151936,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
     "tie_word_embeddings": False,
-}  # fmt: skip
+}
 
 
 @pytest.fixture
@@ -32,10 +40,18 @@ def qwen3_8b(tmp_path):
     (folder / "config.json").write_text(json.dumps(QWEN3_8B))
     return validate(
         TrainConfig(
-            init_from=str(folder), tokenizer="model", hidden_dim=4096, n_layers=36,
-            n_heads=32, bias=False, qk_norm=True, seq_len=2048, batch_size=8, grad_accum=1,
+            init_from=str(folder),
+            tokenizer="model",
+            hidden_dim=4096,
+            n_layers=36,
+            n_heads=32,
+            bias=False,
+            qk_norm=True,
+            seq_len=2048,
+            batch_size=8,
+            grad_accum=1,
         )
-    )  # fmt: skip
+    )
 
 
 def test_a_qwen3_8b_fits_12_gb_as_qlora_from_its_config_json_alone(qwen3_8b):
@@ -86,8 +102,15 @@ def losses(run_dir):
 
 def test_8_bit_adamw_trains_and_resumes_exactly_on_the_cpu(tmp_path):
     # width 64: the MLP's 64x256 matrices pass bitsandbytes' 4096-element bar for 8-bit state
-    cfg = tiny_config(hidden_dim=64, optimizer="adamw8bit", max_steps=6, log_every=1,
-                      ckpt_every=3, eval_every=3, dropout=0.0)  # fmt: skip
+    cfg = tiny_config(
+        hidden_dim=64,
+        optimizer="adamw8bit",
+        max_steps=6,
+        log_every=1,
+        ckpt_every=3,
+        eval_every=3,
+        dropout=0.0,
+    )
     straight = tmp_path / "straight"
     assert Trainer(cfg, straight).run()["status"] == "finished"
     stopped = tmp_path / "stopped"

@@ -22,16 +22,35 @@ def base(tmp_path_factory):
     root = tmp_path_factory.mktemp("forgetting")
     (root / "code.txt").write_text(CODE * 400, encoding="utf-8")
     (root / "prose.txt").write_text(PROSE * 400, encoding="utf-8")
-    cfg = tiny_config(data=str(root / "code.txt"), hidden_dim=64, n_heads=4, max_steps=150,
-                      eval_every=150, ckpt_every=150, dropout=0.0, sample_tokens=0)  # fmt: skip
+    cfg = tiny_config(
+        data=str(root / "code.txt"),
+        hidden_dim=64,
+        n_heads=4,
+        max_steps=150,
+        eval_every=150,
+        ckpt_every=150,
+        dropout=0.0,
+        sample_tokens=0,
+    )
     Trainer(cfg, root / "run").run()
     return root, export(root / "run", "hf", root / "hf", log=lambda m: None)
 
 
 def fine_tune(root, hf, out, **kw):
-    values = dict(init_from=str(hf), tokenizer="model", data=str(root / "prose.txt"),
-                  eval_data=str(root / "code.txt"), lr=None, warmup_steps=20, hidden_dim=64,
-                  n_heads=4, max_steps=30, eval_every=10, dropout=0.0, sample_tokens=0)  # fmt: skip
+    values = dict(
+        init_from=str(hf),
+        tokenizer="model",
+        data=str(root / "prose.txt"),
+        eval_data=str(root / "code.txt"),
+        lr=None,
+        warmup_steps=20,
+        hidden_dim=64,
+        n_heads=4,
+        max_steps=30,
+        eval_every=10,
+        dropout=0.0,
+        sample_tokens=0,
+    )
     cfg = tiny_config(**{**values, **kw})
     Trainer(cfg, out).run()
     return read_metrics(out / "metrics.jsonl")[1]
@@ -56,8 +75,18 @@ def test_default_fine_tuning_learns_the_new_text_and_keeps_the_old(base, tmp_pat
 
 
 def test_a_missing_second_validation_set_is_one_line_before_anything(tmp_path, capsys):
-    args = ["--preset", "cpu-tiny", "--max-steps", "2", "--eval-data", str(tmp_path / "nope"),
-            "--out", str(tmp_path / "run"), "--data-cache", str(tmp_path / "c")]  # fmt: skip
+    args = [
+        "--preset",
+        "cpu-tiny",
+        "--max-steps",
+        "2",
+        "--eval-data",
+        str(tmp_path / "nope"),
+        "--out",
+        str(tmp_path / "run"),
+        "--data-cache",
+        str(tmp_path / "c"),
+    ]
     assert train_main(args) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: eval_data:") and len(err.splitlines()) == 1

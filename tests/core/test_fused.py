@@ -134,8 +134,9 @@ def test_a_fine_tune_uses_the_fused_ops_and_a_new_model_the_plain_ones():
 
     cfg = tiny_config()
     new = GPTConfig.from_train(cfg)
-    tuned = GPTConfig.from_train(cfg, base=GPTConfig(hidden_dim=32, n_layers=1, n_heads=2,
-                                                     seq_len=16, norm="rmsnorm"))  # fmt: skip
+    tuned = GPTConfig.from_train(
+        cfg, base=GPTConfig(hidden_dim=32, n_layers=1, n_heads=2, seq_len=16, norm="rmsnorm")
+    )
     assert (new.fused, tuned.fused) == (False, True)
     norms = [m for m in GPT(tuned).modules() if isinstance(m, RMSNorm)]
     assert norms and all(m.fused for m in norms)
@@ -149,9 +150,18 @@ def test_a_lora_fine_tune_remakes_the_adapters_inputs_with_equal_gradients(monke
 
     def gradients():
         torch.manual_seed(0)
-        c = GPTConfig(hidden_dim=32, n_layers=2, n_heads=4, n_kv_heads=2, seq_len=16,
-                      norm="rmsnorm", mlp="swiglu", positions="rope", vocab_size=40,
-                      fused=True)  # fmt: skip
+        c = GPTConfig(
+            hidden_dim=32,
+            n_layers=2,
+            n_heads=4,
+            n_kv_heads=2,
+            seq_len=16,
+            norm="rmsnorm",
+            mlp="swiglu",
+            positions="rope",
+            vocab_size=40,
+            fused=True,
+        )
         model = GPT(c)
         lora.apply_lora(model, rank=4, alpha=8.0, dropout=0.0, targets="all")
         for m in model.modules():
@@ -183,8 +193,16 @@ def test_attention_keeps_no_view_of_the_whole_qkv_output():
     that whole product alive after RoPE has copied q and k out of it."""
     from core.models.model import GPTConfig, SelfAttention
 
-    c = GPTConfig(hidden_dim=32, n_layers=1, n_heads=4, n_kv_heads=2, seq_len=8,
-                  norm="rmsnorm", positions="rope", fused=True)  # fmt: skip
+    c = GPTConfig(
+        hidden_dim=32,
+        n_layers=1,
+        n_heads=4,
+        n_kv_heads=2,
+        seq_len=8,
+        norm="rmsnorm",
+        positions="rope",
+        fused=True,
+    )
     attn = SelfAttention(c)
     products = []
     attn.qkv.register_forward_hook(lambda m, i, out: products.append(out))
@@ -208,9 +226,18 @@ def test_a_compiled_lora_fine_tune_gives_the_eager_gradients():
     from core.models import lora
     from core.models.model import GPT, GPTConfig
 
-    c = GPTConfig(hidden_dim=64, n_layers=2, n_heads=4, n_kv_heads=2, seq_len=32,
-                  norm="rmsnorm", mlp="swiglu", positions="rope", vocab_size=100,
-                  fused=True)  # fmt: skip
+    c = GPTConfig(
+        hidden_dim=64,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        seq_len=32,
+        norm="rmsnorm",
+        mlp="swiglu",
+        positions="rope",
+        vocab_size=100,
+        fused=True,
+    )
     idx = torch.randint(0, 100, (2, 32), generator=torch.Generator().manual_seed(1))
 
     from core.platform.compiling import CompiledOrEager, compile_or_eager, compile_problem

@@ -143,8 +143,10 @@ def test_odd_widths_fall_back_with_a_note():
     assert tensor_type("blk.0.ffn_up.weight", (96, 96), "q8_0", 32) == (T.Q8_0, None)
 
 
-@pytest.mark.parametrize("quant, qtype", [("q8_0", T.Q8_0), ("q6_k", T.Q6_K), ("f16", T.F16),
-                                          ("bf16", T.BF16), ("f32", T.F32)])  # fmt: skip
+@pytest.mark.parametrize(
+    "quant, qtype",
+    [("q8_0", T.Q8_0), ("q6_k", T.Q6_K), ("f16", T.F16), ("bf16", T.BF16), ("f32", T.F32)],
+)
 def test_single_type_mixes(quant, qtype):
     for name, shape in llama_names():
         got, note = tensor_type(name, shape, quant, 32)

@@ -67,8 +67,9 @@ def test_gpu_list_with_a_simulated_card(monkeypatch):
     monkeypatch.setattr(hardware, "_nvml", fake_pynvml(used_mb=1024, total_mb=8192))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    props = types.SimpleNamespace(name="NVIDIA GeForce RTX 4060", total_memory=8192 * 1024**2,
-                                  major=8, minor=9)  # fmt: skip
+    props = types.SimpleNamespace(
+        name="NVIDIA GeForce RTX 4060", total_memory=8192 * 1024**2, major=8, minor=9
+    )
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props)
     (gpu,) = hardware.gpus()
     assert gpu["name"] == "NVIDIA GeForce RTX 4060" and gpu["driver"] == "560.94"
@@ -182,8 +183,9 @@ def blackwell_on_cu126(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: CU126)
-    props = types.SimpleNamespace(name="NVIDIA GeForce RTX 5080", total_memory=16 * 1024**3,
-                                  major=12, minor=0)  # fmt: skip
+    props = types.SimpleNamespace(
+        name="NVIDIA GeForce RTX 5080", total_memory=16 * 1024**3, major=12, minor=0
+    )
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda i: (15 * 1024**3, 16 * 1024**3))
 

@@ -12,8 +12,18 @@ import pytest
 CORE = Path(__file__).resolve().parents[2] / "core"
 # Bottom to top. "errors" is the leaf module every layer shares; the entry modules
 # (core.train, core.generate, core.export, core.eval) sit with the command lines.
-LAYERS = ["errors", "platform", "config", "models", "runs", "data", "weights", "training",
-          "use", "cli"]  # fmt: skip
+LAYERS = [
+    "errors",
+    "platform",
+    "config",
+    "models",
+    "runs",
+    "data",
+    "weights",
+    "training",
+    "use",
+    "cli",
+]
 ENTRY = {"train", "generate", "export", "eval"}
 
 

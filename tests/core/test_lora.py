@@ -37,11 +37,28 @@ def data_file(tmp_path_factory):
 
 def lora_config(folder, data, **kw) -> TrainConfig:
     values = dict(
-        init_from=str(folder), tokenizer="model", data=str(data), device="cpu",
-        precision="fp32", max_steps=12, eval_every=6, ckpt_every=6, batch_size=4,
-        grad_accum=1, seq_len=32, lr=1e-2, warmup_steps=2, eval_batches=2, sample_tokens=4,
-        lora_rank=4, lora_dropout=0.1, hidden_dim=32, n_layers=2, n_heads=4, bias=False,
-    )  # fmt: skip
+        init_from=str(folder),
+        tokenizer="model",
+        data=str(data),
+        device="cpu",
+        precision="fp32",
+        max_steps=12,
+        eval_every=6,
+        ckpt_every=6,
+        batch_size=4,
+        grad_accum=1,
+        seq_len=32,
+        lr=1e-2,
+        warmup_steps=2,
+        eval_batches=2,
+        sample_tokens=4,
+        lora_rank=4,
+        lora_dropout=0.1,
+        hidden_dim=32,
+        n_layers=2,
+        n_heads=4,
+        bias=False,
+    )
     values.update(kw)
     return validate(TrainConfig(**values))
 
@@ -179,10 +196,17 @@ def big_config(tmp_path):
     (folder / "config.json").write_text(json.dumps(QWEN_1_5B))
     return validate(
         TrainConfig(
-            init_from=str(folder), tokenizer="model", hidden_dim=1536, n_layers=28,
-            n_heads=12, bias=False, seq_len=1024, batch_size=8, grad_accum=1,
+            init_from=str(folder),
+            tokenizer="model",
+            hidden_dim=1536,
+            n_layers=28,
+            n_heads=12,
+            bias=False,
+            seq_len=1024,
+            batch_size=8,
+            grad_accum=1,
         )
-    )  # fmt: skip
+    )
 
 
 def test_estimate_counts_the_frozen_base_and_the_adapters(big_config):
@@ -201,8 +225,9 @@ def test_estimate_counts_the_frozen_base_and_the_adapters(big_config):
     per_layer = 16 * (
         (c.hidden_dim + c.n_heads * c.head_dim + 2 * c.n_kv_heads * c.head_dim)
         + (c.n_heads * c.head_dim + c.hidden_dim)
-        + (c.hidden_dim + 2 * c.ffn_dim) + (c.ffn_dim + c.hidden_dim)
-    )  # fmt: skip
+        + (c.hidden_dim + 2 * c.ffn_dim)
+        + (c.ffn_dim + c.hidden_dim)
+    )
     assert adapters == c.n_layers * per_layer
     assert low.weights == 2 * low.n_params + 4 * adapters  # 16-bit base, fp32 adapters
     assert low.gradients == 4 * adapters and low.optimizer == 8 * adapters
@@ -253,9 +278,14 @@ def test_gradient_checkpointing_trains_the_same_adapters(models, data_file, tmp_
     runs = {}
     for ckpt in (False, True):
         cfg = lora_config(
-            folder, data_file, max_steps=3, eval_every=3, ckpt_every=3, lora_dropout=0.0,
+            folder,
+            data_file,
+            max_steps=3,
+            eval_every=3,
+            ckpt_every=3,
+            lora_dropout=0.0,
             grad_checkpointing=ckpt,
-        )  # fmt: skip
+        )
         Trainer(cfg, tmp_path / str(ckpt)).run()
         path = tmp_path / str(ckpt) / "checkpoints" / "latest.pt"
         runs[ckpt] = torch.load(path, weights_only=True)["model"]

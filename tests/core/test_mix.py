@@ -89,9 +89,15 @@ def test_a_mixed_run_resumes_bitwise_equal_to_a_straight_one(tmp_path):
     chat = write_chat(tmp_path / "qa.jsonl")
     text = write_text(tmp_path / "general.txt", 0)
     cfg = tiny_config(
-        data=str(chat), extra_data=[str(text)], data_weights="0.7,0.3", seq_len=96,
-        max_steps=6, eval_every=3, ckpt_every=3, sample_tokens=0,
-    )  # fmt: skip
+        data=str(chat),
+        extra_data=[str(text)],
+        data_weights="0.7,0.3",
+        seq_len=96,
+        max_steps=6,
+        eval_every=3,
+        ckpt_every=3,
+        sample_tokens=0,
+    )
     straight = tmp_path / "straight"
     Trainer(cfg, straight).run()
     run = tmp_path / "run"
@@ -145,8 +151,20 @@ def test_default_weights_follow_the_training_tokens(tmp_path):
 def test_bad_weights_are_one_line_exit_2_before_any_data(tmp_path, capsys, weights, says):
     a, b = write_text(tmp_path / "a.txt", 0), write_text(tmp_path / "b.txt", 1)
     cache = tmp_path / "cache"
-    args = ["--preset", "cpu-tiny", "--data", str(a), "--data", str(b), "--data-weights",
-            weights, "--out", str(tmp_path / "run"), "--data-cache", str(cache)]  # fmt: skip
+    args = [
+        "--preset",
+        "cpu-tiny",
+        "--data",
+        str(a),
+        "--data",
+        str(b),
+        "--data-weights",
+        weights,
+        "--out",
+        str(tmp_path / "run"),
+        "--data-cache",
+        str(cache),
+    ]
     assert train_main(args) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: data_weights:") and says in err and "\n" not in err
@@ -179,17 +197,27 @@ def fake_snapshot(root, files: dict[str, str]):
 
 
 def test_split_files_pick_the_split_named_in_the_path(tmp_path):
-    snap = fake_snapshot(tmp_path / "a", {
-        "data/train-00000-of-00002.parquet": "x", "data/train-00001-of-00002.parquet": "x",
-        "data/test-00000-of-00001.parquet": "x", "README.md": "x",
-    })  # fmt: skip
+    snap = fake_snapshot(
+        tmp_path / "a",
+        {
+            "data/train-00000-of-00002.parquet": "x",
+            "data/train-00001-of-00002.parquet": "x",
+            "data/test-00000-of-00001.parquet": "x",
+            "README.md": "x",
+        },
+    )
     assert [p.name for p in hub.split_files(snap, "train")] == [
-        "train-00000-of-00002.parquet", "train-00001-of-00002.parquet",
-    ]  # fmt: skip
+        "train-00000-of-00002.parquet",
+        "train-00001-of-00002.parquet",
+    ]
     assert [p.name for p in hub.split_files(snap, "test")] == ["test-00000-of-00001.parquet"]
-    nested = fake_snapshot(tmp_path / "b", {
-        "default/train/0000.parquet": "x", "default/validation/0000.parquet": "x",
-    })  # fmt: skip
+    nested = fake_snapshot(
+        tmp_path / "b",
+        {
+            "default/train/0000.parquet": "x",
+            "default/validation/0000.parquet": "x",
+        },
+    )
     assert hub.split_files(nested, "validation") == [nested / "default/validation/0000.parquet"]
     with pytest.raises(
         DataError,
@@ -231,8 +259,17 @@ def test_a_hub_dataset_trains_from_the_hf_cache_without_network(tmp_path, monkey
 
 def test_prepare_only_prepares_every_source(tmp_path, capsys):
     a, b = write_text(tmp_path / "a.txt", 0), write_text(tmp_path / "b.txt", 1, 5_000)
-    args = ["--preset", "cpu-tiny", "--data", str(a), "--data", str(b), "--prepare-only",
-            "--data-cache", str(tmp_path / "cache")]  # fmt: skip
+    args = [
+        "--preset",
+        "cpu-tiny",
+        "--data",
+        str(a),
+        "--data",
+        str(b),
+        "--prepare-only",
+        "--data-cache",
+        str(tmp_path / "cache"),
+    ]
     assert train_main(args) == 0
     out = capsys.readouterr().out
     assert f"Data: {a}" in out and f"Data: {b}" in out and out.count("Cache: ") == 2
@@ -245,8 +282,9 @@ def test_prepare_only_prepares_every_source(tmp_path, capsys):
         ("RepositoryNotFoundError", "neither a local"),
     ],
 )
-def test_a_gated_or_missing_hub_dataset_is_one_line_exit_2(tmp_path, capsys, monkeypatch,
-                                                          error, says):  # fmt: skip
+def test_a_gated_or_missing_hub_dataset_is_one_line_exit_2(
+    tmp_path, capsys, monkeypatch, error, says
+):
     from types import SimpleNamespace
 
     import huggingface_hub

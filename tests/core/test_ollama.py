@@ -449,9 +449,14 @@ def layout_of(model: Model):
 
 def modelfile_of(model: Model, stops=("<|stop|>",), system=None) -> str:
     return ollama.modelfile(
-        "model.gguf", model.template, list(stops), system,
-        bos_token=model.bos, eos_token=model.eos, add_bos=model.add_bos,
-    )  # fmt: skip
+        "model.gguf",
+        model.template,
+        list(stops),
+        system,
+        bos_token=model.bos,
+        eos_token=model.eos,
+        add_bos=model.add_bos,
+    )
 
 
 # -- A port of Ollama's Modelfile parser (parser/parser.go ParseFile) ------------------------
@@ -617,8 +622,11 @@ def test_layouts_read_off_the_templates():
 
 def test_canonical_templates_render_as_their_models():
     """go_template(kind) alone: TrainDeck's default (no EOS), Llama 3.0, Mistral v0.3."""
-    for kind, name in [("chatml", "traindeck-bytes"), ("llama3", "llama3"),
-                       ("mistral", "mistral-v0.3")]:  # fmt: skip
+    for kind, name in [
+        ("chatml", "traindeck-bytes"),
+        ("llama3", "llama3"),
+        ("mistral", "mistral-v0.3"),
+    ]:
         for messages in CONVERSATIONS.values():
             got = ollama_prompt(ollama.go_template(kind), messages)
             assert got == ollama_wants(MODELS[name], messages)
@@ -665,7 +673,7 @@ def test_plain():
         (LLAMA2, "<<SYS>>"),
         (COMMAND_R, "<|START_OF_TURN_TOKEN|>"),
         ("{{ messages[0]['content'] }}", "no turn"),
-    ],  # fmt: skip
+    ],
 )
 def test_unknown_templates_are_refused(template, found):
     with pytest.raises(OllamaError, match="none TrainDeck can write") as err:
@@ -722,16 +730,25 @@ def _tokenizer(specials: list[str], bos, eos, stops, template, add_bos=False):
 def test_stop_tokens():
     llama = _tokenizer(
         ["<|begin_of_text|>", "<|end_of_text|>", "<|eom_id|>", "<|eot_id|>"],
-        "<|begin_of_text|>", "<|eot_id|>", ["<|end_of_text|>", "<|eom_id|>", "<|eot_id|>"],
-        LLAMA31, add_bos=True,
-    )  # fmt: skip
+        "<|begin_of_text|>",
+        "<|eot_id|>",
+        ["<|end_of_text|>", "<|eom_id|>", "<|eot_id|>"],
+        LLAMA31,
+        add_bos=True,
+    )
     assert ollama.stop_tokens("llama3", llama) == [
-        "<|eot_id|>", "<|start_header_id|>", "<|end_of_text|>", "<|eom_id|>",
-    ]  # fmt: skip
+        "<|eot_id|>",
+        "<|start_header_id|>",
+        "<|end_of_text|>",
+        "<|eom_id|>",
+    ]
     qwen = _tokenizer(
         ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        None, "<|im_end|>", ["<|im_end|>", "<|endoftext|>"], QWEN25,
-    )  # fmt: skip
+        None,
+        "<|im_end|>",
+        ["<|im_end|>", "<|endoftext|>"],
+        QWEN25,
+    )
     assert ollama.stop_tokens("chatml", qwen) == ["<|im_end|>", "<|im_start|>", "<|endoftext|>"]
 
     from core.data.tokenizer import Tokenizer, bytes_tokenizer
@@ -750,17 +767,22 @@ def test_stop_tokens():
 def test_modelfile_of_a_tokenizer():
     llama = _tokenizer(
         ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"],
-        "<|begin_of_text|>", "<|eot_id|>", ["<|end_of_text|>", "<|eot_id|>"],
-        LLAMA31, add_bos=True,
-    )  # fmt: skip
+        "<|begin_of_text|>",
+        "<|eot_id|>",
+        ["<|end_of_text|>", "<|eot_id|>"],
+        LLAMA31,
+        add_bos=True,
+    )
     commands = parse_modelfile(ollama.modelfile_of(llama, "out.gguf", system="Be brief."))
     names = [c for c, _ in commands]
     assert names == ["model", "template", "stop", "stop", "stop", "system"]
     values = dict(commands)
     assert values["model"] == "./out.gguf"
     assert [v for c, v in commands if c == "stop"] == [
-        "<|eot_id|>", "<|start_header_id|>", "<|end_of_text|>",
-    ]  # fmt: skip
+        "<|eot_id|>",
+        "<|start_header_id|>",
+        "<|end_of_text|>",
+    ]
     messages = CONVERSATIONS["user-assistant-user"]
     got = ollama_prompt(values["template"], messages, system=values["system"])
     assert got == ollama_wants(MODELS["llama3.1"], [m("system", "Be brief."), *messages])
@@ -786,9 +808,9 @@ def test_modelfile_lines_and_quoting():
 
 
 @pytest.mark.parametrize(
-    "system, why", [('ends with three quotes """\nnext line', "cannot be quoted"),
-                    ("a bell \x07", "unprintable")],
-)  # fmt: skip
+    "system, why",
+    [('ends with three quotes """\nnext line', "cannot be quoted"), ("a bell \x07", "unprintable")],
+)
 def test_modelfile_refuses_what_it_cannot_carry(system, why):
     with pytest.raises(OllamaError, match=why):
         modelfile_of(MODELS["qwen2.5"], system=system)
@@ -800,8 +822,12 @@ def test_modelfile_paths_and_create_command(tmp_path):
     text = ollama.modelfile("/abs/dir/model.gguf", DEFAULT_TEMPLATE, [])
     assert parse_modelfile(text)[0] == ("model", "/abs/dir/model.gguf")
     assert ollama.create_command("my-model", tmp_path) == [
-        "ollama", "create", "my-model", "-f", str(tmp_path / "Modelfile"),
-    ]  # fmt: skip
+        "ollama",
+        "create",
+        "my-model",
+        "-f",
+        str(tmp_path / "Modelfile"),
+    ]
 
 
 # -- The Go template renderer itself ---------------------------------------------------------

@@ -56,8 +56,9 @@ def wanted(model, messages, **extra) -> str:
 
 
 def template_of(model) -> str:
-    lay = ollama.layout(model.template, bos_token=model.bos, eos_token=model.eos,
-                        add_bos=model.add_bos)  # fmt: skip
+    lay = ollama.layout(
+        model.template, bos_token=model.bos, eos_token=model.eos, add_bos=model.add_bos
+    )
     return ollama.go_template(lay)
 
 
@@ -103,8 +104,9 @@ def test_think_off_renders_the_templates_enable_thinking_false(name):
 @pytest.mark.parametrize("name", ["qwen3", "deepseek-r1-distill", "smollm3"])
 def test_a_continued_answer_keeps_its_thinking(name):
     model = REAL[name]
-    lay = ollama.layout(model.template, bos_token=model.bos, eos_token=model.eos,
-                        add_bos=model.add_bos)  # fmt: skip
+    lay = ollama.layout(
+        model.template, bos_token=model.bos, eos_token=model.eos, add_bos=model.add_bos
+    )
     messages = [m("user", "What is 2+2?"), {**m("assistant", "It is"), "thinking": "Add them."}]
     got = go_prompt(ollama.go_template(lay), messages)
     plain = go_prompt(ollama.go_template(lay), [messages[0], m("assistant", "It is")])
@@ -120,12 +122,26 @@ def ollama_prefers_gguf_template(jinja: str, out: dict) -> bool:
     gguf |= {"thinking"} if ollama.has_thinking(jinja) else set()
     go = {"tools"} if "tools" in out["vars"] else set()
     go |= {"thinking"} if out["think_open"] and out["think_close"] else set()
-    gguf_trip = ("tool_calls" in jinja or "assistant_tool_call" in jinja) and any(
-        s in jinja for s in ("tool_response", "tool_results", "ipython", "role'] == 'tool'",
-                             'role == "tool"', "role == 'tool'")
-    ) and "tools" in gguf  # fmt: skip
-    go_trip = ("tools" in out["vars"] and "toolcalls" in out["vars"]
-               and 'eq .Role "tool"' in out["template"])  # fmt: skip
+    gguf_trip = (
+        ("tool_calls" in jinja or "assistant_tool_call" in jinja)
+        and any(
+            s in jinja
+            for s in (
+                "tool_response",
+                "tool_results",
+                "ipython",
+                "role'] == 'tool'",
+                'role == "tool"',
+                "role == 'tool'",
+            )
+        )
+        and "tools" in gguf
+    )
+    go_trip = (
+        "tools" in out["vars"]
+        and "toolcalls" in out["vars"]
+        and 'eq .Role "tool"' in out["template"]
+    )
     if len(gguf) > len(go):
         return not go_trip or gguf_trip
     if gguf != go or "tools" not in gguf:
@@ -163,8 +179,11 @@ def compact(value) -> str:
 def tool_conversation(with_system: bool, deepseek: bool) -> list[dict]:
     """DeepSeek-R1's template writes tool calls only for a message whose content is None, and
     concatenates their arguments as text; Mistral's wants 9-character call ids."""
-    call = {"type": "function", "id": "call12345", "function": {
-        "name": "get_weather", "arguments": compact(ARGS) if deepseek else ARGS}}  # fmt: skip
+    call = {
+        "type": "function",
+        "id": "call12345",
+        "function": {"name": "get_weather", "arguments": compact(ARGS) if deepseek else ARGS},
+    }
     msgs = [
         m("user", "Weather in Paris?"),
         {"role": "assistant", "content": None if deepseek else "", "tool_calls": [call]},
@@ -179,8 +198,9 @@ def as_transformers_writes(text: str, values=(TOOL, ARGS)) -> str:
     """The model's template's JSON (Python's spaced, or indented) as Ollama's compact JSON."""
     for value in values:
         for indent in (None, 4):
-            text = text.replace(json.dumps(value, ensure_ascii=False, indent=indent),
-                                compact(value))  # fmt: skip
+            text = text.replace(
+                json.dumps(value, ensure_ascii=False, indent=indent), compact(value)
+            )
     return text
 
 
@@ -200,11 +220,16 @@ def test_tool_calls_and_results_render_as_the_models_template(name, with_system)
     if model.add_bos:
         want = want.removeprefix(model.bos)
     go_msgs = [
-        {**x, "tool_calls": [{"id": "call12345", "function": {"name": "get_weather",
-                                                              "arguments": ARGS}}]}
-        if x.get("tool_calls") else x
+        {
+            **x,
+            "tool_calls": [
+                {"id": "call12345", "function": {"name": "get_weather", "arguments": ARGS}}
+            ],
+        }
+        if x.get("tool_calls")
+        else x
         for x in tool_conversation(with_system, False)
-    ]  # fmt: skip
+    ]
     got = go_prompt(template_of(model), go_msgs, tools=[TOOL])
     assert got == want
 
@@ -318,10 +343,10 @@ def test_ollama_export_of_a_family_template_logs_what_differs(tmp_path, name):
 def test_a_template_without_a_system_turn_refuses_a_modelfile_system():
     model = REAL["gemma2"]
     with pytest.raises(ollama.OllamaError, match="no place for a system prompt"):
-        ollama.modelfile("m.gguf", model.template, [], "Be brief.", bos_token="<bos>",
-                         add_bos=True)  # fmt: skip
-    text = ollama.modelfile("m.gguf", REAL["gemma3"].template, [], "Be brief.",
-                            bos_token="<bos>", add_bos=True)  # fmt: skip
+        ollama.modelfile("m.gguf", model.template, [], "Be brief.", bos_token="<bos>", add_bos=True)
+    text = ollama.modelfile(
+        "m.gguf", REAL["gemma3"].template, [], "Be brief.", bos_token="<bos>", add_bos=True
+    )
     assert 'SYSTEM """Be brief."""' in text
 
 
@@ -339,8 +364,9 @@ def test_a_template_without_a_system_turn_refuses_a_modelfile_system():
 )
 def test_differences_name_what_go_cannot_match(name, says):
     model = REAL[name]
-    lay = ollama.layout(model.template, bos_token=model.bos, eos_token=model.eos,
-                        add_bos=model.add_bos)  # fmt: skip
+    lay = ollama.layout(
+        model.template, bos_token=model.bos, eos_token=model.eos, add_bos=model.add_bos
+    )
     assert any(says in line for line in ollama.differences(lay, model.template))
 
 

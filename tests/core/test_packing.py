@@ -12,22 +12,28 @@ from core.models.model import GPT, GPTConfig, packed
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])  # rotary and learned positions
 def test_each_packed_example_gets_the_logits_it_gets_alone(arch):
     torch.manual_seed(0)
-    extra = {"positions": "learned", "norm": "layernorm", "mlp": "gelu"} if arch == "gpt2" else {
-        "positions": "rope", "norm": "rmsnorm", "mlp": "swiglu", "bias": False}  # fmt: skip
-    model = GPT(GPTConfig(vocab_size=100, seq_len=32, hidden_dim=32, n_layers=2, n_heads=4,
-                          **extra)).eval()  # fmt: skip
+    extra = (
+        {"positions": "learned", "norm": "layernorm", "mlp": "gelu"}
+        if arch == "gpt2"
+        else {"positions": "rope", "norm": "rmsnorm", "mlp": "swiglu", "bias": False}
+    )
+    model = GPT(
+        GPTConfig(vocab_size=100, seq_len=32, hidden_dim=32, n_layers=2, n_heads=4, **extra)
+    ).eval()
     lengths = [7, 11, 5]
     examples = [torch.randint(0, 100, (n,)) for n in lengths]
     row = torch.cat([*examples, torch.zeros(32 - sum(lengths), dtype=torch.long)])[None]
-    segments = torch.cat([torch.full((n,), i + 1) for i, n in enumerate([*lengths[:-1],
-                          32 - sum(lengths[:-1])])])[None]  # fmt: skip
+    segments = torch.cat(
+        [torch.full((n,), i + 1) for i, n in enumerate([*lengths[:-1], 32 - sum(lengths[:-1])])]
+    )[None]
     with torch.no_grad():
         together = model(row, segments=segments)[0]
         start = 0
         for ids in examples:
             alone = model(ids[None])[0]
-            torch.testing.assert_close(together[:, start : start + len(ids)], alone,
-                                       rtol=1e-5, atol=1e-5)  # fmt: skip
+            torch.testing.assert_close(
+                together[:, start : start + len(ids)], alone, rtol=1e-5, atol=1e-5
+            )
             start += len(ids)
         plain = model(row)[0]  # without segments, later examples see the earlier ones
     assert (plain[:, 7:18] - together[:, 7:18]).abs().max() > 1e-3

@@ -44,10 +44,18 @@ def test_a_grpo_run_shows_its_held_out_reward_as_a_reward():
 def test_durations_and_the_data_line():
     assert fmt_duration(None) == "—" and fmt_duration(3725.9) == "1:02:05"
     info = {
-        "max_steps": 100, "start_step": 0, "tokens_per_step": 1000,
-        "data": {"source": "corpus.txt", "source_bytes": 2_000_000, "total_bytes": 4_000_000,
-                 "train_tokens": 40_000, "val_tokens": 2_000, "tokenizer": "bpe"},
-    }  # fmt: skip
+        "max_steps": 100,
+        "start_step": 0,
+        "tokens_per_step": 1000,
+        "data": {
+            "source": "corpus.txt",
+            "source_bytes": 2_000_000,
+            "total_bytes": 4_000_000,
+            "train_tokens": 40_000,
+            "val_tokens": 2_000,
+            "tokenizer": "bpe",
+        },
+    }
     line = describe_run_data(info)
     assert line.startswith("corpus.txt, using 2.0 of 4.0 MB, 42,000 tokens (bpe), 2.50 passes")
     assert describe_run_data({"data_source": "embedded"}) == "embedded"

@@ -101,8 +101,9 @@ def test_muon_and_lora_do_not_mix():
 
 
 def test_wsd_lr_at_chosen_steps():
-    cfg = validate(TrainConfig(warmup_steps=10, max_steps=100, decay_fraction=0.2, lr=1.0,
-                               schedule="wsd"))  # fmt: skip
+    cfg = validate(
+        TrainConfig(warmup_steps=10, max_steps=100, decay_fraction=0.2, lr=1.0, schedule="wsd")
+    )
     plan = plan_for(cfg, 100)
     assert plan.decay_start == 80
     values = {s: lr_factor(s, cfg, plan) for s in (0, 4, 9, 10, 50, 79, 80, 89, 99)}
@@ -212,8 +213,15 @@ def test_a_time_budget_ends_near_it_with_the_decay_done(tmp_path, schedule, monk
         return real_step(self, *args)
 
     monkeypatch.setattr(Trainer, "_train_step", step)
-    cfg = tiny_config(max_time="6s", max_steps=None, lr=None, eval_every=50, ckpt_every=10**6,
-                      log_every=1, schedule=schedule)  # fmt: skip
+    cfg = tiny_config(
+        max_time="6s",
+        max_steps=None,
+        lr=None,
+        eval_every=50,
+        ckpt_every=10**6,
+        log_every=1,
+        schedule=schedule,
+    )
     events = Recorder()
     result = Trainer(cfg, tmp_path / "run").run(events)
     assert result["status"] == "finished"
@@ -233,8 +241,12 @@ def _start_cli(tmp_path, *extra):
     args += ["--finish-steps", "5", "--sample-tokens", "0", "--out", "run", *extra]
     proc = subprocess.Popen(
         [sys.executable, "-m", "core.train", *args],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     metrics = tmp_path / "run" / "metrics.jsonl"
     deadline = time.time() + 60
     while time.time() < deadline and not (metrics.exists() and metrics.stat().st_size > 0):
@@ -265,15 +277,21 @@ def test_finish_flag_finishes_a_running_cli_run(tmp_path):
     env = {**os.environ, "PYTHONPATH": ROOT}
     ask = subprocess.run(
         [sys.executable, "-m", "core.train", "--finish", "run"],
-        cwd=tmp_path, env=env, capture_output=True, text=True,
-    )  # fmt: skip
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert ask.returncode == 0, ask.stderr
     _check_finished(tmp_path, proc)
     assert not (tmp_path / "run" / FINISH_FILE).exists()
     again = subprocess.run(
         [sys.executable, "-m", "core.train", "--finish", "run"],
-        cwd=tmp_path, env=env, capture_output=True, text=True,
-    )  # fmt: skip
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert again.returncode == 2
     assert again.stderr.strip() == "error: --finish: run is not training (its status is finished)"
 

@@ -30,9 +30,19 @@ def write_jsonl(path, rows):
 
 
 def fine_tune(base, data, run, **overrides):
-    values = dict(init_from=str(base), tokenizer="model", data=str(data), lr=2e-2, max_steps=6,
-                  eval_every=6, ckpt_every=6, n_heads=4, bias=False, dropout=0.0,
-                  sample_tokens=0)  # fmt: skip
+    values = dict(
+        init_from=str(base),
+        tokenizer="model",
+        data=str(data),
+        lr=2e-2,
+        max_steps=6,
+        eval_every=6,
+        ckpt_every=6,
+        n_heads=4,
+        bias=False,
+        dropout=0.0,
+        sample_tokens=0,
+    )
     Trainer(tiny_config(**{**values, **overrides}), run).run()
     return run
 
@@ -49,8 +59,9 @@ def setup(tmp_path_factory):
 def greedy_chat(model, tok, user: str) -> str:
     """What `python -m core.generate MODEL --chat --temperature 0` answers."""
     ids, stops, until = start_ids(tok, user, True)
-    return "".join(stream_text(tok, generate_ids(model, ids, NEW, 0, stop_ids=stops),
-                               hide=stops, until=until))  # fmt: skip
+    return "".join(
+        stream_text(tok, generate_ids(model, ids, NEW, 0, stop_ids=stops), hide=stops, until=until)
+    )
 
 
 def test_report_answers_held_out_prompts_with_both_models(setup):

@@ -163,15 +163,21 @@ def test_a_pretrained_tokenizer_puts_bos_and_eos_around_each_row(tmp_path):
 @pytest.mark.parametrize(
     "name, content, words",
     [
-        ("bad.csv", "question,answer\nq,a\nr,b\n", "no column 'query' (the prompt column, "
-         "prompt_column); columns found: question, answer"),
+        (
+            "bad.csv",
+            "question,answer\nq,a\nr,b\n",
+            "no column 'query' (the prompt column, prompt_column); columns found: question, answer",
+        ),
         ("bad.parquet", b"PAR1 not really", "bad.parquet: not a readable Parquet file"),
         ("bad.json", '{"rows": 3}', "expected a JSON array of objects"),
         ("bad.csv", "prompt,completion\nq,a\nq,a,extra\n", "line 3: has 3 fields, the header 2"),
-        ("bad.jsonl", '{"question": "q", "completion": "a"}\n{"completion": "a"}\n',
-         "line 2: no column 'question'"),
+        (
+            "bad.jsonl",
+            '{"question": "q", "completion": "a"}\n{"completion": "a"}\n',
+            "line 2: no column 'question'",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_tables_are_one_line_exit_2_and_nothing_prepared(
     tmp_path, capsys, name, content, words
 ):
@@ -182,10 +188,25 @@ def test_bad_tables_are_one_line_exit_2_and_nothing_prepared(
         data.write_text(content, encoding="utf-8")
     cache = tmp_path / "cache"
     args = [
-        "--data", str(data), "--max-steps", "1", "--data-cache", str(cache), "--device", "cpu",
-        "--out", str(tmp_path / "run"), "--hidden-dim", "32", "--n-layers", "1", "--n-heads", "2",
-        "--prompt-column", "query" if "query" in words else "question",
-    ]  # fmt: skip
+        "--data",
+        str(data),
+        "--max-steps",
+        "1",
+        "--data-cache",
+        str(cache),
+        "--device",
+        "cpu",
+        "--out",
+        str(tmp_path / "run"),
+        "--hidden-dim",
+        "32",
+        "--n-layers",
+        "1",
+        "--n-heads",
+        "2",
+        "--prompt-column",
+        "query" if "query" in words else "question",
+    ]
     if name == "bad.csv" and "fields" in words:
         args = args[:-2]
     assert train_main(args) == 2
@@ -207,10 +228,18 @@ def test_a_missing_text_column_names_the_columns_found(tmp_path):
 def test_the_cli_maps_columns(tmp_path):
     qa = [{"question": r["prompt"], "answer": r["completion"]} for r in PAIRS]
     args = [
-        "--data", str(write(tmp_path / "qa.parquet", qa)), "--prepare-only",
-        "--data-cache", str(tmp_path / "cache"), "--seq-len", "160",
-        "--prompt-column", "question", "--completion-column", "answer",
-    ]  # fmt: skip
+        "--data",
+        str(write(tmp_path / "qa.parquet", qa)),
+        "--prepare-only",
+        "--data-cache",
+        str(tmp_path / "cache"),
+        "--seq-len",
+        "160",
+        "--prompt-column",
+        "question",
+        "--completion-column",
+        "answer",
+    ]
     assert train_main(args) == 0
     entries = [p for p in (tmp_path / "cache").glob("*") if not p.name.startswith(".")]
     manifest = json.loads((entries[0] / "manifest.json").read_text())
@@ -223,13 +252,20 @@ def test_a_text_table_run_resumes_exactly(tmp_path):
     from core.runs.folder import read_metrics
     from core.training.trainer import Trainer
 
-    docs = [{"body": f"Row {i}: the fox {'jumps' if i % 2 else 'sleeps'} {i % 7} times."}
-            for i in range(300)]  # fmt: skip
+    docs = [
+        {"body": f"Row {i}: the fox {'jumps' if i % 2 else 'sleeps'} {i % 7} times."}
+        for i in range(300)
+    ]
     data = write(tmp_path / "docs.parquet", docs)
     cfg = tiny_config(
-        data=str(data), text_column="body", max_steps=6, eval_every=3, ckpt_every=3,
-        sample_tokens=0, n_layers=1,
-    )  # fmt: skip
+        data=str(data),
+        text_column="body",
+        max_steps=6,
+        eval_every=3,
+        ckpt_every=3,
+        sample_tokens=0,
+        n_layers=1,
+    )
 
     def losses(run):
         train, evals = read_metrics(run / "metrics.jsonl")

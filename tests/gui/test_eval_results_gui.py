@@ -48,8 +48,9 @@ def test_questions_saved_results_and_the_compare_table(make_window, gui_env, qtb
     compare.refresh_runs()
     compare.tick(runs / "a")
     compare.tick(runs / "b")
-    headers = [compare.table.horizontalHeaderItem(i).text()
-               for i in range(compare.table.columnCount())]  # fmt: skip
+    headers = [
+        compare.table.horizontalHeaderItem(i).text() for i in range(compare.table.columnCount())
+    ]
     assert headers[:2] == ["val_loss", "best val_loss"] and "q.jsonl acc" in headers
     assert compare.table.rowCount() == 2
     col = headers.index("q.jsonl acc")

@@ -20,9 +20,19 @@ def test_evaluate_tab_shows_the_before_after_report(make_window, gui_env, qtbot,
     data = gui_env / "chat.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     run = gui_env / "runs" / "chat"
-    cfg = tiny_config(init_from=str(gui_env / "base"), tokenizer="model", data=str(data),
-                      lora_rank=4, max_steps=3, eval_every=3, ckpt_every=3, n_heads=4,
-                      bias=False, dropout=0.0, sample_tokens=0)  # fmt: skip
+    cfg = tiny_config(
+        init_from=str(gui_env / "base"),
+        tokenizer="model",
+        data=str(data),
+        lora_rank=4,
+        max_steps=3,
+        eval_every=3,
+        ckpt_every=3,
+        n_heads=4,
+        bias=False,
+        dropout=0.0,
+        sample_tokens=0,
+    )
     Trainer(cfg, run).run()
     tab = make_window().run_view.evaluate
     tab.refresh_runs(run)

@@ -95,9 +95,17 @@ def test_gpu_plot_appears_only_with_nvml_data(qtbot):
     panel.redraw()
     assert panel.plots["gpu"].isHidden()
     panel.add_train(
-        {"step": 2, "loss": 2.9, "mem_allocated_mb": 100, "nvml_used_mb": 900,
-         "nvml_total_mb": 8192, "gpu_util": 97, "gpu_temp_c": 65, "gpu_power_w": 180}
-    )  # fmt: skip
+        {
+            "step": 2,
+            "loss": 2.9,
+            "mem_allocated_mb": 100,
+            "nvml_used_mb": 900,
+            "nvml_total_mb": 8192,
+            "gpu_util": 97,
+            "gpu_temp_c": 65,
+            "gpu_power_w": 180,
+        }
+    )
     panel.redraw()
     assert not panel.plots["gpu"].isHidden()
     assert panel.curve_points("gpu_power_w") == 1
@@ -119,9 +127,22 @@ def test_preset_selection_fills_the_form_and_cpu_is_recommended(make_window, no_
         assert window.select_preset(name)
         expected = preset_lib.to_config(preset_lib.load_preset(name))
         got = window.form.validated()
-        for field in ("hidden_dim", "n_layers", "n_heads", "seq_len", "batch_size",
-                      "grad_accum", "lr", "max_steps", "precision", "eval_every", "ckpt_every",
-                      "log_every", "corpus_max_bytes", "warmup_steps"):  # fmt: skip
+        for field in (
+            "hidden_dim",
+            "n_layers",
+            "n_heads",
+            "seq_len",
+            "batch_size",
+            "grad_accum",
+            "lr",
+            "max_steps",
+            "precision",
+            "eval_every",
+            "ckpt_every",
+            "log_every",
+            "corpus_max_bytes",
+            "warmup_steps",
+        ):
             assert getattr(got, field) == getattr(expected, field), (name, field)
         assert got.preset == name
         assert window.form.widgets["hidden_dim"].value() == expected.hidden_dim
@@ -229,10 +250,20 @@ def test_minutes_limit_sets_max_time_and_round_trips(make_window):
     assert (cfg.max_steps, cfg.max_time, limit.mode.currentText()) == (300, None, "steps")
     # the new fields round-trip: values -> TrainConfig -> the form -> the same TrainConfig
     changed = dataclasses.replace(
-        cfg, arch="gpt2", qk_norm=False, optimizer="adamw", schedule="cosine",
-        decay_fraction=0.3, decay_shape="sqrt", lr=1e-3, muon_lr=None, max_steps=None,
-        max_time="1h30m", finish_steps=7, n_kv_heads=None,
-    )  # fmt: skip
+        cfg,
+        arch="gpt2",
+        qk_norm=False,
+        optimizer="adamw",
+        schedule="cosine",
+        decay_fraction=0.3,
+        decay_shape="sqrt",
+        lr=1e-3,
+        muon_lr=None,
+        max_steps=None,
+        max_time="1h30m",
+        finish_steps=7,
+        n_kv_heads=None,
+    )
     form.set_config(changed)
     assert form.validated() == changed
     changed = dataclasses.replace(changed, arch="llama", qk_norm=True, n_kv_heads=2, muon_lr=0.01)
@@ -398,9 +429,17 @@ def test_command_line_prefills_the_window(make_window, gui_env):
     data = gui_env / "corpus.txt"
     data.write_text("hello " * 1000)
     args = build_parser().parse_args(
-        ["--preset", "cpu-tiny", "--data", str(data), "--out", str(gui_env / "r1"),
-         "--max-steps", "7"]
-    )  # fmt: skip
+        [
+            "--preset",
+            "cpu-tiny",
+            "--data",
+            str(data),
+            "--out",
+            str(gui_env / "r1"),
+            "--max-steps",
+            "7",
+        ]
+    )
     launch(window, args)
     cfg = window.form.validated()
     assert cfg.preset == "cpu-tiny" and cfg.max_steps == 7 and cfg.data == str(data)

@@ -14,8 +14,14 @@ pytest.importorskip("transformers")
 
 def test_preference_data_offers_dpo_and_its_run_plots_the_signals(make_window, tmp_path, qtbot):
     make_model(tmp_path / "model", "qwen2")
-    rows = [{"prompt": f"Add {i} and {i + 1}.", "chosen": f"{2 * i + 1}. Done!",
-             "rejected": f"{2 * i + 1}. Hmm?"} for i in range(24)]  # fmt: skip
+    rows = [
+        {
+            "prompt": f"Add {i} and {i + 1}.",
+            "chosen": f"{2 * i + 1}. Done!",
+            "rejected": f"{2 * i + 1}. Hmm?",
+        }
+        for i in range(24)
+    ]
     data = tmp_path / "pairs.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     window = tiny_window(make_window, max_steps=4, eval_every=2, sample_tokens=0, seq_len=48)
@@ -41,10 +47,24 @@ def test_a_finished_run_is_a_start_model(make_window, tmp_path, gui_env):
 
     make_model(tmp_path / "model", "qwen2")
     chat = tmp_path / "chat.jsonl"
-    chat.write_text("".join(json.dumps({"prompt": f"Q{i}", "completion": f"A{i}"}) + "\n"
-                            for i in range(8)), encoding="utf-8")  # fmt: skip
-    argv = ["--init-from", str(tmp_path / "model"), "--data", str(chat), "--max-steps", "2",
-            "--lora-rank", "4", "--sample-tokens", "0", "--out", str(tmp_path / "sft")]  # fmt: skip
+    chat.write_text(
+        "".join(json.dumps({"prompt": f"Q{i}", "completion": f"A{i}"}) + "\n" for i in range(8)),
+        encoding="utf-8",
+    )
+    argv = [
+        "--init-from",
+        str(tmp_path / "model"),
+        "--data",
+        str(chat),
+        "--max-steps",
+        "2",
+        "--lora-rank",
+        "4",
+        "--sample-tokens",
+        "0",
+        "--out",
+        str(tmp_path / "sft"),
+    ]
     assert train_main(argv) == 0
     window = tiny_window(make_window, max_steps=2)
     window.start_from.set_source(str(tmp_path / "sft"))

@@ -15,8 +15,9 @@ pytest.importorskip("transformers")
 ARITHMETIC = Path(__file__).parent.parent / "fixtures" / "arithmetic.jsonl"
 
 
-def test_a_grpo_run_from_the_window_plots_rewards_and_shows_completions(make_window, tmp_path,
-                                                                         qtbot):  # fmt: skip
+def test_a_grpo_run_from_the_window_plots_rewards_and_shows_completions(
+    make_window, tmp_path, qtbot
+):
     make_model(tmp_path / "model", "qwen2")
     window = tiny_window(make_window, max_steps=3, eval_every=3, sample_tokens=0, seq_len=64)
     window.start_from.set_source(str(tmp_path / "model"))
@@ -30,14 +31,17 @@ def test_a_grpo_run_from_the_window_plots_rewards_and_shows_completions(make_win
     )
     broken = tmp_path / "broken.py"
     broken.write_text("import not_a_module\n")
-    form.set_values(reward=[f"{broken}:f"], num_generations=4, max_completion_tokens=6,
-                    batch_size=2)  # fmt: skip
+    form.set_values(
+        reward=[f"{broken}:f"], num_generations=4, max_completion_tokens=6, batch_size=2
+    )
     assert form.widgets["method"].currentText() == "grpo"
     assert "failed to import" in form.check() and form.field_error("reward")
     good = tmp_path / "rewards.py"
-    good.write_text("def digits(completions, **kw):\n"
-                    "    return [float(any(ch.isdigit() for ch in c[0]['content']))"
-                    " for c in completions]\n")  # fmt: skip
+    good.write_text(
+        "def digits(completions, **kw):\n"
+        "    return [float(any(ch.isdigit() for ch in c[0]['content']))"
+        " for c in completions]\n"
+    )
     form.widgets["reward"].setText(f"think_format, {good}:digits")
     assert form.check() is None, form.error
     assert form.validated().reward == ["think_format", f"{good}:digits"]
@@ -66,6 +70,7 @@ def test_a_grpo_run_from_the_window_plots_rewards_and_shows_completions(make_win
     items = compare.plot.getPlotItem().listDataItems()
     assert [len(item.getData()[0]) for item in items] == [3, 2]  # training, held-out
     assert "held-out" in items[1].name() and "grpo" in items[1].name()
-    headers = [compare.table.horizontalHeaderItem(i).text()
-               for i in range(compare.table.columnCount())]  # fmt: skip
+    headers = [
+        compare.table.horizontalHeaderItem(i).text() for i in range(compare.table.columnCount())
+    ]
     assert headers[:2] == ["eval_reward", "best eval_reward"]

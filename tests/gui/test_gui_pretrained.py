@@ -37,8 +37,12 @@ def test_pretrained_start_shows_the_model_and_fixes_its_shape(make_window, llama
     assert not form.widgets["qk_norm"].isChecked()
     cfg = form.validated()
     assert (cfg.init_from, cfg.tokenizer, cfg.hidden_dim, cfg.n_layers, cfg.arch) == (
-        str(llama_folder), "model", 32, 2, "llama",
-    )  # fmt: skip
+        str(llama_folder),
+        "model",
+        32,
+        2,
+        "llama",
+    )
     # the embedded corpus is offered as a second validation set: the plot shows forgetting
     assert cfg.eval_data == "embedded" and form.widgets["eval_data"].text() == "embedded"
     # auto lr: the fine-tuning default, LoRA's larger than full fine-tuning's

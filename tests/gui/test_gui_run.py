@@ -327,8 +327,14 @@ def test_chat_jsonl_is_described_in_the_form_and_trains_from_the_window(
     make_window, qtbot, gui_env
 ):
     rows = [{"prompt": f"q{i}", "completion": f"answer {i}"} for i in range(30)]
-    rows += [{"messages": [{"role": "user", "content": "x" * 200}, {"role": "assistant",
-              "content": "long"}]}]  # fmt: skip
+    rows += [
+        {
+            "messages": [
+                {"role": "user", "content": "x" * 200},
+                {"role": "assistant", "content": "long"},
+            ]
+        }
+    ]
     data = gui_env / "chat.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     window = tiny_window(make_window, max_steps=6, eval_every=3, seq_len=128)
@@ -349,9 +355,17 @@ def test_finish_cools_the_lr_down_saves_and_ends_as_finished(make_window, qtbot)
     from core.config import recipe
 
     window = tiny_window(
-        make_window, max_steps=100_000, arch="llama", optimizer="auto", lr=None,
-        schedule="wsd", warmup_steps=5, ckpt_every=1000, eval_every=1000, sample_tokens=0,
-    )  # fmt: skip
+        make_window,
+        max_steps=100_000,
+        arch="llama",
+        optimizer="auto",
+        lr=None,
+        schedule="wsd",
+        warmup_steps=5,
+        ckpt_every=1000,
+        eval_every=1000,
+        sample_tokens=0,
+    )
     cfg = window.form.validated()
     assert not window.finish_button.isEnabled()
     assert window.start()

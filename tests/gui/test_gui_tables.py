@@ -8,8 +8,9 @@ import pyarrow.parquet as pq
 
 
 def test_a_parquet_file_is_previewed_with_its_layout_columns_and_rows(make_window, tmp_path):
-    rows = [{"question": f"What is {i} + {i}? " + "pad " * 40, "answer": str(2 * i)}
-            for i in range(20)]  # fmt: skip
+    rows = [
+        {"question": f"What is {i} + {i}? " + "pad " * 40, "answer": str(2 * i)} for i in range(20)
+    ]
     data = tmp_path / "qa.parquet"
     pq.write_table(pa.Table.from_pylist(rows), data)
     form = make_window().form

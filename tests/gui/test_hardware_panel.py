@@ -6,9 +6,17 @@ from gui.hardware_panel import HardwareInfo, HardwarePanel
 
 
 def card(problem=None) -> dict:
-    return {"index": 0, "name": "NVIDIA GeForce RTX 5090", "total_bytes": 32 * 1024**3,
-            "free_bytes": 30 * 1024**3, "capability": "12.0", "bf16": True, "tf32": True,
-            "driver": "580.1", "build_problem": problem}  # fmt: skip
+    return {
+        "index": 0,
+        "name": "NVIDIA GeForce RTX 5090",
+        "total_bytes": 32 * 1024**3,
+        "free_bytes": 30 * 1024**3,
+        "capability": "12.0",
+        "bf16": True,
+        "tf32": True,
+        "driver": "580.1",
+        "build_problem": problem,
+    }
 
 
 def test_the_panel_shows_the_reinstall_line_for_a_gpu_too_new_for_the_build(qtbot):

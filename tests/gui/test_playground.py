@@ -115,8 +115,9 @@ def test_a_missing_run_is_a_dialog_not_a_crash(make_window, qtbot, dialogs, gui_
     assert pg.status.text().startswith("Failed")
 
 
-def test_evaluate_tab_scores_a_run_and_names_bad_input(make_window, trained, gui_env, qtbot,
-                                                         dialogs):  # fmt: skip
+def test_evaluate_tab_scores_a_run_and_names_bad_input(
+    make_window, trained, gui_env, qtbot, dialogs
+):
     tab = make_window().run_view.evaluate
     tab.refresh_runs(trained)
     text = gui_env / "t.txt"

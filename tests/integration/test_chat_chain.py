@@ -38,14 +38,18 @@ CHAINS = {
     "phi4-mini": ("phi3", "phi4-mini", ["<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]),
     "smollm3": ("smollm3", "smollm3", ["<|im_start|>", "<|im_end|>", "<think>", "</think>"]),
     "deepseek-r1-distill-qwen": (
-        "qwen2", "deepseek-r1-distill", ["<｜User｜>", "<｜Assistant｜>", "<think>", "</think>"]
+        "qwen2",
+        "deepseek-r1-distill",
+        ["<｜User｜>", "<｜Assistant｜>", "<think>", "</think>"],
     ),
-}  # fmt: skip
+}
 CHAT = [
-    [{"role": "user", "content": f"Add {i} and {i + 1}."},
-     {"role": "assistant", "content": f"The sum is {2 * i + 1}."}]
+    [
+        {"role": "user", "content": f"Add {i} and {i + 1}."},
+        {"role": "assistant", "content": f"The sum is {2 * i + 1}."},
+    ]
     for i in range(12)
-]  # fmt: skip
+]
 # SmolLM3's template writes a ~1,200-token reasoning prompt without a system message: its
 # examples carry a short one (/no_think), and its context is longer.
 SMOL_SYSTEM = {"role": "system", "content": "Be brief. /no_think"}
@@ -65,11 +69,16 @@ def make_chat_model(folder: Path, family: str, real, markers: list[str], end=Tru
     if real.add_bos:
         bos = hf.token_to_id(real.bos)
         hf.post_processor = processors.TemplateProcessing(
-            single=f"{real.bos} $A", pair=f"{real.bos} $A {real.bos} $B",
+            single=f"{real.bos} $A",
+            pair=f"{real.bos} $A {real.bos} $B",
             special_tokens=[(real.bos, bos)],
-        )  # fmt: skip
-    tok = PreTrainedTokenizerFast(tokenizer_object=hf, bos_token=real.bos or None,
-                                  eos_token=real.eos, chat_template=real.template)  # fmt: skip
+        )
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=hf,
+        bos_token=real.bos or None,
+        eos_token=real.eos,
+        chat_template=real.template,
+    )
     folder.mkdir(parents=True)
     tok.save_pretrained(folder)
     ids = {"eos_token_id": tok.eos_token_id}
@@ -78,13 +87,15 @@ def make_chat_model(folder: Path, family: str, real, markers: list[str], end=Tru
     torch.manual_seed(0)
     long = {"max_position_embeddings": LONG[family]} if family in LONG else {}
     model = AutoModelForCausalLM.from_config(
-        make_config(family, len(tok) + 3, **ids, **long)).float()  # fmt: skip
+        make_config(family, len(tok) + 3, **ids, **long)
+    ).float()
     # As the real models ship it: the end of turn beside the EOS the generation stops at.
     end_of_turn = ollama._STOPS[ollama.template_kind(real.template)][0]
     stops = list(dict.fromkeys([tok.convert_tokens_to_ids(end_of_turn), tok.eos_token_id]))
     stops = stops if end else [tok.eos_token_id]
-    model.generation_config = GenerationConfig(eos_token_id=stops, **{
-        k: v for k, v in ids.items() if k == "bos_token_id"})  # fmt: skip
+    model.generation_config = GenerationConfig(
+        eos_token_id=stops, **{k: v for k, v in ids.items() if k == "bos_token_id"}
+    )
     model.save_pretrained(folder)
 
 
@@ -118,8 +129,9 @@ def transformers_text(folder: Path, messages: list[dict]) -> str:
     cont = messages[-1]["role"] == "assistant"
     real, utils.datetime = utils.datetime, _OllamaDay
     try:
-        return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=not cont,
-                                       continue_final_message=cont)  # fmt: skip
+        return tok.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=not cont, continue_final_message=cont
+        )
     finally:
         utils.datetime = real
 
@@ -134,10 +146,24 @@ def chain(request, tmp_path_factory):
     data = root / "chat.jsonl"
     chats = [[SMOL_SYSTEM, *c] for c in CHAT] if family in LONG else CHAT
     data.write_text("".join(json.dumps({"messages": c}) + "\n" for c in chats), encoding="utf-8")
-    cfg = tiny_config(init_from=str(root / "base"), tokenizer="model", data=str(data),
-                      data_format="chat", lora_rank=4, lora_alpha=8.0, lr=3e-2, max_steps=4,
-                      seq_len=LONG.get(family, 48), batch_size=2, eval_every=4, ckpt_every=4,
-                      dropout=0.0, sample_tokens=0, val_fraction=0.2, warmup_steps=1)  # fmt: skip
+    cfg = tiny_config(
+        init_from=str(root / "base"),
+        tokenizer="model",
+        data=str(data),
+        data_format="chat",
+        lora_rank=4,
+        lora_alpha=8.0,
+        lr=3e-2,
+        max_steps=4,
+        seq_len=LONG.get(family, 48),
+        batch_size=2,
+        eval_every=4,
+        ckpt_every=4,
+        dropout=0.0,
+        sample_tokens=0,
+        val_fraction=0.2,
+        warmup_steps=1,
+    )
     Trainer(cfg, root / "run").run()
     lines = []
     export(root / "run", "hf", root / "hf")
@@ -154,8 +180,11 @@ def test_the_ollama_template_under_go_equals_transformers_of_the_exported_tokeni
     # The exported tokenizer carries the real template unchanged.
     loaded = load(root / "run")
     assert loaded.tokenizer.chat_template == real.template
-    shapes = {k: v for k, v in shapes_for(real).items() if k in
-              ("single-turn", "system", "multi-turn", "assistant-last")}  # fmt: skip
+    shapes = {
+        k: v
+        for k, v in shapes_for(real).items()
+        if k in ("single-turn", "system", "multi-turn", "assistant-last")
+    }
     assert ("system" in shapes) == real.system
     outs = go_prompts([{"template": template, "messages": msgs} for msgs in shapes.values()])
     for shape, out in zip(shapes, outs, strict=True):
@@ -198,8 +227,11 @@ def test_the_end_of_turn_stops_generation_without_generation_config_naming_it(tm
     assert end_of_turn in tok.stop_ids
     export(tmp_path / "m", "gguf", tmp_path / "gguf", quant="f32", log=lambda line: None)
     fields = gguf.GGUFReader(str(tmp_path / "gguf" / "model.gguf")).fields
-    ends = [int(fields[k].parts[-1][0]) for k in ("tokenizer.ggml.eos_token_id",
-            "tokenizer.ggml.eot_token_id") if k in fields]  # fmt: skip
+    ends = [
+        int(fields[k].parts[-1][0])
+        for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")
+        if k in fields
+    ]
     assert end_of_turn in ends
 
 
@@ -212,8 +244,12 @@ def test_the_gguf_runs_in_llama_cpp_with_traindecks_greedy_chat_text(chain):
     messages = [system] * real.system + [{"role": "user", "content": "Add 2 and 3."}]
     text = render(tok.chat_template, messages, True, **special_tokens(tok))
     ids = chat_ids(tok, messages)
-    llm = llama_cpp.Llama(str(root / "ollama" / "model.gguf"), n_ctx=loaded.model.config.seq_len,
-                          n_threads=1, verbose=False)  # fmt: skip
+    llm = llama_cpp.Llama(
+        str(root / "ollama" / "model.gguf"),
+        n_ctx=loaded.model.config.seq_len,
+        n_threads=1,
+        verbose=False,
+    )
     assert llm.metadata["tokenizer.chat_template"] == real.template
     # As Ollama and llama.cpp's chat prompt it: the template's text, less a BOS it writes
     # where the GGUF has the tokenizer add one, tokenized with special tokens and BOS added.

@@ -23,8 +23,19 @@ def run(*args, cwd):
 @pytest.mark.slow  # over ~10 s on 2 cores
 def test_two_processes_match_one_process_with_the_whole_batch(tmp_path):
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    out = run(*torchrun, "--nproc_per_node", "2", "-m", "core.train", *ARGS,
-              "--batch-size", "4", "--out", "ddp", cwd=tmp_path)  # fmt: skip
+    out = run(
+        *torchrun,
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "core.train",
+        *ARGS,
+        "--batch-size",
+        "4",
+        "--out",
+        "ddp",
+        cwd=tmp_path,
+    )
     assert out.stdout.count("Finished at step 8") == 1  # only rank 0 reports
     run(
         sys.executable, "-m", "core.train", *ARGS, "--batch-size", "8", "--out", "one", cwd=tmp_path
@@ -49,17 +60,63 @@ def test_grpo_in_two_processes_samples_and_weighs_as_one_process(tmp_path):
 
     make_model(tmp_path / "model", "qwen2")
     data = ROOT / "tests" / "fixtures" / "arithmetic.jsonl"
-    args = ["--init-from", str(tmp_path / "model"), "--tokenizer", "model", "--data", str(data),
-            "--method", "grpo", "--reward", "regex", "--reward-regex", r"^\s*\d",
-            "--num-generations", "4", "--max-completion-tokens", "6", "--seq-len", "64",
-            "--lr", "1e-2", "--dropout", "0", "--max-steps", "4", "--log-every", "1",
-            "--eval-every", "4", "--eval-batches", "1", "--sample-tokens", "0",
-            "--warmup-steps", "0", "--scale-rewards", "batch", "--device", "cpu"]  # fmt: skip
+    args = [
+        "--init-from",
+        str(tmp_path / "model"),
+        "--tokenizer",
+        "model",
+        "--data",
+        str(data),
+        "--method",
+        "grpo",
+        "--reward",
+        "regex",
+        "--reward-regex",
+        r"^\s*\d",
+        "--num-generations",
+        "4",
+        "--max-completion-tokens",
+        "6",
+        "--seq-len",
+        "64",
+        "--lr",
+        "1e-2",
+        "--dropout",
+        "0",
+        "--max-steps",
+        "4",
+        "--log-every",
+        "1",
+        "--eval-every",
+        "4",
+        "--eval-batches",
+        "1",
+        "--sample-tokens",
+        "0",
+        "--warmup-steps",
+        "0",
+        "--scale-rewards",
+        "batch",
+        "--device",
+        "cpu",
+    ]
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    run(*torchrun, "--nproc_per_node", "2", "-m", "core.train", *args, "--batch-size", "2",
-        "--out", "ddp", cwd=tmp_path)  # fmt: skip
-    run(sys.executable, "-m", "core.train", *args, "--batch-size", "4", "--out", "one",
-        cwd=tmp_path)  # fmt: skip
+    run(
+        *torchrun,
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "core.train",
+        *args,
+        "--batch-size",
+        "2",
+        "--out",
+        "ddp",
+        cwd=tmp_path,
+    )
+    run(
+        sys.executable, "-m", "core.train", *args, "--batch-size", "4", "--out", "one", cwd=tmp_path
+    )
 
     ddp_train, ddp_eval = read_metrics(tmp_path / "ddp" / "metrics.jsonl")
     one_train, one_eval = read_metrics(tmp_path / "one" / "metrics.jsonl")

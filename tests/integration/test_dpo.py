@@ -27,8 +27,11 @@ from core.weights.loader import load  # noqa: E402
 
 def pair(i: int) -> dict:
     """Separable: the chosen answers always end one way, the rejected ones another."""
-    return {"prompt": f"Add {i} and {i + 1}.", "chosen": f"{2 * i + 1}. Done!",
-            "rejected": f"{2 * i + 1}. Hmm?"}  # fmt: skip
+    return {
+        "prompt": f"Add {i} and {i + 1}.",
+        "chosen": f"{2 * i + 1}. Done!",
+        "rejected": f"{2 * i + 1}. Hmm?",
+    }
 
 
 def write_jsonl(path, rows) -> str:
@@ -41,10 +44,22 @@ def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("dpo")
     make_model(root / "model", "qwen2")
     data = write_jsonl(root / "pairs.jsonl", [pair(i) for i in range(40)])
-    cfg = tiny_config(init_from=str(root / "model"), tokenizer="model", data=data, method="dpo",
-                      lora_rank=4, lr=1e-2, seq_len=48, dropout=0.0, max_steps=12,
-                      eval_every=6, ckpt_every=6, sample_tokens=0, val_fraction=0.1,
-                      warmup_steps=1)  # fmt: skip
+    cfg = tiny_config(
+        init_from=str(root / "model"),
+        tokenizer="model",
+        data=data,
+        method="dpo",
+        lora_rank=4,
+        lr=1e-2,
+        seq_len=48,
+        dropout=0.0,
+        max_steps=12,
+        eval_every=6,
+        ckpt_every=6,
+        sample_tokens=0,
+        val_fraction=0.1,
+        warmup_steps=1,
+    )
     return root, cfg
 
 
@@ -144,8 +159,17 @@ class Logs(TrainEvents):
 
 def test_full_fine_tuning_caches_the_reference_and_resumes_bitwise(setup, tmp_path):
     root, cfg = setup
-    cfg = tiny_config(**{**_fields(cfg), "lora_rank": 0, "lr": 1e-3, "max_steps": 6,
-                         "eval_every": 3, "ckpt_every": 3, "log_every": 1})  # fmt: skip
+    cfg = tiny_config(
+        **{
+            **_fields(cfg),
+            "lora_rank": 0,
+            "lr": 1e-3,
+            "max_steps": 6,
+            "eval_every": 3,
+            "ckpt_every": 3,
+            "log_every": 1,
+        }
+    )
     logs = Logs()
     Trainer(cfg, tmp_path / "straight").run(logs)
     assert any("reference log-probs of" in line and "computed" in line for line in logs.lines)
@@ -158,8 +182,7 @@ def test_full_fine_tuning_caches_the_reference_and_resumes_bitwise(setup, tmp_pa
     # another model (other weights) gets a reference of its own, not the cached one
     make_model(root / "other-model", "qwen2", seed=1)
     logs = Logs()
-    other = tiny_config(**{**_fields(cfg), "init_from": str(root / "other-model"),
-                           "max_steps": 1})  # fmt: skip
+    other = tiny_config(**{**_fields(cfg), "init_from": str(root / "other-model"), "max_steps": 1})
     Trainer(other, tmp_path / "other").run(logs)
     assert any("computed" in line for line in logs.lines if "reference" in line)
     # other data (one pair more) too
@@ -177,16 +200,52 @@ def _fields(cfg) -> dict:
 
 def test_sft_then_dpo_starts_from_the_sft_model(setup, tmp_path):
     root, cfg = setup
-    chat = write_jsonl(root / "chat.jsonl", [{"prompt": f"Add {i} and {i + 1}.",
-                       "completion": f"{2 * i + 1}. Done!"} for i in range(20)])  # fmt: skip
-    common = ["--init-from", cfg.init_from, "--seq-len", "48", "--lora-rank", "4",
-              "--device", "cpu", "--data-cache", str(tmp_path / "cache"), "--eval-every", "3",
-              "--sample-tokens", "0", "--lr", "1e-2"]  # fmt: skip
-    assert train_main([*common, "--data", chat, "--max-steps", "3", "--out",
-                       str(tmp_path / "sft")]) == 0  # fmt: skip
+    chat = write_jsonl(
+        root / "chat.jsonl",
+        [
+            {"prompt": f"Add {i} and {i + 1}.", "completion": f"{2 * i + 1}. Done!"}
+            for i in range(20)
+        ],
+    )
+    common = [
+        "--init-from",
+        cfg.init_from,
+        "--seq-len",
+        "48",
+        "--lora-rank",
+        "4",
+        "--device",
+        "cpu",
+        "--data-cache",
+        str(tmp_path / "cache"),
+        "--eval-every",
+        "3",
+        "--sample-tokens",
+        "0",
+        "--lr",
+        "1e-2",
+    ]
+    assert (
+        train_main([*common, "--data", chat, "--max-steps", "3", "--out", str(tmp_path / "sft")])
+        == 0
+    )
     common[1] = str(tmp_path / "sft")
-    assert train_main([*common, "--data", cfg.data, "--method", "dpo", "--max-steps", "1",
-                       "--out", str(tmp_path / "dpo")]) == 0  # fmt: skip
+    assert (
+        train_main(
+            [
+                *common,
+                "--data",
+                cfg.data,
+                "--method",
+                "dpo",
+                "--max-steps",
+                "1",
+                "--out",
+                str(tmp_path / "dpo"),
+            ]
+        )
+        == 0
+    )
     sft = load(tmp_path / "sft").model
     dpo_run = load(tmp_path / "dpo", "latest")
     base_eval = read_metrics(tmp_path / "dpo" / "metrics.jsonl")[1][0]
@@ -202,20 +261,45 @@ def test_sft_then_dpo_starts_from_the_sft_model(setup, tmp_path):
     "rows, flags, expected",
     [
         ([{"prompt": "a", "rejected": "b"}] * 3, [], "line 1: 'chosen' is missing"),
-        ([pair(0), {"prompt": "a", "chosen": "b", "rejected": "b"}], [],
-         "line 2: 'chosen' and 'rejected' are the same answer"),
+        (
+            [pair(0), {"prompt": "a", "chosen": "b", "rejected": "b"}],
+            [],
+            "line 2: 'chosen' and 'rejected' are the same answer",
+        ),
         ([pair(0), pair(1)], ["--method", "sft"], "holds preference pairs"),
         ([{"prompt": "a", "completion": "b"}] * 3, [], "method: dpo learns from preference pairs"),
-        ([pair(0), {"prompt": "Say it. " * 40, "chosen": "Same start " * 30 + "good",
-                    "rejected": "Same start " * 30 + "bad"}], [],
-         "pair 2 of"),
+        (
+            [
+                pair(0),
+                {
+                    "prompt": "Say it. " * 40,
+                    "chosen": "Same start " * 30 + "good",
+                    "rejected": "Same start " * 30 + "bad",
+                },
+            ],
+            [],
+            "pair 2 of",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_preference_input_is_one_line_exit_2(setup, tmp_path, capsys, rows, flags, expected):
     _, cfg = setup
     data = write_jsonl(tmp_path / "d.jsonl", rows)
-    argv = ["--init-from", cfg.init_from, "--data", data, "--method", "dpo", "--max-steps", "1",
-            "--data-cache", str(tmp_path / "c"), "--out", str(tmp_path / "r"), *flags]  # fmt: skip
+    argv = [
+        "--init-from",
+        cfg.init_from,
+        "--data",
+        data,
+        "--method",
+        "dpo",
+        "--max-steps",
+        "1",
+        "--data-cache",
+        str(tmp_path / "c"),
+        "--out",
+        str(tmp_path / "r"),
+        *flags,
+    ]
     assert train_main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     errors = [line for line in err if line.startswith("error:")]  # beside a progress bar
@@ -243,15 +327,24 @@ def test_pairs_in_a_parquet_table_with_other_column_names_prepare_as_the_jsonl(s
 
     _, cfg = setup
     rows = [pair(i) for i in range(12)]
-    table = {"question": [r["prompt"] for r in rows], "good": [r["chosen"] for r in rows],
-             "bad": [r["rejected"] for r in rows]}  # fmt: skip
+    table = {
+        "question": [r["prompt"] for r in rows],
+        "good": [r["chosen"] for r in rows],
+        "bad": [r["rejected"] for r in rows],
+    }
     pq.write_table(pa.table(table), tmp_path / "pairs.parquet")
     jsonl = write_jsonl(tmp_path / "pairs.jsonl", rows)
     tokenizer = open_pretrained(cfg.init_from).tokenizer
     cache = tmp_path / "cache"
-    mapped = tiny_config(**{**_fields(cfg), "data": str(tmp_path / "pairs.parquet"),
-                            "prompt_column": "question", "chosen_column": "good",
-                            "rejected_column": "bad"})  # fmt: skip
+    mapped = tiny_config(
+        **{
+            **_fields(cfg),
+            "data": str(tmp_path / "pairs.parquet"),
+            "prompt_column": "question",
+            "chosen_column": "good",
+            "rejected_column": "bad",
+        }
+    )
     plain = tiny_config(**{**_fields(cfg), "data": jsonl})
     outs = [prepare(data_spec(c), cache, tokenizer, log=lambda m: None) for c in (mapped, plain)]
     (a, ma), (b, mb) = outs

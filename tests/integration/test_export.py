@@ -30,9 +30,18 @@ def run(request, tmp_path_factory):
     data = root / "code.txt"
     data.write_text(TEXT * 3000, encoding="utf-8")
     cfg = tiny_config(
-        data=str(data), arch="gpt2", tokenizer=tokenizer, bias=not nobias, vocab_size=512,
-        max_steps=150, lr=1e-2, dropout=0.0, eval_every=50, ckpt_every=50, seq_len=48,
-    )  # fmt: skip
+        data=str(data),
+        arch="gpt2",
+        tokenizer=tokenizer,
+        bias=not nobias,
+        vocab_size=512,
+        max_steps=150,
+        lr=1e-2,
+        dropout=0.0,
+        eval_every=50,
+        ckpt_every=50,
+        seq_len=48,
+    )
     Trainer(cfg, root / "run").run()
     return root / "run"
 
@@ -155,10 +164,19 @@ def llama_run(request, tmp_path_factory):
     data = root / "code.txt"
     data.write_text(TEXT * 3000, encoding="utf-8")
     cfg = tiny_config(
-        data=str(data), arch="llama", n_heads=4, n_kv_heads=2, qk_norm=qk_norm,
-        tokenizer=tokenizer, vocab_size=512, max_steps=60, dropout=0.0, eval_every=30,
-        ckpt_every=30, sample_tokens=0,
-    )  # fmt: skip
+        data=str(data),
+        arch="llama",
+        n_heads=4,
+        n_kv_heads=2,
+        qk_norm=qk_norm,
+        tokenizer=tokenizer,
+        vocab_size=512,
+        max_steps=60,
+        dropout=0.0,
+        eval_every=30,
+        ckpt_every=30,
+        sample_tokens=0,
+    )
     Trainer(cfg, root / "run").run()
     return request.param, root / "run"
 
@@ -173,8 +191,10 @@ def test_llama_arch_exports_as_llama_or_qwen3_in_transformers(llama_run, tmp_pat
     expected = {"llama": transformers.LlamaConfig, "qwen3": transformers.Qwen3Config}[family]
     assert type(config) is expected
     assert (config.hidden_size, config.intermediate_size, config.num_hidden_layers) == (
-        c.hidden_dim, c.ffn_dim, c.n_layers,
-    )  # fmt: skip
+        c.hidden_dim,
+        c.ffn_dim,
+        c.n_layers,
+    )
     assert (config.num_attention_heads, config.num_key_value_heads, config.head_dim) == (4, 2, 8)
     assert config.rms_norm_eps == 1e-6 and config.max_position_embeddings == c.seq_len
     assert config.tie_word_embeddings and config.vocab_size == c.vocab_size
@@ -222,9 +242,15 @@ def test_llama_arch_lora_peft_export_names_llama_modules(tmp_path):
     data = tmp_path / "code.txt"
     data.write_text(TEXT * 300, encoding="utf-8")
     cfg = tiny_config(
-        data=str(data), arch="llama", n_heads=4, n_kv_heads=2, lora_rank=4, max_steps=3,
-        dropout=0.0, sample_tokens=0,
-    )  # fmt: skip
+        data=str(data),
+        arch="llama",
+        n_heads=4,
+        n_kv_heads=2,
+        lora_rank=4,
+        max_steps=3,
+        dropout=0.0,
+        sample_tokens=0,
+    )
     Trainer(cfg, tmp_path / "run").run()
     out = export(tmp_path / "run", "peft", tmp_path / "peft")
     config = json.loads((out / "adapter_config.json").read_text())

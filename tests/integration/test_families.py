@@ -54,20 +54,44 @@ def assert_equal_to_transformers(folder, hf_model, tok, n_new: int = 10):
 # Options past the tiny models of hf_models (which test_pretrained runs for every family).
 VARIANTS = {
     "gemma2-scalar": ("gemma2", {"query_pre_attn_scalar": 24, "sliding_window": 6}),
-    "gemma3-1b-like": ("gemma3", {"num_hidden_layers": 3, "rope_parameters": None,
-                                  "layer_types": ["sliding_attention", "full_attention",
-                                                  "sliding_attention"]}),
-    "phi3-mini-4k-like": ("phi3", {"rope_scaling": None, "partial_rotary_factor": 1.0,
-                                   "sliding_window": 7}),
+    "gemma3-1b-like": (
+        "gemma3",
+        {
+            "num_hidden_layers": 3,
+            "rope_parameters": None,
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+        },
+    ),
+    "phi3-mini-4k-like": (
+        "phi3",
+        {"rope_scaling": None, "partial_rotary_factor": 1.0, "sliding_window": 7},
+    ),
     "phi4-mini-like": ("phi3", {"tie_word_embeddings": True}),
     "phi3-window": ("phi3", {"sliding_window": 9}),
     # the greedy text passes LongRoPE's original context: the cache is made again there
     "phi3-longrope-switch": ("phi3", {"original_max_position_embeddings": 16}),
-    "smollm3-nope-yarn": ("smollm3", {"no_rope_layers": [1, 0, 1, 1], "rope_scaling": {
-        "rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 16}}),
-    "qwen2-yarn": ("qwen2", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0,
-                                              "original_max_position_embeddings": 16}}),
-}  # fmt: skip
+    "smollm3-nope-yarn": (
+        "smollm3",
+        {
+            "no_rope_layers": [1, 0, 1, 1],
+            "rope_scaling": {
+                "rope_type": "yarn",
+                "factor": 2.0,
+                "original_max_position_embeddings": 16,
+            },
+        },
+    ),
+    "qwen2-yarn": (
+        "qwen2",
+        {
+            "rope_scaling": {
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 16,
+            }
+        },
+    ),
+}
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -97,8 +121,13 @@ def make_config_json(tmp_path, family) -> dict:
 
 
 # A 4-bit base needs widths bitsandbytes' blocks take (64); Phi-3's rope factors fit 8 heads.
-QLORA_SHAPE = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
-               "num_key_value_heads": 2, "initializer_range": 0.02}  # fmt: skip
+QLORA_SHAPE = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "initializer_range": 0.02,
+}
 
 
 @pytest.mark.parametrize("family", NEW)
@@ -110,11 +139,23 @@ def test_lora_on_a_4_bit_base_resumes_bitwise_and_peft_equals_the_merged_export(
     shape = {**QLORA_SHAPE, "num_attention_heads": 8} if family == "phi3" else QLORA_SHAPE
     _, tok = make_model(tmp_path / "model", family, **shape)
     (tmp_path / "text.txt").write_text(TEXT * 5, encoding="utf-8")
-    cfg = tiny_config(init_from=str(tmp_path / "model"), tokenizer="model", lr=None,
-                      data=str(tmp_path / "text.txt"), lora_rank=8, base_bits="4", max_steps=8,
-                      eval_every=4, ckpt_every=4, hidden_dim=64, n_heads=shape[
-                          "num_attention_heads"], bias=False, dropout=0.0, sample_tokens=0,
-                      seq_len=24)  # fmt: skip
+    cfg = tiny_config(
+        init_from=str(tmp_path / "model"),
+        tokenizer="model",
+        lr=None,
+        data=str(tmp_path / "text.txt"),
+        lora_rank=8,
+        base_bits="4",
+        max_steps=8,
+        eval_every=4,
+        ckpt_every=4,
+        hidden_dim=64,
+        n_heads=shape["num_attention_heads"],
+        bias=False,
+        dropout=0.0,
+        sample_tokens=0,
+        seq_len=24,
+    )
     Trainer(cfg, tmp_path / "straight").run()
     Trainer(cfg, tmp_path / "split").run(None, StopAfter(3))
     latest = tmp_path / "split" / "checkpoints" / "latest.pt"
@@ -194,9 +235,21 @@ def test_a_256k_vocabulary_goes_through_the_chunked_loss_with_soft_capping():
     from core.models.loss import lm_loss
     from core.models.model import GPT, GPTConfig
 
-    c = GPTConfig(hidden_dim=16, n_layers=1, n_heads=2, seq_len=32, vocab_size=262_144,
-                  norm="rmsnorm", positions="rope", mlp="geglu", norm_offset=1.0,
-                  post_norms=True, embed_scale=4.0, logit_softcap=3.0, bias=False)  # fmt: skip
+    c = GPTConfig(
+        hidden_dim=16,
+        n_layers=1,
+        n_heads=2,
+        seq_len=32,
+        vocab_size=262_144,
+        norm="rmsnorm",
+        positions="rope",
+        mlp="geglu",
+        norm_offset=1.0,
+        post_norms=True,
+        embed_scale=4.0,
+        logit_softcap=3.0,
+        bias=False,
+    )
     torch.manual_seed(0)
     model = GPT(c)
     x = torch.randint(0, c.vocab_size, (2, 32))
@@ -208,8 +261,9 @@ def test_a_256k_vocabulary_goes_through_the_chunked_loss_with_soft_capping():
     hidden = torch.randn(64, 16)
     assert torch.allclose(
         lm_loss(model.output_head(), hidden, y.reshape(-1), chunk=7),
-        lm_loss(model.output_head(), hidden, y.reshape(-1), chunk=64), atol=1e-6,
-    )  # fmt: skip
+        lm_loss(model.output_head(), hidden, y.reshape(-1), chunk=64),
+        atol=1e-6,
+    )
 
 
 # config.json files as the hub has them: Gemma 2 2B, and Gemma 3 4B, a multimodal checkpoint
@@ -234,14 +288,22 @@ GEMMA2_2B = {
     "vocab_size": 256000,
 }
 GEMMA3_4B = {
-    "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
-    "boi_token_index": 255999, "eoi_token_index": 256000, "image_token_index": 262144,
-    "mm_tokens_per_image": 256, "text_config": {
-        "hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
-        "num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
-        "sliding_window": 1024},
+    "architectures": ["Gemma3ForConditionalGeneration"],
+    "model_type": "gemma3",
+    "boi_token_index": 255999,
+    "eoi_token_index": 256000,
+    "image_token_index": 262144,
+    "mm_tokens_per_image": 256,
+    "text_config": {
+        "hidden_size": 2560,
+        "intermediate_size": 10240,
+        "model_type": "gemma3_text",
+        "num_hidden_layers": 34,
+        "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+        "sliding_window": 1024,
+    },
     "vision_config": {"hidden_size": 1152, "model_type": "siglip_vision_model"},
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize(
@@ -273,14 +335,32 @@ def test_dpo_starts_at_ln2_and_learns_the_preference(tmp_path, family):
     import math
 
     make_model(tmp_path / "model", family)
-    rows = [{"prompt": f"Add {i} and {i + 1}.", "chosen": f"{2 * i + 1}. Done!",
-             "rejected": f"{2 * i + 1}. Hmm?"} for i in range(40)]  # fmt: skip
+    rows = [
+        {
+            "prompt": f"Add {i} and {i + 1}.",
+            "chosen": f"{2 * i + 1}. Done!",
+            "rejected": f"{2 * i + 1}. Hmm?",
+        }
+        for i in range(40)
+    ]
     data = tmp_path / "pairs.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    cfg = tiny_config(init_from=str(tmp_path / "model"), tokenizer="model", data=str(data),
-                      method="dpo", lora_rank=4, lr=1e-2, seq_len=48, dropout=0.0, max_steps=12,
-                      eval_every=12, ckpt_every=12, sample_tokens=0, val_fraction=0.1,
-                      warmup_steps=1)  # fmt: skip
+    cfg = tiny_config(
+        init_from=str(tmp_path / "model"),
+        tokenizer="model",
+        data=str(data),
+        method="dpo",
+        lora_rank=4,
+        lr=1e-2,
+        seq_len=48,
+        dropout=0.0,
+        max_steps=12,
+        eval_every=12,
+        ckpt_every=12,
+        sample_tokens=0,
+        val_fraction=0.1,
+        warmup_steps=1,
+    )
     Trainer(cfg, tmp_path / "run").run()
     train, evals = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert train[0]["loss"] == pytest.approx(math.log(2), abs=1e-6)

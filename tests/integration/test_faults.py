@@ -97,9 +97,19 @@ def test_a_real_full_disk_while_saving_a_checkpoint_gives_the_one_line_message(s
     # "RuntimeError: [enforce fail at inline_container.cc] unexpected pos", not ENOSPC.
     run = small_disk / "run"
     proc = train_cli(
-        "--max-steps", "20", "--eval-every", "10", "--ckpt-every", "10", "--out", str(run),
-        "--arch", "gpt2", "--optimizer", "adamw",  # the checkpoint size the disk is made for
-    )  # fmt: skip
+        "--max-steps",
+        "20",
+        "--eval-every",
+        "10",
+        "--ckpt-every",
+        "10",
+        "--out",
+        str(run),
+        "--arch",
+        "gpt2",
+        "--optimizer",
+        "adamw",  # the checkpoint size the disk is made for
+    )
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr and "enforce fail" not in proc.stderr, proc.stderr
     err = proc.stderr.strip().splitlines()[-1]  # after the progress bar

@@ -21,9 +21,19 @@ def cfg(tmp_path_factory):
     make_model(root / "model", "llama")
     (root / "text.txt").write_text(TEXT * 5, encoding="utf-8")
     data = str(root / "text.txt")
-    return tiny_config(init_from=str(root / "model"), tokenizer="model", data=data,
-                       lora_rank=4, lr=1e-3, dropout=0.0, max_steps=6, ckpt_every=3,
-                       eval_every=3, log_every=1, sample_tokens=0)  # fmt: skip
+    return tiny_config(
+        init_from=str(root / "model"),
+        tokenizer="model",
+        data=data,
+        lora_rank=4,
+        lr=1e-3,
+        dropout=0.0,
+        max_steps=6,
+        ckpt_every=3,
+        eval_every=3,
+        log_every=1,
+        sample_tokens=0,
+    )
 
 
 def losses(run) -> list[float]:

@@ -21,8 +21,16 @@ from core.weights.loader import load  # noqa: E402
 def run(tmp_path_factory):
     """A llama-arch run 256 wide (K-quant blocks fit its rows), GQA, tied embeddings."""
     root = tmp_path_factory.mktemp("quant")
-    cfg = tiny_config(hidden_dim=256, n_heads=4, n_kv_heads=2, n_layers=2, seq_len=32,
-                      max_steps=30, dropout=0.0, sample_tokens=0)  # fmt: skip
+    cfg = tiny_config(
+        hidden_dim=256,
+        n_heads=4,
+        n_kv_heads=2,
+        n_layers=2,
+        seq_len=32,
+        max_steps=30,
+        dropout=0.0,
+        sample_tokens=0,
+    )
     Trainer(cfg, root / "run").run()
     return root / "run"
 
@@ -105,8 +113,17 @@ def test_ollama_folder_holds_the_gguf_and_a_modelfile_that_stops(tmp_path, capsy
 
     make_model(tmp_path / "qwen", "qwen2")
     out = tmp_path / "ollama"
-    args = [str(tmp_path / "qwen"), "--format", "ollama", "--quant", "q8_0", "--out", str(out),
-            "--system", "Be brief."]  # fmt: skip
+    args = [
+        str(tmp_path / "qwen"),
+        "--format",
+        "ollama",
+        "--quant",
+        "q8_0",
+        "--out",
+        str(out),
+        "--system",
+        "Be brief.",
+    ]
     assert export_main(args) == 0
     assert f"ollama create NAME -f {out / 'Modelfile'}" in capsys.readouterr().out
     text = (out / "Modelfile").read_text()

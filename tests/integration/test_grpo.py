@@ -39,11 +39,26 @@ def model_dir(tmp_path_factory):
 
 
 def grpo_config(model_dir, **kw):
-    values = dict(init_from=str(model_dir), tokenizer="model", data=str(ARITHMETIC),
-                  method="grpo", reward=["regex"], reward_regex=STARTS_WITH_A_NUMBER,
-                  num_generations=8, max_completion_tokens=6, seq_len=64, lr=1e-2,
-                  dropout=0.0, max_steps=25, batch_size=4, eval_every=100, ckpt_every=100,
-                  sample_tokens=0, log_every=1, warmup_steps=0)  # fmt: skip
+    values = dict(
+        init_from=str(model_dir),
+        tokenizer="model",
+        data=str(ARITHMETIC),
+        method="grpo",
+        reward=["regex"],
+        reward_regex=STARTS_WITH_A_NUMBER,
+        num_generations=8,
+        max_completion_tokens=6,
+        seq_len=64,
+        lr=1e-2,
+        dropout=0.0,
+        max_steps=25,
+        batch_size=4,
+        eval_every=100,
+        ckpt_every=100,
+        sample_tokens=0,
+        log_every=1,
+        warmup_steps=0,
+    )
     values.update(kw)
     return tiny_config(**values)
 
@@ -52,8 +67,18 @@ def grpo_config(model_dir, **kw):
 
 
 def test_advantages_are_rewards_against_their_group_as_trl_computes_them():
-    per_func = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [0.0, 0.0],
-                             [1.0, math.nan], [1.0, math.nan], [0.0, 0.5], [1.0, 0.5]])  # fmt: skip
+    per_func = torch.tensor(
+        [
+            [1.0, 0.0],
+            [0.0, 1.0],
+            [1.0, 1.0],
+            [0.0, 0.0],
+            [1.0, math.nan],
+            [1.0, math.nan],
+            [0.0, 0.5],
+            [1.0, 0.5],
+        ]
+    )
     weights = torch.tensor([1.0, 0.5])
     total = torch.tensor([1.0, 0.5, 1.5, 0.0, 1.0, 1.0, 0.25, 1.25])  # NaN counts as nothing
     adv, rewards, std, zero = grpo.advantages(per_func, weights, 4, "group")
@@ -73,8 +98,9 @@ def test_advantages_are_rewards_against_their_group_as_trl_computes_them():
     unscorable = torch.tensor([[math.nan], [1.0], [0.0], [1.0]])
     adv_u, rewards_u, *_ = grpo.advantages(unscorable, torch.ones(1), 4, "group")
     assert math.isnan(rewards_u[0]) and adv_u[0] == 0.0  # skipped, as TRL does
-    assert torch.allclose(adv_u[1:], (torch.tensor([1.0, 0, 1]) - 2 / 3) / (0.57735 + 1e-4),
-                          atol=1e-4)  # fmt: skip
+    assert torch.allclose(
+        adv_u[1:], (torch.tensor([1.0, 0, 1]) - 2 / 3) / (0.57735 + 1e-4), atol=1e-4
+    )
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
@@ -86,8 +112,9 @@ def test_loss_and_its_gradient_equal_the_hand_computation(loss_type, beta):
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0], [1, 1, 0, 0, 0]])
     adv = torch.tensor([1.0, -0.5, 0.25, -0.75])
     ref = torch.randn(4, 5) - 2.0
-    cfg = validate(tiny_config(grpo_beta=beta, loss_type=loss_type, max_completion_tokens=5,
-                               grad_accum=2))  # fmt: skip
+    cfg = validate(
+        tiny_config(grpo_beta=beta, loss_type=loss_type, max_completion_tokens=5, grad_accum=2)
+    )
     logps, entropy = plain_token_logps(logits, targets, temperature=0.7)
     loss, kl, ratio = grpo.policy_loss(logps, logps.detach(), ref, adv, mask, cfg, n_items=20.0)
     loss.backward()
@@ -109,9 +136,11 @@ def test_loss_and_its_gradient_equal_the_hand_computation(loss_type, beta):
     assert float(loss.detach()) == pytest.approx(float(want), rel=1e-5, abs=1e-6)
     # d loss / d logp = (-A + beta (1 - exp(ref - lp))) x the token's weight
     weight = {
-        "grpo": m / m.sum(1, keepdim=True) / 4, "bnpo": m / m.sum(), "dr_grpo": m / 20,
+        "grpo": m / m.sum(1, keepdim=True) / 4,
+        "bnpo": m / m.sum(),
+        "dr_grpo": m / 20,
         "dapo": m / 20 * 2,
-    }[loss_type]  # fmt: skip
+    }[loss_type]
     dlogp = (-adv[:, None] + beta * (1 - torch.exp(ref - lp))) * weight
     probs = torch.softmax(logits.detach() / 0.7, -1)
     onehot = torch.nn.functional.one_hot(targets, 11).float()
@@ -146,8 +175,10 @@ def test_sampling_in_smaller_batches_draws_the_same_completions(model_dir):
     prompts = [[5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15], [16], [17, 18, 19, 20]]
     u = torch.rand((5, 8), generator=torch.Generator().manual_seed(3))
     whole = grpo.sample(model, prompts, 8, 1.0, 0.9, [7], 0, u, "cpu", "fp32")
-    parts = [grpo.sample(model, prompts[s : s + 2], 8, 1.0, 0.9, [7], 0, u[s : s + 2], "cpu",
-                         "fp32") for s in (0, 2, 4)]  # fmt: skip
+    parts = [
+        grpo.sample(model, prompts[s : s + 2], 8, 1.0, 0.9, [7], 0, u[s : s + 2], "cpu", "fp32")
+        for s in (0, 2, 4)
+    ]
     for a, b in zip(whole, grpo.joined(parts, 0), strict=True):
         assert torch.equal(a, b)
 
@@ -170,8 +201,10 @@ def test_batched_kv_cache_sampling_decodes_and_scores_as_each_prompt_alone(model
     assert mask.all()  # no stop token given: every completion runs to its length
     # The training pass over the padded batch gives each row its own log-probs.
     ids, valid = grpo.left_padded(prompts, 0)
-    batched, _ = model(torch.cat((ids, out), 1), segments=torch.cat(
-        (valid, torch.ones_like(out, dtype=torch.bool)), 1).long())  # fmt: skip
+    batched, _ = model(
+        torch.cat((ids, out), 1),
+        segments=torch.cat((valid, torch.ones_like(out, dtype=torch.bool)), 1).long(),
+    )
     for i, p in enumerate(prompts):
         alone, _ = model(torch.tensor([p + out[i].tolist()]))
         want = torch.log_softmax(alone[0, len(p) - 1 : -1], -1)
@@ -189,8 +222,15 @@ def test_a_tiny_model_learns_a_verifiable_task_starting_low(model_dir, tmp_path)
     assert len(rewards_) == 25
     assert sum(rewards_[:5]) / 5 <= 0.2 and sum(rewards_[-5:]) / 5 >= 0.6, rewards_
     last = train[-1]
-    for name in ("reward", "reward_std", "rewards/regex/mean", "completions/mean_length",
-                 "completions/clipped_ratio", "entropy", "frac_reward_zero_std"):  # fmt: skip
+    for name in (
+        "reward",
+        "reward_std",
+        "rewards/regex/mean",
+        "completions/mean_length",
+        "completions/clipped_ratio",
+        "entropy",
+        "frac_reward_zero_std",
+    ):
         assert name in last
     assert "kl" not in last  # beta 0: no reference, no kl
     table = (tmp_path / "run" / "completions.jsonl").read_text().splitlines()
@@ -227,12 +267,14 @@ def test_beta_zero_makes_no_reference_pass_and_lora_beta_uses_adapters_off(
 
 
 def test_resume_mid_run_is_bitwise_the_straight_run(model_dir, tmp_path):
-    cfg = grpo_config(model_dir, max_steps=6, dropout=0.1, lora_rank=4, grad_accum=2,
-                      batch_size=2, ckpt_every=3)  # fmt: skip
+    cfg = grpo_config(
+        model_dir, max_steps=6, dropout=0.1, lora_rank=4, grad_accum=2, batch_size=2, ckpt_every=3
+    )
     Trainer(cfg, tmp_path / "straight").run()
     Trainer(cfg, tmp_path / "split").run(None, StopAfter(3))
-    Trainer(cfg, tmp_path / "split",
-            resume_from=tmp_path / "split" / "checkpoints" / "latest.pt").run()  # fmt: skip
+    Trainer(
+        cfg, tmp_path / "split", resume_from=tmp_path / "split" / "checkpoints" / "latest.pt"
+    ).run()
     a, _ = read_metrics(tmp_path / "straight" / "metrics.jsonl")
     b, _ = read_metrics(tmp_path / "split" / "metrics.jsonl")
     keys = ("loss", "reward", "reward_std", "entropy", "completions/mean_length")
@@ -265,8 +307,9 @@ def test_an_out_of_memory_step_is_redone_with_the_same_completions(model_dir, tm
     assert [r["reward"] for r in a] == [r["reward"] for r in b]
 
 
-def test_out_of_memory_while_sampling_halves_it_with_the_same_draws(model_dir, tmp_path,
-                                                                     monkeypatch):  # fmt: skip
+def test_out_of_memory_while_sampling_halves_it_with_the_same_draws(
+    model_dir, tmp_path, monkeypatch
+):
     real, fired = grpo.sample, []
 
     def small_memory(model, prompts, *args):
@@ -318,8 +361,9 @@ def short(completions, **kwargs):
 def test_a_trl_reward_file_runs_unchanged(model_dir, tmp_path):
     path = tmp_path / "my_rewards.py"
     path.write_text(TRL_STYLE)
-    cfg = grpo_config(model_dir, reward=[f"{path}:lucky", "answer"], reward_weights="0.5,1",
-                      max_steps=2)  # fmt: skip
+    cfg = grpo_config(
+        model_dir, reward=[f"{path}:lucky", "answer"], reward_weights="0.5,1", max_steps=2
+    )
     Trainer(cfg, tmp_path / "run").run()
     train, _ = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert train[0]["custom/seen"] == 32.0
@@ -371,18 +415,39 @@ def test_the_built_in_answer_reward_reads_gsm8k_boxed_and_numbers():
         ),
     ],
 )
-def test_bad_rewards_are_one_line_exit_2_naming_the_function(model_dir, tmp_path, capsys,
-                                                              reward, expected):  # fmt: skip
+def test_bad_rewards_are_one_line_exit_2_naming_the_function(
+    model_dir, tmp_path, capsys, reward, expected
+):
     (tmp_path / "my_rewards.py").write_text(TRL_STYLE)
     data = ARITHMETIC
     if reward.endswith(".jsonl"):  # prompts without the answer column the answer reward reads
         data = Path(reward.format(dir=tmp_path))
         data.write_text('{"prompt": "What is 2 + 2?"}\n', encoding="utf-8")
         reward = "answer"
-    argv = ["--init-from", str(model_dir), "--data", str(data), "--method", "grpo",
-            "--reward", reward.format(dir=tmp_path), "--max-steps", "1", "--seq-len", "64",
-            "--max-completion-tokens", "6", "--num-generations", "8", "--batch-size", "4",
-            "--device", "cpu", "--out", str(tmp_path / "r")]  # fmt: skip
+    argv = [
+        "--init-from",
+        str(model_dir),
+        "--data",
+        str(data),
+        "--method",
+        "grpo",
+        "--reward",
+        reward.format(dir=tmp_path),
+        "--max-steps",
+        "1",
+        "--seq-len",
+        "64",
+        "--max-completion-tokens",
+        "6",
+        "--num-generations",
+        "8",
+        "--batch-size",
+        "4",
+        "--device",
+        "cpu",
+        "--out",
+        str(tmp_path / "r"),
+    ]
     assert train_main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     errors = [line for line in err if line.startswith("error:")]
@@ -428,15 +493,15 @@ def test_a_4bit_base_with_lora_and_beta_trains(model_dir, tmp_path):
 def test_reward_is_repeatable_on_the_command_line():
     from core.cli.train import _overrides, build_parser
 
-    args = build_parser().parse_args(["--reward", "answer", "--reward", "my.py:f",
-                                      "--reward-weights", "1,0.5"])  # fmt: skip
+    args = build_parser().parse_args(
+        ["--reward", "answer", "--reward", "my.py:f", "--reward-weights", "1,0.5"]
+    )
     values = _overrides(args)
     assert values["reward"] == ["answer", "my.py:f"] and values["reward_weights"] == "1,0.5"
 
 
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo", "bnpo", "dr_grpo"])
-def test_the_loss_equals_trls_own_on_the_same_model_and_completions(model_dir, tmp_path,
-                                                                     loss_type):  # fmt: skip
+def test_the_loss_equals_trls_own_on_the_same_model_and_completions(model_dir, tmp_path, loss_type):
     """TRL's GRPOTrainer._compute_loss and ours on the same weights, prompts (of one length:
     TRL gives left padding no positions of its own), completions, advantages and reference
     log-probs."""
@@ -448,13 +513,25 @@ def test_the_loss_equals_trls_own_on_the_same_model_and_completions(model_dir, t
     tok = AutoTokenizer.from_pretrained(model_dir)
     tok.pad_token = tok.pad_token or tok.eos_token
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[],
-                      per_device_train_batch_size=4, num_generations=4, beta=0.04,
-                      loss_type=loss_type, max_completion_length=5,
-                      gradient_checkpointing=False)  # fmt: skip
-    trl = GRPOTrainer(model=hf, reward_funcs=lambda completions, **k: [0.0] * len(completions),
-                      args=args, processing_class=tok,
-                      train_dataset=datasets.Dataset.from_list([{"prompt": "a"}] * 4))  # fmt: skip
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        bf16=False,
+        report_to=[],
+        per_device_train_batch_size=4,
+        num_generations=4,
+        beta=0.04,
+        loss_type=loss_type,
+        max_completion_length=5,
+        gradient_checkpointing=False,
+    )
+    trl = GRPOTrainer(
+        model=hf,
+        reward_funcs=lambda completions, **k: [0.0] * len(completions),
+        args=args,
+        processing_class=tok,
+        train_dataset=datasets.Dataset.from_list([{"prompt": "a"}] * 4),
+    )
     trl.current_gradient_accumulation_steps = 1
     torch.manual_seed(0)
     prompts = torch.randint(3, 300, (4, 6))
@@ -462,15 +539,22 @@ def test_the_loss_equals_trls_own_on_the_same_model_and_completions(model_dir, t
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0], [1, 1, 1, 1, 0]])
     adv = torch.tensor([1.0, -0.5, 0.25, -0.75])
     ref = torch.randn(4, 5) - 3.0
-    inputs = {"prompt_ids": prompts, "prompt_mask": torch.ones_like(prompts),
-              "completion_ids": completions, "completion_mask": mask, "advantages": adv,
-              "num_items_in_batch": mask.sum(), "ref_per_token_logps": ref}  # fmt: skip
+    inputs = {
+        "prompt_ids": prompts,
+        "prompt_mask": torch.ones_like(prompts),
+        "completion_ids": completions,
+        "completion_mask": mask,
+        "advantages": adv,
+        "num_items_in_batch": mask.sum(),
+        "ref_per_token_logps": ref,
+    }
     trl.model.train()
     want = float(trl._compute_loss(trl.model, inputs).detach())
 
     pre = open_pretrained(str(model_dir))
-    cfg = apply_pretrained(grpo_config(model_dir, grpo_beta=0.04, loss_type=loss_type,
-                                       max_completion_tokens=5), pre)  # fmt: skip
+    cfg = apply_pretrained(
+        grpo_config(model_dir, grpo_beta=0.04, loss_type=loss_type, max_completion_tokens=5), pre
+    )
     ours = build_model(cfg, pre, torch.device("cpu"), "fp32", lambda m: None)
     logits, _ = ours(torch.cat((prompts, completions), 1))
     logps, _ = plain_token_logps(logits[:, 5:-1], completions, 1.0)

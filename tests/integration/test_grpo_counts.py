@@ -22,11 +22,27 @@ ARITHMETIC = Path(__file__).parent.parent / "fixtures" / "arithmetic.jsonl"
 
 
 def grpo_config(model_dir, **kw):
-    values = dict(init_from=str(model_dir), tokenizer="model", data=str(ARITHMETIC),
-                  method="grpo", reward=["regex"], reward_regex=r"^\s*\d",
-                  num_generations=4, max_completion_tokens=6, seq_len=64, lr=1e-2,
-                  dropout=0.0, max_steps=2, batch_size=2, eval_every=2, ckpt_every=100,
-                  eval_batches=1, sample_tokens=0, log_every=1, warmup_steps=0)  # fmt: skip
+    values = dict(
+        init_from=str(model_dir),
+        tokenizer="model",
+        data=str(ARITHMETIC),
+        method="grpo",
+        reward=["regex"],
+        reward_regex=r"^\s*\d",
+        num_generations=4,
+        max_completion_tokens=6,
+        seq_len=64,
+        lr=1e-2,
+        dropout=0.0,
+        max_steps=2,
+        batch_size=2,
+        eval_every=2,
+        ckpt_every=100,
+        eval_batches=1,
+        sample_tokens=0,
+        log_every=1,
+        warmup_steps=0,
+    )
     values.update(kw)
     return tiny_config(**values)
 

@@ -27,8 +27,9 @@ def test_chunked_logps_entropy_and_gradients_equal_the_whole_logits_ones(
 ):
     make_model(tmp_path / "model", "qwen2")
     pre = open_pretrained(str(tmp_path / "model"))
-    values = tiny_config(init_from=str(tmp_path / "model"), tokenizer="model", dropout=0.0,
-                         temperature=0.7)  # fmt: skip
+    values = tiny_config(
+        init_from=str(tmp_path / "model"), tokenizer="model", dropout=0.0, temperature=0.7
+    )
     cfg = validate(apply_pretrained(values, pre))
     model = build_model(cfg, pre, torch.device("cpu"), "fp32", lambda m: None)
     vocab = model.head.weight.shape[0]
@@ -43,8 +44,9 @@ def test_chunked_logps_entropy_and_gradients_equal_the_whole_logits_ones(
     roll = grpo.Rollout(ids, segments, width, mask, torch.ones(4), float(mask.sum()))
     targets = ids[:, width:]
     weight = torch.randn(4, c)
-    run = SimpleNamespace(model=model, train_model=model, device=torch.device("cpu"),
-                          precision="fp32")  # fmt: skip
+    run = SimpleNamespace(
+        model=model, train_model=model, device=torch.device("cpu"), precision="fp32"
+    )
 
     def pass_(fn):
         model.zero_grad()
@@ -96,11 +98,18 @@ def test_the_estimate_counts_one_chunk_of_logits_not_every_completion_position(
     make_model(tmp_path / "model", "qwen2")
     pre = open_pretrained(str(tmp_path / "model"))
     cfg = apply_pretrained(
-        tiny_config(init_from=str(tmp_path / "model"), tokenizer="model", method="grpo",
-                    reward=["length"], num_generations=4, max_completion_tokens=8, seq_len=64,
-                    batch_size=2),
+        tiny_config(
+            init_from=str(tmp_path / "model"),
+            tokenizer="model",
+            method="grpo",
+            reward=["length"],
+            num_generations=4,
+            max_completion_tokens=8,
+            seq_len=64,
+            batch_size=2,
+        ),
         pre,
-    )  # fmt: skip
+    )
     vocab = pre.config.vocab_size
     positions = 2 * 4 * 8  # under a chunk: every completion position, in two fp32 blocks
     assert estimate(cfg, "fp32").logits == positions * vocab * 8

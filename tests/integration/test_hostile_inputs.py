@@ -30,8 +30,22 @@ from core.train import main as train_main
 from core.training.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = ["--preset", "cpu-tiny", "--seq-len", "32", "--hidden-dim", "32", "--max-steps", "2",
-        "--eval-every", "2", "--ckpt-every", "2", "--sample-tokens", "0"]  # fmt: skip
+TINY = [
+    "--preset",
+    "cpu-tiny",
+    "--seq-len",
+    "32",
+    "--hidden-dim",
+    "32",
+    "--max-steps",
+    "2",
+    "--eval-every",
+    "2",
+    "--ckpt-every",
+    "2",
+    "--sample-tokens",
+    "0",
+]
 TEXT = "def add(a, b):\n    return a + b\n" * 200
 
 
@@ -113,8 +127,15 @@ def hf_folder(path: Path) -> Path:
 
 def test_train_out_that_is_an_export_folder_is_refused_before_any_work(home, capsys):
     out = hf_folder(home / "exported")
-    refused(capsys, train_main, [*TINY, "--data", home / "data.txt", "--out", out], home,
-            "--out", "not a TrainDeck run", "config.json")  # fmt: skip
+    refused(
+        capsys,
+        train_main,
+        [*TINY, "--data", home / "data.txt", "--out", out],
+        home,
+        "--out",
+        "not a TrainDeck run",
+        "config.json",
+    )
     assert not (home / "cache").exists()
 
 
@@ -126,8 +147,13 @@ def test_train_out_link_file_and_inside_a_file_are_refused(home, capsys):
     data = ["--data", home / "data.txt"]
     refused(capsys, train_main, [*TINY, *data, "--out", home / "link"], home, "symbolic link")
     refused(capsys, train_main, [*TINY, *data, "--out", home / "afile"], home, "not a folder")
-    refused(capsys, train_main, [*TINY, *data, "--out", home / "afile" / "run"], home,
-            "afile is not a folder")  # fmt: skip
+    refused(
+        capsys,
+        train_main,
+        [*TINY, *data, "--out", home / "afile" / "run"],
+        home,
+        "afile is not a folder",
+    )
 
 
 @pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root writes anywhere")
@@ -161,8 +187,9 @@ def test_export_out_that_is_a_link_is_refused(home, capsys, run):
     target = home / "empty"
     target.mkdir()
     (home / "link").symlink_to(target)
-    refused(capsys, export_main, [run, "--format", "hf", "--out", home / "link"], home,
-            "symbolic link")  # fmt: skip
+    refused(
+        capsys, export_main, [run, "--format", "hf", "--out", home / "link"], home, "symbolic link"
+    )
 
 
 # -- damaged files given to the commands that load them ----------------------------------------
@@ -207,8 +234,14 @@ def test_a_csv_header_field_over_128_kb_is_read(home, capsys):
 def test_a_csv_with_a_duplicated_column_name_is_refused_naming_it(home, capsys):
     dup = home / "dup.csv"
     dup.write_text("text,text\na,b\n", encoding="utf-8")
-    refused(capsys, train_main, [*TINY, "--data", dup, "--out", home / "r"], home,
-            "dup.csv", "'text' twice")  # fmt: skip
+    refused(
+        capsys,
+        train_main,
+        [*TINY, "--data", dup, "--out", home / "r"],
+        home,
+        "dup.csv",
+        "'text' twice",
+    )
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".csv"])
@@ -219,16 +252,28 @@ def test_a_line_over_the_record_limit_is_refused_without_reading_it_whole(
     huge = home / f"huge{suffix}"
     head = '{"text": "' if suffix == ".jsonl" else 'text\n"'
     huge.write_text(head + "a" * 50_000, encoding="utf-8")  # no line break anywhere
-    refused(capsys, train_main, [*TINY, "--data", huge, "--out", home / "r"], home,
-            f"huge{suffix}", "is longer than 10,000 characters")  # fmt: skip
+    refused(
+        capsys,
+        train_main,
+        [*TINY, "--data", huge, "--out", home / "r"],
+        home,
+        f"huge{suffix}",
+        "is longer than 10,000 characters",
+    )
 
 
 def test_a_json_array_over_the_whole_file_limit_asks_for_json_lines(home, capsys, monkeypatch):
     monkeypatch.setattr(tables, "MAX_JSON_BYTES", 1000)
     big = home / "big.json"
     big.write_text("[" + ",".join(['{"text": "hello world"}'] * 100) + "]", encoding="utf-8")
-    refused(capsys, train_main, [*TINY, "--data", big, "--out", home / "r"], home,
-            "big.json", "JSON Lines")  # fmt: skip
+    refused(
+        capsys,
+        train_main,
+        [*TINY, "--data", big, "--out", home / "r"],
+        home,
+        "big.json",
+        "JSON Lines",
+    )
 
 
 def test_a_single_json_object_holding_a_list_is_still_one_table(home):
@@ -250,8 +295,19 @@ def test_data_weights_whose_sum_overflows_mix_evenly():
 def test_preference_pairs_in_a_mix_are_refused_before_anything_is_prepared(home, capsys, run):
     for name in ("pairs.jsonl", "more.jsonl"):
         (home / name).write_text('{"prompt": "a", "chosen": "b", "rejected": "c"}\n' * 20)
-    args = [*TINY, "--method", "dpo", "--init-from", run, "--data", home / "pairs.jsonl", "--data",
-            home / "more.jsonl", "--out", home / "r"]  # fmt: skip
+    args = [
+        *TINY,
+        "--method",
+        "dpo",
+        "--init-from",
+        run,
+        "--data",
+        home / "pairs.jsonl",
+        "--data",
+        home / "more.jsonl",
+        "--out",
+        home / "r",
+    ]
     refused(capsys, train_main, args, home, "pairs.jsonl", "train alone")
     assert not (home / "cache").exists()
 
@@ -322,8 +378,13 @@ def test_validation_windows_of_more_than_2_24_held_out_tokens(tmp_path):
         f.seek((n_train + n_val) * 2 - 2)
         f.write(np.array([7], dtype=np.uint16).tobytes())  # the very last token
     bytes_tokenizer().save(folder / "tokenizer.json")
-    manifest = {"source": "sparse", "train_tokens": n_train, "val_tokens": n_val,
-                "dtype": "uint16", "val_bytes": n_val}  # fmt: skip
+    manifest = {
+        "source": "sparse",
+        "train_tokens": n_train,
+        "val_tokens": n_val,
+        "dtype": "uint16",
+        "val_bytes": n_val,
+    }
     data = TokenData(folder, manifest, seq_len, seed=0)
     high = n_val - seq_len - 1
     assert torch.linspace(0, high, 2).long()[-1] > high  # where float32 starts ran past the end
@@ -369,8 +430,13 @@ def test_an_export_killed_with_kill_9_is_cleaned_up_by_the_next_one(tmp_path, ru
 def test_a_second_export_into_the_same_out_while_one_writes_is_refused(tmp_path, run, capsys):
     out = tmp_path / "model"
     live = temp_sibling(out)  # this process is alive: it is "writing"
-    err = refused(capsys, export_main, [run, "--format", "hf", "--out", out], tmp_path,
-                  "another export is writing")  # fmt: skip
+    err = refused(
+        capsys,
+        export_main,
+        [run, "--format", "hf", "--out", out],
+        tmp_path,
+        "another export is writing",
+    )
     assert live.name in err and live.is_dir()
 
 
@@ -440,8 +506,9 @@ def test_every_loader_refuses_damaged_files_in_one_line_naming_them(tmp_path, ru
         assert kind in ("jsonl", "csv", "json") and isinstance(loaded, list), (kind, damage)
 
 
-def test_a_disk_that_fills_during_an_export_leaves_nothing_and_says_so(tmp_path, run, capsys,
-                                                                      monkeypatch):  # fmt: skip
+def test_a_disk_that_fills_during_an_export_leaves_nothing_and_says_so(
+    tmp_path, run, capsys, monkeypatch
+):
     import errno
 
     from core.use import export as export_mod
@@ -465,8 +532,19 @@ def test_a_disk_that_fills_during_an_export_leaves_nothing_and_says_so(tmp_path,
 def test_text_column_beside_a_chat_column_is_refused_not_ignored(home, capsys):
     table = home / "t.jsonl"
     table.write_text('{"body": "x", "q": "a", "a": "b"}\n' * 30)
-    args = [*TINY, "--data", table, "--text-column", "body", "--prompt-column", "q",
-            "--completion-column", "a", "--out", home / "r"]  # fmt: skip
+    args = [
+        *TINY,
+        "--data",
+        table,
+        "--text-column",
+        "body",
+        "--prompt-column",
+        "q",
+        "--completion-column",
+        "a",
+        "--out",
+        home / "r",
+    ]
     refused(capsys, train_main, args, home, "text_column", "prompt_column")
 
 
@@ -476,8 +554,14 @@ def test_a_bad_chat_line_is_labelled_data_once(home, capsys):
         '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}'
     )
     chat.write_text(good + "\n" + "{not json\n" + good + "\n")
-    err = refused(capsys, train_main, [*TINY, "--data", chat, "--out", home / "r"], home,
-                  "chat.jsonl", "line 2")  # fmt: skip
+    err = refused(
+        capsys,
+        train_main,
+        [*TINY, "--data", chat, "--out", home / "r"],
+        home,
+        "chat.jsonl",
+        "line 2",
+    )
     assert err.count("data:") == 1, err
 
 
@@ -489,8 +573,16 @@ def test_resume_with_changed_data_is_refused_before_it_is_tokenized(home, capsys
     (data / "a.txt").write_text(TEXT + "one more line\n")
     (data / "b.txt").write_text(TEXT)
     args = ["--resume", home / "r", "--max-steps", "4"]
-    refused(capsys, train_main, args, home, "data changed", "a.txt", "--allow-data-change",
-            log="r/train.log")  # fmt: skip
+    refused(
+        capsys,
+        train_main,
+        args,
+        home,
+        "data changed",
+        "a.txt",
+        "--allow-data-change",
+        log="r/train.log",
+    )
 
 
 def test_the_cli_prints_the_windows_data_line_computed_in_core(home, capsys):
@@ -513,18 +605,30 @@ def test_the_cli_prints_the_windows_data_line_computed_in_core(home, capsys):
 @pytest.mark.skipif(not Path("/dev/zero").exists(), reason="no /dev/zero")
 def test_endless_devices_are_never_read(home, capsys):
     zero = "/dev/zero"
-    refused(capsys, train_main, [*TINY, "--data", zero, "--out", home / "r"], home,
-            "data:", zero)  # fmt: skip
+    refused(capsys, train_main, [*TINY, "--data", zero, "--out", home / "r"], home, "data:", zero)
     args = [*TINY, "--data", home / "data.txt", "--eval-data", zero, "--out", home / "r"]
     refused(capsys, train_main, args, home, "eval_data", zero)
-    refused(capsys, generate_main, ["no-such-run", "--prompt-file", zero], home,
-            "--prompt-file", "not a file")  # fmt: skip
+    refused(
+        capsys,
+        generate_main,
+        ["no-such-run", "--prompt-file", zero],
+        home,
+        "--prompt-file",
+        "not a file",
+    )
 
 
 def test_a_data_cache_that_is_a_file_is_refused_before_any_work(home, capsys):
     (home / "cachefile").write_text("mine")
-    args = [*TINY, "--data", home / "data.txt", "--data-cache", home / "cachefile",
-            "--out", home / "r"]  # fmt: skip
+    args = [
+        *TINY,
+        "--data",
+        home / "data.txt",
+        "--data-cache",
+        home / "cachefile",
+        "--out",
+        home / "r",
+    ]
     refused(capsys, train_main, args, home, "--data-cache", "not a folder")
 
 
@@ -543,14 +647,24 @@ def test_two_processes_exporting_into_one_out_one_wins_one_is_told(tmp_path, run
     pytest.importorskip("gguf")
     out = tmp_path / "model"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    first = subprocess.Popen([sys.executable, "-c", SLOW_EXPORT, str(run), str(out)], env=env,
-                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+    first = subprocess.Popen(
+        [sys.executable, "-c", SLOW_EXPORT, str(run), str(out)],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         while (line := first.stdout.readline()) and line.strip() != "writing":
             pass  # the export's own log lines
         assert line.strip() == "writing"
-        refused(capsys, export_main, [run, "--format", "gguf", "--out", out], tmp_path,
-                "another export is writing", str(out))  # fmt: skip
+        refused(
+            capsys,
+            export_main,
+            [run, "--format", "gguf", "--out", out],
+            tmp_path,
+            "another export is writing",
+            str(out),
+        )
     finally:
         assert first.wait(timeout=120) == 0
     assert any(out.glob("*.gguf")) and temps_of(out) == []
@@ -591,17 +705,45 @@ def test_a_chat_template_that_refuses_system_messages_names_the_file_and_line(ho
     for f in base.glob("chat_template.j*"):
         f.unlink()
     config = base / "tokenizer_config.json"
-    config.write_text(json.dumps({**json.loads(config.read_text()),
-                                  "chat_template": REAL["gemma2"].template}))  # fmt: skip
+    config.write_text(
+        json.dumps({**json.loads(config.read_text()), "chat_template": REAL["gemma2"].template})
+    )
     turn = {"messages": [m("user", "2+2?"), m("assistant", "4")]}
     system = {"messages": [m("system", "Be brief."), *turn["messages"]]}
     chat = home / "chat.jsonl"
     chat.write_text("\n".join(json.dumps(r) for r in [turn] * 3 + [system] + [turn] * 4) + "\n")
-    args = ["--data", chat, "--out", home / "r", "--device", "cpu", "--max-steps", "1",
-            "--seq-len", "64", "--batch-size", "2", "--grad-accum", "1", "--precision", "fp32",
-            "--sample-tokens", "0", "--init-from", base]  # fmt: skip
-    refused(capsys, train_main, args, home, f"{chat} line 4", "System role not supported",
-            "no system message", bar="rendering chat")  # fmt: skip
+    args = [
+        "--data",
+        chat,
+        "--out",
+        home / "r",
+        "--device",
+        "cpu",
+        "--max-steps",
+        "1",
+        "--seq-len",
+        "64",
+        "--batch-size",
+        "2",
+        "--grad-accum",
+        "1",
+        "--precision",
+        "fp32",
+        "--sample-tokens",
+        "0",
+        "--init-from",
+        base,
+    ]
+    refused(
+        capsys,
+        train_main,
+        args,
+        home,
+        f"{chat} line 4",
+        "System role not supported",
+        "no system message",
+        bar="rendering chat",
+    )
 
 
 def _same_size_edit(path: Path) -> None:
@@ -622,8 +764,16 @@ def test_resume_with_data_edited_to_the_same_size_is_refused_before_it_is_tokeni
     _same_size_edit(data / "a.txt")
     args = ["--resume", home / "r", "--max-steps", "4"]
     # the tree unchanged: no new cache entry, the edited file never tokenized
-    refused(capsys, train_main, args, home, "data changed", "a.txt", "--allow-data-change",
-            log="r/train.log")  # fmt: skip
+    refused(
+        capsys,
+        train_main,
+        args,
+        home,
+        "data changed",
+        "a.txt",
+        "--allow-data-change",
+        log="r/train.log",
+    )
 
 
 def test_resume_with_data_only_touched_goes_on(home, capsys):

@@ -26,9 +26,12 @@ def llama_cpp_agrees(target, out, prompt: str, n_new: int = 12):
     export(target, "gguf", out, quant="f32")
     ids = prompt_ids(loaded.tokenizer, prompt)
     llm = llama_cpp.Llama(
-        str(out / "model.gguf"), n_ctx=loaded.model.config.seq_len, logits_all=True,
-        n_threads=1, verbose=False,
-    )  # fmt: skip
+        str(out / "model.gguf"),
+        n_ctx=loaded.model.config.seq_len,
+        logits_all=True,
+        n_threads=1,
+        verbose=False,
+    )
     assert llm.tokenize(prompt.encode(), add_bos=True, special=False) == ids
     llm.eval(ids)
     theirs = np.array(llm.scores[: len(ids)])
@@ -56,9 +59,16 @@ def test_new_model_gguf_runs_in_llama_cpp(tmp_path, family, tokenizer):
     data = tmp_path / "code.txt"
     data.write_text(TEXT * 20, encoding="utf-8")
     cfg = tiny_config(
-        data=str(data), arch=arch, tokenizer=tokenizer, vocab_size=512, max_steps=20,
-        seq_len=48, dropout=0.0, sample_tokens=0, **extra,
-    )  # fmt: skip
+        data=str(data),
+        arch=arch,
+        tokenizer=tokenizer,
+        vocab_size=512,
+        max_steps=20,
+        seq_len=48,
+        dropout=0.0,
+        sample_tokens=0,
+        **extra,
+    )
     Trainer(cfg, tmp_path / "run").run()
     llm = llama_cpp_agrees(tmp_path / "run", tmp_path / "gguf", "def add(a")
     assert llm.metadata["general.architecture"] == family
@@ -86,10 +96,12 @@ def test_yarn_rope_scaling_gguf_runs_in_llama_cpp(tmp_path, family):
 # -- quantized exports against llama.cpp's own quantizer ----------------------------------
 
 QUANT_FTYPES = {
-    "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "q6_k": "LLAMA_FTYPE_MOSTLY_Q6_K",
-    "q5_k_m": "LLAMA_FTYPE_MOSTLY_Q5_K_M", "q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M",
+    "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0",
+    "q6_k": "LLAMA_FTYPE_MOSTLY_Q6_K",
+    "q5_k_m": "LLAMA_FTYPE_MOSTLY_Q5_K_M",
+    "q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M",
     "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0",
-}  # fmt: skip
+}
 
 
 def llama_quantize(src, dst, quant: str) -> None:
@@ -102,8 +114,9 @@ def llama_quantize(src, dst, quant: str) -> None:
 
 def llama_cpp_perplexity(path, windows) -> float:
     """Perplexity of a GGUF file in llama.cpp over token windows (each scored from its start)."""
-    llm = llama_cpp.Llama(str(path), n_ctx=len(windows[0]), logits_all=True, n_threads=1,
-                          verbose=False)  # fmt: skip
+    llm = llama_cpp.Llama(
+        str(path), n_ctx=len(windows[0]), logits_all=True, n_threads=1, verbose=False
+    )
     nll = count = 0.0
     for ids in windows:
         llm.reset()
@@ -128,8 +141,16 @@ def quant_run(tmp_path_factory):
     base = tmp_path_factory.mktemp("quant")
     data = base / "code.txt"
     data.write_text(TEXT * 40, encoding="utf-8")
-    cfg = tiny_config(data=str(data), hidden_dim=256, n_heads=4, n_layers=2, seq_len=64,
-                      max_steps=60, dropout=0.0, sample_tokens=0)  # fmt: skip
+    cfg = tiny_config(
+        data=str(data),
+        hidden_dim=256,
+        n_heads=4,
+        n_layers=2,
+        seq_len=64,
+        max_steps=60,
+        dropout=0.0,
+        sample_tokens=0,
+    )
     Trainer(cfg, base / "run").run()
     f16 = export(base / "run", "gguf", base / "f16", quant="f16")
     ids = load(base / "run").tokenizer.encode(TEXT * 3)
@@ -163,10 +184,22 @@ def test_gguf_lora_adapter_on_its_base_equals_the_merged_model(tmp_path, family)
     make_model(tmp_path / "base", family)
     data = tmp_path / "text.txt"
     data.write_text(TEXT * 5, encoding="utf-8")
-    cfg = tiny_config(init_from=str(tmp_path / "base"), tokenizer="model", data=str(data),
-                      lora_rank=4, lora_alpha=8.0, lr=3e-2, max_steps=15, seq_len=32,
-                      dropout=0.0, sample_tokens=0, hidden_dim=32, n_layers=2, n_heads=4,
-                      bias=False)  # fmt: skip
+    cfg = tiny_config(
+        init_from=str(tmp_path / "base"),
+        tokenizer="model",
+        data=str(data),
+        lora_rank=4,
+        lora_alpha=8.0,
+        lr=3e-2,
+        max_steps=15,
+        seq_len=32,
+        dropout=0.0,
+        sample_tokens=0,
+        hidden_dim=32,
+        n_layers=2,
+        n_heads=4,
+        bias=False,
+    )
     Trainer(cfg, tmp_path / "run").run()
     export(tmp_path / "base", "gguf", tmp_path / "base-gguf", quant="f32")
     export(tmp_path / "run", "gguf-lora", tmp_path / "adapter")
@@ -177,9 +210,13 @@ def test_gguf_lora_adapter_on_its_base_equals_the_merged_model(tmp_path, family)
         base = load(tmp_path / "base").model(torch.tensor([ids]))[0][0].numpy()
     assert np.abs(ours - base).max() > 0.05  # the adapter changed something
     llm = llama_cpp.Llama(
-        str(tmp_path / "base-gguf" / "model.gguf"), lora_path=str(tmp_path / "adapter" /
-        "adapter.gguf"), n_ctx=32, logits_all=True, n_threads=1, verbose=False,
-    )  # fmt: skip
+        str(tmp_path / "base-gguf" / "model.gguf"),
+        lora_path=str(tmp_path / "adapter" / "adapter.gguf"),
+        n_ctx=32,
+        logits_all=True,
+        n_threads=1,
+        verbose=False,
+    )
     llm.eval(ids)
     theirs = np.array(llm.scores[: len(ids)])
     assert np.abs(theirs - ours).max() < 0.05 * max(1.0, np.abs(ours).std())

@@ -64,11 +64,38 @@ def test_logits_and_greedy_text_equal_transformers(models, family):
 
 def fine_tune(folder, out, data, *extra):
     args = [
-        "--init-from", str(folder), "--data", str(data), "--out", str(out), "--device", "cpu",
-        "--max-steps", "12", "--eval-every", "6", "--ckpt-every", "6", "--batch-size", "4",
-        "--grad-accum", "1", "--seq-len", "32", "--lr", "3e-3", "--warmup-steps", "2",
-        "--eval-batches", "2", "--sample-tokens", "4", "--precision", "fp32", *extra,
-    ]  # fmt: skip
+        "--init-from",
+        str(folder),
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--device",
+        "cpu",
+        "--max-steps",
+        "12",
+        "--eval-every",
+        "6",
+        "--ckpt-every",
+        "6",
+        "--batch-size",
+        "4",
+        "--grad-accum",
+        "1",
+        "--seq-len",
+        "32",
+        "--lr",
+        "3e-3",
+        "--warmup-steps",
+        "2",
+        "--eval-batches",
+        "2",
+        "--sample-tokens",
+        "4",
+        "--precision",
+        "fp32",
+        *extra,
+    ]
     return train_main(args)
 
 

@@ -24,8 +24,13 @@ from core.training.trainer import Trainer  # noqa: E402
 from core.use.export import export  # noqa: E402
 from core.weights.loader import load, open_pretrained  # noqa: E402
 
-SHAPE = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
-         "num_key_value_heads": 2, "initializer_range": 0.02}  # fmt: skip
+SHAPE = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "initializer_range": 0.02,
+}
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
@@ -33,10 +38,22 @@ def setup(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(f"qlora-{request.param}")
     make_model(root / "model", request.param, **SHAPE)
     (root / "text.txt").write_text(TEXT * 5, encoding="utf-8")
-    cfg = tiny_config(init_from=str(root / "model"), tokenizer="model", lr=None,
-                      data=str(root / "text.txt"), lora_rank=8, base_bits="4", max_steps=16,
-                      eval_every=8, ckpt_every=8, hidden_dim=64, n_heads=4, bias=False,
-                      dropout=0.0, sample_tokens=0)  # fmt: skip
+    cfg = tiny_config(
+        init_from=str(root / "model"),
+        tokenizer="model",
+        lr=None,
+        data=str(root / "text.txt"),
+        lora_rank=8,
+        base_bits="4",
+        max_steps=16,
+        eval_every=8,
+        ckpt_every=8,
+        hidden_dim=64,
+        n_heads=4,
+        bias=False,
+        dropout=0.0,
+        sample_tokens=0,
+    )
     return root, cfg
 
 
@@ -110,8 +127,18 @@ def test_the_merged_export_uses_the_original_weights_and_loads_in_transformers(s
 
 def test_bad_4_bit_requests_are_one_line_exit_2(setup, tmp_path, capsys, monkeypatch):
     root, cfg = setup
-    base = ["--init-from", cfg.init_from, "--data", cfg.data, "--max-steps", "2",
-            "--data-cache", str(tmp_path / "c"), "--out", str(tmp_path / "r")]  # fmt: skip
+    base = [
+        "--init-from",
+        cfg.init_from,
+        "--data",
+        cfg.data,
+        "--max-steps",
+        "2",
+        "--data-cache",
+        str(tmp_path / "c"),
+        "--out",
+        str(tmp_path / "r"),
+    ]
     assert train_main([*base, "--base-bits", "4"]) == 2  # no --lora-rank: full fine-tuning
     assert "base_bits: a 4-bit base trains only with LoRA" in capsys.readouterr().err
     real_import = builtins.__import__

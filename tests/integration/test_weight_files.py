@@ -26,8 +26,18 @@ def train(tmp_path, model, capsys) -> tuple[int, str]:
     data = tmp_path / "text.txt"
     data.write_text(TEXT, encoding="utf-8")
     capsys.readouterr()
-    args = ["--init-from", str(model), "--data", str(data), "--max-steps", "2", "--out",
-            str(tmp_path / "run"), "--data-cache", str(tmp_path / "cache")]  # fmt: skip
+    args = [
+        "--init-from",
+        str(model),
+        "--data",
+        str(data),
+        "--max-steps",
+        "2",
+        "--out",
+        str(tmp_path / "run"),
+        "--data-cache",
+        str(tmp_path / "cache"),
+    ]
     code = train_main(args)
     err = capsys.readouterr().err.strip()
     assert not (tmp_path / "run").exists()  # nothing started

@@ -112,8 +112,9 @@ def _joiner(parts: list, transposed: bool):
     return lambda: _join(parts, transposed)
 
 
-def import_weights(family: str, c: GPTConfig, hf_state: dict, wanted: set[str],
-                   lazy: bool = False) -> dict:  # fmt: skip
+def import_weights(
+    family: str, c: GPTConfig, hf_state: dict, wanted: set[str], lazy: bool = False
+) -> dict:
     """Our state dict (names in wanted) from a Hugging Face one; raises naming what is missing.
     lazy: a weight that must be joined (fused q/k/v, gate/up) or transposed comes as a
     function that makes it."""
@@ -174,6 +175,9 @@ def new_model_family(c: GPTConfig) -> str:
 def new_model_hf_config(c: GPTConfig) -> dict:
     """config.json for a model TrainDeck created, in the family its shape is (new_model_family):
     no special tokens, as its tokenizer (bytes or TrainDeck's BPE) has none."""
-    makers = {gpt2.FAMILY.name: gpt2.hf_config, llama.FAMILY.name: llama.hf_config,
-              qwen3.FAMILY.name: qwen3.hf_config}  # fmt: skip
+    makers = {
+        gpt2.FAMILY.name: gpt2.hf_config,
+        llama.FAMILY.name: llama.hf_config,
+        qwen3.FAMILY.name: qwen3.hf_config,
+    }
     return makers[new_model_family(c)](c)

@@ -62,8 +62,11 @@ def rope(hf: dict, source: str) -> tuple[float, dict | None]:
         return theta, None
     if kind in ("yarn", "longrope"):  # Phi-3 keeps the original context beside rope_scaling
         scaling = dict(scaling)
-        old = hf.get("original_max_position_embeddings") or scaling.get(
-            "original_max_position_embeddings") or hf["max_position_embeddings"]  # fmt: skip
+        old = (
+            hf.get("original_max_position_embeddings")
+            or scaling.get("original_max_position_embeddings")
+            or hf["max_position_embeddings"]
+        )
         scaling["original_max_position_embeddings"] = old
         if kind == "longrope" and not scaling.get("factor"):  # as transformers infers it
             scaling["factor"] = hf["max_position_embeddings"] / old
@@ -171,8 +174,9 @@ def layer_types(hf: dict, every: int) -> list[str]:
 
 def check_window_pattern(c: GPTConfig, every: int, what: str) -> str | None:
     """llama.cpp assumes a family's sliding-window pattern: None when c's is that one."""
-    expected = ["sliding_attention" if (i + 1) % every else "full_attention"
-                for i in range(c.n_layers)]  # fmt: skip
+    expected = [
+        "sliding_attention" if (i + 1) % every else "full_attention" for i in range(c.n_layers)
+    ]
     if c.sliding_window and list(c.layer_types or ()) != expected:
         return (
             f"llama.cpp's {what} takes every {every}th layer as full attention and the "

@@ -56,10 +56,12 @@ def gemma_options(hf: dict, source: str, every: int) -> dict:
 def config(hf: dict, source: str) -> GPTConfig:
     theta, scaling = rope(hf, source)
     return GPTConfig(
-        **gemma_options(hf, source, every=2), rope_theta=theta, rope_scaling=scaling,
+        **gemma_options(hf, source, every=2),
+        rope_theta=theta,
+        rope_scaling=scaling,
         attn_softcap=hf.get("attn_logit_softcapping"),
         logit_softcap=hf.get("final_logit_softcapping"),
-    )  # fmt: skip
+    )
 
 
 def table(c: GPTConfig):

@@ -13,18 +13,30 @@ from core.weights.families.gemma2 import STOPS, check_scale, gemma_options, gguf
 MULTIMODAL = "gemma3"  # the multimodal checkpoints' model_type (1B's: gemma3_text)
 # Their language model's tensors: "language_model.model.*" as released, "model.language_model.*"
 # as transformers 4.52 and later save them.
-PREFIXES = (("language_model.model.", "model."), ("model.language_model.", "model."),
-            ("language_model.lm_head.", "lm_head."))  # fmt: skip
+PREFIXES = (
+    ("language_model.model.", "model."),
+    ("model.language_model.", "model."),
+    ("language_model.lm_head.", "lm_head."),
+)
 
 
 # Gemma3TextConfig's defaults: the multimodal checkpoints' text_config leaves many out.
 TEXT_DEFAULTS = {
-    "vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216,
-    "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
-    "max_position_embeddings": 131_072, "rms_norm_eps": 1e-6, "query_pre_attn_scalar": 256,
-    "sliding_window": 4096, "rope_local_base_freq": 10_000.0, "tie_word_embeddings": True,
+    "vocab_size": 262_208,
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "num_hidden_layers": 26,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "max_position_embeddings": 131_072,
+    "rms_norm_eps": 1e-6,
+    "query_pre_attn_scalar": 256,
+    "sliding_window": 4096,
+    "rope_local_base_freq": 10_000.0,
+    "tie_word_embeddings": True,
     "hidden_activation": "gelu_pytorch_tanh",
-}  # fmt: skip
+}
 
 
 def text_config(hf: dict) -> dict:
@@ -48,11 +60,14 @@ def config(hf: dict, source: str) -> GPTConfig:
         theta, scaling = rope({"rope_theta": 1_000_000.0, **hf}, source)
         local_theta = float(hf.get("rope_local_base_freq") or 10000.0)
     return GPTConfig(
-        **gemma_options(hf, source, every=6), rope_theta=theta, rope_scaling=scaling,
-        rope_local_theta=local_theta, qk_norm=True,
+        **gemma_options(hf, source, every=6),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        rope_local_theta=local_theta,
+        qk_norm=True,
         attn_softcap=hf.get("attn_logit_softcapping"),
         logit_softcap=hf.get("final_logit_softcapping"),
-    )  # fmt: skip
+    )
 
 
 def normalise(name: str) -> str:
@@ -88,8 +103,19 @@ def gguf_check(c: GPTConfig) -> str | None:
 
 
 FAMILY = Family(
-    name="gemma3", display="Gemma 3", hf_arch="Gemma3ForCausalLM", config=config,
-    table=table, gguf_arch="gemma3", model_types=("gemma3_text",), template="gemma", stops=STOPS,
-    normalise=normalise, gguf_tensor=add_one_to_norms, gguf_hparams=gguf_hparams,
-    gguf_check=gguf_check, export_config=export_config, notes=notes,
-)  # fmt: skip
+    name="gemma3",
+    display="Gemma 3",
+    hf_arch="Gemma3ForCausalLM",
+    config=config,
+    table=table,
+    gguf_arch="gemma3",
+    model_types=("gemma3_text",),
+    template="gemma",
+    stops=STOPS,
+    normalise=normalise,
+    gguf_tensor=add_one_to_norms,
+    gguf_hparams=gguf_hparams,
+    gguf_check=gguf_check,
+    export_config=export_config,
+    notes=notes,
+)

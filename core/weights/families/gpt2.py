@@ -36,10 +36,13 @@ def table(c: GPTConfig) -> list[Row]:
         ("ln_f.bias", ["transformer.ln_f.bias"], False),
     ]
     pairs = [
-        ("ln1", "ln_1", False), ("attn.qkv", "attn.c_attn", True),
-        ("attn.proj", "attn.c_proj", True), ("ln2", "ln_2", False),
-        ("mlp.fc", "mlp.c_fc", True), ("mlp.proj", "mlp.c_proj", True),
-    ]  # fmt: skip
+        ("ln1", "ln_1", False),
+        ("attn.qkv", "attn.c_attn", True),
+        ("attn.proj", "attn.c_proj", True),
+        ("ln2", "ln_2", False),
+        ("mlp.fc", "mlp.c_fc", True),
+        ("mlp.proj", "mlp.c_proj", True),
+    ]
     for i in range(c.n_layers):
         for ours, hf, conv in pairs:
             rows.append((f"blocks.{i}.{ours}.weight", [f"transformer.h.{i}.{hf}.weight"], conv))
@@ -67,9 +70,13 @@ def gguf_names(c: GPTConfig) -> dict[str, str]:
         name[t.OUTPUT] + ".weight": "head.weight",
     }
     parts = [
-        (t.ATTN_NORM, "ln1"), (t.ATTN_QKV, "attn.qkv"), (t.ATTN_OUT, "attn.proj"),
-        (t.FFN_NORM, "ln2"), (t.FFN_UP, "mlp.fc"), (t.FFN_DOWN, "mlp.proj"),
-    ]  # fmt: skip
+        (t.ATTN_NORM, "ln1"),
+        (t.ATTN_QKV, "attn.qkv"),
+        (t.ATTN_OUT, "attn.proj"),
+        (t.FFN_NORM, "ln2"),
+        (t.FFN_UP, "mlp.fc"),
+        (t.FFN_DOWN, "mlp.proj"),
+    ]
     for i in range(c.n_layers):
         for kind, ours in parts:
             base = name[kind].format(bid=i)
@@ -107,7 +114,16 @@ def hf_config(c: GPTConfig) -> dict:
 
 
 FAMILY = Family(
-    name="gpt2", display="GPT-2", hf_arch="GPT2LMHeadModel", config=config, table=table,
-    gguf_arch="gpt2", new_arch="gpt2", template="plain", stops=("<|endoftext|>",),
-    normalise=normalise, export_zero_biases=True, gguf_names=gguf_names,
-)  # fmt: skip
+    name="gpt2",
+    display="GPT-2",
+    hf_arch="GPT2LMHeadModel",
+    config=config,
+    table=table,
+    gguf_arch="gpt2",
+    new_arch="gpt2",
+    template="plain",
+    stops=("<|endoftext|>",),
+    normalise=normalise,
+    export_zero_biases=True,
+    gguf_names=gguf_names,
+)

@@ -43,7 +43,13 @@ def hf_config(c: GPTConfig) -> dict:
 
 
 FAMILY = Family(
-    name="llama", display="Llama", hf_arch="LlamaForCausalLM", config=config,
-    table=llama_table, gguf_arch="llama", template="llama3",
-    stops=("<|eot_id|>", "<|eom_id|>", "<|end_of_text|>"), gguf_permute=True,
-)  # fmt: skip
+    name="llama",
+    display="Llama",
+    hf_arch="LlamaForCausalLM",
+    config=config,
+    table=llama_table,
+    gguf_arch="llama",
+    template="llama3",
+    stops=("<|eot_id|>", "<|eom_id|>", "<|end_of_text|>"),
+    gguf_permute=True,
+)

@@ -17,7 +17,13 @@ def config(hf: dict, source: str) -> GPTConfig:
 
 
 FAMILY = Family(
-    name="mistral", display="Mistral", hf_arch="MistralForCausalLM", config=config,
-    table=llama_table, gguf_arch="llama", template="mistral", stops=("</s>",),
+    name="mistral",
+    display="Mistral",
+    hf_arch="MistralForCausalLM",
+    config=config,
+    table=llama_table,
+    gguf_arch="llama",
+    template="mistral",
+    stops=("</s>",),
     gguf_permute=True,
-)  # fmt: skip
+)

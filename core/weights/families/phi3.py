@@ -19,9 +19,12 @@ def config(hf: dict, source: str) -> GPTConfig:
     head_dim = hf.get("head_dim") or hf["hidden_size"] // heads
     window = hf.get("sliding_window")
     return llama_options(
-        hf, source, rope_dim=partial_rotary(hf, head_dim), sliding_window=window,
+        hf,
+        source,
+        rope_dim=partial_rotary(hf, head_dim),
+        sliding_window=window,
         layer_types=[SLIDING] * hf["num_hidden_layers"] if window else None,
-    )  # fmt: skip
+    )
 
 
 def table(c: GPTConfig):
@@ -85,7 +88,15 @@ def gguf_notes(c: GPTConfig) -> list[str]:
 
 
 FAMILY = Family(
-    name="phi3", display="Phi-3", hf_arch="Phi3ForCausalLM", config=config, table=table,
-    gguf_arch="phi3", template="phi", stops=("<|end|>", "<|endoftext|>"),
-    gguf_hparams=gguf_hparams, gguf_extra=gguf_extra, gguf_notes=gguf_notes,
-)  # fmt: skip
+    name="phi3",
+    display="Phi-3",
+    hf_arch="Phi3ForCausalLM",
+    config=config,
+    table=table,
+    gguf_arch="phi3",
+    template="phi",
+    stops=("<|end|>", "<|endoftext|>"),
+    gguf_hparams=gguf_hparams,
+    gguf_extra=gguf_extra,
+    gguf_notes=gguf_notes,
+)

@@ -17,6 +17,12 @@ def config(hf: dict, source: str) -> GPTConfig:
 
 
 FAMILY = Family(
-    name="qwen2", display="Qwen2", hf_arch="Qwen2ForCausalLM", config=config,
-    table=llama_table, gguf_arch="qwen2", template="chatml", stops=("<|im_end|>",),
-)  # fmt: skip
+    name="qwen2",
+    display="Qwen2",
+    hf_arch="Qwen2ForCausalLM",
+    config=config,
+    table=llama_table,
+    gguf_arch="qwen2",
+    template="chatml",
+    stops=("<|im_end|>",),
+)

@@ -21,11 +21,21 @@ def hf_config(c: GPTConfig) -> dict:
     """config.json of a model TrainDeck created with arch llama and q/k norms."""
     config = {**llama.hf_config(c), "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"}
     del config["mlp_bias"]  # full attention in every layer
-    return {**config, "use_sliding_window": False, "sliding_window": None,
-            "max_window_layers": c.n_layers}  # fmt: skip
+    return {
+        **config,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "max_window_layers": c.n_layers,
+    }
 
 
 FAMILY = Family(
-    name="qwen3", display="Qwen3", hf_arch="Qwen3ForCausalLM", config=config,
-    table=llama_table, gguf_arch="qwen3", template="chatml", stops=("<|im_end|>",),
-)  # fmt: skip
+    name="qwen3",
+    display="Qwen3",
+    hf_arch="Qwen3ForCausalLM",
+    config=config,
+    table=llama_table,
+    gguf_arch="qwen3",
+    template="chatml",
+    stops=("<|im_end|>",),
+)

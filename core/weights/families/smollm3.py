@@ -18,9 +18,12 @@ def config(hf: dict, source: str) -> GPTConfig:
     window = hf.get("sliding_window") if hf.get("use_sliding_window") else None
     types = hf.get("layer_types") if window else None
     return llama_options(
-        hf, source, nope_layers=[i for i, rope in enumerate(flags) if not rope],
-        sliding_window=window if types else None, layer_types=types or None,
-    )  # fmt: skip
+        hf,
+        source,
+        nope_layers=[i for i, rope in enumerate(flags) if not rope],
+        sliding_window=window if types else None,
+        layer_types=types or None,
+    )
 
 
 def gguf_check(c: GPTConfig) -> str | None:
@@ -36,7 +39,14 @@ def gguf_check(c: GPTConfig) -> str | None:
 
 
 FAMILY = Family(
-    name="smollm3", display="SmolLM3", hf_arch="SmolLM3ForCausalLM", config=config,
-    table=llama_table, gguf_arch="smollm3", template="chatml", stops=("<|im_end|>",),
-    gguf_permute=True, gguf_check=gguf_check,
-)  # fmt: skip
+    name="smollm3",
+    display="SmolLM3",
+    hf_arch="SmolLM3ForCausalLM",
+    config=config,
+    table=llama_table,
+    gguf_arch="smollm3",
+    template="chatml",
+    stops=("<|im_end|>",),
+    gguf_permute=True,
+    gguf_check=gguf_check,
+)
