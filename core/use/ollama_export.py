@@ -22,7 +22,7 @@ def export_ollama(loaded: Loaded, folder: Path, quant: str, system, log, progres
     (folder / "Modelfile").write_text(text, encoding="utf-8")
     lay = ollama.layout_of(tok)
     stops = ollama.stop_tokens(lay.kind, tok)
-    name = ollama.KIND_NAMES[lay.kind]
+    name = ollama.formats.get(lay.kind).display
     log(f"ollama: Modelfile with the {name} template, stop at {', '.join(stops)}")
     caps = ollama.capabilities(lay)
     if caps:  # recent Ollama uses the GGUF's own template when the TEMPLATE has fewer
@@ -30,7 +30,7 @@ def export_ollama(loaded: Loaded, folder: Path, quant: str, system, log, progres
             f"ollama: the TEMPLATE takes {' and '.join(caps)} as the model's template does, "
             "so Ollama uses it rather than the GGUF's template"
         )
-    differences = ollama.differences(lay, tok.chat_template) if lay.kind != "plain" else []
+    differences = ollama.differences(lay, tok.chat_template or "")
     for line in differences:
         log(f"ollama: differs from the model's template: {line}")
     return {**report, "template": lay.kind, "stops": stops, "differences": differences}

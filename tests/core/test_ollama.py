@@ -597,10 +597,10 @@ def test_layouts_read_off_the_templates():
     )
     assert "You are a helpful AI assistant named SmolLM" in smol.default_turn
     assert layout_of(MODELS["traindeck-eos"]).answer_close == "<|im_end|><|endoftext|>\n"
-    assert layout_of(MODELS["traindeck-bytes"]) == ollama.CANONICAL["chatml"]
+    assert layout_of(MODELS["traindeck-bytes"]) == ollama.formats.get("chatml").canonical
     llama3 = layout_of(MODELS["llama3"])
     assert replace(llama3, system_open=None, system_close="") == replace(
-        ollama.CANONICAL["llama3"], system_open=None, system_close=""
+        ollama.formats.get("llama3").canonical, system_open=None, system_close=""
     )
     assert layout_of(MODELS["llama3-bos-in-template"]).lead == "<|begin_of_text|>"
     l31 = layout_of(MODELS["llama3.1"])
@@ -610,7 +610,7 @@ def test_layouts_read_off_the_templates():
     assert l31.tools and l31.tool_calls == "llama3" and not l31.dated
     v03 = layout_of(MODELS["mistral-v0.3"])
     assert (v03.tools, v03.tool_calls) == (True, "mistral")  # [AVAILABLE_TOOLS] and calls
-    assert replace(v03, tools=False, tool_calls=None) == ollama.CANONICAL["mistral"]
+    assert replace(v03, tools=False, tool_calls=None) == ollama.formats.get("mistral").canonical
     v02 = layout_of(MODELS["mistral-v0.2"])
     assert (v02.system_at, v02.inst_open, v02.inst_close) == ("first", " [INST] ", " [/INST]")
     v01 = layout_of(MODELS["mistral-v0.1"])
@@ -905,3 +905,14 @@ def test_renderer_basics():
 def test_renderer_refuses_what_it_does_not_know(source):
     with pytest.raises(GoTemplateError):
         go_render(source, {"A": "x"})
+
+
+def test_every_family_names_a_registered_chat_format():
+    """A family names its usual chat format; core.weights sits below core.use, so the name
+    is checked here against the formats registry."""
+    from core.weights import families
+
+    for family in families.FAMILIES.values():
+        assert family.chat_format in ollama.formats.FORMATS, family.name
+    stops = {f.name: f.stops for f in ollama.formats.FORMATS.values()}
+    assert stops["plain"] == () and all(s for name, s in stops.items() if name != "plain")

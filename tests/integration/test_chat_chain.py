@@ -90,7 +90,7 @@ def make_chat_model(folder: Path, family: str, real, markers: list[str], end=Tru
         make_config(family, len(tok) + 3, **ids, **long)
     ).float()
     # As the real models ship it: the end of turn beside the EOS the generation stops at.
-    end_of_turn = ollama._STOPS[ollama.template_kind(real.template)][0]
+    end_of_turn = ollama.formats.get(ollama.template_kind(real.template)).stops[0]
     stops = list(dict.fromkeys([tok.convert_tokens_to_ids(end_of_turn), tok.eos_token_id]))
     stops = stops if end else [tok.eos_token_id]
     model.generation_config = GenerationConfig(
@@ -202,8 +202,8 @@ def test_the_modelfile_stops_at_the_familys_end_of_turn(chain):
     stops = [value for key, value in commands if key == "stop"]
     kind = ollama.template_kind(real.template)
     if family != "qwen2":  # the family's template kind is its real template's (R1: its own)
-        assert families.get(family).template == kind
-    end_of_turn = ollama._STOPS[kind][0]
+        assert families.get(family).chat_format == kind
+    end_of_turn = ollama.formats.get(kind).stops[0]
     assert end_of_turn in stops
     assert any(end_of_turn in line for line in lines if "stop at" in line)
     # The family's own end-of-turn tokens, where its template writes them, are stops too.
@@ -223,7 +223,8 @@ def test_the_end_of_turn_stops_generation_without_generation_config_naming_it(tm
     real = REAL[key]
     make_chat_model(tmp_path / "m", family, real, markers, end=False)
     tok = load(tmp_path / "m").tokenizer
-    end_of_turn = tok.hf.token_to_id(ollama._STOPS[ollama.template_kind(real.template)][0])
+    kind = ollama.template_kind(real.template)
+    end_of_turn = tok.hf.token_to_id(ollama.formats.get(kind).stops[0])
     assert end_of_turn in tok.stop_ids
     export(tmp_path / "m", "gguf", tmp_path / "gguf", quant="f32", log=lambda line: None)
     fields = gguf.GGUFReader(str(tmp_path / "gguf" / "model.gguf")).fields

@@ -1,6 +1,6 @@
 """Model families: one module each (gpt2.py, llama.py, gemma2.py, ...), each a Family of data
 and small hooks (base.py): its HF architectures and config.json mapping, model options,
-weight-name table, GGUF architecture and tensor hooks, chat template kind and stop tokens.
+weight-name table, GGUF architecture and tensor hooks, its usual chat format and stop tokens.
 This registry lists them; nothing outside the family modules compares family names.
 
 A table row is (our name, [Hugging Face names], transposed). Several Hugging Face names are

@@ -30,7 +30,7 @@ class Family:
     gguf_arch: str  # llama.cpp's architecture name
     model_types: tuple[str, ...] = ()  # more config.json model_type values it reads
     new_arch: str = "llama"  # TrainConfig.arch a fine-tune of it shows (gpt2 or llama)
-    template: str = "chatml"  # core.use.ollama's template kind for its chat template
+    chat_format: str = "chatml"  # its usual chat format: a name in core.use.ollama.formats
     stops: tuple[str, ...] = ()  # its chat template's end-of-turn tokens
     normalise: Callable[[str], str] | None = None  # a file's tensor name -> the table's
     export_zero_biases: bool = False  # GPT-2: a bias-free model exports zero biases

@@ -49,7 +49,7 @@ FAMILY = Family(
     config=config,
     table=llama_table,
     gguf_arch="llama",
-    template="llama3",
+    chat_format="llama3",
     stops=("<|eot_id|>", "<|eom_id|>", "<|end_of_text|>"),
     gguf_permute=True,
 )

@@ -23,7 +23,7 @@ FAMILY = Family(
     config=config,
     table=llama_table,
     gguf_arch="llama",
-    template="mistral",
+    chat_format="mistral",
     stops=("</s>",),
     gguf_permute=True,
 )

@@ -23,6 +23,6 @@ FAMILY = Family(
     config=config,
     table=llama_table,
     gguf_arch="qwen2",
-    template="chatml",
+    chat_format="chatml",
     stops=("<|im_end|>",),
 )

@@ -36,6 +36,6 @@ FAMILY = Family(
     config=config,
     table=llama_table,
     gguf_arch="qwen3",
-    template="chatml",
+    chat_format="chatml",
     stops=("<|im_end|>",),
 )

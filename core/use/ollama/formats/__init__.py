@@ -1,0 +1,23 @@
+"""Chat formats: one module each (chatml.py, llama3.py, mistral.py, ...), each a ChatFormat
+(base.py) of data (markers, role marks, stops, its common form, its tool-call text) and, where
+its Go template differs from the shared turn-by-turn writer, methods. This registry lists
+them; a model's format is found by its template's markers. A family names its usual format
+(Family.chat_format). Adding a chat format is one module here and its line in FORMATS."""
+
+from __future__ import annotations
+
+from core.use.ollama.formats import chatml, deepseek, gemma, llama3, mistral, phi, plain
+from core.use.ollama.formats.base import ChatFormat
+
+__all__ = ["FORMATS", "ChatFormat", "get"]
+
+# Listed in this order in messages; plain (no template) last.
+FORMATS: dict[str, ChatFormat] = {
+    m.FORMAT.name: m.FORMAT for m in (chatml, llama3, mistral, gemma, phi, deepseek, plain)
+}
+
+
+def get(name: str) -> ChatFormat:
+    if name not in FORMATS:
+        raise ValueError(f"ollama: unknown template kind {name!r}; one of {', '.join(FORMATS)}")
+    return FORMATS[name]
