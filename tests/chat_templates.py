@@ -62,6 +62,15 @@ REAL = {
         kind="deepseek",
     ),
     "smollm3": Model("HuggingFaceTB-SmolLM3-3B.jinja", eos="<|im_end|>", kind="smollm3"),
+    # Chat formats no family here ships, each added to core/use/ollama/formats as one module.
+    "llama4": Model(
+        "meta-llama-Llama-4-Scout-17B-16E-Instruct.jinja",
+        "<|begin_of_text|>",
+        "<|eot|>",
+        True,
+        kind="llama4",
+    ),
+    "granite4": Model("ibm-granite-granite-4.0-micro.jinja", eos="<|end_of_text|>", kind="granite"),
 }
 
 

@@ -252,6 +252,9 @@ END_MARKS = {
     "phi": "<|end|>",
     "deepseek": "<｜end▁of▁sentence｜>",
     "mistral": "</s>",
+    "llama4": "<|eot|>",
+    "granite": "<|end_of_text|>",
+    "mistral_small": "</s>",
 }
 
 

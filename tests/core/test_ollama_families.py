@@ -206,7 +206,17 @@ def as_transformers_writes(text: str, values=(TOOL, ARGS)) -> str:
 
 @needs_go
 @pytest.mark.parametrize(
-    "name", ["qwen2.5", "qwen3", "llama3.1", "llama3.2", "mistral-v0.3", "deepseek-r1-distill"]
+    "name",
+    [
+        "qwen2.5",
+        "qwen3",
+        "llama3.1",
+        "llama3.2",
+        "mistral-v0.3",
+        "deepseek-r1-distill",
+        "llama4",
+        "granite4",
+    ],
 )
 @pytest.mark.parametrize("with_system", [False, True])
 def test_tool_calls_and_results_render_as_the_models_template(name, with_system):

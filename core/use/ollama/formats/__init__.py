@@ -6,14 +6,24 @@ them; a model's format is found by its template's markers. A family names its us
 
 from __future__ import annotations
 
-from core.use.ollama.formats import chatml, deepseek, gemma, llama3, mistral, phi, plain
+from core.use.ollama.formats import (
+    chatml,
+    deepseek,
+    gemma,
+    granite,
+    llama3,
+    llama4,
+    mistral,
+    phi,
+    plain,
+)
 from core.use.ollama.formats.base import ChatFormat
 
 __all__ = ["FORMATS", "ChatFormat", "get"]
 
 # Listed in this order in messages; plain (no template) last.
 FORMATS: dict[str, ChatFormat] = {
-    m.FORMAT.name: m.FORMAT for m in (chatml, llama3, mistral, gemma, phi, deepseek, plain)
+    m.FORMAT.name: m.FORMAT for m in (chatml, llama3, llama4, mistral, gemma, phi, granite, deepseek, plain)
 }
 
 
