@@ -70,6 +70,13 @@ REAL = {
         True,
         kind="llama4",
     ),
+    "mistral-small-3.1": Model(
+        "mistralai-Mistral-Small-3.1-24B-Instruct-2503.jinja",
+        "<s>",
+        "</s>",
+        True,
+        kind="mistral_small",
+    ),
     "granite4": Model("ibm-granite-granite-4.0-micro.jinja", eos="<|end_of_text|>", kind="granite"),
 }
 

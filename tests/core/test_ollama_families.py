@@ -216,6 +216,7 @@ def as_transformers_writes(text: str, values=(TOOL, ARGS)) -> str:
         "deepseek-r1-distill",
         "llama4",
         "granite4",
+        "mistral-small-3.1",
     ],
 )
 @pytest.mark.parametrize("with_system", [False, True])

@@ -10,6 +10,11 @@ from core.use.ollama.layout import DATE, TOOLS, Layout
 RANGE = "{{ range $i, $_ := .Messages }}"
 LAST = "{{- $last := eq (len (slice $.Messages $i)) 1 }}"
 _FIRST_USER = '(or (eq $i 0) (and (eq $i 1) (eq $prev "system")))'  # Llama 3.1's tools go there
+# $lastUser: the index of the last user message (Mistral's tool list goes before it).
+LAST_USER = (
+    '{{- $lastUser := -1 }}{{- range $k, $_ := .Messages }}{{ if eq .Role "user" }}'
+    "{{ $lastUser = $k }}{{ end }}{{ end }}"
+)
 
 
 def text(s: str) -> str:
@@ -118,6 +123,9 @@ def _turns(fmt, lay: Layout) -> Lines:
     head = '{{- $prev := "" }}' if lay.tools else ""
     if lay.tools and lay.tools_default_turn is None:  # Ollama counts tools by .Tools
         head += "{{- if $.Tools }}{{ end }}"
+    tools_user = "(eq $i $lastUser)" if lay.tools_at_last_user else _FIRST_USER
+    if lay.tools_at_last_user:
+        head += LAST_USER
     t = Lines(head + text(lay.lead) + RANGE)
     t.line(LAST)
     if calls and fmt.run_end:
@@ -130,7 +138,7 @@ def _turns(fmt, lay: Layout) -> Lines:
         _system(t, lay)
     user = '(or (eq .Role "user") (eq .Role "tool"))' if lay.tool_as_user else 'eq .Role "user"'
     t.line(f"{{{{- if {user} }}}}")
-    t.add(_either(lay, lay.tools_user_open, lay.user_open, f"and $.Tools {_FIRST_USER}"))
+    t.add(_either(lay, lay.tools_user_open, lay.user_open, f"and $.Tools {tools_user}"))
     if lay.system_join is not None:
         t.add("{{ if and $.System (eq $i 1) }}{{ $.System }}" + text(lay.system_join) + "{{ end }}")
     t.add("{{ .Content }}" + text(lay.user_close) + "{{ end }}")

@@ -42,7 +42,8 @@ class Layout:
         pieces: the same pieces with the tool list (_TOOLS) in them, None where the template
         writes no tools there; tool_calls: tool calls and results are written (in the form of
         the format named); tool_as_user: the template writes a tool result as a user message
-        (SmolLM3).
+        (SmolLM3); tools_at_last_user: tools_user_open opens the last user message, not the
+        first (Mistral Small 3).
     dated: the template writes today's date (_DATE in the pieces; Ollama's currentDate).
 
     Mistral: answer_end: text after an answer (the EOS). inst_open, inst_close, answer_open,
@@ -73,6 +74,7 @@ class Layout:
     tools_user_open: str | None = None
     tool_calls: str | None = None
     tool_as_user: bool = False
+    tools_at_last_user: bool = False
     dated: bool = False
     # Mistral
     answer_end: str = ""

@@ -2,7 +2,7 @@
 (base.py) of data (markers, role marks, stops, its common form, its tool-call text) and, where
 its Go template differs from the shared turn-by-turn writer, methods. This registry lists
 them; a model's format is found by its template's markers. A family names its usual format
-(Family.chat_format). Adding a chat format is one module here and its line in FORMATS."""
+(Family.chat_format). Adding a chat format is one module here and its name in _ORDER."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from core.use.ollama.formats import (
     llama3,
     llama4,
     mistral,
+    mistral_small,
     phi,
     plain,
 )
@@ -22,9 +23,8 @@ from core.use.ollama.formats.base import ChatFormat
 __all__ = ["FORMATS", "ChatFormat", "get"]
 
 # Listed in this order in messages; plain (no template) last.
-FORMATS: dict[str, ChatFormat] = {
-    m.FORMAT.name: m.FORMAT for m in (chatml, llama3, llama4, mistral, gemma, phi, granite, deepseek, plain)
-}
+_ORDER = (chatml, llama3, llama4, mistral, mistral_small, gemma, phi, granite, deepseek, plain)
+FORMATS: dict[str, ChatFormat] = {m.FORMAT.name: m.FORMAT for m in _ORDER}
 
 
 def get(name: str) -> ChatFormat:

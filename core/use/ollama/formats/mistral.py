@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from core.data.chat import TemplateError
 from core.use.ollama.formats.base import ChatFormat
-from core.use.ollama.gotemplate import LAST, RANGE, Lines, text
+from core.use.ollama.gotemplate import LAST, LAST_USER, RANGE, Lines, text
 from core.use.ollama.layout import A1, U1, U2, Layout, S
 from core.use.ollama.probe import cut, msg
 
@@ -19,12 +19,12 @@ _TOOLS = (
     '"{{ .Function.Description }}", "parameters": {{ json .Function.Parameters }}}}'
     "{{ end }}][/AVAILABLE_TOOLS]"
 )
-_CALLS = (
+CALLS = (
     "[TOOL_CALLS] [{{ range $k, $_ := .ToolCalls }}{{ if $k }}, {{ end }}"
     '{{ "{" }}"name": "{{ .Function.Name }}", "arguments": {{ .Function.Arguments }}, '
     '"id": "{{ .ID }}"}{{ end }}]'
 )
-_RESULT = (
+RESULT = (
     '[TOOL_RESULTS] {{ "{" }}"content": {{ .Content }}, "call_id": "{{ .ToolCallID }}"}'
     "[/TOOL_RESULTS]"
 )
@@ -56,10 +56,7 @@ class Inst(ChatFormat):
 
     def go_template(self, lay: Layout) -> str:
         tools = lay.tool_calls is not None  # v0.3: [AVAILABLE_TOOLS], [TOOL_CALLS]
-        first = "{{- $lastUser := -1 }}" if tools else ""
-        if tools:  # the tool list goes before the last user message
-            first += '{{- range $k, $_ := .Messages }}{{ if eq .Role "user" }}'
-            first += "{{ $lastUser = $k }}{{ end }}{{ end }}"
+        first = LAST_USER if tools else ""  # the tool list goes before the last user message
         t = Lines(first + text(lay.lead) + RANGE)
         t.line(LAST)
         t.line('{{- if eq .Role "user" }}')
@@ -73,12 +70,12 @@ class Inst(ChatFormat):
         t.add("{{ .Content }}" + text(lay.inst_close) + "{{ end }}")
         t.line('{{- if eq .Role "assistant" }}')
         if tools:
-            t.add("{{ if .ToolCalls }}" + _CALLS + text(lay.answer_end) + "{{ else }}")
+            t.add("{{ if .ToolCalls }}" + CALLS + text(lay.answer_end) + "{{ else }}")
         t.add(text(lay.answer_open) + "{{ .Content }}")
         t.add("{{ if not $last }}" + text(lay.answer_end) + "{{ end }}{{ end }}")
         if tools:
             t.add("{{ end }}")
-            t.line('{{- if eq .Role "tool" }}' + _RESULT + "{{ end }}")
+            t.line('{{- if eq .Role "tool" }}' + RESULT + "{{ end }}")
         t.line("{{- end }}")
         return t.text()
 
