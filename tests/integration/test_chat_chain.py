@@ -263,3 +263,42 @@ def test_the_gguf_runs_in_llama_cpp_with_traindecks_greedy_chat_text(chain):
     got = llama_greedy(llm, ids, n)
     assert got == expected
     assert llm.detokenize(got, special=True).decode(errors="replace") == tok.decode(expected)
+
+
+# Chat formats no family ships, each one module in core/use/ollama/formats: (the real template's
+# model in tests/chat_templates.REAL, a family TrainDeck builds to carry it, its marker tokens).
+NEW_FORMATS = {
+    "llama4": ("llama", ["<|header_start|>", "<|header_end|>", "<|eot|>", "<|python_start|>"]),
+    "granite4": ("llama", ["<|start_of_role|>", "<|end_of_role|>", "<|end_of_text|>"]),
+    "mistral-small-3.1": (
+        "mistral",
+        ["[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[AVAILABLE_TOOLS]"],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(NEW_FORMATS))
+def test_a_new_chat_format_exports_for_ollama_as_transformers_renders_it(tmp_path, name):
+    """A tiny model carrying Llama 4's, Granite 4.0's or Mistral Small 3.1's real template
+    exports for Ollama: its Modelfile's TEMPLATE under Go renders every conversation shape as
+    transformers renders the saved tokenizer's template, and it stops at the end of turn."""
+    if not go_available():
+        pytest.skip("go is not installed (golang-go)")
+    family, markers = NEW_FORMATS[name]
+    real = REAL[name]
+    make_chat_model(tmp_path / "base", family, real, markers)
+    lines = []
+    export(tmp_path / "base", "ollama", tmp_path / "o", quant="f32", log=lines.append)
+    commands = modelfile_commands((tmp_path / "o" / "Modelfile").read_text(encoding="utf-8"))
+    fmt = ollama.formats.get(ollama.template_kind(real.template))
+    assert any(f"Modelfile with the {fmt.display} template" in line for line in lines)
+    assert fmt.stops[0] in [value for key, value in commands if key == "stop"]
+    shapes = shapes_for(real)
+    template = dict(commands)["template"]
+    outs = go_prompts([{"template": template, "messages": msgs} for msgs in shapes.values()])
+    for shape, out in zip(shapes, outs, strict=True):
+        assert not out["error"], (shape, out["error"])
+        wanted = transformers_text(tmp_path / "base", shapes[shape])
+        if real.add_bos:  # Ollama's tokenizer puts BOS first itself
+            wanted = wanted.removeprefix(real.bos)
+        assert out["prompt"] == wanted, shape
