@@ -916,3 +916,22 @@ def test_every_family_names_a_registered_chat_format():
         assert family.chat_format in ollama.formats.FORMATS, family.name
     stops = {f.name: f.stops for f in ollama.formats.FORMATS.values()}
     assert stops["plain"] == () and all(s for name, s in stops.items() if name != "plain")
+
+
+def test_only_a_format_module_names_its_format():
+    """The Ollama package's stages and its export name no format: a format's differences are
+    its module's data and methods (core/use/ollama/formats), so a new format is one module.
+    (Families name their usual format as data: Family.chat_format.)"""
+    import ast
+    from pathlib import Path
+
+    import core.use.ollama as package
+
+    names = set(ollama.formats.FORMATS)
+    here = Path(package.__file__).parent
+    found = []
+    for path in [*here.glob("*.py"), here.parent / "ollama_export.py"]:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and node.value in names:
+                found.append(f"{path.name}:{node.lineno} {node.value!r}")
+    assert found == []

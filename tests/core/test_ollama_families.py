@@ -369,6 +369,7 @@ def test_a_template_without_a_system_turn_refuses_a_modelfile_system():
         ("phi3.5", "an empty system message is written as an empty turn"),
         ("deepseek-r1-distill", "keeps only the last"),
         ("gemma3", "strips whitespace from it"),
+        ("llama4", "strips whitespace from it"),
         ("gemma2", "a system message in a request is left out"),
         ("qwen2.5", "compact JSON"),
     ],
@@ -412,3 +413,18 @@ def test_a_template_that_drops_system_messages_takes_no_system_prompt():
             assert ollama_prompt(ollama.go_template(lay), messages) == want
     with pytest.raises(ollama.OllamaError, match="no place for a system prompt"):
         ollama.modelfile("m.gguf", template, [], "Be brief.", bos_token="<s>", add_bos=True)
+
+
+def test_a_template_dated_as_ollama_dates_has_no_date_difference():
+    """Mistral Small 3.1 writes today as strftime_now("%Y-%m-%d"), Ollama's currentDate form;
+    Llama 3.2 writes "26 Jul 2024", which Ollama cannot."""
+    notes = {}
+    for name in ("mistral-small-3.1", "llama3.2"):
+        model = REAL[name]
+        lay = ollama.layout(
+            model.template, bos_token=model.bos, eos_token=model.eos, add_bos=model.add_bos
+        )
+        assert lay.dated
+        notes[name] = " ".join(ollama.differences(lay, model.template))
+    assert "currentDate" not in notes["mistral-small-3.1"]
+    assert "currentDate (YYYY-MM-DD)" in notes["llama3.2"]

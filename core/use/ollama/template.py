@@ -12,6 +12,7 @@ from core.use.ollama.formats import FORMATS, get
 from core.use.ollama.layout import DATE, Layout, OllamaError
 from core.use.ollama.probe import CHECKS, jinja_prompt
 
+_DATE_FORMATS = re.compile(r"""strftime_now\(\s*["']([^"']*)["']""")
 _SPECIAL = re.compile(
     r"<\|[^|<>\s]{1,40}\|>|<<SYS>>|<[a-z_]{2,30}>|\[/?[A-Z_]{3,30}\]|<｜[^｜<>\s]{1,30}｜>"
 )
@@ -159,7 +160,7 @@ def differences(lay: Layout, jinja_template: str = "") -> list[str]:
             "a system message in a request is left out; the model's template refuses one "
             "(Gemma 2) or drops it"
         )
-    if lay.dated:
+    if lay.dated and set(_DATE_FORMATS.findall(jinja_template)) != {"%Y-%m-%d"}:
         notes.append(
             "today's date is Ollama's currentDate (YYYY-MM-DD); the model's template "
             "writes it as strftime_now does (e.g. '26 Jul 2024' or '26 July 2024')"
