@@ -68,9 +68,9 @@ class ModelFields:
     # model
     init_from: str | None = spec(
         None,
-        "start from a pretrained model: a Hugging Face model folder or hub id "
-        "(GPT-2, Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3, Phi-3, SmolLM3 families, "
-        "core.weights.families); default: a new model",
+        "start from a pretrained model: a Hugging Face model folder or hub id of a family "
+        "TrainDeck reads (core.weights.families; the window's Start from dialog and "
+        "docs/fine-tuning.md list them); default: a new model",
         optional=True,
         arch=True,
     )
