@@ -201,7 +201,7 @@ def test_the_modelfile_stops_at_the_familys_end_of_turn(chain):
     commands = modelfile_commands((root / "ollama" / "Modelfile").read_text(encoding="utf-8"))
     stops = [value for key, value in commands if key == "stop"]
     kind = ollama.template_kind(real.template)
-    if family != "qwen2":  # the family's template kind is its real template's (R1: its own)
+    if family != "qwen2":  # the family's chat format is its real template's (R1: its own)
         assert families.get(family).chat_format == kind
     end_of_turn = ollama.formats.get(kind).stops[0]
     assert end_of_turn in stops
