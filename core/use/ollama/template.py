@@ -23,7 +23,8 @@ def _markers(text: str) -> str:
     return ", ".join(found) if found else "no turn markers"
 
 
-def _date(fmt: str) -> str:
+def _date(_format: str) -> str:
+    """strftime_now while probing: DATE, which the Go template writes as currentDate."""
     return DATE
 
 
