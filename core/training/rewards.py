@@ -156,11 +156,21 @@ def check_columns(funcs, columns: list[str]) -> None:
 POLL_S = 0.05  # how often a wait on a reward looks at the stop flag
 
 
+class Raised(Exception):
+    """What the user's function raised, carried out of its thread. Kept apart from what the
+    waiting thread itself gets: a second Ctrl+C there is the user's abort, not the reward's."""
+
+    def __init__(self, error: BaseException):
+        super().__init__(error)
+        self.error = error
+
+
 def call_guarded(name: str, function, kwargs: dict, limit_s: float, interrupt, rows) -> object:
-    """function(**kwargs) in a daemon thread, waited on in short polls: whatever it raises
-    (SystemExit and KeyboardInterrupt too) is a RewardError naming it and the data rows; past
-    limit_s seconds it is one too; interrupt() true (a stop) raises StepStopped at once. A
-    thread cannot be killed: one left running is abandoned, and it ends with the process."""
+    """function(**kwargs) in a daemon thread, waited on in short polls. Whatever it raises
+    (SystemExit and KeyboardInterrupt too) comes back as Raised; past limit_s seconds it is a
+    RewardError naming it and the data rows; interrupt() true (a stop) raises StepStopped at
+    once. A thread cannot be killed: one left running is abandoned (a daemon, it ends with
+    the process), and the run that stopped or failed does not call it again."""
     box = {}
 
     def work():
@@ -184,7 +194,7 @@ def call_guarded(name: str, function, kwargs: dict, limit_s: float, interrupt, r
                 "(reward_timeout); make it faster or raise reward_timeout"
             )
     if "error" in box:
-        raise box["error"]
+        raise Raised(box["error"])
     return box["value"]
 
 
@@ -228,11 +238,9 @@ class Rewards:
                 values = call_guarded(
                     name, function, {**call, **kwargs}, self.limit_s, interrupt, rows
                 )
-            except (RewardError, StepStopped):
-                raise
-            except BaseException as e:
+            except Raised as e:
                 where = self._failing_row(name, function, call, kwargs, rows, interrupt)
-                raise RewardError(f"reward {name} raised {_described(e)} ({where})") from None
+                raise RewardError(f"reward {name} raised {_described(e.error)} ({where})") from None
             out[:, j] = torch.tensor(_checked(name, values, len(completions), rows))
         return out
 
@@ -249,10 +257,10 @@ class Rewards:
             )
             try:
                 call_guarded(name, function, one, left, interrupt, rows[i : i + 1])
-            except (RewardError, StepStopped):
-                break  # too slow (or stopped) to look further: the batch's rows
-            except BaseException:
+            except Raised:
                 return f"data row {rows[i]}, completion {i}"
+            except RewardError:
+                break  # too slow to look further: the batch's rows
         return f"data rows {_span(rows)}"
 
 
