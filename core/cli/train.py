@@ -182,9 +182,7 @@ def build_config(args) -> tuple[TrainConfig, Path, Path | None]:
     base = preset_lib.to_config(preset_lib.load_preset(args.preset or default_preset_name()))
     overrides = _overrides(args)
     cfg = dataclasses.replace(base, **overrides)
-    if (
-        not args.estimate
-    ):  # the flags and the data before any model is written, loaded or downloaded
+    if not args.estimate:  # flags and data before a model is written, loaded or downloaded
         check_inputs(validate(flags_alone(cfg, overrides)), windows=not cfg.init_from)
     if start_model.is_run(cfg.init_from):  # a finished run: its model as a model folder
         folder = start_model.start_folder(cfg.init_from, args.data_cache)
