@@ -79,7 +79,7 @@ def test_a_reward_that_prints_scores_as_usual(tmp_path, capsys):
 
 
 def test_a_reward_past_its_time_limit_ends_naming_it_the_rows_and_the_setting(tmp_path):
-    rewards = rewards_from(tmp_path, "    time.sleep(30)\n", limit_s=0.3)
+    rewards = rewards_from(tmp_path, "    time.sleep(3)\n", limit_s=0.3)
     t0 = time.monotonic()
     with pytest.raises(RewardError) as err:
         score(rewards)
@@ -90,12 +90,17 @@ def test_a_reward_past_its_time_limit_ends_naming_it_the_rows_and_the_setting(tm
 
 
 def test_a_reward_that_never_returns_is_left_at_once_when_a_stop_comes(tmp_path):
-    stop = threading.Event()
+    stop, release = threading.Event(), tmp_path / "release"
+    # It spins holding the interpreter as much as it can, until the test lets it go.
+    spin = f"    while not __import__('os').path.exists({str(release)!r}):\n        pass\n"
     threading.Timer(0.3, stop.set).start()
     t0 = time.monotonic()
-    with pytest.raises(StepStopped):
-        score(rewards_from(tmp_path, "    while True:\n        pass\n"), stop.is_set)
-    assert time.monotonic() - t0 < 5
+    try:
+        with pytest.raises(StepStopped):
+            score(rewards_from(tmp_path, spin), stop.is_set)
+        assert time.monotonic() - t0 < 5
+    finally:
+        release.touch()
 
 
 # -- whole runs ---------------------------------------------------------------------------------
@@ -109,9 +114,9 @@ calls = 0
 def reward(completions, **kwargs):
     global calls
     calls += 1
-    if calls == {call} and pathlib.Path({armed!r}).exists():  # never returns: says so, spins
+    if calls == {call} and pathlib.Path({armed!r}).exists():  # hangs: says so, waits
         pathlib.Path({marker!r}).write_text("in")
-        while True:
+        while pathlib.Path({armed!r}).exists():  # until the test lets it go
             time.sleep(0.01)
     return [float(len(c) % 2) for c in completions]
 """
@@ -238,13 +243,14 @@ def cli_args(model_dir, reward: str, out: Path, *more: str) -> list[str]:
 
 def test_ctrl_c_while_a_reward_hangs_stops_the_run_with_its_checkpoint(model_dir, tmp_path, capsys):
     handler = signal.getsignal(signal.SIGINT)
-    reward, marker, _ = hanging_reward(tmp_path, call=3)  # step 2's scoring
+    reward, marker, armed = hanging_reward(tmp_path, call=3)  # step 2's scoring
     when_hanging(marker, lambda: os.kill(os.getpid(), signal.SIGINT))
     try:
         t0 = time.monotonic()
         code = train_main(cli_args(model_dir, reward, tmp_path / "run"))
     finally:
         signal.signal(signal.SIGINT, handler)
+        armed.unlink()
     assert time.monotonic() - t0 < 60
     out = capsys.readouterr().out
     assert code == 130 and "Stopped at step 1" in out, out
