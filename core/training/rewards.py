@@ -113,8 +113,8 @@ def load_function(spec: str):
     module = importlib.util.module_from_spec(module_spec)
     try:
         module_spec.loader.exec_module(module)
-    except Exception as e:
-        raise RewardError(f"reward: {file} failed to import: {type(e).__name__}: {e}") from None
+    except (Exception, SystemExit) as e:  # a sys.exit() in it does not end the caller
+        raise RewardError(f"reward: {file} failed to import: {_described(e)}") from None
     function = getattr(module, name, None)
     if not callable(function):
         found = [n for n, v in vars(module).items() if callable(v) and not n.startswith("_")]

@@ -72,6 +72,14 @@ def test_a_reward_that_raises_or_returns_junk_is_one_line_naming_it_and_the_row(
         assert needle in message, message
 
 
+def test_a_reward_file_that_exits_while_it_is_imported_is_one_line(tmp_path):
+    file = tmp_path / "bye.py"
+    file.write_text("import sys\nsys.exit(3)\n\ndef reward(completions, **kwargs):\n    pass\n")
+    cfg = dataclasses.replace(TrainConfig(), reward=[f"{file}:reward"])
+    with pytest.raises(RewardError, match=r"bye.py failed to import: SystemExit: 3$"):
+        Rewards(cfg)
+
+
 def test_a_reward_that_prints_scores_as_usual(tmp_path, capsys):
     got = score(rewards_from(tmp_path, "    print('scoring', completions)\n    return [1, 2, 3]\n"))
     assert got[:, 0].tolist() == [1.0, 2.0, 3.0]
