@@ -220,13 +220,16 @@ def flags_alone(cfg: TrainConfig, explicit) -> TrainConfig:
 
 
 def check_inputs(cfg: TrainConfig, windows: bool = True) -> None:
-    """Each input's cheap facts (the data sources and their mix, the second validation set),
-    read before any data is prepared or any model is loaded (docs/architecture.md). windows:
-    seq_len is final (a pretrained model may still shorten it: the trainer checks then)."""
+    """Each input's cheap facts (the data sources and their mix, the second validation set,
+    the reward files), read before any data is prepared or any model is loaded
+    (docs/architecture.md). windows: seq_len is final (a pretrained model may still shorten
+    it: the trainer checks then)."""
     from core.data import mix
     from core.data.windows import check_eval_data
+    from core.training.rewards import check_files
 
     mix.check_sources(cfg)
+    check_files(cfg)
     if cfg.eval_data and windows:
         check_eval_data(cfg.eval_data, cfg.seq_len)
 

@@ -102,13 +102,26 @@ def make_length(target: int):
 # -- loading ----------------------------------------------------------------------------------
 
 
+def reward_file(spec: str) -> Path:
+    """The file a path.py:function names; RewardError when there is none."""
+    file = Path(split_reward(spec)[0]).expanduser()
+    if not file.is_file():
+        raise RewardError(f"reward: {spec}: no file {file}")
+    return file
+
+
+def check_files(cfg: TrainConfig) -> None:
+    """Each path.py:function reward's file exists: a cheap fact, checked with the data before
+    a start model is written or a model read (the import waits for the run's start)."""
+    for spec in cfg.reward:
+        if split_reward(spec) is not None:
+            reward_file(spec)
+
+
 def load_function(spec: str):
     """The function a path.py:function names, imported now: a missing file, an import that
     fails or a missing function is one line, before the model loads."""
-    path, name = split_reward(spec)
-    file = Path(path).expanduser()
-    if not file.is_file():
-        raise RewardError(f"reward: {spec}: no file {file}")
+    file, name = reward_file(spec), split_reward(spec)[1]
     module_spec = importlib.util.spec_from_file_location(f"traindeck_reward_{file.stem}", file)
     module = importlib.util.module_from_spec(module_spec)
     try:
