@@ -137,16 +137,22 @@ def model_dir(tmp_path_factory):
     return root / "model"
 
 
-def hanging_reward(tmp_path, call: int) -> tuple[str, Path, Path]:
-    """A reward whose call number `call` never returns while the file `armed` exists (the
-    base model's held-out scoring is call 1, step 1's is call 2), and the file it writes when
-    it begins to hang."""
+@pytest.fixture
+def hanging_reward(tmp_path):
+    """make(call): a reward whose call number `call` never returns while the file `armed`
+    exists (the base model's held-out scoring is call 1, step 1's is call 2), and the file it
+    writes when it begins to hang. The test's end lets any such call go."""
     marker, armed = tmp_path / "hanging", tmp_path / "armed"
-    armed.touch()
-    file = tmp_path / "hangs.py"
-    text = HANGS_AT_CALL.format(call=call, marker=str(marker), armed=str(armed))
-    file.write_text(text, encoding="utf-8")
-    return f"{file}:reward", marker, armed
+
+    def make(call: int) -> tuple[str, Path, Path]:
+        armed.touch()
+        file = tmp_path / "hangs.py"
+        text = HANGS_AT_CALL.format(call=call, marker=str(marker), armed=str(armed))
+        file.write_text(text, encoding="utf-8")
+        return f"{file}:reward", marker, armed
+
+    yield make
+    armed.unlink(missing_ok=True)
 
 
 def when_hanging(marker: Path, then) -> threading.Thread:
@@ -185,9 +191,9 @@ def grpo_config(model_dir, reward: str, **kw):
 
 
 def test_stop_and_save_now_while_a_reward_hangs_save_the_step_before_and_resume_redoes_it(
-    model_dir, tmp_path
+    model_dir, tmp_path, hanging_reward
 ):
-    reward, marker, armed = hanging_reward(tmp_path, call=3)  # step 2's scoring
+    reward, marker, armed = hanging_reward(call=3)  # step 2's scoring
     cfg = grpo_config(model_dir, reward)
     control = TrainControl()
 
@@ -250,16 +256,17 @@ def cli_args(model_dir, reward: str, out: Path, *more: str) -> list[str]:
     ]
 
 
-def test_ctrl_c_while_a_reward_hangs_stops_the_run_with_its_checkpoint(model_dir, tmp_path, capsys):
+def test_ctrl_c_while_a_reward_hangs_stops_the_run_with_its_checkpoint(
+    model_dir, tmp_path, capsys, hanging_reward
+):
     handler = signal.getsignal(signal.SIGINT)
-    reward, marker, armed = hanging_reward(tmp_path, call=3)  # step 2's scoring
+    reward, marker, _ = hanging_reward(call=3)  # step 2's scoring
     when_hanging(marker, lambda: os.kill(os.getpid(), signal.SIGINT))
     try:
         t0 = time.monotonic()
         code = train_main(cli_args(model_dir, reward, tmp_path / "run"))
     finally:
         signal.signal(signal.SIGINT, handler)
-        armed.unlink()
     assert time.monotonic() - t0 < 60
     out = capsys.readouterr().out
     assert code == 130 and "Stopped at step 1" in out, out
