@@ -33,9 +33,8 @@ ARITHMETIC = Path(__file__).parent.parent / "fixtures" / "arithmetic.jsonl"
 def rewards_from(tmp_path, body: str, limit_s: float = 60.0) -> Rewards:
     """The Rewards of a file holding `def reward(completions, **kwargs):` + body."""
     file = tmp_path / "mine.py"
-    file.write_text(
-        "import math, sys, time\n\ndef reward(completions, **kwargs):\n" + body, encoding="utf-8"
-    )
+    head = "import math, os, sys, time\n\ndef reward(completions, **kwargs):\n"
+    file.write_text(head + body, encoding="utf-8")
     cfg = dataclasses.replace(TrainConfig(), reward=[f"{file}:reward"], reward_timeout=limit_s)
     return Rewards(cfg)
 
@@ -100,13 +99,27 @@ def test_a_reward_past_its_time_limit_ends_naming_it_the_rows_and_the_setting(tm
 def test_a_reward_that_never_returns_is_left_at_once_when_a_stop_comes(tmp_path):
     stop, release = threading.Event(), tmp_path / "release"
     # It spins holding the interpreter as much as it can, until the test lets it go.
-    spin = f"    while not __import__('os').path.exists({str(release)!r}):\n        pass\n"
+    spin = f"    while not os.path.exists({str(release)!r}):\n        pass\n"
     threading.Timer(0.3, stop.set).start()
     t0 = time.monotonic()
     try:
         with pytest.raises(StepStopped):
             score(rewards_from(tmp_path, spin), stop.is_set)
         assert time.monotonic() - t0 < 5
+    finally:
+        release.touch()
+
+
+def test_a_second_ctrl_c_while_a_reward_runs_aborts_and_is_not_blamed_on_the_reward(tmp_path):
+    release = tmp_path / "release"
+
+    def second_ctrl_c():  # what the default SIGINT handler raises in the waiting thread
+        raise KeyboardInterrupt
+
+    wait = f"    while not os.path.exists({str(release)!r}):\n        time.sleep(0.01)\n"
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            score(rewards_from(tmp_path, wait), second_ctrl_c)
     finally:
         release.touch()
 
