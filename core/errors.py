@@ -21,6 +21,11 @@ class TrainingError(Exception):
     """Training could not go on (diverged, out of memory at micro-batch 1)."""
 
 
+class StepStopped(Exception):
+    """A stop request came while a step waited on the user's code (a reward): the step is
+    dropped before it changed the model, and the run saves and stops at the step before."""
+
+
 class DiskFullError(TrainingError):
     """The disk filled up: the message says where, what was kept and how to go on."""
 

@@ -16,8 +16,16 @@ from tqdm import tqdm
 
 from core.cli.base import Parser, UsageError, run_main
 from core.config import presets as preset_lib
-from core.config.spec import KINDS, LIMITS, SPECS, TrainConfig, describe_limit, validate
-from core.errors import EXIT_INTERRUPTED, EXIT_OK, ConfigError
+from core.config.spec import (
+    KINDS,
+    LIMITS,
+    SPECS,
+    TrainConfig,
+    check_value,
+    describe_limit,
+    validate,
+)
+from core.errors import EXIT_INTERRUPTED, EXIT_OK
 from core.platform.device import gpu_index
 from core.platform.distributed import World
 from core.runs.events import FanOut, TensorBoardEvents, TrainControl, TrainEvents
@@ -174,13 +182,8 @@ def build_config(args) -> tuple[TrainConfig, Path, Path | None]:
     base = preset_lib.to_config(preset_lib.load_preset(args.preset or default_preset_name()))
     overrides = _overrides(args)
     cfg = dataclasses.replace(base, **overrides)
-    if not args.estimate:  # the data before any model is written, loaded or downloaded
-        try:  # a pretrained model brings its tokenizer (and may shorten seq_len)
-            early = validate(dataclasses.replace(cfg, tokenizer="model") if cfg.init_from else cfg)
-        except ConfigError:  # a pretrained model may settle it: judged once it is read
-            early = None
-        if early is not None:
-            check_inputs(early, windows=not cfg.init_from)
+    if not args.estimate:  # flags and data before a model is written, loaded or downloaded
+        check_inputs(validate(flags_alone(cfg, overrides)), windows=not cfg.init_from)
     if start_model.is_run(cfg.init_from):  # a finished run: its model as a model folder
         folder = start_model.start_folder(cfg.init_from, args.data_cache)
         cfg = dataclasses.replace(cfg, init_from=str(folder))
@@ -199,14 +202,34 @@ def build_config(args) -> tuple[TrainConfig, Path, Path | None]:
     return cfg, run_dir, None
 
 
+def flags_alone(cfg: TrainConfig, explicit) -> TrainConfig:
+    """The config as the flags alone decide it. With init_from, the fields the pretrained
+    model fills (its shape, its tokenizer) take neutral values, so that every other refusal
+    comes before a start model is written or a model downloaded; each such field the user
+    typed is checked on its own here and against the model once it is read. The model can
+    only shorten seq_len, so a check that fails at the typed seq_len fails after it too."""
+    if not cfg.init_from:
+        return cfg
+    from core.weights.loader import FILLED_BY_MODEL
+
+    for name in FILLED_BY_MODEL:
+        if name in explicit:
+            check_value(name, getattr(cfg, name))
+    neutral = {name: getattr(TrainConfig(), name) for name in FILLED_BY_MODEL}
+    return dataclasses.replace(cfg, **{**neutral, "n_kv_heads": None, "tokenizer": "model"})
+
+
 def check_inputs(cfg: TrainConfig, windows: bool = True) -> None:
-    """Each input's cheap facts (the data sources and their mix, the second validation set),
-    read before any data is prepared or any model is loaded (docs/architecture.md). windows:
-    seq_len is final (a pretrained model may still shorten it: the trainer checks then)."""
+    """Each input's cheap facts (the data sources and their mix, the second validation set,
+    the reward files), read before any data is prepared or any model is loaded
+    (docs/architecture.md). windows: seq_len is final (a pretrained model may still shorten
+    it: the trainer checks then)."""
     from core.data import mix
     from core.data.windows import check_eval_data
+    from core.training.rewards import check_files
 
     mix.check_sources(cfg)
+    check_files(cfg)
     if cfg.eval_data and windows:
         check_eval_data(cfg.eval_data, cfg.seq_len)
 

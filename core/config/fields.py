@@ -476,6 +476,15 @@ class DataFields:
         high=1_000_000,
         optional=True,
     )
+    reward_timeout: float = spec(
+        60.0,
+        "grpo: the longest one call of a reward function may take, in seconds; past it the run "
+        "ends naming the reward and the data rows (Stop does not wait for it)",
+        label="Reward time limit (s)",
+        group=GRPO,
+        low=0.1,
+        high=86_400.0,
+    )
     num_generations: int = spec(
         8,
         "grpo: completions sampled per prompt (G); batch_size counts prompts",

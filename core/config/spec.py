@@ -91,6 +91,16 @@ def describe_limit(name: str) -> str:
     return f"{word} from {low} to {high}"
 
 
+def check_value(name: str, value):
+    """One field's value on its own (type, range, choices), coerced; ConfigError naming it."""
+    value = _coerce(name, value)
+    if SPECS[name].choices and value not in SPECS[name].choices:
+        raise ConfigError(
+            f"{name}: expected one of {', '.join(SPECS[name].choices)}, got {value!r}"
+        )
+    return value
+
+
 def _coerce(name: str, value):
     """Turn YAML/CLI/GUI values into the field's type, or raise naming the field."""
     if name in BOOL_FIELDS:

@@ -21,6 +21,8 @@ SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
 
 def _prompt_ids(tok: Tokenizer, prompt, where: str) -> list[int]:
     if isinstance(prompt, str):
+        if not prompt.strip():  # nothing to continue from: sampling would index no token
+            raise DataError(f"{where}: the prompt is empty; give each row a prompt text")
         ids = tok.encode(prompt)
         return [tok.bos_id, *ids] if tok.add_bos else ids
     ok = (
@@ -38,6 +40,8 @@ def _prompt_ids(tok: Tokenizer, prompt, where: str) -> list[int]:
             f"{where}: prompt must be text or a list of messages with role and content, got "
             f"{json.dumps(prompt)[:80]}"
         )
+    if not any(m["content"].strip() for m in prompt):
+        raise DataError(f"{where}: the prompt's messages are all empty; give each row a prompt")
     return chat_ids(tok, prompt)
 
 
@@ -70,6 +74,8 @@ class PromptData:
             if "prompt" not in record:
                 raise DataError(f"{where}: no prompt column (found {', '.join(record) or 'none'})")
             ids = _prompt_ids(tokenizer, record["prompt"], where)
+            if not ids:
+                raise DataError(f"{where}: the prompt encodes to no tokens; give it some text")
             if len(ids) > room:
                 raise DataError(
                     f"{where}: the prompt is {len(ids)} tokens; with max_completion_tokens it "

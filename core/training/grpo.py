@@ -343,7 +343,7 @@ class GRPO(Objective):
         # TRL's trainer_state: the optimizer steps done, the fraction of the prompts drawn
         drawn = step * len(starts) * world.size
         state = SimpleNamespace(global_step=step, epoch=drawn / data.n_train)
-        per_func, completions = self._score(data, tok, index, out, mask, state)
+        per_func, completions = self._score(data, tok, index, out, mask, state, run.interrupt)
         # Advantages and signals over every process's completions: under torchrun a step
         # weighs its completions as one process with the whole batch does.
         every = world.gather(per_func)
@@ -422,7 +422,7 @@ class GRPO(Objective):
                 f"(was {rows}), the same draws"
             )
 
-    def _score(self, data, tok, index, out, mask, state: SimpleNamespace):
+    def _score(self, data, tok, index, out, mask, state: SimpleNamespace, interrupt=None):
         ids = [row[m].tolist() for row, m in zip(out.cpu(), mask.cpu(), strict=True)]
         stops = set(tok.stop_ids)
         # TRL decodes with skip_special_tokens: a reward never sees <|endoftext|> and the like
@@ -435,7 +435,7 @@ class GRPO(Objective):
             completions = texts
         columns = {c: [r.get(c) for r in records] for c in data.columns}
         rows = [r["row"] for r in records]
-        per_func = self.rewards.score(prompts, completions, ids, columns, rows, state)
+        per_func = self.rewards.score(prompts, completions, ids, columns, rows, state, interrupt)
         return per_func, completions
 
     def _signals(self, per_func, rewards, std, zero_std, lengths, ended) -> dict:
@@ -590,7 +590,7 @@ class GRPO(Objective):
         gen = torch.Generator(device=run.device).manual_seed(cfg.seed)
         _, _, out, mask, _ = self._sample(run, cfg, index, gen, -1)
         held_out = SimpleNamespace(global_step=-1, epoch=-1.0)  # no step's draw
-        scores, _ = self._score(data, tok, index, out, mask, held_out)
+        scores, _ = self._score(data, tok, index, out, mask, held_out, run.interrupt)
         rewards = (scores * self.rewards.weights[None, :]).nansum(dim=1)
         reward = float(rewards.mean())
         record = {"eval_reward": reward}

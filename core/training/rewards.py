@@ -9,13 +9,15 @@ from __future__ import annotations
 import importlib.util
 import math
 import re
+import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 
 from core.config.spec import TrainConfig, reward_weights, split_reward
-from core.errors import UserError
+from core.errors import StepStopped, UserError
 
 
 class RewardError(UserError):
@@ -100,19 +102,32 @@ def make_length(target: int):
 # -- loading ----------------------------------------------------------------------------------
 
 
+def reward_file(spec: str) -> Path:
+    """The file a path.py:function names; RewardError when there is none."""
+    file = Path(split_reward(spec)[0]).expanduser()
+    if not file.is_file():
+        raise RewardError(f"reward: {spec}: no file {file}")
+    return file
+
+
+def check_files(cfg: TrainConfig) -> None:
+    """Each path.py:function reward's file exists: a cheap fact, checked with the data before
+    a start model is written or a model read (the import waits for the run's start)."""
+    for spec in cfg.reward:
+        if split_reward(spec) is not None:
+            reward_file(spec)
+
+
 def load_function(spec: str):
     """The function a path.py:function names, imported now: a missing file, an import that
     fails or a missing function is one line, before the model loads."""
-    path, name = split_reward(spec)
-    file = Path(path).expanduser()
-    if not file.is_file():
-        raise RewardError(f"reward: {spec}: no file {file}")
+    file, name = reward_file(spec), split_reward(spec)[1]
     module_spec = importlib.util.spec_from_file_location(f"traindeck_reward_{file.stem}", file)
     module = importlib.util.module_from_spec(module_spec)
     try:
         module_spec.loader.exec_module(module)
-    except Exception as e:
-        raise RewardError(f"reward: {file} failed to import: {type(e).__name__}: {e}") from None
+    except (Exception, SystemExit) as e:  # a sys.exit() in it does not end the caller
+        raise RewardError(f"reward: {file} failed to import: {_described(e)}") from None
     function = getattr(module, name, None)
     if not callable(function):
         found = [n for n, v in vars(module).items() if callable(v) and not n.startswith("_")]
@@ -151,6 +166,50 @@ def check_columns(funcs, columns: list[str]) -> None:
 
 # -- scoring ----------------------------------------------------------------------------------
 
+POLL_S = 0.05  # how often a wait on a reward looks at the stop flag
+
+
+class Raised(Exception):
+    """What the user's function raised, carried out of its thread. Kept apart from what the
+    waiting thread itself gets: a second Ctrl+C there is the user's abort, not the reward's."""
+
+    def __init__(self, error: BaseException):
+        super().__init__(error)
+        self.error = error
+
+
+def call_guarded(name: str, function, kwargs: dict, limit_s: float, interrupt, rows) -> object:
+    """function(**kwargs) in a daemon thread, waited on in short polls. Whatever it raises
+    (SystemExit and KeyboardInterrupt too) comes back as Raised; past limit_s seconds it is a
+    RewardError naming it and the data rows; interrupt() true (a stop) raises StepStopped at
+    once. A thread cannot be killed: one left running is abandoned (a daemon, it ends with
+    the process), and the run that stopped or failed does not call it again."""
+    box = {}
+
+    def work():
+        try:
+            box["value"] = function(**kwargs)
+        except BaseException as e:  # the user's code: sys.exit and Ctrl+C-like raises too
+            box["error"] = e
+
+    worker = threading.Thread(target=work, name=f"reward {name}", daemon=True)
+    deadline = time.monotonic() + limit_s
+    worker.start()
+    while True:
+        worker.join(POLL_S)
+        if not worker.is_alive():
+            break
+        if interrupt is not None and interrupt():
+            raise StepStopped(f"stopped while reward {name} ran")
+        if time.monotonic() > deadline:
+            raise RewardError(
+                f"reward {name} took longer than {limit_s:g} s on data rows {_span(rows)} "
+                "(reward_timeout); make it faster or raise reward_timeout"
+            )
+    if "error" in box:
+        raise Raised(box["error"])
+    return box["value"]
+
 
 class Rewards:
     """The run's reward functions and weights; score() gives each completion's rewards."""
@@ -159,6 +218,7 @@ class Rewards:
         self.funcs = build(cfg)
         self.names = [name for name, _ in self.funcs]
         self.weights = torch.tensor(reward_weights(dataclass_values(cfg)))
+        self.limit_s = cfg.reward_timeout
         self.extra: dict[str, list] = {}  # log_extra's columns of the latest call
         self.metrics: dict[str, list[float]] = {}  # log_metric's values of the latest call
 
@@ -176,8 +236,10 @@ class Rewards:
         columns: dict,
         rows: list[int],
         state: SimpleNamespace,
+        interrupt=None,
     ) -> torch.Tensor:
-        """(completions, functions) rewards; NaN where a function returned None."""
+        """(completions, functions) rewards; NaN where a function returned None. interrupt:
+        polled while a function runs; true stops the step (StepStopped)."""
         self.extra, self.metrics = {}, {}
         out = torch.zeros(len(completions), len(self.funcs))
         kwargs = dict(
@@ -186,25 +248,62 @@ class Rewards:
         for j, (name, function) in enumerate(self.funcs):
             call = dict(prompts=prompts, completions=completions, completion_ids=completion_ids)
             try:
-                values = function(**call, **kwargs)
-            except Exception as e:
-                raise RewardError(
-                    f"reward {name} raised {type(e).__name__}: {e} "
-                    f"({_failing_row(function, call, kwargs, rows)})"
-                ) from None
+                values = call_guarded(
+                    name, function, {**call, **kwargs}, self.limit_s, interrupt, rows
+                )
+            except Raised as e:
+                where = self._failing_row(name, function, call, kwargs, rows, interrupt)
+                raise RewardError(f"reward {name} raised {_described(e.error)} ({where})") from None
             out[:, j] = torch.tensor(_checked(name, values, len(completions), rows))
         return out
+
+    def _failing_row(self, name, function, call: dict, kwargs: dict, rows, interrupt) -> str:
+        """The first data row on which the function raises alone; else the batch's rows."""
+        n, deadline = len(call["completions"]), time.monotonic() + self.limit_s
+        for i in range(n):
+            left = deadline - time.monotonic()  # the search as a whole within the limit
+            if left <= 0:
+                break
+            one = {k: [v[i]] for k, v in call.items()}
+            one.update(
+                {k: [v[i]] if isinstance(v, list) and len(v) == n else v for k, v in kwargs.items()}
+            )
+            try:
+                call_guarded(name, function, one, left, interrupt, rows[i : i + 1])
+            except Raised:
+                return f"data row {rows[i]}, completion {i}"
+            except RewardError:
+                break  # too slow to look further: the batch's rows
+        return f"data rows {_span(rows)}"
 
 
 def dataclass_values(cfg: TrainConfig) -> dict:
     return {"reward": cfg.reward, "reward_weights": cfg.reward_weights}
 
 
+def _span(rows: list[int]) -> str:
+    return f"{rows[0]}" if len(rows) == 1 else f"{rows[0]}..{rows[-1]}"
+
+
+def _described(e: BaseException) -> str:
+    """An exception as one line: its type, and its text's first line (SystemExit: its code)."""
+    text = _first_line(e)
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def _first_line(value) -> str:
+    try:
+        text = str(value)
+    except Exception:  # a user's __str__ that raises
+        return ""
+    return text.strip().splitlines()[0][:200] if text.strip() else ""
+
+
 def _checked(name: str, values, n: int, rows: list[int]) -> list[float]:
     if not isinstance(values, (list, tuple)) or len(values) != n:
-        got = f"{len(values)} values" if isinstance(values, (list, tuple)) else repr(values)[:60]
+        got = f"{len(values)} values" if isinstance(values, (list, tuple)) else _shown(values, 60)
         raise RewardError(
-            f"reward {name} returned {got} for {n} completions (data rows {rows[0]}..{rows[-1]}); "
+            f"reward {name} returned {got} for {n} completions (data rows {_span(rows)}); "
             "return a list with one float (or None) per completion"
         )
     out = []
@@ -214,28 +313,21 @@ def _checked(name: str, values, n: int, rows: list[int]) -> list[float]:
             continue
         try:
             f = float(v)
-        except (TypeError, ValueError):
+        except Exception:  # a string, a list, a user's object whose __float__ raises
             f = math.nan
-            v = repr(v)[:40]
         if isinstance(v, bool) or not math.isfinite(f):
             raise RewardError(
-                f"reward {name} returned {v} for completion {i} (data row {rows[i]}); "
+                f"reward {name} returned {_shown(v, 40)} for completion {i} (data row {rows[i]}); "
                 "expected a finite number or None"
             )
         out.append(f)
     return out
 
 
-def _failing_row(function, call: dict, kwargs: dict, rows: list[int]) -> str:
-    """The first data row on which the function raises alone; else the batch's rows."""
-    n = len(call["completions"])
-    for i in range(n):
-        one = {k: [v[i]] for k, v in call.items()}
-        one.update(
-            {k: [v[i]] if isinstance(v, list) and len(v) == n else v for k, v in kwargs.items()}
-        )
-        try:
-            function(**one)
-        except Exception:
-            return f"data row {rows[i]}, completion {i}"
-    return f"data rows {rows[0]}..{rows[-1]}"
+def _shown(value, width: int) -> str:
+    """A returned value as one short line, whatever its repr does."""
+    try:
+        text = repr(value)
+    except Exception:
+        text = f"a {type(value).__name__}"
+    return " ".join(text.split())[:width]

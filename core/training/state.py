@@ -5,6 +5,7 @@ Trainer), and where the run stands (Progress: step 0, or a checkpoint's)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,8 @@ class RunState:
     folder: Any = None  # core.runs.folder.RunFolder (SilentFolder off the main process)
     base: dict | None = None  # the pretrained base a checkpoint names
     second_val: Any = None  # --eval-data's windows (core.data.windows.TextWindows)
+    # Polled while a step waits on the user's code (a reward): true asks the step to stop.
+    interrupt: Callable[[], bool] | None = None
 
 
 @dataclass

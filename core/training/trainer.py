@@ -7,6 +7,7 @@ precision, DDP sync, OOM retry sizes), resume, checkpointing, evaluation, clock,
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import traceback
 from pathlib import Path
@@ -16,7 +17,7 @@ import torch
 from core.config import recipe
 from core.config.spec import TrainConfig, parse_duration, validate
 from core.data.prepare import PrepareCancelled
-from core.errors import DiskFullError, TrainingError, UserError
+from core.errors import DiskFullError, StepStopped, TrainingError, UserError
 from core.models import lora
 from core.models.model import GPTConfig
 from core.platform.atomic import is_disk_full
@@ -81,6 +82,7 @@ class Trainer:
         # (step, loss, lr, the objective's signal sums or None), not yet read from the device
         self._pending: list[tuple[int, torch.Tensor, float, torch.Tensor | None]] = []
         self._step_signals = None
+        self._before_step = None  # (data state, RNG state) while a step runs
         self.plan: Plan | None = None
         # What the run is built from (model, data, optimizer, objective): made by setup once
         # the input is known good; None until then.
@@ -167,13 +169,19 @@ class Trainer:
             if save and self.saver.saved_step != self.step:  # the state after the last step
                 self.save_checkpoint()
             factor = lr_factor(self.step, self.cfg, self.plan)
-            loss = self._step_with_oom_recovery(factor)
+            try:
+                loss = self._step_with_oom_recovery(factor)
+            except StepStopped:  # the step is dropped: the state after the last one is saved
+                break
             self.step += 1
             self._pending.append((self.step, loss, peak_lr * factor, self._step_signals))
             if self.step % self.cfg.log_every == 0:
                 self._emit_metrics()
             if self.step % self.cfg.eval_every == 0 or self.step == self.max_steps:
-                self._eval_and_sample()
+                try:
+                    self._eval_and_sample()
+                except StepStopped:  # this step's evaluation is left out
+                    break
             if self.step % self.cfg.ckpt_every == 0 and self.saver.saved_step != self.step:
                 self.save_checkpoint()
         self._emit_metrics()
@@ -221,11 +229,19 @@ class Trainer:
         starts = self.data.sample_starts(per_rank * self.world.size)
         starts = starts[self.world.rank * per_rank : (self.world.rank + 1) * per_rank]
         while True:
+            self._before_step = (data_state, rng)
             try:
                 return self._train_step(starts, factor)
+            except StepStopped:  # before the model changed: as if the step never began
+                self.optimizer.zero_grad(set_to_none=True)
+                self.data.load_state_dict(data_state)
+                ckpt.set_step_rng_state(rng)
+                raise
             except Exception as e:
                 if not is_oom(e) or self.world.enabled:  # ranks cannot shrink in step
                     raise
+            finally:
+                self._before_step = None
             # Free what the failed step held, then redo it with the same data and RNG.
             self.optimizer.zero_grad(set_to_none=True)
             if self.device.type == "cuda":
@@ -273,6 +289,7 @@ class Trainer:
         progress = Progress()
         try:
             self.run_state = setup.setup(given, progress, self.events, self.control.stop_set)
+            self.run_state.interrupt = self._while_user_code_runs
         finally:  # a failed setup still ends with its plan: status.json says how far it got
             self.step, self.plan, self.best_val = progress.step, progress.plan, progress.best_val
             self.clock.before, self.clock.paused_total = progress.elapsed_s, progress.paused_s
@@ -298,12 +315,39 @@ class Trainer:
         )
         self.saver.start_at(self.step)
         if self.pretrained is not None and self.step == 0:
-            with self.clock.not_training():
+            # A stop while a reward scores the base model: the loop saves step 0.
+            with self.clock.not_training(), contextlib.suppress(StepStopped):
                 self._record_eval("base model")
         if self.budget:
             self.budget.first_step = self.step
         plan = describe_plan(cfg, self.plan)
         self.log(f"optimizer: {recipe.optimizer_line(cfg)}; schedule: {plan}")
+
+    def _while_user_code_runs(self) -> bool:
+        """Polled while a step or an evaluation waits on the user's code (a reward): Save now
+        saves the state before the step (the model has not changed yet); true when Stop or
+        Ctrl+C asked to stop. Under torchrun the processes agree on requests only between
+        steps, so there a running reward is bounded by its time limit alone."""
+        if self.world.enabled:
+            return False
+        if self.control.take_save_request() and self.saver.saved_step != self.step:
+            self._save_before_step()
+        return self.control.stop_requested
+
+    def _save_before_step(self) -> None:
+        """A checkpoint of self.step taken inside the next step: its data position and RNG
+        as they were before it began, so a resume from it redoes that step exactly."""
+        if self._before_step is None:  # an evaluation: the step is whole
+            self.save_checkpoint()
+            return
+        now = self.data.state_dict(), ckpt.step_rng_state()
+        self.data.load_state_dict(self._before_step[0])
+        ckpt.set_step_rng_state(self._before_step[1])
+        try:
+            self.save_checkpoint()
+        finally:
+            self.data.load_state_dict(now[0])
+            ckpt.set_step_rng_state(now[1])
 
     def _data_size(self) -> str:
         """The log line's training data: tokens, or (GRPO) prompts."""

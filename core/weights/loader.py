@@ -327,6 +327,11 @@ def config_only(source: str | Path) -> Pretrained:
     return Pretrained(str(source), path.parent, family, config, hf_config, tokenizer=None)
 
 
+# The fields a pretrained start decides (apply_pretrained): before it is read, the flags alone
+# cannot settle them, so the checks that run first leave them out (core.cli.train).
+FILLED_BY_MODEL = ("hidden_dim", "n_layers", "n_heads", "bias", "tokenizer", "arch", "qk_norm")
+
+
 def apply_pretrained(cfg: TrainConfig, pre: Pretrained, explicit=()) -> TrainConfig:
     """The config with the pretrained model's shape filled in. A field in explicit (set by
     the user) that contradicts the model is refused, naming it; seq_len defaults to the

@@ -53,6 +53,7 @@ def test_two_processes_match_one_process_with_the_whole_batch(tmp_path):
 
 
 @pytest.mark.slow  # over ~10 s on 2 cores
+@pytest.mark.numerics
 def test_grpo_in_two_processes_samples_and_weighs_as_one_process(tmp_path):
     pytest.importorskip("transformers")
     sys.path.insert(0, str(ROOT / "tests"))
@@ -121,13 +122,25 @@ def test_grpo_in_two_processes_samples_and_weighs_as_one_process(tmp_path):
     ddp_train, ddp_eval = read_metrics(tmp_path / "ddp" / "metrics.jsonl")
     one_train, one_eval = read_metrics(tmp_path / "one" / "metrics.jsonl")
     assert [r["step"] for r in ddp_train] == [1, 2, 3, 4]
-    # The same completions, weighed over the whole batch (scale_rewards batch needs every
-    # process's rewards), the same update: each rank holds half of one process's batch.
+    # Step 1 samples from the same weights with the same draws: the same completions, weighed
+    # over the whole batch (scale_rewards batch needs every process's rewards), the same loss.
+    # Its gradient sums 2x2 rows in two processes and 4 in one, in another order, so the
+    # weights after it agree to rounding only and a later step may sample one token otherwise
+    # (one did at step 4 on an AMD EPYC): there, two completions' worth of tolerance, and the
+    # loss compared while the samples are still the same.
     keys = ("reward", "reward_std", "frac_reward_zero_std", "completions/mean_length")
-    assert [[r[k] for k in keys] for r in ddp_train] == [[r[k] for k in keys] for r in one_train]
+    assert [ddp_train[0][k] for k in keys] == [one_train[0][k] for k in keys]
+    n = 4 * 4  # completions a step: 4 prompts, 4 each
     for a, b in zip(ddp_train, one_train, strict=True):
-        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-6)
-        assert a["entropy"] == pytest.approx(b["entropy"], rel=1e-4)
-    assert [e["eval_reward"] for e in ddp_eval] == [e["eval_reward"] for e in one_eval]
+        assert a["reward"] == pytest.approx(b["reward"], abs=2 / n)
+        assert a["completions/mean_length"] == pytest.approx(
+            b["completions/mean_length"], abs=2 * 6 / n
+        )
+        if [a[k] for k in keys] == [b[k] for k in keys]:
+            assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-6)
+            assert a["entropy"] == pytest.approx(b["entropy"], rel=1e-4)
+    assert [e["step"] for e in ddp_eval] == [e["step"] for e in one_eval]
+    for a, b in zip(ddp_eval, one_eval, strict=True):  # one held-out prompt's worth
+        assert a["eval_reward"] == pytest.approx(b["eval_reward"], abs=0.5)
     table = (tmp_path / "ddp" / "completions.jsonl").read_text(encoding="utf-8").splitlines()
     assert len(table) == 4  # one line a step, written by rank 0 alone

@@ -168,6 +168,7 @@ def test_sampling_draws_each_token_with_its_probability_and_top_p_drops_the_tail
     assert grpo._pick(logits[:2], 0.8, 1.0, edges).tolist() == [0, 3]
 
 
+@pytest.mark.numerics
 def test_sampling_in_smaller_batches_draws_the_same_completions(model_dir):
     pre = open_pretrained(str(model_dir))
     cfg = apply_pretrained(validate(grpo_config(model_dir)), pre)
@@ -183,6 +184,7 @@ def test_sampling_in_smaller_batches_draws_the_same_completions(model_dir):
         assert torch.equal(a, b)
 
 
+@pytest.mark.numerics
 def test_batched_kv_cache_sampling_decodes_and_scores_as_each_prompt_alone(model_dir):
     pre = open_pretrained(str(model_dir))
     cfg = apply_pretrained(validate(grpo_config(model_dir)), pre)
@@ -290,6 +292,7 @@ def test_resume_mid_run_is_bitwise_the_straight_run(model_dir, tmp_path):
     assert steps == [1, 2, 3, 4, 5, 6]
 
 
+@pytest.mark.numerics
 def test_an_out_of_memory_step_is_redone_with_the_same_completions(model_dir, tmp_path):
     fired = []
 
@@ -304,9 +307,15 @@ def test_an_out_of_memory_step_is_redone_with_the_same_completions(model_dir, tm
     a, _ = read_metrics(tmp_path / "oom" / "metrics.jsonl")
     b, _ = read_metrics(tmp_path / "plain" / "metrics.jsonl")
     assert fired and a[1]["batch_size"] == 2
-    assert [r["reward"] for r in a] == [r["reward"] for r in b]
+    # Steps 1 and 2 sample from the same weights with the same draws. Step 2's gradient sums
+    # 2x2 rows instead of 4, in another order, so step 3 samples from weights equal to
+    # rounding only, where one token may come out otherwise (two completions' worth of 32).
+    assert [r["reward"] for r in a[:2]] == [r["reward"] for r in b[:2]]
+    assert a[1]["loss"] == pytest.approx(b[1]["loss"], rel=1e-4, abs=1e-6)
+    assert a[2]["reward"] == pytest.approx(b[2]["reward"], abs=2 / 32)
 
 
+@pytest.mark.numerics
 def test_out_of_memory_while_sampling_halves_it_with_the_same_draws(
     model_dir, tmp_path, monkeypatch
 ):

@@ -796,3 +796,27 @@ def test_a_listing_kept_before_hashes_tells_only_sizes(tmp_path):
     assert sure_changes([old], [new]) == []
     assert sure_changes([{**old, "blake2b": content_hash(f)}], [new]) == []
     assert sure_changes([{**old, "blake2b": "0" * 32}], [new]) == [f"modified {f}"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "needles"),
+    [
+        (["--method", "dpo", "--base-bits", "4"], ("base_bits", "lora_rank")),
+        (["--base-bits", "8", "--lora-alpha", "16"], ("base_bits", "lora_rank")),
+        (["--hidden-dim", "0"], ("hidden_dim",)),
+        (
+            ["--method", "grpo", "--reward", "missing.py:score", "--max-completion-tokens", "8"],
+            ("reward", "missing.py"),
+        ),
+        (["--method", "grpo", "--reward", "regex"], ("reward: regex needs", "--reward-regex")),
+    ],
+)
+def test_init_from_a_run_refuses_what_the_flags_decide_before_writing_its_start_model(
+    home, capsys, run, flags, needles
+):
+    (home / "pairs.jsonl").write_text('{"prompt": "a", "chosen": "b", "rejected": "c"}\n' * 20)
+    (home / "prompts.jsonl").write_text('{"prompt": "1 + 1 ="}\n' * 20)
+    data = home / ("prompts.jsonl" if "grpo" in flags else "pairs.jsonl")
+    args = [*TINY, *flags, "--init-from", run, "--data", data]
+    refused(capsys, train_main, [*args, "--out", home / "r"], home, *needles)
+    assert not (home / "cache").exists()  # no start model written, no data prepared
