@@ -1,0 +1,90 @@
+"""benchmarks/gpu_check.py, the prepared GPU check, runs every section at toy size on the CPU,
+so it cannot rot before a GPU appears; its budget logic and its sizing are checked too."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import gpu_check
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu-check")
+    rc = gpu_check.main(["--smoke", "--device", "cpu", "--out", str(out)])
+    return rc, out, json.loads((out / "gpu_check.json").read_text())
+
+
+def test_the_smoke_run_runs_every_section_and_writes_its_files(smoke):
+    rc, out, data = smoke
+    assert rc == 0
+    names = [name for name, _ in gpu_check.SECTIONS.values()]
+    assert list(data["sections"]) == names
+    assert {s["status"] for s in data["sections"].values()} == {"ok"}
+    # At most three files, and no scratch left behind in DIR.
+    assert {p.name for p in out.iterdir()} <= {"gpu_check.json", "gpu_check.md", "gpu_check.png"}
+    md = (out / "gpu_check.md").read_text()
+    for sec in gpu_check.SECTIONS.values():
+        assert sec[1] in md
+    assert data["device_name"].endswith("cores") and data["torch"]
+
+
+def test_the_smoke_rows_hold_what_each_section_checks(smoke):
+    _, _, data = smoke
+    s = data["sections"]
+    runs = [r["run"] for r in s["memory"]["rows"]]
+    assert runs == [*gpu_check.TIER_PRESETS, "0.5B full", "0.5B lora", "0.5B lora+ckpt"]
+    assert [r["preset"] for r in s["throughput"]["rows"]][0] == "gpu-8gb eager"
+    assert all(r["tokens/s"] > 0 for r in s["throughput"]["rows"])
+    oom = s["oom"]["rows"][0]
+    assert oom["OOM recoveries"] == 1 and oom["same effective batch"]
+    assert "recovered with the same effective batch" in s["oom"]["lines"]
+    assert (
+        "exact resume: every step's loss equal to the uninterrupted run's"
+        in s["precision"]["lines"]
+    )
+    assert [r["preset"] for r in s["tiers"]["rows"]] == list(gpu_check.TIER_PRESETS)
+    assert all(r["OOM recoveries"] == 0 for r in s["tiers"]["rows"])
+    assert len(data["curves"]) >= len(gpu_check.TIER_PRESETS)
+
+
+def test_cuda_only_parts_say_they_were_skipped(smoke):
+    _, _, data = smoke
+    s = data["sections"]
+    assert "CPU: skipped, NCCL needs CUDA" in s["torchrun"]["lines"]
+    assert any("fp16 with the GradScaler skipped" in line for line in s["precision"]["lines"])
+    assert any("out-of-memory error is injected" in line for line in s["oom"]["lines"])
+    assert any("transformers + peft side is left out" in line for line in s["vs_peft"]["lines"])
+    assert s["long"]["lines"] == ["skipped: the long-context issue has not landed"]
+
+
+def test_the_full_check_is_predicted_to_fit_its_budget_on_an_h100(smoke):
+    """Sizing without a GPU: what must run (everything but the compiled rows) is predicted to
+    take at most 250 of the 360 s, which leaves the compiled rows the rest."""
+    _, _, data = smoke
+    assert 60 < data["predicted_gpu_essential_s"] <= 250
+    assert data["predicted_gpu_total_s"] > data["predicted_gpu_essential_s"]
+    for s in data["sections"].values():
+        assert s["predicted_gpu_s"] >= s["essential_gpu_s"] >= 0
+
+
+def test_a_budget_too_small_skips_with_a_line_and_still_writes(tmp_path):
+    rc = gpu_check.main(
+        ["--smoke", "--device", "cpu", "--out", str(tmp_path), "--budget", "0", "--only", "d,tiers"]
+    )
+    data = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert rc == 0 and list(data["sections"]) == ["oom", "tiers"]
+    for s in data["sections"].values():
+        assert s["status"] == "partial" and s["rows"] == []
+        assert any(line.startswith("skipped ") and "s to spare" in line for line in s["lines"])
+
+
+def test_an_unknown_section_is_one_line_and_exit_2(tmp_path, capsys):
+    assert gpu_check.main(["--smoke", "--out", str(tmp_path), "--only", "a,nope"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "error: --only: unknown section 'nope'; allowed: a memory, b throughput, c vs_peft, "
+        "d oom, e precision, f nvml, g torchrun, h tiers, i long"
+    ]
