@@ -961,7 +961,10 @@ def run_nvml(ck, sec: Section) -> None:
 # -- (g) torchrun ------------------------------------------------------------------------------
 
 
-def torchrun_command(out: Path, steps: int) -> list[str]:
+def torchrun_command(out: Path, data: Path, steps: int) -> list[str]:
+    """torchrun starting this module's child: an NCCL all_reduce, then `python -m core.train`
+    with the rest of the arguments (with one process TrainDeck itself starts no process group,
+    so NCCL is proven by the all_reduce and the launch by the run)."""
     return [
         sys.executable,
         "-m",
@@ -970,9 +973,12 @@ def torchrun_command(out: Path, steps: int) -> list[str]:
         "--nproc_per_node",
         "1",
         "-m",
-        "core.train",
+        "benchmarks.gpu_check",
+        "--torchrun-child",
         "--preset",
         "gpu-8gb",
+        "--data",
+        str(data),
         "--max-steps",
         str(steps),
         "--device",
@@ -988,6 +994,21 @@ def torchrun_command(out: Path, steps: int) -> list[str]:
     ]
 
 
+def torchrun_child(argv: list[str]) -> int:
+    import torch.distributed as dist
+
+    from core.cli.train import main as train_main
+
+    cuda = argv[argv.index("--device") + 1] == "cuda"  # the CPU (tests): gloo
+    dist.init_process_group("nccl" if cuda else "gloo")
+    t = torch.ones(4, device="cuda" if cuda else "cpu")
+    dist.all_reduce(t)
+    ok = t.tolist() == [float(dist.get_world_size())] * 4
+    print(f"NCCL all_reduce {'ok' if ok else 'WRONG'}: backend {dist.get_backend()}", flush=True)
+    dist.destroy_process_group()
+    return train_main(argv) if ok else 1
+
+
 def plan_torchrun(ck, full: bool) -> list[Job]:
     if not (full or ck.cuda):
         return []
@@ -996,7 +1017,7 @@ def plan_torchrun(ck, full: bool) -> list[Job]:
 
 def run_torchrun(ck, sec: Section) -> None:
     out = ck.work / "torchrun"
-    cmd = torchrun_command(out, 10)
+    cmd = torchrun_command(out, ck.data_file(), 10)
     sec.lines.append("command: `" + " ".join(["python3", *cmd[1:]]) + "`")
     if not ck.cuda:
         sec.lines.append("CPU: skipped, NCCL needs CUDA")
@@ -1004,7 +1025,7 @@ def run_torchrun(ck, sec: Section) -> None:
     job = ck.plans[sec.key][0]
     if not sec.allows(ck, job):
         return
-    env = {**os.environ, "NCCL_DEBUG": "INFO", "PYTHONPATH": _pythonpath()}
+    env = {**os.environ, "PYTHONPATH": _pythonpath()}
     t = time.perf_counter()
     try:
         proc = subprocess.run(
@@ -1017,7 +1038,7 @@ def run_torchrun(ck, sec: Section) -> None:
     sec.rows.append(
         {
             "exit code": rc,
-            "NCCL initialised": "NCCL INFO" in text,
+            "NCCL all_reduce": "NCCL all_reduce ok: backend nccl" in text,
             "steps logged": steps,
             "wall s": time.perf_counter() - t,
         }
@@ -1134,6 +1155,9 @@ def run_section(ck, sec: Section) -> None:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--torchrun-child"]:
+        return torchrun_child(argv[1:])
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="folder for gpu_check.json, .md and .png")
     p.add_argument("--budget", type=float, default=360, help="seconds for all sections")

@@ -88,3 +88,24 @@ def test_an_unknown_section_is_one_line_and_exit_2(tmp_path, capsys):
         "error: --only: unknown section 'nope'; allowed: a memory, b throughput, c vs_peft, "
         "d oom, e precision, f nvml, g torchrun, h tiers, i long"
     ]
+
+
+def test_the_torchrun_child_all_reduces_then_trains(tmp_path, monkeypatch):
+    """What torchrun starts in section g, here in this process with gloo (the GPU: NCCL)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
+    for key, value in {**env, "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(key, value)
+    data = tmp_path / "corpus.txt"
+    data.write_text("def add(a, b):\n    return a + b\n" * 400)
+    cmd = gpu_check.torchrun_command(tmp_path / "run", data, 3)
+    args = cmd[cmd.index("--torchrun-child") + 1 :]
+    args[args.index("cuda")] = "cpu"
+    args += ["--hidden-dim", "32", "--n-layers", "1", "--n-heads", "2", "--seq-len", "32"]
+    args += ["--batch-size", "2", "--grad-accum", "1", "--precision", "fp32"]
+    assert gpu_check.main(["--torchrun-child", *args]) == 0
+    assert len(gpu_check.losses_of(tmp_path / "run")) == 3
