@@ -115,8 +115,8 @@ H100 = Rates("H100 (predicted)", 989e12, 0.35, 3.0e12, 3.0, 45.0, 15.0)
 
 
 def cpu_rates() -> Rates:
-    """This CPU, measured now (0.1 s): an fp32 product and a copy; fixed costs measured once
-    on the 2-core CI machine."""
+    """This CPU, measured now (0.1 s): an fp32 product and a copy; the fixed costs are what
+    a smoke run took on the 2-core CI machine (0.1 s a toy run, 3 s a fresh process)."""
     n = 384
     a, b = torch.randn(n, n), torch.randn(n, n)
     a @ b
@@ -130,7 +130,7 @@ def cpu_rates() -> Rates:
     for _ in range(4):
         y.copy_(x)
     bw = 4 * 2 * x.numel() * 4 / (time.perf_counter() - t)
-    return Rates(f"{platform.machine()} CPU ({os.cpu_count()} cores)", flops, 0.3, bw, 0.25, 0, 4)
+    return Rates(f"{platform.machine()} CPU ({os.cpu_count()} cores)", flops, 0.3, bw, 0.1, 0, 3)
 
 
 @dataclass
