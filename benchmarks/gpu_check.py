@@ -715,17 +715,22 @@ def plan_vs_peft(ck, full: bool) -> list[Job]:
     return jobs
 
 
-def peft_side(folder: Path, batch: int, seq: int, steps: int) -> dict:
+def peft_side(folder: Path, batch: int, seq: int, steps: int, device: str = "cuda") -> dict:
     """A user's transformers + peft script: bf16 weights, fp32 adapters on every projection,
-    autocast, fused AdamW, plain cross-entropy; the same rank, alpha and batch as ours."""
+    autocast, fused AdamW, plain cross-entropy; the same rank, alpha and batch as ours. (The
+    CPU, for the tests: fp32, no autocast.)"""
+    import contextlib
+
     import torch.nn.functional as F
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
     from benchmarks.finetune import PEFT_TARGETS
 
-    fresh_memory(True)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).cuda()
+    cuda = device == "cuda"
+    fresh_memory(cuda)
+    dtype = torch.bfloat16 if cuda else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device)
     lc = LoraConfig(
         r=LORA["lora_rank"],
         lora_alpha=LORA["lora_alpha"],
@@ -737,29 +742,31 @@ def peft_side(folder: Path, batch: int, seq: int, steps: int) -> dict:
     model = get_peft_model(model, lc)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=1e-4, fused=True)
+    opt = torch.optim.AdamW(params, lr=1e-4, fused=cuda)
     g = torch.Generator().manual_seed(0)
-    x = torch.randint(0, 2000, (batch, seq + 1), generator=g).cuda()
-    times = []
+    vocab = min(2000, model.config.vocab_size)
+    x = torch.randint(0, vocab, (batch, seq + 1), generator=g).to(device)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext()
+    times, losses = [], []
     for _ in range(steps):
-        torch.cuda.synchronize()
+        if cuda:
+            torch.cuda.synchronize()
         t = time.perf_counter()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with autocast:
             logits = model(input_ids=x[:, :-1]).logits
         loss = F.cross_entropy(logits.float().flatten(0, 1), x[:, 1:].flatten())
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
+        losses.append(loss.item())  # syncs, as a script's logging does
         times.append(time.perf_counter() - t)
     steady = sorted(times[steps // 2 :])
-    out = {
+    return {
         "tokens/s": batch * seq / steady[len(steady) // 2],
-        "peak MiB": torch.cuda.max_memory_allocated() / MiB,
+        "peak MiB": torch.cuda.max_memory_allocated() / MiB if cuda else None,
         "trainable": sum(p.numel() for p in params),
+        "loss first, last": f"{losses[0]:.3f}, {losses[-1]:.3f}",
     }
-    del model, opt
-    return out
 
 
 def run_vs_peft(ck, sec: Section) -> None:

@@ -4,6 +4,7 @@ so it cannot rot before a GPU appears; its budget logic and its sizing are check
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -109,3 +110,19 @@ def test_the_torchrun_child_all_reduces_then_trains(tmp_path, monkeypatch):
     args += ["--batch-size", "2", "--grad-accum", "1", "--precision", "fp32"]
     assert gpu_check.main(["--torchrun-child", *args]) == 0
     assert len(gpu_check.losses_of(tmp_path / "run")) == 3
+
+
+@pytest.mark.slow  # importing peft alone takes ~8 s on 2 cores
+def test_the_peft_side_trains_the_toy_model_on_the_cpu(tmp_path):
+    """Section c's transformers + peft side, which --smoke leaves out, on the toy model."""
+    import argparse
+
+    args = argparse.Namespace(smoke=True, device="cpu", budget=60, out=str(tmp_path), only=None)
+    ck = gpu_check.Check(args)
+    try:
+        row = gpu_check.peft_side(gpu_check.model_folder(ck), 2, 32, 4, device="cpu")
+    finally:
+        shutil.rmtree(ck.work, ignore_errors=True)
+    assert row["tokens/s"] > 0 and row["trainable"] > 0
+    first, last = (float(v) for v in row["loss first, last"].split(", "))
+    assert last < first  # the adapters learn the repeated batch
