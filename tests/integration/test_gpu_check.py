@@ -126,3 +126,25 @@ def test_the_peft_side_trains_the_toy_model_on_the_cpu(tmp_path):
     assert row["tokens/s"] > 0 and row["trainable"] > 0
     first, last = (float(v) for v in row["loss first, last"].split(", "))
     assert last < first  # the adapters learn the repeated batch
+
+
+def test_the_shrunk_card_holds_half_the_micro_batch_but_not_all_of_it(monkeypatch):
+    """Section d's memory fraction, on a mocked 80 GB card, by the estimate."""
+    import dataclasses
+    import types
+
+    import torch
+
+    from core.config import presets
+    from core.training.estimate import estimate
+
+    total = 80 * 1024**3
+    props = types.SimpleNamespace(total_memory=total)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props)
+    cfg = presets.to_config(presets.load_preset(gpu_check.OOM_PRESET))
+    cfg = dataclasses.replace(cfg, batch_size=cfg.batch_size * 2, grad_accum=1, device="cuda")
+    allowed = gpu_check.oom_fraction(cfg) * total
+    half = dataclasses.replace(cfg, batch_size=cfg.batch_size // 2)
+    assert estimate(half).allocator_peak < allowed < estimate(cfg).allocator_peak
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H100 80GB HBM3")
+    assert gpu_check.card_peak() == 989e12
