@@ -226,7 +226,7 @@ class Report:
             "",
             f"torch {i['torch']}, CUDA {i['cuda'] or '-'}, driver {i['driver'] or '-'}; "
             f"{'smoke (toy sizes)' if i['smoke'] else 'full size'}, budget {i['budget_s']} s, "
-            f"elapsed {i.get('elapsed_s', 0):.1f} s",
+            f"elapsed {i.get('elapsed_s', 0):.1f} s; PNG: {i.get('png', '-')}",
             "",
             f"Predicted on an H100 at full size: {i.get('predicted_gpu_total_s', 0):.0f} s in "
             f"all, {i.get('predicted_gpu_essential_s', 0):.0f} s without the optional compiled "
@@ -1143,7 +1143,7 @@ def selected(only: str | None) -> list[str]:
 
 
 def run_section(ck, sec: Section) -> None:
-    t = time.perf_counter()
+    t, curves = time.perf_counter(), len(ck.report.curves)
     before = sec.wall_s or 0.0
     sec.status = "running" if sec.status == "pending" else sec.status
     print(f"[{ck.elapsed():6.1f} s] ({sec.key}) {sec.title}", file=sys.stderr, flush=True)
@@ -1163,6 +1163,8 @@ def run_section(ck, sec: Section) -> None:
         torch.use_deterministic_algorithms(False)
     sec.wall_s = before + time.perf_counter() - t
     ck.report.info["elapsed_s"] = ck.elapsed()
+    if len(ck.report.curves) > curves:  # a killed run keeps the curves drawn so far
+        ck.report.info["png"] = ck.report.plot() or "gpu_check.png"
     ck.report.save()
 
 
@@ -1216,7 +1218,7 @@ def check(ck, keys: list[str]) -> int:
         ck.tail = True
         run_section(ck, ck.report.sections["b"])
     why = ck.report.plot()
-    ck.report.info["png"] = why or "gpu_check.png"
+    ck.report.info["png"] = why or ("gpu_check.png" if ck.report.curves else "no curves")
     ck.report.info["elapsed_s"] = ck.elapsed()
     ck.report.save()
     print(ck.report.markdown())
