@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 
 import pytest
 
@@ -108,7 +109,13 @@ def test_the_torchrun_child_all_reduces_then_trains(tmp_path, monkeypatch):
     args[args.index("cuda")] = "cpu"
     args += ["--hidden-dim", "32", "--n-layers", "1", "--n-heads", "2", "--seq-len", "32"]
     args += ["--batch-size", "2", "--grad-accum", "1", "--precision", "fp32"]
-    assert gpu_check.main(["--torchrun-child", *args]) == 0
+    kinds = [signal.SIGINT, *([signal.SIGUSR1] if hasattr(signal, "SIGUSR1") else [])]
+    handlers = {k: signal.getsignal(k) for k in kinds}  # core.train installs its own
+    try:
+        assert gpu_check.main(["--torchrun-child", *args]) == 0
+    finally:
+        for kind, handler in handlers.items():
+            signal.signal(kind, handler)
     assert len(gpu_check.losses_of(tmp_path / "run")) == 3
 
 
