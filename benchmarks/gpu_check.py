@@ -224,7 +224,9 @@ class Report:
         out = [
             f"# GPU check: {i['device_name']}",
             "",
-            f"torch {i['torch']}, CUDA {i['cuda'] or '-'}, driver {i['driver'] or '-'}; "
+            f"torch {i['torch']}, CUDA {i['cuda'] or '-'}, driver {i['driver'] or '-'}, "
+            + ", ".join(f"{k} {v or '-'}" for k, v in i.get("packages", {}).items())
+            + "; "
             f"{'smoke (toy sizes)' if i['smoke'] else 'full size'}, budget {i['budget_s']} s, "
             f"elapsed {i.get('elapsed_s', 0):.1f} s; PNG: {i.get('png', '-')}",
             "",
@@ -486,6 +488,19 @@ def toy_shape(cfg) -> dict:
     )
 
 
+def package_versions() -> dict:
+    """What the sections lean on, read without importing it."""
+    from importlib import metadata
+
+    out = {}
+    for name in ("transformers", "peft", "nvidia-ml-py", "matplotlib", "platformdirs", "gguf"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
 def device_info(args) -> dict:
     from core.platform import hardware
 
@@ -498,6 +513,7 @@ def device_info(args) -> dict:
         "budget_s": args.budget,
         "python": platform.python_version(),
         "command": " ".join(sys.argv),
+        "packages": package_versions(),
     }
     if args.device == "cuda":
         g = hardware.gpus()[0]
