@@ -166,7 +166,10 @@ def cpu_table(steps: int, finetune: bool = False) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--presets", default="gpu-small,gpu,gpu-large,gpu-80gb")
+    p.add_argument(
+        "--presets",
+        default="gpu-small,gpu,gpu-large,gpu-8gb,gpu-12gb,gpu-16gb,gpu-24gb,gpu-48gb,gpu-80gb",
+    )
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--cpu", action="store_true", help="tiny-to-small shapes on the CPU (RSS)")
     p.add_argument("--finetune", action="store_true", help="with --cpu: fine-tunes of Llamas")

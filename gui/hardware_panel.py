@@ -21,6 +21,7 @@ from PySide6.QtWidgets import (
 
 from core.platform import hardware
 from core.platform.device import gpu_index
+from core.training.estimate import recommend_preset, recommendation_line
 
 GiB = 1024**3
 
@@ -54,6 +55,14 @@ def gpu_line(g: dict) -> str:
     if g.get("build_problem"):  # training on it would fail at the first kernel
         line += f"<br><span style='color:#c0392b'><b>{html.escape(g['build_problem'])}</b></span>"
     return line
+
+
+def recommended_line(g: dict) -> str:
+    """The preset the window preselects for this card, and why (the largest VRAM tier at or
+    below its free memory)."""
+    preset = recommend_preset(g["total_bytes"], g.get("free_bytes"))
+    text = html.escape(recommendation_line(preset, g.get("free_bytes")))
+    return f"<i>{text[0].upper()}{text[1:]}</i>"
 
 
 def cpu_line(cpu: dict) -> str:
@@ -114,7 +123,8 @@ class HardwarePanel(QGroupBox):
     def show_info(self, info: HardwareInfo) -> None:
         self.info = info
         if info.gpus:
-            self.label.setText("<br>".join(gpu_line(g) for g in info.gpus))
+            lines = [gpu_line(g) for g in info.gpus] + [recommended_line(info.gpus[0])]
+            self.label.setText("<br>".join(lines))
         else:
             self.label.setText(cpu_line(info.cpu))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from core.errors import ConfigError
 from core.platform.atomic import write_text
 
 BUILTIN_DIR = Path(__file__).resolve().parents[2] / "presets"
-META_KEYS = ("description", "hardware")  # plus min_vram_gb: GPU presets only
+META_KEYS = ("description", "hardware")  # plus min_vram_gb: GPU presets only, tier_gb
 
 
 def user_dir() -> Path:
@@ -29,6 +30,7 @@ class Preset:
     hardware: str
     values: dict
     min_vram_gb: float | None = None  # None: a CPU preset
+    tier_gb: int | None = None  # a VRAM tier preset (core.training.tiers): the card's GB
 
     @property
     def for_gpu(self) -> bool:
@@ -52,7 +54,12 @@ def _read(path: Path, builtin: bool) -> Preset:
     vram = data.pop("min_vram_gb", None)
     if vram is not None and (isinstance(vram, bool) or not isinstance(vram, (int, float))):
         raise ConfigError(f"{path}: min_vram_gb: expected a number of GB, got {vram!r}")
-    preset = Preset(path.stem, path, builtin, meta["description"], meta["hardware"], data, vram)
+    tier = data.pop("tier_gb", None)
+    if tier is not None and (isinstance(tier, bool) or not isinstance(tier, int) or tier < 1):
+        raise ConfigError(f"{path}: tier_gb: expected a whole number of GB, got {tier!r}")
+    preset = Preset(
+        path.stem, path, builtin, meta["description"], meta["hardware"], data, vram, tier
+    )
     to_config(preset)  # validate now so a bad file is named when it is listed
     return preset
 
@@ -69,9 +76,14 @@ def to_config(preset: Preset, base: TrainConfig | None = None) -> TrainConfig:
         raise ConfigError(msg) from None
 
 
+def _natural(path: Path) -> list:
+    """gpu-8gb before gpu-12gb: numbers in a name compare as numbers."""
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", path.name)]
+
+
 def list_presets() -> list[Preset]:
     """Built-in presets, then user presets. A broken user file is skipped, not fatal."""
-    found = [_read(p, True) for p in sorted(BUILTIN_DIR.glob("*.yaml"))]
+    found = [_read(p, True) for p in sorted(BUILTIN_DIR.glob("*.yaml"), key=_natural)]
     names = {p.name for p in found}
     udir = user_dir()
     if udir.is_dir():

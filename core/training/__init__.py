@@ -1,3 +1,4 @@
 """The training loop and what it is made of: the step loop, schedule, optimizers, memory
-estimate, running it in a child process. May import every layer below it (weights, data, runs,
-models, config, platform); never `core.use` or `core.cli`."""
+estimate (and the VRAM tier presets derived from it), running it in a child process. May
+import every layer below it (weights, data, runs, models, config, platform); never `core.use`
+or `core.cli`."""

@@ -408,8 +408,18 @@ def _rung_key(cfg: TrainConfig) -> tuple:
     return (bool(cfg.lora_rank), opt, sixteen, bool(cfg.grad_checkpointing))
 
 
+# A card sold as T GB shows about T GiB; the driver, the desktop and other programs hold some
+# of it, so a tier counts as reached when 90% of T GiB is free.
+TIER_SLACK = 0.90
+
+
+def reaches_tier(tier_gb: int, free_bytes: int) -> bool:
+    return tier_gb * GB * TIER_SLACK <= free_bytes
+
+
 def recommend_preset(total_bytes: int | None = None, free_bytes: int | None = None, presets=None):
-    """The largest GPU preset whose tier suits the card and whose estimate fits free VRAM.
+    """The largest VRAM tier preset at or below the free VRAM (whose estimate fits it); on a
+    card under the smallest tier, the largest seed-table GPU preset that suits it.
 
     With no GPU (total_bytes None after detection) the CPU preset is recommended.
     """
@@ -427,8 +437,26 @@ def recommend_preset(total_bytes: int | None = None, free_bytes: int | None = No
         cpu = [p for p in presets if p.name == "cpu"] or [p for p in presets if not p.for_gpu]
         return cpu[0]
     free = free_bytes if free_bytes is not None else total_bytes
-    gpu = sorted((p for p in presets if p.for_gpu), key=lambda p: p.min_vram_gb, reverse=True)
+    tiered = sorted((p for p in presets if p.tier_gb), key=lambda p: p.tier_gb, reverse=True)
+    for p in tiered:
+        if reaches_tier(p.tier_gb, free) and fits(preset_lib.to_config(p), free):
+            return p
+    seed = [p for p in presets if p.for_gpu and not p.tier_gb] or tiered
+    gpu = sorted(seed, key=lambda p: p.min_vram_gb or 0, reverse=True)
     for p in gpu:
-        if p.min_vram_gb * GB * 0.95 <= total_bytes and fits(preset_lib.to_config(p), free):
+        if (p.min_vram_gb or 0) * GB * 0.95 <= total_bytes and fits(preset_lib.to_config(p), free):
             return p
     return gpu[-1]
+
+
+def recommendation_line(preset, free_bytes: int | None) -> str:
+    """Why this preset is recommended, in one line for the window and the CLI."""
+    free = f"{free_bytes / GB:.1f} GiB free" if free_bytes is not None else "free VRAM unknown"
+    if preset.tier_gb:
+        return (
+            f"recommended: {preset.name}, the largest VRAM tier at or below the {free} "
+            f"(a {preset.tier_gb} GB tier needs {preset.tier_gb * TIER_SLACK:.1f} GiB free)"
+        )
+    if preset.for_gpu:
+        return f"recommended: {preset.name}; {free} is under the smallest VRAM tier"
+    return f"recommended: {preset.name} (no CUDA GPU)"

@@ -44,8 +44,8 @@ def test_bad_input_is_one_line_without_traceback_and_exit_2():
     proc = cli("--preset", "nope")
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        "error: preset: unknown preset 'nope'; available: cpu-tiny, cpu, gpu-80gb, gpu-large, "
-        "gpu-small, gpu"
+        "error: preset: unknown preset 'nope'; available: cpu-tiny, cpu, gpu-8gb, gpu-12gb, "
+        "gpu-16gb, gpu-24gb, gpu-48gb, gpu-80gb, gpu-large, gpu-small, gpu"
     ]
 
 

@@ -91,18 +91,18 @@ def test_each_dimension_grows_the_estimate_the_expected_way():
 def test_recommendation_for_simulated_cards():
     expected = {
         4: "gpu-small",
-        8: "gpu-small",
-        12: "gpu",
-        16: "gpu",
-        24: "gpu-large",
-        48: "gpu-large",
+        8: "gpu-8gb",
+        12: "gpu-12gb",
+        16: "gpu-16gb",
+        24: "gpu-24gb",
+        48: "gpu-48gb",
         80: "gpu-80gb",
     }
     got = {gb: recommend_preset(gb * GB, gb * GB * 0.97).name for gb in expected}
     assert got == expected
     # An 80 GB card that is mostly busy gets a preset that fits what is free.
     busy = recommend_preset(80 * GB, 8 * GB)
-    assert busy.name != "gpu-80gb"
+    assert busy.name == "gpu-8gb"
     assert estimate(presets.to_config(busy)).device_total < 8 * GB * 0.9
 
 

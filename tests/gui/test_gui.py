@@ -368,8 +368,9 @@ def test_simulated_8gb_gpu_estimate_warning_and_fit(make_window, fake_gpu, dialo
     assert "RTX 4060" in window.hardware.label.text()
     assert "8.0 GiB total" in window.hardware.label.text()
     assert "capability 8.9" in window.hardware.label.text()
-    assert window.recommended == "gpu-small"
-    assert window.preset_combo.currentData() == "gpu-small"
+    assert window.recommended == "gpu-8gb"  # 7.5 GiB free reaches the 8 GB tier
+    assert window.preset_combo.currentData() == "gpu-8gb"
+    assert "Recommended: gpu-8gb" in window.hardware.label.text()
     assert window.estimate.fit_button.isEnabled()
     assert window.estimate.fit.on_gpu and window.estimate.fit.fits
     assert "VRAM" in window.estimate.label.text()
