@@ -486,15 +486,16 @@ class GPT(nn.Module):
         one, where it is less than end (packed examples): LongRoPE picks its factors by it."""
         if self.config.positions != "rope":
             return None
-        long = bool(self._long(torch.tensor(end if furthest is None else furthest)))
+        long = bool(self._long(end if furthest is None else furthest))
         return tuple(t[start:end] for t in self._rope_rows(end, device, long))
 
-    def _long(self, lengths: torch.Tensor) -> torch.Tensor:
-        """Whether sequences of these lengths use LongRoPE's long factors: past its original
-        context, as transformers chooses them by the furthest position of a forward pass."""
-        if rope_kind(self.config) != "longrope":
-            return torch.zeros_like(lengths, dtype=torch.bool)
-        return lengths > self.config.rope_scaling["original_max_position_embeddings"]
+    def _long(self, lengths):
+        """Whether sequences of these lengths (a number, or a tensor of them) use LongRoPE's
+        long factors: past its original context, as transformers chooses them by the
+        furthest position of a forward pass."""
+        s = self.config.rope_scaling or {}
+        longrope = rope_kind(self.config) == "longrope"
+        return lengths > (s["original_max_position_embeddings"] if longrope else math.inf)
 
     def _rope_rows(self, end: int, device, long: bool) -> tuple:
         """The cos and sin table (and Gemma 3's local pair) of at least positions 0..end-1,
