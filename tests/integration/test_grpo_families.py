@@ -16,6 +16,7 @@ pytest.importorskip("transformers")
 from helpers import tiny_config  # noqa: E402
 from hf_models import FAMILIES, TEXT, make_model  # noqa: E402
 
+from core.errors import ConfigError  # noqa: E402
 from core.training import grpo  # noqa: E402
 from core.training.trainer import Trainer  # noqa: E402
 from core.use.generate import generate_ids, load  # noqa: E402
@@ -54,7 +55,7 @@ def spread(completion_ids, **kwargs):
 """
 
 
-def grpo_run(folder, tmp_path):
+def grpo_run(folder, tmp_path, **kw):
     (tmp_path / "rewards.py").write_text(SPREAD)
     prompts = tmp_path / "prompts.jsonl"
     lines = [json.dumps({"prompt": f"What is {a} + {a + 3}?"}) for a in range(12)]
@@ -77,6 +78,7 @@ def grpo_run(folder, tmp_path):
         ckpt_every=100,
         sample_tokens=0,
         log_every=1,
+        **kw,
     )
     Trainer(cfg, tmp_path / "run").run()
     return tmp_path / "run"
@@ -104,3 +106,15 @@ def test_grpo_samples_greedily_as_generate_and_transformers_and_trains(tmp_path,
     start = load(tmp_path / "model").model.state_dict()
     trained = load(run).model.state_dict()
     assert any(not torch.equal(start[k], trained[k]) for k in start)
+
+
+def test_temperature_zero_samples_greedily_in_a_run_and_below_zero_is_refused(tmp_path):
+    make_model(tmp_path / "model", "qwen2")
+    run = grpo_run(tmp_path / "model", tmp_path, temperature=0.0)
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["frac_reward_zero_std"] for r in records if "loss" in r] == [1.0, 1.0]
+    for line in (run / "completions.jsonl").read_text().splitlines():
+        rows = [r["completion"] for r in json.loads(line)["rows"]]
+        assert rows[0::4] == rows[1::4] == rows[2::4] == rows[3::4]  # a prompt's G alike
+    with pytest.raises(ConfigError, match="temperature"):
+        tiny_config(method="grpo", reward=["length"], temperature=-0.5)
