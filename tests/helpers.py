@@ -65,7 +65,7 @@ def cached_forward(model, idx, first: int):
     logits, cache = model.forward_cached(idx[:, :first], None)
     steps = [logits]
     for pos in range(first, idx.shape[1]):
-        logits, cache = model.forward_cached(idx[:, pos : pos + 1], cache, pos)
+        logits, cache = model.forward_cached(idx[:, pos : pos + 1], cache)
         steps.append(logits)
     return torch.cat(steps, dim=1)
 

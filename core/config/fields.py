@@ -505,10 +505,10 @@ class DataFields:
     )
     temperature: float = spec(
         1.0,
-        "grpo: the sampling temperature of completions",
+        "grpo: the sampling temperature of completions (0: greedy, the likeliest token)",
         label="Temperature",
         group=GRPO,
-        low=0.01,
+        low=0.0,
         high=10.0,
         stream=True,
     )

@@ -23,9 +23,10 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from core.config.spec import TrainConfig, from_known
+from core.models.cache import KVCache, masks_for, row_positions
 from core.models.fused import Remake, rms_norm, signed_sin, swiglu
 from core.models.fused import rope as fused_rope
-from core.models.loss import lm_loss, sequence_logps
+from core.models.loss import lm_loss, sequence_logps, token_logps
 
 VOCAB_SIZE = 256  # bytes: no tokenizer to download
 NORMS = ("layernorm", "rmsnorm")
@@ -325,18 +326,14 @@ class SelfAttention(nn.Module):
         q, k, v = self._qkv(x, rope)
         return self.resid_drop(self._attend(q, k, v, causal=True, mask=mask))
 
-    def cached(self, x, past, rope=None):
+    def cached(self, x, past, rope=None, mask=None):
         """forward() for generation: attends to past (k, v) too; returns (y, new (k, v)).
-        With a past, x is one new token, which may see everything before it (a sliding
-        layer: its window's last keys)."""
+        mask (B, 1, T, K): the keys each query sees (core.models.cache.masks_for); None:
+        causal without a past, every key with one."""
         q, k, v = self._qkv(x, rope)
         if past is not None:
             k, v = torch.cat((past[0], k), dim=2), torch.cat((past[1], v), dim=2)
-            if self.window is not None:
-                return self._attend(
-                    q, k[:, :, -self.window :], v[:, :, -self.window :], causal=False
-                ), (k, v)
-        return self._attend(q, k, v, causal=past is None), (k, v)
+        return self._attend(q, k, v, causal=past is None and mask is None, mask=mask), (k, v)
 
 
 def window_mask(t: int, window: int, device, mask=None) -> torch.Tensor:
@@ -412,8 +409,8 @@ class Block(nn.Module):
         out = norm(x)
         return out if remake is None else remake.register(out, lambda: norm(x))
 
-    def cached(self, x, past, rope=None):
-        y, kv = self.attn.cached(self.ln1(x), past, rope)
+    def cached(self, x, past, rope=None, mask=None):
+        y, kv = self.attn.cached(self.ln1(x), past, rope, mask)
         if self.post_norms:
             x = x + self.ln1_post(y)
             return x + self.ln2_post(self.mlp(self.ln2(x))), kv
@@ -465,8 +462,7 @@ class GPT(nn.Module):
         self.head = nn.Linear(c.hidden_dim, c.vocab_size, bias=False)
         if c.tie_embeddings:
             self.head.weight = self.tok_emb.weight
-        self._rope_cache: tuple | None = None
-        self._rope_long = False
+        self._rope_cache: dict[bool, tuple] = {}  # by LongRoPE's long or short factors
         self.apply(self._init_weights)
         # GPT-2: scale residual projections by depth so the residual stream stays O(1).
         for name, p in self.named_parameters():
@@ -486,32 +482,35 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def _rope(self, start: int, end: int, device, furthest: int | None = None):
-        """cos and sin for positions start..end-1, from a table grown on demand (a model
-        with a 128k context should not hold 128k rows it never uses). furthest: the
-        furthest position used plus one, where it is less than end (packed examples)."""
-        c = self.config
-        if c.positions != "rope":
+        """cos and sin for positions start..end-1. furthest: the furthest position used plus
+        one, where it is less than end (packed examples): LongRoPE picks its factors by it."""
+        if self.config.positions != "rope":
             return None
-        # LongRoPE: the long factors once the sequence passes the original context (as
-        # transformers chooses them, by the furthest position of the forward pass).
-        s = c.rope_scaling or {}
-        furthest = end if furthest is None else furthest
-        long = rope_kind(c) == "longrope" and furthest > s["original_max_position_embeddings"]
-        cache = self._rope_cache
-        if (
-            cache is None
-            or cache[0].shape[0] < end
-            or cache[0].device != device
-            or self._rope_long != long
-        ):
+        long = bool(self._long(end if furthest is None else furthest))
+        return tuple(t[start:end] for t in self._rope_rows(end, device, long))
+
+    def _long(self, lengths):
+        """Whether sequences of these lengths (a number, or a tensor of them) use LongRoPE's
+        long factors: past its original context, as transformers chooses them by the
+        furthest position of a forward pass."""
+        s = self.config.rope_scaling or {}
+        longrope = rope_kind(self.config) == "longrope"
+        return lengths > (s["original_max_position_embeddings"] if longrope else math.inf)
+
+    def _rope_rows(self, end: int, device, long: bool) -> tuple:
+        """The cos and sin table (and Gemma 3's local pair) of at least positions 0..end-1,
+        grown on demand: a model with a 128k context should not hold rows it never uses."""
+        c = self.config
+        table = self._rope_cache.get(long)
+        if table is None or table[0].shape[0] < end or table[0].device != device:
             n = max(end, 256)
             inv = rope_frequencies(c, long).to(device)
-            cache = self._rope_table(inv, n, device, rope_attention_factor(c))
+            table = self._rope_table(inv, n, device, rope_attention_factor(c))
             if c.rope_local_theta is not None:  # sliding layers' own base, no scaling
                 local = dataclasses.replace(c, rope_theta=c.rope_local_theta, rope_scaling=None)
-                cache += self._rope_table(rope_frequencies(local).to(device), n, device)
-            self._rope_cache, self._rope_long = cache, long
-        return tuple(t[start:end] for t in cache)
+                table += self._rope_table(rope_frequencies(local).to(device), n, device)
+            self._rope_cache[long] = table
+        return table
 
     @staticmethod
     def _rope_table(inv, n: int, device, factor: float = 1.0) -> tuple:
@@ -521,34 +520,68 @@ class GPT(nn.Module):
             return (emb.cos() * factor, emb.sin() * factor)
         return (emb.cos(), emb.sin())
 
-    def _embed(self, idx, pos: int, positions=None):
-        t = idx.shape[1]
-        if pos + t > self.config.seq_len:
-            raise ValueError(f"position {pos + t} is past seq_len {self.config.seq_len}")
+    def _tokens(self, idx):
         x = self.tok_emb(idx)
         if self.config.embed_scale is not None:  # Gemma: in the embedding's dtype
             x = x * torch.tensor(self.config.embed_scale, dtype=x.dtype)
+        return x
+
+    def _embed(self, idx, positions=None):
+        t = idx.shape[1]
+        if t > self.config.seq_len:
+            raise ValueError(f"position {t} is past seq_len {self.config.seq_len}")
+        x = self._tokens(idx)
         if positions is None:
-            positions = torch.arange(pos, pos + t, device=idx.device)
+            positions = torch.arange(t, device=idx.device)
         if self.config.positions == "learned":
             return x + self.pos_emb(positions), None
         furthest = None
         if positions.dim() == 2 and rope_kind(self.config) == "longrope":
             furthest = int(positions.max()) + 1  # each packed example counts from 0
-        table = self._rope(0, pos + t, idx.device, furthest)
+        table = self._rope(0, t, idx.device, furthest)
         if positions.dim() == 2:  # each packed example from position 0: (B, 1, T, head)
             return x, tuple(r[positions].unsqueeze(1) for r in table)
         return x, tuple(r[positions] for r in table)
 
-    def forward(self, idx, targets=None, loss_mask=None, segments=None, per_sequence=False):
+    def _embed_rows(self, idx, positions, long):
+        """Embeddings and RoPE (B, 1, T, head) at each row's own positions (B, T); long (B,):
+        the rows on LongRoPE's long factors."""
+        end = int(positions.max()) + 1
+        if end > self.config.seq_len:
+            raise ValueError(f"position {end} is past seq_len {self.config.seq_len}")
+        x = self._tokens(idx)
+        if self.config.positions == "learned":
+            return x + self.pos_emb(positions), None
+        table = self._rope_rows(end, idx.device, False)
+        if bool(long.any()):
+            longer = self._rope_rows(end, idx.device, True)
+            row = long[:, None, None]
+            return x, tuple(
+                torch.where(row, b[positions], a[positions]).unsqueeze(1)
+                for a, b in zip(table, longer, strict=True)
+            )
+        return x, tuple(r[positions].unsqueeze(1) for r in table)
+
+    def forward(
+        self,
+        idx,
+        targets=None,
+        loss_mask=None,
+        segments=None,
+        per_sequence=False,
+        per_token=False,
+        temperature: float = 1.0,
+    ):
         """(logits, None) without targets; (None, loss) with them: the mean cross-entropy
         over targets where loss_mask is non-zero, computed in chunks (core.models.loss) so
         the whole vocabulary's logits never exist at once. segments (B, T): packed examples
         (chat data) numbered; each attends only to itself and counts positions from 0, as
         it would alone. per_sequence: (None, each sequence's summed log-probability of
-        its masked targets) instead of the mean loss (preference tuning)."""
+        its masked targets) instead of the mean loss (preference tuning). per_token: (None,
+        (each target's log-probability, each position's entropy)), both (B, T) and 0 where
+        loss_mask is 0, under the logits divided by temperature (GRPO)."""
         positions, mask = packed(segments) if segments is not None else (None, None)
-        x, rope = self._embed(idx, 0, positions)
+        x, rope = self._embed(idx, positions)
         x = self.drop(x)
         if self.config.grad_checkpointing and self.training:
             for block in self.blocks:
@@ -566,6 +599,8 @@ class GPT(nn.Module):
             return head(self.ln_f(x)), None
         if per_sequence:
             return None, sequence_logps(head, self.ln_f(x), targets, loss_mask)
+        if per_token:
+            return None, token_logps(head, self.ln_f(x), targets, loss_mask, temperature)
         return None, lm_loss(head, self.ln_f(x), targets, loss_mask, fused=self.config.fused)
 
     def output_head(self):
@@ -583,27 +618,46 @@ class GPT(nn.Module):
             and not torch.compiler.is_compiling()
         )
 
-    def rope_switches(self, end: int) -> bool:
-        """Whether positions up to end use other RoPE factors than those before (LongRoPE
-        passing its original context): cached keys must then be made again, as
-        transformers drops its cache there."""
-        s = self.config.rope_scaling or {}
-        return (
-            rope_kind(self.config) == "longrope"
-            and end == s["original_max_position_embeddings"] + 1
-        )
-
     @torch.no_grad()
-    def forward_cached(self, idx, cache: list | None, pos: int = 0):
-        """Logits for idx placed at positions pos.. given the keys/values of the tokens before
-        (cache, one (k, v) per block, or None). Returns (logits, new cache). Generating n
-        tokens this way costs O(n) forward work instead of O(n^2)."""
-        x, rope = self._embed(idx, pos)
-        new_cache = []
+    def forward_cached(self, idx, cache: KVCache | None = None, valid=None, last: bool = False):
+        """Logits of idx (B, T) after the tokens in cache (None: none before), and the cache
+        with idx added: generating n tokens costs O(n) forward work instead of O(n^2).
+        valid (B, T): False over padding, on either side of a row (default: all tokens);
+        each row's tokens follow its own cached ones. last: only each row's last token's
+        logits (B, V). The same network as forward: embedding scale, RoPE kinds, sliding
+        windows, post-norms and soft-caps."""
+        if valid is None:
+            valid = torch.ones_like(idx, dtype=torch.bool)
+        if cache is not None and self._rope_switches(cache, valid):
+            # LongRoPE's factors change for a row: every key is made again with the new
+            # ones, as transformers drops its cache there
+            idx, valid = torch.cat((cache.ids, idx), 1), torch.cat((cache.valid, valid), 1)
+            cache = None
+        positions = row_positions(valid, None if cache is None else cache.lengths())
+        if cache is not None:
+            k_pos = torch.cat((cache.positions, positions), 1)
+            k_valid = torch.cat((cache.valid, valid), 1)
+            ids = torch.cat((cache.ids, idx), 1)
+        else:
+            k_pos, k_valid, ids = positions, valid, idx
+        long = self._long(k_valid.sum(1))
+        x, rope = self._embed_rows(idx, positions, long)
+        windows = {block.attn.window for block in self.blocks}
+        masks = masks_for(windows, positions, k_pos, k_valid, first=cache is None)
+        layers = []
         for i, block in enumerate(self.blocks):
-            x, kv = block.cached(x, None if cache is None else cache[i], rope)
-            new_cache.append(kv)
-        return self.output_head()(self.ln_f(x)), new_cache
+            past = None if cache is None else cache.layers[i]
+            x, kv = block.cached(x, past, rope, masks[block.attn.window])
+            layers.append(kv)
+        if last:  # each row's last token
+            end = valid.shape[1] - 1 - valid.flip(1).long().argmax(1)
+            x = x[torch.arange(x.shape[0], device=x.device), end]
+        logits = self.output_head()(self.ln_f(x))
+        return logits, KVCache(layers, k_pos, k_valid, ids, long)
+
+    def _rope_switches(self, cache: KVCache, valid) -> bool:
+        """Whether adding valid's tokens takes a row past LongRoPE's original context."""
+        return bool((self._long(cache.lengths() + valid.sum(1)) != cache.long).any())
 
     @torch.no_grad()
     def generate(self, idx, n_new: int, generator: torch.Generator, temperature: float = 0.8):

@@ -23,13 +23,13 @@ import math
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import SimpleNamespace
+from typing import NamedTuple
 
 import torch
 
 from core.config.spec import TrainConfig
 from core.models import lora
 from core.models.loss import chunk_positions
-from core.models.loss import token_logps as chunked_logps
 from core.platform.device import is_oom
 from core.runs.folder import drop_records_past
 from core.training.objectives import Objective
@@ -52,36 +52,13 @@ TABLE_CHARS = 2000
 # -- sampling ---------------------------------------------------------------------------------
 
 
-def _embed(model, idx: torch.Tensor, positions: torch.Tensor):
-    """Token embeddings and RoPE (or learned positions) at each row's own positions."""
-    x = model.tok_emb(idx)
-    if model.config.positions == "learned":
-        return x + model.pos_emb(positions), None
-    cos, sin = model._rope(0, model.config.seq_len, idx.device)
-    return x, (cos[positions].unsqueeze(1), sin[positions].unsqueeze(1))
-
-
-def _cached_forward(model, idx, positions, mask, cache):
-    """The last position's logits of idx (rows at their own positions, attending where mask
-    (B, 1, T, K) allows) given the cached keys/values; returns (logits, new cache)."""
-    x, rope = _embed(model, idx, positions)
-    new = []
-    for i, block in enumerate(model.blocks):
-        attn = block.attn
-        q, k, v = attn._qkv(block.ln1(x), rope)
-        if cache is not None:
-            k = torch.cat((cache[i][0], k), dim=2)
-            v = torch.cat((cache[i][1], v), dim=2)
-        new.append((k, v))
-        x = x + attn._attend(q, k, v, causal=False, mask=mask)
-        x = x + block.mlp(block.ln2(x))
-    return model.head(model.ln_f(x[:, -1:]))[:, 0], new
-
-
 def _pick(logits: torch.Tensor, temperature: float, top_p: float, u: torch.Tensor):
     """Sample by the inverse CDF: row r takes the token where its cumulative probability
     passes u[r] (uniform in [0, 1)). A row's token depends on its own logits and u alone, so
-    sampling the rows in smaller batches (after an out-of-memory error) draws the same."""
+    sampling the rows in smaller batches (after an out-of-memory error) draws the same.
+    Temperature 0: the likeliest token (greedy)."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
     probs = torch.softmax(logits.float() / temperature, dim=-1)
     order, kept = None, None
     if top_p < 1.0:  # the smallest set of likeliest tokens reaching top_p (the first stays)
@@ -108,6 +85,16 @@ def left_padded(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch
     return ids, mask
 
 
+class Samples(NamedTuple):
+    """Completions sampled after prompts, one row each."""
+
+    prompt_ids: torch.Tensor  # (N, P) left-padded
+    prompt_mask: torch.Tensor  # (N, P) False over the padding
+    completions: torch.Tensor  # (N, C) padded with pad after the stop token
+    completion_mask: torch.Tensor  # (N, C) up to and with the stop token
+    terminated: torch.Tensor  # (N,) ended at a stop token
+
+
 @torch.no_grad()
 def sample(
     model,
@@ -120,30 +107,21 @@ def sample(
     uniforms: torch.Tensor,
     device,
     precision: str,
-):
-    """Sample a completion after each prompt, all rows as one batch with the KV cache; row
-    r's token t is drawn with uniforms[r, t] (N, n_new).
-    Returns (prompt ids (N, P) left-padded, prompt mask, completion ids (N, C) padded with
-    pad after the stop token, completion mask (N, C) up to and with the stop token,
-    terminated (N,): ended at a stop token)."""
+) -> Samples:
+    """Sample a completion after each prompt, all rows as one batch through the model's own
+    cached forward (GPT.forward_cached); row r's token t is drawn with uniforms[r, t]
+    (N, n_new), or is the likeliest at temperature 0."""
     was_training = model.training
     model.eval()
     ids, valid = left_padded(prompts, pad)
     ids, valid = ids.to(device), valid.to(device)
-    n, width = ids.shape
-    positions = (valid.long().cumsum(1) - 1).clamp(min=0)
-    causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
-    # A padding query may see itself: a row with no key would be NaN.
-    eye = torch.eye(width, dtype=torch.bool, device=device)
-    mask = ((causal & valid[:, None, :]) | eye).unsqueeze(1)
+    n = ids.shape[0]
     stops = torch.tensor(list(stop_ids) or [-1], device=device)
     out = torch.full((n, n_new), pad, dtype=torch.long, device=device)
     done = torch.zeros(n, dtype=torch.bool, device=device)
-    keys = valid
-    last = positions[:, -1:]
     try:
         with autocast(device, precision):
-            logits, cache = _cached_forward(model, ids, positions, mask, None)
+            logits, cache = model.forward_cached(ids, None, valid, last=True)
             for t in range(n_new):
                 nxt = _pick(logits, temperature, top_p, uniforms[:, t])
                 nxt = torch.where(done, torch.full_like(nxt, pad), nxt)
@@ -151,11 +129,7 @@ def sample(
                 done = done | torch.isin(nxt, stops)
                 if bool(done.all()) or t == n_new - 1:
                     break
-                keys = torch.cat((keys, torch.ones_like(keys[:, :1])), dim=1)
-                last = last + 1
-                logits, cache = _cached_forward(
-                    model, nxt[:, None], last, keys[:, None, None, :], cache
-                )
+                logits, cache = model.forward_cached(nxt[:, None], cache, last=True)
     finally:
         model.train(was_training)
     is_stop = torch.isin(out, stops)
@@ -165,22 +139,29 @@ def sample(
     index = torch.arange(out.shape[1], device=device)
     completion_mask = index[None, :] <= first[:, None]
     completion_mask &= index[None, :] < n_new
-    return ids, valid, out, completion_mask, is_stop.any(1)
+    return Samples(ids, valid, out, completion_mask, is_stop.any(1))
 
 
-def joined(parts: list[tuple], pad: int) -> tuple:
+def joined(parts: list[Samples], pad: int) -> Samples:
     """The samples of several batches as one: the prompts left-padded to the widest."""
-    width = max(part[0].shape[1] for part in parts)
-    n = sum(part[0].shape[0] for part in parts)
-    ids = torch.full((n, width), pad, dtype=torch.long, device=parts[0][0].device)
-    valid = torch.zeros((n, width), dtype=torch.bool, device=parts[0][0].device)
+    width = max(part.prompt_ids.shape[1] for part in parts)
+    n = sum(part.prompt_ids.shape[0] for part in parts)
+    device = parts[0].prompt_ids.device
+    ids = torch.full((n, width), pad, dtype=torch.long, device=device)
+    valid = torch.zeros((n, width), dtype=torch.bool, device=device)
     row = 0
     for part in parts:
-        rows, w = part[0].shape
-        ids[row : row + rows, width - w :] = part[0]
-        valid[row : row + rows, width - w :] = part[1]
+        rows, w = part.prompt_ids.shape
+        ids[row : row + rows, width - w :] = part.prompt_ids
+        valid[row : row + rows, width - w :] = part.prompt_mask
         row += rows
-    return (ids, valid, *(torch.cat([part[k] for part in parts]) for k in (2, 3, 4)))
+    return Samples(
+        ids,
+        valid,
+        torch.cat([part.completions for part in parts]),
+        torch.cat([part.completion_mask for part in parts]),
+        torch.cat([part.terminated for part in parts]),
+    )
 
 
 # -- advantages and the loss ------------------------------------------------------------------
@@ -194,9 +175,18 @@ def nanstd(x: torch.Tensor, dim=None) -> torch.Tensor:
     return var.sqrt()
 
 
+class Advantages(NamedTuple):
+    """TRL's sum_then_normalize of a step's rewards, one value a completion (N,)."""
+
+    advantages: torch.Tensor
+    rewards: torch.Tensor  # the functions' weighted sum (NaN: none applied)
+    std: torch.Tensor  # of the group's (or the batch's) rewards
+    zero_std: torch.Tensor  # the rewards alike: nothing to learn from
+
+
 def advantages(per_func: torch.Tensor, weights: torch.Tensor, group: int, scale: str):
-    """TRL's sum_then_normalize: (advantages, rewards, std, std is zero) of (N, F) rewards
-    (NaN where a function did not apply) in groups of `group` rows."""
+    """TRL's sum_then_normalize of (N, F) rewards (NaN where a function did not apply) in
+    groups of `group` rows."""
     unscorable = torch.isnan(per_func).all(dim=1)
     rewards = (per_func * weights[None, :]).nansum(dim=1)
     rewards[unscorable] = math.nan
@@ -209,7 +199,7 @@ def advantages(per_func: torch.Tensor, weights: torch.Tensor, group: int, scale:
     if scale != "none":
         adv = adv / (std + 1e-4)
     zero_std = torch.isclose(std, torch.zeros_like(std))
-    return torch.nan_to_num(adv, nan=0.0), rewards, std, zero_std
+    return Advantages(torch.nan_to_num(adv, nan=0.0), rewards, std, zero_std)
 
 
 def policy_loss(logps, old_logps, ref_logps, adv, mask, cfg: TrainConfig, n_items: float):
@@ -529,28 +519,26 @@ class GRPO(Objective):
         return self.reference if self.reference is not None else run.model
 
     def _logps(self, model, run, cfg, roll: Rollout, targets, no_adapters: bool = False):
-        """The completion tokens' log-probs and entropies (n, C), from the chunked pass
-        (core.models.loss.token_logps): the head never makes the whole vocabulary's logits
-        of every completion position at once."""
+        """The completion tokens' log-probs and entropies (n, C), from the model's own forward
+        (per_token: core.models.loss.token_logps's chunks, so the head never makes the whole
+        vocabulary's logits of every completion position at once). Under the sampling
+        temperature; greedy sampling (0) scores under the model's own distribution (1)."""
         width = roll.prompt_width
-        base = self.reference if model is self.reference else run.model
-        hidden = []
-
-        def take(module, inputs, out):
-            # The completion's hidden states (position t predicts token t + 1: from P - 1
-            # on) go to the chunked pass; the model's own head then sees no position.
-            hidden.append(out[:, width - 1 : -1])
-            return out[:, :0]
-
-        keep = base.ln_f.register_forward_hook(take)
-        try:
-            with autocast(run.device, run.precision), _adapters_off(run.model, no_adapters):
-                (run.model if no_adapters else model)(roll.ids, segments=roll.segments)
-                return chunked_logps(
-                    base.output_head(), hidden[0], targets, roll.completion_mask, cfg.temperature
-                )
-        finally:
-            keep.remove()
+        # position t predicts token t + 1: the completion's predictions are from P - 1 on
+        every = torch.zeros_like(roll.ids)
+        every[:, width - 1 : -1] = targets
+        mask = torch.zeros_like(roll.ids, dtype=torch.bool)
+        mask[:, width - 1 : -1] = roll.completion_mask
+        with autocast(run.device, run.precision), _adapters_off(run.model, no_adapters):
+            _, (logps, entropy) = (run.model if no_adapters else model)(
+                roll.ids,
+                every,
+                mask,
+                segments=roll.segments,
+                per_token=True,
+                temperature=cfg.temperature or 1.0,
+            )
+        return logps[:, width - 1 : -1], entropy[:, width - 1 : -1]
 
     def step_signals(self, sums):
         return sums, self._gen, self._tokens
@@ -588,9 +576,11 @@ class GRPO(Objective):
         data, tok = run.data, run.data.tokenizer
         index = data.eval_index(cfg.eval_batches * cfg.batch_size * cfg.grad_accum)
         gen = torch.Generator(device=run.device).manual_seed(cfg.seed)
-        _, _, out, mask, _ = self._sample(run, cfg, index, gen, -1)
+        drawn = self._sample(run, cfg, index, gen, -1)
         held_out = SimpleNamespace(global_step=-1, epoch=-1.0)  # no step's draw
-        scores, _ = self._score(data, tok, index, out, mask, held_out, run.interrupt)
+        scores, _ = self._score(
+            data, tok, index, drawn.completions, drawn.completion_mask, held_out, run.interrupt
+        )
         rewards = (scores * self.rewards.weights[None, :]).nansum(dim=1)
         reward = float(rewards.mean())
         record = {"eval_reward": reward}

@@ -66,13 +66,15 @@ def generate_ids(
         with torch.no_grad():
             if not use_cache:
                 logits, _ = model(torch.tensor([window], device=device))
-            elif cache is None or cache_start != start or model.rope_switches(len(window)):
-                logits, cache = model.forward_cached(torch.tensor([window], device=device), None)
+                logits = logits[:, -1]
+            elif cache is None or cache_start != start:
+                ids = torch.tensor([window], device=device)
+                logits, cache = model.forward_cached(ids, last=True)
                 cache_start = start
             else:
                 last = torch.tensor([[window[-1]]], device=device)
-                logits, cache = model.forward_cached(last, cache, len(window) - 1)
-        nxt = pick(logits[0, -1], temperature, top_k, top_p, gen)
+                logits, cache = model.forward_cached(last, cache, last=True)
+        nxt = pick(logits[0], temperature, top_k, top_p, gen)
         tokens.append(nxt)
         yield nxt
         if nxt in stop_ids:  # the end of an answer: yielded, so callers see why it stopped
