@@ -89,7 +89,7 @@ def check_reward_files(cfg: TrainConfig) -> None:
             except UserError as e:
                 _reward_checks[key] = str(e)
         if _reward_checks[key]:
-            raise ConfigError(_reward_checks[key])
+            raise ConfigError(_reward_checks[key], field="reward")
 
 
 def tooltip(name: str) -> str:
@@ -704,15 +704,18 @@ class ConfigForm(QWidget):
 
     def check(self) -> str | None:
         """Validate with core and flag the named field; returns the message or None."""
+        field = None
         try:
             self.validated()
             self.error = None
         except ConfigError as e:
-            self.error = str(e)
-        self._show_error(self.error)
+            self.error, field = str(e), e.field
+        self._show_error(self.error, field)
         return self.error
 
-    def _show_error(self, message: str | None) -> None:
+    def _show_error(self, message: str | None, field: str | None = None) -> None:
+        """The message under the widget of the field the error names (its `field`), else
+        under the form."""
         for label in [*self.errors.values(), self.general_error]:
             label.setVisible(False)
         for w in self.widgets.values():
@@ -720,7 +723,7 @@ class ConfigForm(QWidget):
             w.setStyleSheet("")
         if message is None:
             return
-        name = message.split(":", 1)[0].strip()
+        name = field or ""
         if name in LimitField.KEYS:
             name = "limit"
         label = self.errors.get(name, self.general_error)
