@@ -136,7 +136,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         )
     if values["hidden_dim"] % values["n_heads"]:
         raise ConfigError(
-            f"hidden_dim: {values['hidden_dim']} must be divisible by n_heads ({values['n_heads']})",
+            f"hidden_dim: {values['hidden_dim']} must be divisible by n_heads "
+            f"({values['n_heads']})",
             field="hidden_dim",
         )
     if values["max_steps"] is None and values["max_epochs"] is None and not values["max_time"]:
