@@ -24,7 +24,7 @@ from core.config.spec import TrainConfig
 from core.data.prepare import PrepareCancelled
 from core.models import lora
 from core.platform.atomic import atomic_write
-from core.training.objectives import Objective
+from core.training.objectives import Objective, StepSignals
 from core.training.state import RunState
 from core.training.steps import autocast, to_device
 
@@ -118,10 +118,10 @@ class DPO(Objective):
         losses, rc, rr = _pair_losses(run, cfg, self.reference, run.train_model, starts)
         return losses.mean(), signal_sums(rc, rr)
 
-    def records(self, sums: list, cfg: TrainConfig, world) -> list[dict]:
+    def records(self, signals: list[StepSignals], cfg: TrainConfig, world) -> list[dict]:
         """The signals of each pending step, read in the same sync as the losses."""
         pairs = cfg.batch_size * cfg.grad_accum * world.size
-        stacked = world.mean(torch.stack(sums)) * world.size
+        stacked = world.mean(torch.stack([s.sums for s in signals])) * world.size
         return [signals(s, pairs) for s in stacked.cpu()]
 
     @staticmethod

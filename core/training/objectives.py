@@ -8,7 +8,7 @@ what they share; a module overrides what differs:
 - prepare(run, cfg, log, events, stop): what it makes before the first step (a reference);
 - micro_batches(run, cfg, starts, step): what a step trains on, in micro-batches;
 - micro_loss(run, cfg, chunk): (the loss of one micro-batch, signal sums or None);
-- step_signals(sums): a step's signals, as records() reads them later;
+- step_signals(sums): a step's StepSignals, kept until records() reads them;
 - records(signals, cfg, world): the extra metric records of each step, or None;
 - evaluate(run, cfg): (the value a better model lowers, the record's fields, the log line);
 - step_tokens(signals, cfg): the tokens a step trained on (tokens/s);
@@ -22,6 +22,9 @@ which.
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
+
+import torch
 
 from core.config.spec import TrainConfig
 
@@ -50,6 +53,16 @@ def rows_per_example(cfg: TrainConfig) -> int:
 def extra_memory(cfg: TrainConfig, c, act_bytes: int, weight_bytes: int) -> tuple[int, int, int]:
     """(generation, logits, reference) bytes an objective adds to the estimate."""
     return kind(cfg).extra_memory(cfg, c, act_bytes, weight_bytes)
+
+
+@dataclass
+class StepSignals:
+    """What one optimizer step reports beside its loss, kept until the next metrics read
+    (the trainer reads every pending step's signals in one host-device sync)."""
+
+    sums: torch.Tensor | None = None  # the micro-batches' signal sums added up (on the device)
+    sampled: dict | None = None  # GRPO: its sampling's metrics, already read on the CPU
+    tokens: int | None = None  # tokens the step trained on; None: cfg.tokens_per_step
 
 
 class Objective:
@@ -102,15 +115,16 @@ class Objective:
     def micro_loss(self, run, cfg: TrainConfig, chunk):
         raise NotImplementedError
 
-    def step_signals(self, sums):
-        return sums
+    def step_signals(self, sums: torch.Tensor | None) -> StepSignals:
+        return StepSignals(sums)
 
-    def records(self, signals: list, cfg: TrainConfig, world) -> list[dict] | None:
+    def records(self, signals: list[StepSignals], cfg: TrainConfig, world) -> list[dict] | None:
         return None
 
-    def step_tokens(self, signals, cfg: TrainConfig) -> int:
-        """Tokens through the model in a step (tokens/s): the step's windows."""
-        return cfg.tokens_per_step
+    def step_tokens(self, signals: StepSignals, cfg: TrainConfig) -> int:
+        """Tokens through the model in a step (tokens/s): the step's windows unless the
+        objective counted them."""
+        return cfg.tokens_per_step if signals.tokens is None else signals.tokens
 
     def best_meta(self, best: float | None) -> dict:
         """How a checkpoint records the best evaluation so far."""
