@@ -11,18 +11,20 @@ import math
 import typing
 from dataclasses import dataclass, fields
 
+from core.config import methods
+from core.config.declare import Spec
 from core.config.fields import (
     DataFields,
     ExecutionFields,
     IntervalFields,
     ModelFields,
+    ReadingFields,
     ScheduleFields,
-    Spec,
 )
+from core.config.methods.grpo import BUILTIN_REWARDS as BUILTIN_REWARDS  # where rewards look
+from core.config.methods.grpo import reward_weights as reward_weights
+from core.config.methods.grpo import split_reward as split_reward
 from core.errors import ConfigError
-
-# grpo's built-in rewards (core.training.rewards)
-BUILTIN_REWARDS = ("answer", "regex", "think_format", "length")
 
 CONFIG_VERSION = (
     3  # bump with a MIGRATIONS entry whenever a field is renamed or its meaning changes
@@ -30,9 +32,18 @@ CONFIG_VERSION = (
 
 
 @dataclass
-class TrainConfig(IntervalFields, DataFields, ExecutionFields, ScheduleFields, ModelFields):
-    """Every setting of a run (fields in core.config.fields, in the order of the bases from
-    the last: model, schedule, execution, data, intervals)."""
+class TrainConfig(
+    IntervalFields,
+    ReadingFields,
+    *reversed(methods.field_classes()),
+    DataFields,
+    ExecutionFields,
+    ScheduleFields,
+    ModelFields,
+):
+    """Every setting of a run (fields in core.config.fields and each method's own in
+    core.config.methods, in the order of the bases from the last: model, schedule, execution,
+    data, the methods' in registry order, reading, intervals)."""
 
     def to_dict(self) -> dict:
         return {**dataclasses.asdict(self), "config_version": CONFIG_VERSION}
@@ -52,7 +63,7 @@ class TrainConfig(IntervalFields, DataFields, ExecutionFields, ScheduleFields, M
     def tokens_per_step(self) -> int:
         """Tokens through the model a step; a DPO pair is two sequences (chosen, rejected),
         a GRPO prompt num_generations (its completions)."""
-        rows = {"dpo": 2, "grpo": self.num_generations}.get(self.method, 1)
+        rows = methods.of(self).rows_per_example(self)
         return self.batch_size * self.grad_accum * self.seq_len * rows
 
 
@@ -199,118 +210,10 @@ def _check_base_bits(values: dict) -> None:
 
 
 def _check_method(values: dict) -> None:
-    rewards = values["reward"]
-    rewards = [] if rewards is None else [rewards] if isinstance(rewards, str) else rewards
-    if not isinstance(rewards, list) or not all(isinstance(r, str) and r.strip() for r in rewards):
-        raise ConfigError(
-            f"reward: expected reward names or path.py:function, got {rewards!r}", field="reward"
-        )
-    values["reward"] = [r.strip() for r in rewards]
-    for name in ("reward_weights", "reward_regex"):  # the form's empty fields: not set
-        if values[name] is not None and not str(values[name]).strip():
-            values[name] = None
-    if values["method"] == "grpo":
-        _check_grpo(values)
-        return
-    if values["method"] != "dpo":
-        return
-    if values["init_from"] is None:
-        raise ConfigError(
-            "method: dpo tunes a model that can already answer; give init_from (a pretrained "
-            "model or a finished run)",
-            field="method",
-        )
-    if values["data_format"] in ("text", "chat"):
-        raise ConfigError(
-            f"method: dpo learns from preference pairs, not data_format {values['data_format']}; "
-            "use data_format preference or auto",
-            field="method",
-        )
-
-
-def split_reward(spec: str) -> tuple[str, str] | None:
-    """(file, function) of a reward written path.py:function; None for a built-in's name."""
-    path, sep, function = spec.rpartition(":")
-    if not sep or not path.lower().endswith(".py"):
-        return None
-    return path, function
-
-
-def reward_weights(values) -> list[float]:
-    """One weight per reward: the config's comma-separated list, or 1 each."""
-    rewards, text = values["reward"], values["reward_weights"]
-    if not text:
-        return [1.0] * len(rewards)
-    try:
-        weights = [float(w) for w in str(text).split(",")]
-    except ValueError:
-        raise ConfigError(
-            f"reward_weights: expected numbers separated by commas, got {text!r}",
-            field="reward_weights",
-        ) from None
-    if len(weights) != len(rewards) or not all(math.isfinite(w) for w in weights):
-        raise ConfigError(
-            f"reward_weights: {len(weights)} weights for {len(rewards)} rewards; give one finite "
-            "number per --reward, in the same order",
-            field="reward_weights",
-        )
-    return weights
-
-
-def _check_grpo(values: dict) -> None:
-    """The rewards' names and settings; the files themselves are read at the run's start
-    (core.training.rewards), before the model loads."""
-    import re
-
-    if values["init_from"] is None:
-        raise ConfigError(
-            "method: grpo tunes a model that can already write; give init_from (a pretrained "
-            "model or a finished run)",
-            field="method",
-        )
-    rewards = values["reward"]
-    if not rewards:
-        raise ConfigError(
-            f"reward: method grpo needs at least one reward: a built-in "
-            f"({', '.join(BUILTIN_REWARDS)}) or path.py:function",
-            field="reward",
-        )
-    for name in rewards:
-        if split_reward(name) is None and name not in BUILTIN_REWARDS:
-            raise ConfigError(
-                f"reward: unknown reward {name!r}; expected a built-in "
-                f"({', '.join(BUILTIN_REWARDS)}) or path.py:function (a Python file)",
-                field="reward",
-            )
-        if split_reward(name) is not None and not split_reward(name)[1].isidentifier():
-            raise ConfigError(
-                f"reward: {name!r} names no function after the colon (file.py:name)", field="reward"
-            )
-    if len(set(rewards)) != len(rewards):
-        raise ConfigError(
-            "reward: each reward once (give weights with --reward-weights)", field="reward"
-        )
-    weights = reward_weights(values)
-    if values["reward_weights"]:
-        values["reward_weights"] = ",".join(f"{w:g}" for w in weights)
-    if "regex" in rewards:
-        if not values["reward_regex"]:
-            raise ConfigError(
-                "reward: regex needs its pattern: --reward-regex PATTERN", field="reward"
-            )
-        try:
-            re.compile(values["reward_regex"])
-        except re.error as e:
-            pattern = values["reward_regex"]
-            raise ConfigError(
-                f"reward_regex: {pattern!r} is not a pattern ({e})", field="reward_regex"
-            ) from None
-    if values["max_completion_tokens"] >= values["seq_len"]:
-        raise ConfigError(
-            f"max_completion_tokens: {values['max_completion_tokens']} leaves no room for the "
-            f"prompt in seq_len {values['seq_len']}; lower it or raise seq_len",
-            field="max_completion_tokens",
-        )
+    """Every method tidies its own fields; the chosen one checks them."""
+    for method in methods.METHODS.values():
+        method.tidy(values)
+    methods.get(values["method"]).check(values)
 
 
 def _check_mix(values: dict) -> None:

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from core.config.methods import dpo as declared
 from core.config.spec import TrainConfig
 from core.data.prepare import PrepareCancelled
 from core.models import lora
@@ -104,7 +105,7 @@ def _pair_losses(run: RunState, cfg: TrainConfig, reference, model, starts, val:
 class DPO(Objective):
     """The objective (core.training.objectives): pairs in, the DPO loss and TRL's signals out."""
 
-    name = "dpo"
+    name = declared.METHOD.name  # fields, checks, plots: core/config/methods/dpo.py
 
     def __init__(self, cfg: TrainConfig):
         self.reference: Reference | None = None
@@ -123,10 +124,6 @@ class DPO(Objective):
         pairs = cfg.batch_size * cfg.grad_accum * world.size
         stacked = world.mean(torch.stack([s.sums for s in signals])) * world.size
         return [signals(s, pairs) for s in stacked.cpu()]
-
-    @staticmethod
-    def rows_per_example(cfg: TrainConfig) -> int:
-        return 2  # a pair's two sequences
 
     @torch.no_grad()
     def evaluate(self, run: RunState, cfg: TrainConfig) -> tuple[float, dict, str]:

@@ -26,6 +26,7 @@ from types import SimpleNamespace
 
 import torch
 
+from core.config.methods import grpo as declared
 from core.config.spec import TrainConfig
 from core.models import lora
 from core.models.loss import chunk_positions
@@ -252,7 +253,7 @@ class Rollout:
 
 
 class GRPO(Objective):
-    name = "grpo"
+    name = declared.METHOD.name  # fields, checks, plots: core/config/methods/grpo.py
 
     def __init__(self, cfg: TrainConfig):
         self.rewards: Rewards | None = None
@@ -302,10 +303,6 @@ class GRPO(Objective):
             f"{cfg.max_completion_tokens} tokens; rewards {names}; loss {cfg.loss_type}, "
             f"beta {cfg.grpo_beta:g}"
         )
-
-    @staticmethod
-    def rows_per_example(cfg: TrainConfig) -> int:
-        return cfg.num_generations  # a prompt's G completions
 
     @staticmethod
     def extra_memory(cfg: TrainConfig, c, act_bytes: int, weight_bytes: int):

@@ -13,10 +13,11 @@ what they share; a module overrides what differs:
 - evaluate(run, cfg): (the value a better model lowers, the record's fields, the log line);
 - step_tokens(signals, cfg): the tokens a step trained on (tokens/s);
 - best_meta(best): how a checkpoint records the best evaluation (val_loss, GRPO's reward);
-- rows_per_example(cfg) and extra_memory(...): what it adds to the memory estimate.
+- extra_memory(...): what it adds to the memory estimate (rows_per_example: its declaration).
 
-kind(cfg) names the class and make(cfg) builds it, once, at setup; the step loop never asks
-which.
+What a method is to the rest of TrainDeck (fields, checks, data kind, plots) is declared in
+core.config.methods; the declaration names its runtime here. kind(cfg) imports that class and
+make(cfg) builds it, once, at setup; the step loop never asks which.
 """
 
 from __future__ import annotations
@@ -26,18 +27,14 @@ from dataclasses import dataclass
 
 import torch
 
+from core.config import methods
 from core.config.spec import TrainConfig
-
-# method -> module:class, imported when asked for (GRPO's sampling need not load for SFT)
-KINDS = {
-    "sft": "core.training.sft:SFT",
-    "dpo": "core.training.dpo:DPO",
-    "grpo": "core.training.grpo:GRPO",
-}
 
 
 def kind(cfg: TrainConfig) -> type[Objective]:
-    module, name = KINDS[cfg.method].split(":")
+    """The method's objective class, imported when asked for (GRPO's sampling need not load
+    for SFT)."""
+    module, name = methods.of(cfg).runtime.split(":")
     return getattr(importlib.import_module(module), name)
 
 
@@ -47,7 +44,7 @@ def make(cfg: TrainConfig) -> Objective:
 
 def rows_per_example(cfg: TrainConfig) -> int:
     """Sequences through the model per batch element: 1, a pair's 2, or GRPO's G."""
-    return kind(cfg).rows_per_example(cfg)
+    return methods.of(cfg).rows_per_example(cfg)
 
 
 def extra_memory(cfg: TrainConfig, c, act_bytes: int, weight_bytes: int) -> tuple[int, int, int]:
@@ -132,10 +129,6 @@ class Objective:
 
     def evaluate(self, run, cfg: TrainConfig) -> tuple[float, dict, str]:
         raise NotImplementedError
-
-    @staticmethod
-    def rows_per_example(cfg: TrainConfig) -> int:
-        return 1
 
     @staticmethod
     def extra_memory(cfg: TrainConfig, c, act_bytes: int, weight_bytes: int):
