@@ -28,8 +28,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from core.config import recipe
-from core.config.fields import ADVANCED, BATCH, DATA, EXECUTION, GRPO, INTERVALS, MODEL
+from core.config import methods, recipe
+from core.config.declare import ADVANCED, BATCH, DATA, EXECUTION, INTERVALS, MODEL
+from core.config.methods.base import PAIRS, PROMPTS, WINDOWS
 from core.config.spec import (
     KINDS,
     LIMITS,
@@ -56,7 +57,9 @@ PLACEHOLDERS = {
     "reward_weights": "1 each",
 }
 # Box order in the form; each field names its box (core.config.spec's Spec.group).
-GROUP_ORDER = (DATA, GRPO, MODEL, BATCH, EXECUTION, INTERVALS)
+# a method's own box (GRPO's rewards and sampling) shows for that method alone
+METHOD_BOXES = {m.name: m.form_group for m in methods.METHODS.values() if m.form_group}
+GROUP_ORDER = (DATA, *METHOD_BOXES.values(), MODEL, BATCH, EXECUTION, INTERVALS)
 LABELS = {name: spec.label for name, spec in SPECS.items() if spec.label}
 ADVANCED_FIELDS = [name for name, spec in SPECS.items() if spec.group == ADVANCED and spec.label]
 LOG_STEP_FIELDS = ("lr", "muon_lr", "max_epochs")  # these step by a factor, not by a fixed amount
@@ -450,7 +453,8 @@ class ConfigForm(QWidget):
             box = self._group(group, group_fields(group), devices, top=top_widget)
             self.boxes[group] = box
             layout.addWidget(box)
-        self.boxes[GRPO].setVisible(False)  # method grpo only
+        for group in METHOD_BOXES.values():
+            self.boxes[group].setVisible(False)  # until its method is chosen
         self.advanced_toggle = QToolButton()
         self.advanced_toggle.setText("Advanced settings")
         self.advanced_toggle.setCheckable(True)
@@ -627,7 +631,7 @@ class ConfigForm(QWidget):
         if self._pretrained is not None:  # a context past the model's is named
             cfg = apply_pretrained(cfg, self._pretrained, explicit={"seq_len"})
         cfg = validate(cfg)
-        if cfg.method == "grpo":  # a reward file imports and has its function, before Start
+        if methods.owns(cfg, "reward"):  # a reward file imports and has its function
             check_reward_files(cfg)
         return cfg
 
@@ -697,10 +701,14 @@ class ConfigForm(QWidget):
             self._pairs_key = key
         pairs = self._pairs
         method = self.widgets["method"]
-        grpo = method.currentText() == "grpo" and not pairs  # prompts: the user's choice
-        if not grpo and method.currentText() != ("dpo" if pairs else "sft"):
-            method.setCurrentText("dpo" if pairs else "sft")
-        self.boxes[GRPO].setVisible(method.currentText() == "grpo")
+        # No file says it holds prompts: a method taking them is the user's choice, unless
+        # the data are pairs. Otherwise the data choose: pairs their method, else windows'.
+        if pairs or methods.get(method.currentText()).data != PROMPTS:
+            wanted = methods.taking(PAIRS if pairs else WINDOWS).name
+            if method.currentText() != wanted:
+                method.setCurrentText(wanted)
+        for name, group in METHOD_BOXES.items():
+            self.boxes[group].setVisible(method.currentText() == name)
 
     def check(self) -> str | None:
         """Validate with core and flag the named field; returns the message or None."""

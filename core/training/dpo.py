@@ -119,10 +119,10 @@ class DPO(Objective):
         losses, rc, rr = _pair_losses(run, cfg, self.reference, run.train_model, starts)
         return losses.mean(), signal_sums(rc, rr)
 
-    def records(self, signals: list[StepSignals], cfg: TrainConfig, world) -> list[dict]:
+    def records(self, steps: list[StepSignals], cfg: TrainConfig, world) -> list[dict]:
         """The signals of each pending step, read in the same sync as the losses."""
         pairs = cfg.batch_size * cfg.grad_accum * world.size
-        stacked = world.mean(torch.stack([s.sums for s in signals])) * world.size
+        stacked = world.mean(torch.stack([s.sums for s in steps])) * world.size
         return [signals(s, pairs) for s in stacked.cpu()]
 
     @torch.no_grad()

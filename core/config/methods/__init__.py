@@ -7,6 +7,8 @@ declaration names. Nothing outside these modules and the objectives compares a m
 
 from __future__ import annotations
 
+import dataclasses
+
 from core.config.methods import dpo, grpo, sft
 from core.config.methods.base import Curve, Measure, Method, Plot
 
@@ -30,6 +32,12 @@ def of(cfg) -> Method:
 def taking(data: str) -> Method:
     """The first method that trains on this kind of data (base.WINDOWS, PAIRS, PROMPTS)."""
     return next(m for m in METHODS.values() if m.data == data)
+
+
+def owns(cfg, field: str) -> bool:
+    """Whether the config's method declares this field (GRPO: reward)."""
+    own = of(cfg).fields
+    return own is not None and field in {f.name for f in dataclasses.fields(own)}
 
 
 def field_classes() -> tuple[type, ...]:
