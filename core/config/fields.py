@@ -391,7 +391,7 @@ class DataFields:
         stream=True,
     )
     method: str = spec(
-        "sft",
+        methods.DEFAULT,
         methods.HELP,
         label="Method",
         group=DATA,
