@@ -85,3 +85,4 @@ class Method:
     measure: Measure | None = None
     best: Best | None = None
     status: tuple[tuple[str, str], ...] = ()  # (label, evaluation field) for the status line
+    sampling_row: str = ""  # the memory estimate's row for what its sampling holds (GRPO)

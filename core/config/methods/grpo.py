@@ -288,4 +288,5 @@ METHOD = Method(
     ),
     best=Best("Best eval reward", "eval_reward", negated_val_loss=True),
     status=(("eval reward", "eval_reward"),),
+    sampling_row="sampling (KV cache, G x B)",
 )
