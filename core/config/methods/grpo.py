@@ -6,6 +6,7 @@ core/training/grpo.py (rewards: core/training/rewards.py)."""
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 from core.config.declare import spec
@@ -176,8 +177,6 @@ def reward_weights(values) -> list[float]:
 def check(values: dict) -> None:
     """The rewards' names and settings; the files themselves are read at the run's start
     (core.training.rewards), before the model loads."""
-    import re
-
     if values["init_from"] is None:
         raise ConfigError(
             f"method: {NAME} tunes a model that can already write; give init_from (a pretrained "
