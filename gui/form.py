@@ -51,11 +51,6 @@ from core.weights.loader import apply_pretrained
 
 INT_MAX = 2**31 - 1  # QSpinBox holds a C int
 
-PLACEHOLDERS = {
-    "eval_data": "none; a file, a folder, or embedded (general text)",
-    "reward": "answer, think_format, C:/path/rewards.py:my_reward",
-    "reward_weights": "1 each",
-}
 # Box order in the form; each field names its box (core.config.spec's Spec.group).
 # a method's own box (GRPO's rewards and sampling) shows for that method alone
 METHOD_BOXES = {m.name: m.form_group for m in methods.METHODS.values() if m.form_group}
@@ -491,7 +486,7 @@ class ConfigForm(QWidget):
             w.currentTextChanged.connect(self._edited)
         elif spec.widget == "text":
             w = QLineEdit()  # e.g. a seed past a C int, or free text
-            w.setPlaceholderText(PLACEHOLDERS.get(name, ""))
+            w.setPlaceholderText(spec.placeholder)
             w.textChanged.connect(self._edited)
         elif KINDS[name] is int:
             w = IntSpin(name)

@@ -23,6 +23,8 @@ class Spec:
     state: bool = False  # changes what the optimizer state holds: a checkpoint cannot resume
     cli: bool = True  # has a --flag of its own (booleans that default to true get --no-flag)
     widget: str = ""  # a special form widget: "limit", "device", "text"
+    placeholder: str = ""  # a text widget's hint while empty
+    repeat: bool = False  # the flag may be given again, each adding a value (--data, --reward)
 
 
 def spec(default, help: str, **kw):

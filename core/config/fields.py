@@ -327,6 +327,7 @@ class DataFields:
         "--data again to mix several sources (default: the embedded corpus)",
         optional=True,
         stream=True,
+        repeat=True,  # not commas: Windows paths hold any of them
     )
     # more sources mixed with data (the CLI's repeated --data); core.data.mix draws from them
     extra_data: list[str] = spec(
@@ -358,6 +359,7 @@ class DataFields:
         label="Second validation",
         group=DATA,
         optional=True,
+        placeholder="none; a file, a folder, or embedded (general text)",
         widget="text",
     )
     tokenizer: str = spec(

@@ -83,3 +83,11 @@ def test_each_methods_curves_are_drawn_in_its_own_plot():
         assert set(method.plot.shown_by) <= keys
         if method.measure is not None:
             assert {method.measure.train_key, method.measure.eval_key} <= keys
+
+
+def test_a_methods_repeatable_fields_repeat_on_the_command_line():
+    args = build_parser().parse_args(
+        ["--reward", "answer", "--reward", "length", "--data", "a.txt", "--data", "b.txt"]
+    )
+    assert args.reward == ["answer", "length"] and args.data == ["a.txt", "b.txt"]
+    assert build_parser().parse_args(["--dpo-beta", "0.2"]).dpo_beta == 0.2

@@ -223,6 +223,14 @@ def test_the_error_shows_under_the_field_it_carries_not_the_one_its_text_starts_
     assert not form.general_error.isHidden()  # shown under the form instead
 
 
+def test_text_fields_show_their_declared_hints(make_window):
+    from core.config.spec import SPECS
+
+    form = make_window().form
+    for name in ("reward", "reward_weights", "eval_data"):  # GRPO's two, then a common one
+        assert form.widgets[name].placeholderText() == SPECS[name].placeholder != ""
+
+
 def test_epochs_limit_and_a_bad_seed_are_core_checked(make_window):
     window = make_window()
     limit = window.form.widgets["limit"]

@@ -32,6 +32,8 @@ class GRPOFields:
         label="Rewards",
         group=GRPO,
         widget="text",
+        placeholder="answer, think_format, C:/path/rewards.py:my_reward",
+        repeat=True,
     )
     reward_weights: str | None = spec(
         None,
@@ -39,6 +41,7 @@ class GRPOFields:
         label="Reward weights",
         group=GRPO,
         optional=True,
+        placeholder="1 each",
         widget="text",
     )
     reward_regex: str | None = spec(
