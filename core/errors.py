@@ -6,7 +6,12 @@ class UserError(Exception):
 
 
 class ConfigError(UserError):
-    pass
+    """A setting that is wrong; field names it (the window flags that field's widget), None
+    where no one field is to blame."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
 
 
 class DataError(UserError):

@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from core.config import methods
 from core.runs.compare import MEASURES, run_curves, run_summary
 from core.runs.folder import list_runs
 
@@ -44,8 +45,7 @@ class CompareTab(QWidget):
         self.measure = QComboBox()  # a GRPO run's loss says little: its reward is the curve
         self.measure.addItems(list(MEASURES))
         self.measure.setToolTip(
-            "loss: training and validation loss; reward: a GRPO run's "
-            "training reward and held-out reward"
+            "; ".join(["loss: training and validation loss", *(m.help for m in methods.measures())])
         )
         self.measure.currentTextChanged.connect(self.redraw)
         self.measure_chosen = False  # until the user picks one, GRPO runs alone show reward
@@ -127,15 +127,22 @@ class CompareTab(QWidget):
             if it.checkState() == Qt.CheckState.Checked
         ]
 
+    @staticmethod
+    def _measure_for(ticked: list[str]) -> str:
+        """A method's measure when every ticked run has it (GRPO runs: reward), else loss."""
+        for m in methods.measures():
+            if all(run_curves(p, m.name)["train"] for p in ticked):
+                return m.name
+        return "loss"
+
     def redraw(self, *_) -> None:
         self.plot.clear()
         self.legend.clear()
         column, unit = AXES[self.axis.currentText()]
         ticked = self.ticked()
         if not self.measure_chosen and ticked:
-            rewards = all(run_curves(p, "reward")["train"] for p in ticked)
             self.measure.blockSignals(True)
-            self.measure.setCurrentText("reward" if rewards else "loss")
+            self.measure.setCurrentText(self._measure_for(ticked))
             self.measure.blockSignals(False)
         measure = self.measure.currentText()
         self.plot.setTitle(measure)

@@ -28,8 +28,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from core.config import recipe
-from core.config.fields import ADVANCED, BATCH, DATA, EXECUTION, GRPO, INTERVALS, MODEL
+from core.config import methods, recipe
+from core.config.declare import ADVANCED, BATCH, DATA, EXECUTION, INTERVALS, MODEL
+from core.config.methods.base import PAIRS, PROMPTS, WINDOWS
 from core.config.spec import (
     KINDS,
     LIMITS,
@@ -50,13 +51,10 @@ from core.weights.loader import apply_pretrained
 
 INT_MAX = 2**31 - 1  # QSpinBox holds a C int
 
-PLACEHOLDERS = {
-    "eval_data": "none; a file, a folder, or embedded (general text)",
-    "reward": "answer, think_format, C:/path/rewards.py:my_reward",
-    "reward_weights": "1 each",
-}
 # Box order in the form; each field names its box (core.config.spec's Spec.group).
-GROUP_ORDER = (DATA, GRPO, MODEL, BATCH, EXECUTION, INTERVALS)
+# a method's own box (GRPO's rewards and sampling) shows for that method alone
+METHOD_BOXES = {m.name: m.form_group for m in methods.METHODS.values() if m.form_group}
+GROUP_ORDER = (DATA, *METHOD_BOXES.values(), MODEL, BATCH, EXECUTION, INTERVALS)
 LABELS = {name: spec.label for name, spec in SPECS.items() if spec.label}
 ADVANCED_FIELDS = [name for name, spec in SPECS.items() if spec.group == ADVANCED and spec.label]
 LOG_STEP_FIELDS = ("lr", "muon_lr", "max_epochs")  # these step by a factor, not by a fixed amount
@@ -89,7 +87,7 @@ def check_reward_files(cfg: TrainConfig) -> None:
             except UserError as e:
                 _reward_checks[key] = str(e)
         if _reward_checks[key]:
-            raise ConfigError(_reward_checks[key])
+            raise ConfigError(_reward_checks[key], field="reward")
 
 
 def tooltip(name: str) -> str:
@@ -450,7 +448,8 @@ class ConfigForm(QWidget):
             box = self._group(group, group_fields(group), devices, top=top_widget)
             self.boxes[group] = box
             layout.addWidget(box)
-        self.boxes[GRPO].setVisible(False)  # method grpo only
+        for group in METHOD_BOXES.values():
+            self.boxes[group].setVisible(False)  # until its method is chosen
         self.advanced_toggle = QToolButton()
         self.advanced_toggle.setText("Advanced settings")
         self.advanced_toggle.setCheckable(True)
@@ -487,7 +486,7 @@ class ConfigForm(QWidget):
             w.currentTextChanged.connect(self._edited)
         elif spec.widget == "text":
             w = QLineEdit()  # e.g. a seed past a C int, or free text
-            w.setPlaceholderText(PLACEHOLDERS.get(name, ""))
+            w.setPlaceholderText(spec.placeholder)
             w.textChanged.connect(self._edited)
         elif KINDS[name] is int:
             w = IntSpin(name)
@@ -627,7 +626,7 @@ class ConfigForm(QWidget):
         if self._pretrained is not None:  # a context past the model's is named
             cfg = apply_pretrained(cfg, self._pretrained, explicit={"seq_len"})
         cfg = validate(cfg)
-        if cfg.method == "grpo":  # a reward file imports and has its function, before Start
+        if methods.owns(cfg, "reward"):  # a reward file imports and has its function
             check_reward_files(cfg)
         return cfg
 
@@ -697,22 +696,29 @@ class ConfigForm(QWidget):
             self._pairs_key = key
         pairs = self._pairs
         method = self.widgets["method"]
-        grpo = method.currentText() == "grpo" and not pairs  # prompts: the user's choice
-        if not grpo and method.currentText() != ("dpo" if pairs else "sft"):
-            method.setCurrentText("dpo" if pairs else "sft")
-        self.boxes[GRPO].setVisible(method.currentText() == "grpo")
+        # No file says it holds prompts: a method taking them is the user's choice, unless
+        # the data are pairs. Otherwise the data choose: pairs their method, else windows'.
+        if pairs or methods.get(method.currentText()).data != PROMPTS:
+            wanted = methods.taking(PAIRS if pairs else WINDOWS).name
+            if method.currentText() != wanted:
+                method.setCurrentText(wanted)
+        for name, group in METHOD_BOXES.items():
+            self.boxes[group].setVisible(method.currentText() == name)
 
     def check(self) -> str | None:
         """Validate with core and flag the named field; returns the message or None."""
+        field = None
         try:
             self.validated()
             self.error = None
         except ConfigError as e:
-            self.error = str(e)
-        self._show_error(self.error)
+            self.error, field = str(e), e.field
+        self._show_error(self.error, field)
         return self.error
 
-    def _show_error(self, message: str | None) -> None:
+    def _show_error(self, message: str | None, field: str | None = None) -> None:
+        """The message under the widget of the field the error names (its `field`), else
+        under the form."""
         for label in [*self.errors.values(), self.general_error]:
             label.setVisible(False)
         for w in self.widgets.values():
@@ -720,7 +726,7 @@ class ConfigForm(QWidget):
             w.setStyleSheet("")
         if message is None:
             return
-        name = message.split(":", 1)[0].strip()
+        name = field or ""
         if name in LimitField.KEYS:
             name = "limit"
         label = self.errors.get(name, self.general_error)

@@ -6,8 +6,6 @@ with hundreds of thousands of steps redraws as fast as a short one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, QTimer
@@ -20,6 +18,9 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
     QWidget,
 )
+
+from core.config import methods
+from core.config.methods.base import Curve
 
 # One plot per tick (see _tick). While a run trains every redraw takes the GIL from it, so
 # the ticks slow down: each plot then refreshes about once a second.
@@ -100,17 +101,7 @@ def fixed_label(widest: str) -> QLabel:
     return label
 
 
-@dataclass
-class CurveSpec:
-    key: str  # record field
-    plot: str  # which plot it is drawn in
-    label: str
-    color: str
-    width: float = 1.5
-    symbol: str | None = None
-    right_axis: bool = False  # drawn against the plot's second (right) y axis
-    antialias: bool = False
-
+CurveSpec = Curve  # a curve: a record field drawn in a plot (core.config.methods.base)
 
 CURVES = [
     CurveSpec("loss", "loss", "train loss", "#1f77b4", 1.0),
@@ -144,73 +135,25 @@ CURVES = [
     CurveSpec("gpu_util", "gpu", "utilization %", "#1f77b4"),
     CurveSpec("gpu_temp_c", "gpu", "temperature °C", "#d62728"),
     CurveSpec("gpu_power_w", "gpu", "power W (right axis)", "#ff7f0e", right_axis=True),
-    # DPO (TRL's names): rewards are beta x how far the model moved from the reference
-    CurveSpec("rewards/chosen", "preference", "chosen reward", "#2ca02c", 1.0),
-    CurveSpec("rewards/rejected", "preference", "rejected reward", "#d62728", 1.0),
-    CurveSpec("rewards/margins", "preference", "margin", "#1f77b4", 1.0),
-    CurveSpec(
-        "eval_rewards/margins",
-        "preference",
-        "validation margin",
-        "#0b3d91",
-        2.0,
-        symbol="o",
-        antialias=True,
-    ),
-    CurveSpec(
-        "rewards/accuracies", "preference", "accuracy (right axis)", "#9467bd", 1.0, right_axis=True
-    ),
-    CurveSpec(
-        "eval_rewards/accuracies",
-        "preference",
-        "validation accuracy (right axis)",
-        "#ff7f0e",
-        2.0,
-        symbol="s",
-        right_axis=True,
-        antialias=True,
-    ),
-    # GRPO (TRL's names): the mean reward of the step's completions, its spread, the held-out
-    # reward, and how many completions were cut at the length limit
-    CurveSpec("reward", "rewards", "reward", "#2ca02c", 1.5),
-    CurveSpec("reward_std", "rewards", "reward std", "#8c564b", 1.0),
-    CurveSpec(
-        "eval_reward", "rewards", "held-out reward", "#0b3d91", 2.0, symbol="o", antialias=True
-    ),
-    CurveSpec(
-        "frac_reward_zero_std",
-        "rewards",
-        "groups all alike (right axis)",
-        "#7f7f7f",
-        1.0,
-        right_axis=True,
-    ),
-    CurveSpec(
-        "completions/clipped_ratio",
-        "rewards",
-        "cut at the length (right axis)",
-        "#d62728",
-        1.0,
-        right_axis=True,
-    ),
 ]
+# each method's own curves, in its own plot (core.config.methods: DPO's preference, GRPO's
+# rewards), after the common ones
+CURVES += list(methods.curves())
 PLOTS = {
     "loss": ("Loss", "loss"),
     "memory": ("VRAM / RAM", "MiB"),
     "throughput": ("Throughput", "tokens/s"),
     "lr": ("Learning rate", "lr"),
     "gpu": ("GPU (NVML)", "% / °C"),
-    "preference": ("Preference (DPO)", "reward"),
-    "rewards": ("Rewards (GRPO)", "reward"),
+    **{p.name: (p.title, p.unit) for p in methods.plots()},
 }
+METHOD_PLOTS = {p.name: p for p in methods.plots()}  # beside the loss once a run reports
 SMOOTH_KEY = "loss_smooth"
 EVAL_KEYS = (
     "val_loss",
     "val_bpb",
     "eval_data_loss",
-    "eval_rewards/margins",
-    "eval_rewards/accuracies",
-    "eval_reward",
+    *(c.key for c in methods.curves() if c.evaluation),
 )
 
 
@@ -252,8 +195,10 @@ class PlotPanel(QWidget):
             "gpu": self._add_right_axis(self.plots["gpu"], "power", "W"),
             # bits per byte compare across tokenizers; nats per token do not
             "loss": self._add_right_axis(self.plots["loss"], "bits/byte", ""),
-            "preference": self._add_right_axis(self.plots["preference"], "accuracy", ""),
-            "rewards": self._add_right_axis(self.plots["rewards"], "share", ""),
+            **{
+                name: self._add_right_axis(self.plots[name], plot.right_label, "")
+                for name, plot in METHOD_PLOTS.items()
+            },
         }
         self.grid = QGridLayout()
         self.grid.setSpacing(4)
@@ -304,19 +249,17 @@ class PlotPanel(QWidget):
         return view
 
     def _place_plots(self) -> None:
-        """Loss on top, the preference plot beside it once a DPO run reports; the GPU plot
-        only takes a slot once NVML data has arrived."""
+        """Loss on top, a method's plot beside it once its run reports (DPO's preference,
+        GRPO's rewards); the GPU plot only takes a slot once NVML data has arrived."""
         for w in self.plots.values():
             self.grid.removeWidget(w)
         gpu_shown = self._has_gpu_data()
-        preference_shown = self._has_preference_data()
-        rewards_shown = self._has_reward_data() and not preference_shown
-        beside = preference_shown or rewards_shown
+        beside = self._method_plot_with_data()
         self.grid.addWidget(self.plots["loss"], 0, 0, 1, 1 if beside else 2)
-        self.plots["preference"].setVisible(preference_shown)
-        self.plots["rewards"].setVisible(rewards_shown)
+        for name in METHOD_PLOTS:
+            self.plots[name].setVisible(name == beside)
         if beside:
-            self.grid.addWidget(self.plots["preference" if preference_shown else "rewards"], 0, 1)
+            self.grid.addWidget(self.plots[beside], 0, 1)
         self.grid.addWidget(self.plots["memory"], 1, 0)
         self.grid.addWidget(self.plots["throughput"], 1, 1)
         self.grid.addWidget(self.plots["lr"], 2, 0, 1, 1 if gpu_shown else 2)
@@ -327,14 +270,14 @@ class PlotPanel(QWidget):
         self.grid.setRowStretch(1, 2)
         self.grid.setRowStretch(2, 2)
         self._gpu_placed = gpu_shown
-        self._preference_placed = preference_shown
-        self._rewards_placed = rewards_shown
+        self._method_placed = beside
 
-    def _has_reward_data(self) -> bool:
-        return any(self.series[k].size for k in ("reward", "eval_reward"))
-
-    def _has_preference_data(self) -> bool:
-        return any(self.series[k].size for k in ("rewards/margins", "eval_rewards/margins"))
+    def _method_plot_with_data(self) -> str | None:
+        """The first method plot (registry order) whose run has reported, or None."""
+        for name, plot in METHOD_PLOTS.items():
+            if any(self.series[k].size for k in plot.shown_by):
+                return name
+        return None
 
     def _has_gpu_data(self) -> bool:
         return any(self.series[k].size for k in ("gpu_util", "gpu_temp_c", "gpu_power_w"))
@@ -397,7 +340,7 @@ class PlotPanel(QWidget):
     def clear(self) -> None:
         for series in self.series.values():
             series.clear()
-        if self._preference_placed or self._rewards_placed:  # the next may be another method
+        if self._method_placed:  # the next run may be another method
             self._place_plots()
 
     def set_device_total(self, total_mb: float) -> None:
@@ -472,10 +415,8 @@ class PlotPanel(QWidget):
             # 136 -> 76 ms of GUI thread per second, 4 plots fed 200 steps/s).
             self.plots[name].scene().prepareForPaint()
         if (
-            (self._has_gpu_data() and not self._gpu_placed)
-            or (self._has_preference_data() and not self._preference_placed)
-            or (self._has_reward_data() and not self._rewards_placed)
-        ):
+            self._has_gpu_data() and not self._gpu_placed
+        ) or self._method_plot_with_data() != self._method_placed:
             self._place_plots()
         total = sum(s.size for s in self.series.values())
         self.points_label.setText(f"{self.series['loss'].size:,} steps, {total:,} points")

@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
 )
 
+from core.config import methods
 from core.errors import UserError
 from core.runs.folder import checkpoint_summary, resolve_resume
 from gui.form import INT_MAX
@@ -48,14 +49,23 @@ def _fmt_int(value) -> str:
 
 
 def _best_row(summary: dict) -> tuple[str, str]:
-    """The best evaluation so far: GRPO's best.pt is chosen by the held-out reward (higher
-    is better), shown as the reward; older GRPO checkpoints saved minus it as val_loss."""
-    reward, val = summary.get("eval_reward"), summary.get("val_loss")
-    if reward is None and val is not None and summary["config"].get("method") == "grpo":
-        reward = -val
-    if reward is not None or summary["config"].get("method") == "grpo":
-        return "Best eval reward", _fmt_loss(reward)
-    return "Best val loss", _fmt_loss(val)
+    """The best evaluation so far, as the run's method shows it (core.config.methods: GRPO's
+    best.pt is chosen by the held-out reward, higher is better; its older checkpoints saved
+    minus it as val_loss); else the validation loss."""
+    val = summary.get("val_loss")
+    own = methods.get(summary["config"].get("method", methods.DEFAULT)).best
+    recorded = [
+        m.best
+        for m in methods.METHODS.values()
+        if m.best is not None and summary.get(m.best.key) is not None
+    ]
+    best = own or (recorded[0] if recorded else None)  # a recorded one shows in any case
+    if best is None:
+        return "Best val loss", _fmt_loss(val)
+    value = summary.get(best.key)
+    if value is None and val is not None and best.negated_val_loss:
+        value = -val
+    return best.label, _fmt_loss(value)
 
 
 def summary_html(ckpt: Path, run_dir: Path, summary: dict, state: str | None) -> str:

@@ -70,8 +70,8 @@ def add_field_flags(p: argparse.ArgumentParser) -> None:
             continue
         kind = KINDS[name] if KINDS[name] in (int, float) else str
         metavar = METAVARS.get(kind, name.split("_")[-1].upper())
-        # --data again adds a source to the mix (not commas: Windows paths hold any of them)
-        action = "append" if name in ("data", "reward") else "store"
+        # --data again adds a source to the mix, --reward another reward (Spec.repeat)
+        action = "append" if spec.repeat else "store"
         p.add_argument(
             flag, type=kind, default=None, metavar=metavar, help=flag_help(name), action=action
         )

@@ -1,9 +1,13 @@
 """The fields of TrainConfig, one declaration each (default, help, form label and group, range,
-resume rules, CLI flag), in five groups: core.config.spec joins them and validates."""
+resume rules, CLI flag), in groups: core.config.spec joins them with each method's own fields
+(core.config.methods) and validates."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from core.config import methods
+from core.config.declare import ADVANCED, BATCH, DATA, EXECUTION, INTERVALS, MODEL, spec
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 LORA_TARGETS = ("attn", "mlp", "all")
@@ -15,50 +19,11 @@ LORA_TARGET_HELP = (
 )
 TOKENIZERS = ("bytes", "bpe", "model")  # model: the pretrained model's own (init_from)
 DATA_FORMATS = ("auto", "text", "chat", "preference")  # chat: core.data.chatdata; preference: pairs
-METHODS = ("sft", "dpo", "grpo")  # dpo: preference pairs; grpo: rewards (core.training.grpo)
-GRPO_LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo")  # TRL's names; dapo: TRL's default
-SCALE_REWARDS = ("group", "batch", "none")
 ARCHS = ("gpt2", "llama")
 BASE_BITS = ("auto", "4", "8", "16", "32")  # as strings: as written on the command line
 OPTIMIZERS = ("auto", "adamw", "adamw8bit", "muon")  # auto: muon new, adamw fine-tune
 SCHEDULES = ("cosine", "wsd")
 DECAY_SHAPES = ("linear", "sqrt")  # sqrt: 1 - sqrt(progress)
-
-
-@dataclass(frozen=True)
-class Spec:
-    """Everything said about one config field: CLI flag, form widget and validation read it."""
-
-    help: str
-    label: str = ""  # the form's label; empty: the field has no widget in the form
-    group: str | None = None  # the form's group box
-    low: float | None = None  # inclusive bounds for numbers; None: unbounded
-    high: float | None = None
-    choices: tuple[str, ...] = ()
-    optional: bool = False  # None is allowed (and means "not set")
-    arch: bool = False  # changes tensor shapes: a checkpoint cannot be loaded into another value
-    stream: bool = False  # changes which tokens are drawn: a resumed run would be another run
-    state: bool = False  # changes what the optimizer state holds: a checkpoint cannot resume
-    cli: bool = True  # has a --flag of its own (booleans that default to true get --no-flag)
-    widget: str = ""  # a special form widget: "limit", "device", "text"
-
-
-def spec(default, help: str, **kw):
-    """A dataclass field carrying its Spec; a list default is copied per instance."""
-    if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata={"spec": Spec(help, **kw)})
-    return field(default=default, metadata={"spec": Spec(help, **kw)})
-
-
-MODEL, BATCH, EXECUTION, INTERVALS, DATA, ADVANCED = (
-    "Model",
-    "Batch and schedule",
-    "Execution",
-    "Intervals (steps)",
-    "Data",
-    "Advanced",
-)
-GRPO = "GRPO: rewards and sampling"  # the form shows this box for method grpo only
 
 
 @dataclass
@@ -362,6 +327,7 @@ class DataFields:
         "--data again to mix several sources (default: the embedded corpus)",
         optional=True,
         stream=True,
+        repeat=True,  # not commas: Windows paths hold any of them
     )
     # more sources mixed with data (the CLI's repeated --data); core.data.mix draws from them
     extra_data: list[str] = spec(
@@ -393,6 +359,7 @@ class DataFields:
         label="Second validation",
         group=DATA,
         optional=True,
+        placeholder="none; a file, a folder, or embedded (general text)",
         widget="text",
     )
     tokenizer: str = spec(
@@ -426,146 +393,20 @@ class DataFields:
         stream=True,
     )
     method: str = spec(
-        "sft",
-        "sft: learn the data's text or answers; dpo: preference tuning (Direct Preference "
-        "Optimization) on pairs of a chosen and a rejected answer, from a pretrained model or "
-        "a finished run (init_from); grpo: reinforcement learning with rewards on sampled "
-        "completions of prompts (GRPO, docs/grpo.md)",
+        methods.DEFAULT,
+        methods.HELP,
         label="Method",
         group=DATA,
-        choices=METHODS,
+        choices=methods.NAMES,
         stream=True,
     )
-    dpo_beta: float = spec(
-        0.1,
-        "dpo: how far the model may move from the reference (higher: closer to it)",
-        label="DPO beta",
-        group=DATA,
-        low=1e-4,
-        high=100.0,
-    )
-    reward: list[str] = spec(
-        [],
-        "grpo: a reward function, repeatable: a built-in (answer, regex, think_format, "
-        "length) or path.py:function (your own code, called as TRL calls it); the form: "
-        "comma-separated",
-        label="Rewards",
-        group=GRPO,
-        widget="text",
-    )
-    reward_weights: str | None = spec(
-        None,
-        "grpo: one weight per reward, comma-separated (default: 1 each)",
-        label="Reward weights",
-        group=GRPO,
-        optional=True,
-        widget="text",
-    )
-    reward_regex: str | None = spec(
-        None,
-        "grpo: the pattern the regex reward looks for in a completion (Python re, DOTALL)",
-        label="Reward regex",
-        group=GRPO,
-        optional=True,
-        widget="text",
-    )
-    reward_length_target: int | None = spec(
-        None,
-        "grpo: the length reward's target in tokens (default: half of max_completion_tokens)",
-        low=1,
-        high=1_000_000,
-        optional=True,
-    )
-    reward_timeout: float = spec(
-        60.0,
-        "grpo: the longest one call of a reward function may take, in seconds; past it the run "
-        "ends naming the reward and the data rows (Stop does not wait for it)",
-        label="Reward time limit (s)",
-        group=GRPO,
-        low=0.1,
-        high=86_400.0,
-    )
-    num_generations: int = spec(
-        8,
-        "grpo: completions sampled per prompt (G); batch_size counts prompts",
-        label="Completions per prompt",
-        group=GRPO,
-        low=2,
-        high=1024,
-        stream=True,
-    )
-    max_completion_tokens: int = spec(
-        256,
-        "grpo: the longest completion sampled, in tokens (it stops earlier at the end of turn)",
-        label="Completion length",
-        group=GRPO,
-        low=1,
-        high=1_000_000,
-        stream=True,
-    )
-    temperature: float = spec(
-        1.0,
-        "grpo: the sampling temperature of completions (0: greedy, the likeliest token)",
-        label="Temperature",
-        group=GRPO,
-        low=0.0,
-        high=10.0,
-        stream=True,
-    )
-    top_p: float = spec(
-        1.0,
-        "grpo: nucleus sampling of completions (1: off)",
-        label="Top-p",
-        group=GRPO,
-        low=0.01,
-        high=1.0,
-        stream=True,
-    )
-    grpo_beta: float = spec(
-        0.0,
-        "grpo: the KL penalty to the reference model (0, as TRL: no reference pass)",
-        label="GRPO beta (KL)",
-        group=GRPO,
-        low=0.0,
-        high=100.0,
-    )
-    epsilon: float = spec(
-        0.2,
-        "grpo: the clipping range of the policy ratio",
-        label="Clip epsilon",
-        group=GRPO,
-        low=0.0,
-        high=10.0,
-    )
-    loss_type: str = spec(
-        "dapo",
-        "grpo: how the token losses are normalized (TRL's loss_type; dapo is TRL's default)",
-        label="GRPO loss type",
-        group=GRPO,
-        choices=GRPO_LOSS_TYPES,
-    )
-    scale_rewards: str = spec(
-        "group",
-        "grpo: divide advantages by the group's reward std, the batch's, or not at all "
-        "(none: Dr. GRPO)",
-        label="Scale rewards",
-        group=GRPO,
-        choices=SCALE_REWARDS,
-    )
-    mask_truncated_completions: bool = spec(
-        False,
-        "grpo: leave completions cut at max_completion_tokens out of the loss",
-        label="Mask truncated completions",
-        group=GRPO,
-    )
-    dpo_label_smoothing: float = spec(
-        0.0,
-        "dpo: the share of pairs assumed mislabelled (conservative DPO; 0: plain DPO)",
-        label="DPO label smoothing",
-        group=ADVANCED,
-        low=0.0,
-        high=0.49,
-    )
+
+
+@dataclass
+class ReadingFields:
+    """How data is read: chat masks and long examples, table columns, file endings, the
+    held-out share and size caps (after the methods' fields, core.config.methods)."""
+
     train_on_prompts: bool = spec(
         False,
         "chat data: let system and user turns carry the loss too (default: answers only)",

@@ -102,14 +102,16 @@ def load_preset(name_or_path: str) -> Preset:
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml") or path.exists():
         if not path.is_file():
-            raise ConfigError(f"preset: file {path} not found")
+            raise ConfigError(f"preset: file {path} not found", field="preset")
         return _read(path, False)
     for folder, builtin in ((BUILTIN_DIR, True), (user_dir(), False)):
         candidate = folder / f"{name_or_path}.yaml"
         if candidate.is_file():
             return _read(candidate, builtin)
     names = ", ".join(p.name for p in list_presets())
-    raise ConfigError(f"preset: unknown preset {name_or_path!r}; available: {names}")
+    raise ConfigError(
+        f"preset: unknown preset {name_or_path!r}; available: {names}", field="preset"
+    )
 
 
 def save_user_preset(name: str, cfg: TrainConfig, description: str = "") -> Path:

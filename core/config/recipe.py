@@ -8,6 +8,7 @@ its lr stays put; the embeddings, head and norms it leaves to AdamW follow AdamW
 
 from __future__ import annotations
 
+from core.config import methods
 from core.config.spec import TrainConfig
 
 REF_WIDTH = 256  # the width the constants below were measured around (and below it)
@@ -19,9 +20,6 @@ MUON_ADAMW_LR = 6e-3  # the embeddings, head and norms next to Muon
 # floors at what peers ship for 1-8B models.
 FINETUNE_FULL_LR, FINETUNE_FULL_FLOOR = 1e-4, 1e-5
 FINETUNE_LORA_LR, FINETUNE_LORA_FLOOR = 5e-4, 1e-4
-
-
-DPO_LR_FACTOR = 0.1
 
 
 def width_factor(hidden_dim: int) -> float:
@@ -48,13 +46,12 @@ def adamw_lr(cfg: TrainConfig) -> float:
 
 def finetune_lr(cfg: TrainConfig) -> float:
     """A fine-tune's default: LoRA's adapters take a larger lr than all the weights do;
-    DPO a tenth of supervised fine-tuning's (peers ship 5e-7..5e-6 for full DPO against
-    1e-5..2e-5 for SFT): its gradients push on two answers a pair with no limit."""
+    times the method's factor (DPO: a tenth, core.config.methods.dpo)."""
     if cfg.lora_rank:
         lr = max(FINETUNE_LORA_FLOOR, FINETUNE_LORA_LR * width_factor(cfg.hidden_dim))
     else:
         lr = max(FINETUNE_FULL_FLOOR, FINETUNE_FULL_LR * width_factor(cfg.hidden_dim))
-    return lr * DPO_LR_FACTOR if cfg.method == "dpo" else lr
+    return lr * methods.of(cfg).lr_factor
 
 
 def base_bits(cfg: TrainConfig, sixteen: bool) -> int:

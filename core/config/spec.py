@@ -11,18 +11,20 @@ import math
 import typing
 from dataclasses import dataclass, fields
 
+from core.config import methods
+from core.config.declare import Spec
 from core.config.fields import (
     DataFields,
     ExecutionFields,
     IntervalFields,
     ModelFields,
+    ReadingFields,
     ScheduleFields,
-    Spec,
 )
+from core.config.methods.grpo import BUILTIN_REWARDS as BUILTIN_REWARDS  # where rewards look
+from core.config.methods.grpo import reward_weights as reward_weights
+from core.config.methods.grpo import split_reward as split_reward
 from core.errors import ConfigError
-
-# grpo's built-in rewards (core.training.rewards)
-BUILTIN_REWARDS = ("answer", "regex", "think_format", "length")
 
 CONFIG_VERSION = (
     3  # bump with a MIGRATIONS entry whenever a field is renamed or its meaning changes
@@ -30,9 +32,18 @@ CONFIG_VERSION = (
 
 
 @dataclass
-class TrainConfig(IntervalFields, DataFields, ExecutionFields, ScheduleFields, ModelFields):
-    """Every setting of a run (fields in core.config.fields, in the order of the bases from
-    the last: model, schedule, execution, data, intervals)."""
+class TrainConfig(
+    IntervalFields,
+    ReadingFields,
+    *reversed(methods.field_classes()),
+    DataFields,
+    ExecutionFields,
+    ScheduleFields,
+    ModelFields,
+):
+    """Every setting of a run (fields in core.config.fields and each method's own in
+    core.config.methods, in the order of the bases from the last: model, schedule, execution,
+    data, the methods' in registry order, reading, intervals)."""
 
     def to_dict(self) -> dict:
         return {**dataclasses.asdict(self), "config_version": CONFIG_VERSION}
@@ -52,7 +63,7 @@ class TrainConfig(IntervalFields, DataFields, ExecutionFields, ScheduleFields, M
     def tokens_per_step(self) -> int:
         """Tokens through the model a step; a DPO pair is two sequences (chosen, rejected),
         a GRPO prompt num_generations (its completions)."""
-        rows = {"dpo": 2, "grpo": self.num_generations}.get(self.method, 1)
+        rows = methods.of(self).rows_per_example(self)
         return self.batch_size * self.grad_accum * self.seq_len * rows
 
 
@@ -106,21 +117,23 @@ def _coerce(name: str, value):
     if name in BOOL_FIELDS:
         if isinstance(value, bool):
             return value
-        raise ConfigError(f"{name}: expected true or false, got {value!r}")
+        raise ConfigError(f"{name}: expected true or false, got {value!r}", field=name)
     if name in LIMITS:
         kind, low, high, _ = LIMITS[name]
         if value is None and SPECS[name].optional:
             return None
         if isinstance(value, bool) or value is None:
-            raise ConfigError(f"{name}: expected {describe_limit(name)}, got {value!r}")
+            raise ConfigError(f"{name}: expected {describe_limit(name)}, got {value!r}", field=name)
         try:
             number = kind(value)
         except (TypeError, ValueError):
-            raise ConfigError(f"{name}: expected {describe_limit(name)}, got {value!r}") from None
+            raise ConfigError(
+                f"{name}: expected {describe_limit(name)}, got {value!r}", field=name
+            ) from None
         if kind is int and isinstance(value, float) and value != number:
-            raise ConfigError(f"{name}: expected {describe_limit(name)}, got {value!r}")
+            raise ConfigError(f"{name}: expected {describe_limit(name)}, got {value!r}", field=name)
         if (low is not None and number < low) or (high is not None and number > high):
-            raise ConfigError(f"{name}: expected {describe_limit(name)}, got {value!r}")
+            raise ConfigError(f"{name}: expected {describe_limit(name)}, got {value!r}", field=name)
         return number
     return value
 
@@ -133,33 +146,40 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     for name, s in SPECS.items():
         if s.choices and values[name] not in s.choices:
             raise ConfigError(
-                f"{name}: expected one of {', '.join(s.choices)}, got {values[name]!r}"
+                f"{name}: expected one of {', '.join(s.choices)}, got {values[name]!r}", field=name
             )
     device = values["device"]
     if not isinstance(device, str) or not (
         device in ("auto", "cpu", "cuda") or (device.startswith("cuda:") and device[5:].isdigit())
     ):
-        raise ConfigError(f"device: expected auto, cpu, cuda or cuda:N, got {device!r}")
+        raise ConfigError(
+            f"device: expected auto, cpu, cuda or cuda:N, got {device!r}", field="device"
+        )
     if values["hidden_dim"] % values["n_heads"]:
         raise ConfigError(
-            f"hidden_dim: {values['hidden_dim']} must be divisible by n_heads ({values['n_heads']})"
+            f"hidden_dim: {values['hidden_dim']} must be divisible by n_heads "
+            f"({values['n_heads']})",
+            field="hidden_dim",
         )
     if values["max_steps"] is None and values["max_epochs"] is None and not values["max_time"]:
-        raise ConfigError("max_steps: set max_steps, max_epochs or max_time")
+        raise ConfigError("max_steps: set max_steps, max_epochs or max_time", field="max_steps")
     exts = values["data_extensions"]
     if isinstance(exts, str):
         exts = [e.strip() for e in exts.split(",") if e.strip()]
     if not isinstance(exts, list) or not exts or not all(isinstance(e, str) for e in exts):
-        raise ConfigError("data_extensions: expected a list of file endings such as ['.txt']")
+        raise ConfigError(
+            "data_extensions: expected a list of file endings such as ['.txt']",
+            field="data_extensions",
+        )
     values["data_extensions"] = [e if e.startswith(".") else "." + e for e in exts]
     for name in ("data", "init_from", "eval_data"):
         if values[name] is not None and not isinstance(values[name], str):
-            raise ConfigError(f"{name}: expected a path, got {values[name]!r}")
+            raise ConfigError(f"{name}: expected a path, got {values[name]!r}", field=name)
         if values[name] == "":
             values[name] = None
     for name in [n for n in SPECS if n.endswith("_column")]:  # a data table's column names
         if values[name] is not None and not isinstance(values[name], str):
-            raise ConfigError(f"{name}: expected a column name, got {values[name]!r}")
+            raise ConfigError(f"{name}: expected a column name, got {values[name]!r}", field=name)
         values[name] = (values[name] or "").strip() or None
     _check_arch(values)
     _check_mix(values)
@@ -168,11 +188,15 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     _check_base_bits(values)
     _check_method(values)
     if values["lora_rank"] == 0 and values["lora_alpha"] is not None:
-        raise ConfigError("lora_alpha: set only with lora_rank > 0 (rank 0 is full fine-tuning)")
+        raise ConfigError(
+            "lora_alpha: set only with lora_rank > 0 (rank 0 is full fine-tuning)",
+            field="lora_alpha",
+        )
     if (values["tokenizer"] == "model") != (values["init_from"] is not None):
         raise ConfigError(
             "tokenizer: 'model' is the pretrained model's own tokenizer and goes with init_from "
-            "alone; a pretrained model cannot use bytes or bpe"
+            "alone; a pretrained model cannot use bytes or bpe",
+            field="tokenizer",
         )
     return TrainConfig(**values)
 
@@ -184,109 +208,22 @@ PRETRAINED_SHAPE = ("arch", "n_kv_heads", "qk_norm")
 def _check_base_bits(values: dict) -> None:
     bits = values["base_bits"]
     if bits in ("4", "8") and values["init_from"] is None:
-        raise ConfigError(f"base_bits: a {bits}-bit base needs a pretrained start (init_from)")
+        raise ConfigError(
+            f"base_bits: a {bits}-bit base needs a pretrained start (init_from)", field="base_bits"
+        )
     if bits in ("4", "8") and not values["lora_rank"]:
         raise ConfigError(
             f"base_bits: a {bits}-bit base trains only with LoRA (lora_rank > 0); full "
-            "fine-tuning needs base_bits 16, 32 or auto"
+            "fine-tuning needs base_bits 16, 32 or auto",
+            field="base_bits",
         )
 
 
 def _check_method(values: dict) -> None:
-    rewards = values["reward"]
-    rewards = [] if rewards is None else [rewards] if isinstance(rewards, str) else rewards
-    if not isinstance(rewards, list) or not all(isinstance(r, str) and r.strip() for r in rewards):
-        raise ConfigError(f"reward: expected reward names or path.py:function, got {rewards!r}")
-    values["reward"] = [r.strip() for r in rewards]
-    for name in ("reward_weights", "reward_regex"):  # the form's empty fields: not set
-        if values[name] is not None and not str(values[name]).strip():
-            values[name] = None
-    if values["method"] == "grpo":
-        _check_grpo(values)
-        return
-    if values["method"] != "dpo":
-        return
-    if values["init_from"] is None:
-        raise ConfigError(
-            "method: dpo tunes a model that can already answer; give init_from (a pretrained "
-            "model or a finished run)"
-        )
-    if values["data_format"] in ("text", "chat"):
-        raise ConfigError(
-            f"method: dpo learns from preference pairs, not data_format {values['data_format']}; "
-            "use data_format preference or auto"
-        )
-
-
-def split_reward(spec: str) -> tuple[str, str] | None:
-    """(file, function) of a reward written path.py:function; None for a built-in's name."""
-    path, sep, function = spec.rpartition(":")
-    if not sep or not path.lower().endswith(".py"):
-        return None
-    return path, function
-
-
-def reward_weights(values) -> list[float]:
-    """One weight per reward: the config's comma-separated list, or 1 each."""
-    rewards, text = values["reward"], values["reward_weights"]
-    if not text:
-        return [1.0] * len(rewards)
-    try:
-        weights = [float(w) for w in str(text).split(",")]
-    except ValueError:
-        raise ConfigError(
-            f"reward_weights: expected numbers separated by commas, got {text!r}"
-        ) from None
-    if len(weights) != len(rewards) or not all(math.isfinite(w) for w in weights):
-        raise ConfigError(
-            f"reward_weights: {len(weights)} weights for {len(rewards)} rewards; give one finite "
-            "number per --reward, in the same order"
-        )
-    return weights
-
-
-def _check_grpo(values: dict) -> None:
-    """The rewards' names and settings; the files themselves are read at the run's start
-    (core.training.rewards), before the model loads."""
-    import re
-
-    if values["init_from"] is None:
-        raise ConfigError(
-            "method: grpo tunes a model that can already write; give init_from (a pretrained "
-            "model or a finished run)"
-        )
-    rewards = values["reward"]
-    if not rewards:
-        raise ConfigError(
-            f"reward: method grpo needs at least one reward: a built-in "
-            f"({', '.join(BUILTIN_REWARDS)}) or path.py:function"
-        )
-    for name in rewards:
-        if split_reward(name) is None and name not in BUILTIN_REWARDS:
-            raise ConfigError(
-                f"reward: unknown reward {name!r}; expected a built-in "
-                f"({', '.join(BUILTIN_REWARDS)}) or path.py:function (a Python file)"
-            )
-        if split_reward(name) is not None and not split_reward(name)[1].isidentifier():
-            raise ConfigError(f"reward: {name!r} names no function after the colon (file.py:name)")
-    if len(set(rewards)) != len(rewards):
-        raise ConfigError("reward: each reward once (give weights with --reward-weights)")
-    weights = reward_weights(values)
-    if values["reward_weights"]:
-        values["reward_weights"] = ",".join(f"{w:g}" for w in weights)
-    if "regex" in rewards:
-        if not values["reward_regex"]:
-            raise ConfigError("reward: regex needs its pattern: --reward-regex PATTERN")
-        try:
-            re.compile(values["reward_regex"])
-        except re.error as e:
-            pattern = values["reward_regex"]
-            raise ConfigError(f"reward_regex: {pattern!r} is not a pattern ({e})") from None
-    if values["max_completion_tokens"] >= values["seq_len"]:
-        raise ConfigError(
-            f"max_completion_tokens: {values['max_completion_tokens']} leaves no room for the "
-            f"prompt in seq_len {values['seq_len']}; lower it or raise seq_len"
-        )
+    """Every method tidies its own fields; the chosen one checks them."""
+    for method in methods.METHODS.values():
+        method.tidy(values)
+    methods.get(values["method"]).check(values)
 
 
 def _check_mix(values: dict) -> None:
@@ -294,7 +231,9 @@ def _check_mix(values: dict) -> None:
     extra = values["extra_data"]
     extra = [] if extra is None else [extra] if isinstance(extra, str) else extra
     if not isinstance(extra, list) or not all(isinstance(e, str) and e for e in extra):
-        raise ConfigError(f"extra_data: expected a list of paths, got {extra!r}")
+        raise ConfigError(
+            f"extra_data: expected a list of paths, got {extra!r}", field="extra_data"
+        )
     values["extra_data"] = list(extra)
     weights = values["data_weights"]
     if isinstance(weights, (list, tuple)):  # a YAML list
@@ -302,7 +241,9 @@ def _check_mix(values: dict) -> None:
     if isinstance(weights, (int, float)) and not isinstance(weights, bool):
         weights = str(weights)
     if weights is not None and not isinstance(weights, str):
-        raise ConfigError(f"data_weights: expected numbers such as 0.8,0.2, got {weights!r}")
+        raise ConfigError(
+            f"data_weights: expected numbers such as 0.8,0.2, got {weights!r}", field="data_weights"
+        )
     values["data_weights"] = weights or None
     if weights:
         parse_weights(weights, 1 + len(extra))
@@ -317,16 +258,22 @@ def parse_weights(text: str, count: int) -> list[float]:
         numbers = [float(p) for p in parts]
     except ValueError:
         raise ConfigError(
-            f"data_weights: expected numbers separated by commas such as 0.8,0.2, got {text!r}"
+            f"data_weights: expected numbers separated by commas such as 0.8,0.2, got {text!r}",
+            field="data_weights",
         ) from None
     if any(not math.isfinite(n) or n < 0 for n in numbers):
-        raise ConfigError(f"data_weights: weights must be 0 or more, got {text!r}")
+        raise ConfigError(
+            f"data_weights: weights must be 0 or more, got {text!r}", field="data_weights"
+        )
     if not any(numbers):
-        raise ConfigError(f"data_weights: at least one weight must be above 0, got {text!r}")
+        raise ConfigError(
+            f"data_weights: at least one weight must be above 0, got {text!r}", field="data_weights"
+        )
     if len(numbers) != count:
         raise ConfigError(
             f"data_weights: {len(numbers)} weight(s) for {count} data source(s); give one "
-            "per --data, in the same order"
+            "per --data, in the same order",
+            field="data_weights",
         )
     return numbers
 
@@ -334,14 +281,19 @@ def parse_weights(text: str, count: int) -> list[float]:
 def _check_arch(values: dict) -> None:
     heads, kv = values["n_heads"], values["n_kv_heads"]
     if kv is not None and heads % kv:
-        raise ConfigError(f"n_kv_heads: {kv} must divide n_heads ({heads})")
+        raise ConfigError(f"n_kv_heads: {kv} must divide n_heads ({heads})", field="n_kv_heads")
     if values["arch"] == "gpt2" and values["init_from"] is None:
         if values["qk_norm"]:
-            raise ConfigError("qk_norm: needs arch llama (GPT-2 has no q/k norms)")
+            raise ConfigError("qk_norm: needs arch llama (GPT-2 has no q/k norms)", field="qk_norm")
         if kv not in (None, heads):
-            raise ConfigError("n_kv_heads: needs arch llama (GPT-2 has no grouped-query attention)")
+            raise ConfigError(
+                "n_kv_heads: needs arch llama (GPT-2 has no grouped-query attention)",
+                field="n_kv_heads",
+            )
     if values["optimizer"] == "muon" and values["lora_rank"]:
-        raise ConfigError("optimizer: muon trains whole weight matrices; LoRA uses adamw")
+        raise ConfigError(
+            "optimizer: muon trains whole weight matrices; LoRA uses adamw", field="optimizer"
+        )
 
 
 DURATION_UNITS = {"h": 3600, "m": 60, "s": 1}
@@ -352,7 +304,7 @@ def parse_duration(text) -> float:
     """Seconds in '1h30m', '45m', '90s', '2.5h'; ConfigError naming max_time otherwise."""
     rest, total = str(text).strip().lower().replace(" ", ""), 0.0
     if isinstance(text, bool) or not isinstance(text, str) or not rest:
-        raise ConfigError(f"max_time: expected {DURATION_HELP}, got {text!r}")
+        raise ConfigError(f"max_time: expected {DURATION_HELP}, got {text!r}", field="max_time")
     for unit in DURATION_UNITS:
         number, sep, tail = rest.partition(unit)
         if not sep:
@@ -360,10 +312,12 @@ def parse_duration(text) -> float:
         try:
             total += float(number) * DURATION_UNITS[unit]
         except ValueError:
-            raise ConfigError(f"max_time: expected {DURATION_HELP}, got {text!r}") from None
+            raise ConfigError(
+                f"max_time: expected {DURATION_HELP}, got {text!r}", field="max_time"
+            ) from None
         rest = tail
     if rest or total <= 0:
-        raise ConfigError(f"max_time: expected {DURATION_HELP}, got {text!r}")
+        raise ConfigError(f"max_time: expected {DURATION_HELP}, got {text!r}", field="max_time")
     return total
 
 

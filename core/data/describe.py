@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from core.config import methods
+from core.config.methods.base import PROMPTS
 from core.config.spec import TrainConfig
 from core.data import hub, preference, prompts, tables
 from core.data.chatdata import is_chat
@@ -64,7 +66,7 @@ def describe_data(cfg: TrainConfig, tokenizer=None) -> str:
 def data_line(cfg: TrainConfig, tokenizer=None) -> str:
     """describe_data (GRPO: its prompt file), and what a mix adds: the window's line under
     Data."""
-    if cfg.method == "grpo" and cfg.data:
+    if methods.of(cfg).data == PROMPTS and cfg.data:
         text = prompts.describe(cfg.data)
     else:
         text = describe_data(cfg, tokenizer)

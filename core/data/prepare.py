@@ -12,6 +12,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from core.config import methods
+from core.config.methods.base import PAIRS
 from core.data import chatdata, preference, tables
 from core.data.build_chat import build_chat, held_out_split  # noqa: F401 (held_out_split: report)
 from core.data.build_text import build_text
@@ -75,18 +77,21 @@ def _text_table(data: str | None, data_format: str, text_extensions: list[str]) 
 
 
 def _check_method(cfg, chat: ChatSpec | None, sources: Sources) -> None:
-    """Preference pairs go with DPO, and DPO with them: one line before anything is read."""
+    """Preference pairs go with the method that takes pairs (DPO), and it with them: one
+    line before anything is read."""
     pairs = chat is not None and chat.pairs
-    if cfg.method == "dpo" and not pairs:
+    takes_pairs = methods.of(cfg).data == PAIRS
+    if takes_pairs and not pairs:
         kind = "chat examples" if chat is not None else "plain text"
         raise DataError(
-            f"method: dpo learns from preference pairs (.jsonl lines with prompt, chosen and "
-            f"rejected); {sources.description} holds {kind}"
+            f"method: {cfg.method} learns from preference pairs (.jsonl lines with prompt, "
+            f"chosen and rejected); {sources.description} holds {kind}"
         )
-    if pairs and cfg.method != "dpo":
+    if pairs and not takes_pairs:
+        name = methods.taking(PAIRS).name
         raise DataError(
             f"data: {sources.description} holds preference pairs (prompt, chosen, rejected); "
-            "train on them with method dpo (--method dpo)"
+            f"train on them with method {name} (--method {name})"
         )
 
 

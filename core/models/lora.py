@@ -70,7 +70,8 @@ def check_rank(model, rank: int, targets: str) -> None:
     smallest = min(min(m.in_features, m.out_features) for _, m in adapted_linears(model, targets))
     if rank > smallest:
         raise ConfigError(
-            f"lora_rank: {rank} is larger than the smallest adapted dimension ({smallest})"
+            f"lora_rank: {rank} is larger than the smallest adapted dimension ({smallest})",
+            field="lora_rank",
         )
 
 

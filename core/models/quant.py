@@ -26,7 +26,8 @@ def bitsandbytes():
     except Exception as e:  # ImportError, or a broken native library
         raise ConfigError(
             "base_bits: a 4- or 8-bit base needs the bitsandbytes package, which could not be "
-            f"loaded ({type(e).__name__}: {e}); pip install bitsandbytes, or use base_bits 16/32"
+            f"loaded ({type(e).__name__}: {e}); pip install bitsandbytes, or use base_bits 16/32",
+            field="base_bits",
         ) from None
     return bnb
 
@@ -73,7 +74,8 @@ def quantize_base(model: nn.Module, bits: int, compute_dtype: torch.dtype, devic
         except Exception as e:
             raise ConfigError(
                 f"base_bits: bitsandbytes cannot hold layer {name} ({m.out_features} x "
-                f"{m.in_features}) in {bits} bits: {type(e).__name__}: {e}"
+                f"{m.in_features}) in {bits} bits: {type(e).__name__}: {e}",
+                field="base_bits",
             ) from None
         del m.weight  # the full-precision base is gone: only the quantized copy remains
         m.register_parameter("weight", None)

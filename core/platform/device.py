@@ -83,16 +83,18 @@ def resolve_device(name: str) -> torch.device:
         build = "a CPU-only build" if torch.version.cuda is None else "no usable GPU"
         raise ConfigError(
             f"device: {name} requested but CUDA is not available (torch {torch.__version__}, "
-            f"{build}); use --device cpu or install a CUDA build of torch"
+            f"{build}); use --device cpu or install a CUDA build of torch",
+            field="device",
         )
     if index >= count:
         raise ConfigError(
             f"device: {name} does not exist; this machine has "
-            f"{count} GPU(s): cuda:0..cuda:{count - 1}"
+            f"{count} GPU(s): cuda:0..cuda:{count - 1}",
+            field="device",
         )
     problem = gpu_build_problem(index)
     if problem:  # before any training: torch would fail at its first kernel
-        raise ConfigError(f"device: {problem}")
+        raise ConfigError(f"device: {problem}", field="device")
     return torch.device("cuda", index) if ":" in name else torch.device("cuda")
 
 
@@ -114,9 +116,13 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     bf16_ok = on_gpu and torch.cuda.is_bf16_supported()
     chosen = pick_precision(precision, on_gpu, bf16_ok)
     if on_gpu and chosen == "bf16" and not bf16_ok:
-        raise ConfigError("precision: bf16 is not supported by this GPU; use fp16 or auto")
+        raise ConfigError(
+            "precision: bf16 is not supported by this GPU; use fp16 or auto", field="precision"
+        )
     if not on_gpu and chosen == "fp16":
-        raise ConfigError("precision: fp16 needs a CUDA GPU; on the CPU use fp32 (or auto)")
+        raise ConfigError(
+            "precision: fp16 needs a CUDA GPU; on the CPU use fp32 (or auto)", field="precision"
+        )
     return chosen
 
 

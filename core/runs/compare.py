@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from core.config import methods
 from core.errors import UserError
 from core.runs.folder import RunFolder, read_metrics
 
@@ -25,7 +26,7 @@ def settings_line(run: RunFolder) -> str:
         f"lr {'auto' if c.lr is None else f'{c.lr:g}'}",
         f"batch {c.batch_size}x{c.grad_accum}",
     ]
-    if c.method != "sft":
+    if c.method != methods.DEFAULT:
         parts.insert(1, c.method)
     if c.lora_rank:
         parts.append(
@@ -34,13 +35,17 @@ def settings_line(run: RunFolder) -> str:
     return ", ".join(parts)
 
 
-# what a curve shows: (the training records' key, the evaluations' key)
-MEASURES = {"loss": ("loss", "val_loss"), "reward": ("reward", "eval_reward")}
+# what a curve shows: (the training records' key, the evaluations' key); the loss, then what
+# the methods declare (GRPO: its reward)
+MEASURES = {
+    "loss": ("loss", "val_loss"),
+    **{m.name: (m.train_key, m.eval_key) for m in methods.measures()},
+}
 
 
 def run_curves(path: str | Path, measure: str = "loss") -> dict:
     """{"name", "label", "train": [(step, elapsed_s, value)], "val": [(step, train_s, value)]}
-    of one measure (MEASURES: the loss, or a GRPO run's reward); records without it are left
+    of one measure (MEASURES: the loss, or a method's, GRPO's reward); records without it are left
     out, so a run that has none draws nothing."""
     run = RunFolder(Path(path))
     train, evals = read_metrics(run.metrics_file)
@@ -103,12 +108,12 @@ def run_summary(path: str | Path) -> dict[str, float]:
     if losses:
         out["val_loss"] = losses[-1]
         out["best val_loss"] = min(losses)
-    rewards = [
-        float(e["eval_reward"]) for e in evals if isinstance(e.get("eval_reward"), int | float)
-    ]
-    if rewards:  # GRPO: the held-out reward, higher is better
-        out["eval_reward"] = rewards[-1]
-        out["best eval_reward"] = max(rewards)
+    for measure in methods.measures():  # GRPO: the held-out reward, higher is better
+        key = measure.eval_key
+        values = [float(e[key]) for e in evals if isinstance(e.get(key), int | float)]
+        if values:
+            out[key] = values[-1]
+            out[f"best {key}"] = (max if measure.higher_is_better else min)(values)
     for record in reversed(eval_records(path)):  # oldest first: the newest wins
         out.update(_measures(record, record["result"]))
         if isinstance(record.get("start"), dict):

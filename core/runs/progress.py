@@ -5,6 +5,8 @@ Qt-free, so the arithmetic is tested on its own; the window feeds it records and
 
 from __future__ import annotations
 
+from core.config import methods
+
 
 def fmt_duration(seconds: float | None) -> str:
     if seconds is None:
@@ -53,7 +55,7 @@ class Progress:
         self.last: dict | None = None  # the newest batch record
         self.last_at = 0.0  # when it arrived
         self.last_val: float | None = None
-        self.last_reward: float | None = None
+        self.last_evals: dict[str, float] = {}  # what the methods' status shows (GRPO: reward)
 
     def start(self, max_steps: int, start_step: int) -> None:
         self.max_steps, self.start_step = max_steps, start_step
@@ -65,7 +67,9 @@ class Progress:
 
     def add_eval(self, record: dict) -> None:
         self.last_val = record.get("val_loss")
-        self.last_reward = record.get("eval_reward")  # GRPO: higher is better
+        self.last_evals = {
+            k: record[k] for _, k in methods.status_fields() if record.get(k) is not None
+        }
 
     @property
     def step(self) -> int | None:
@@ -94,7 +98,11 @@ class Progress:
         parts = [
             f"loss {last['loss']:.4f}",
             f"val {self.last_val:.4f}" if self.last_val is not None else None,
-            f"eval reward {self.last_reward:.4f}" if self.last_reward is not None else None,
+            *(
+                f"{label} {self.last_evals[key]:.4f}"
+                for label, key in methods.status_fields()
+                if key in self.last_evals
+            ),
             f"{last.get('tokens_per_s', 0):,.0f} tok/s",
             f"elapsed {fmt_duration(self.elapsed(now, running))}",
             f"ETA {fmt_duration(self.eta(running))}",

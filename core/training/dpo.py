@@ -20,11 +20,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from core.config.methods import dpo as declared
 from core.config.spec import TrainConfig
 from core.data.prepare import PrepareCancelled
 from core.models import lora
 from core.platform.atomic import atomic_write
-from core.training.objectives import Objective
+from core.training.objectives import Objective, StepSignals
 from core.training.state import RunState
 from core.training.steps import autocast, to_device
 
@@ -104,7 +105,7 @@ def _pair_losses(run: RunState, cfg: TrainConfig, reference, model, starts, val:
 class DPO(Objective):
     """The objective (core.training.objectives): pairs in, the DPO loss and TRL's signals out."""
 
-    name = "dpo"
+    name = declared.METHOD.name  # fields, checks, plots: core/config/methods/dpo.py
 
     def __init__(self, cfg: TrainConfig):
         self.reference: Reference | None = None
@@ -118,15 +119,11 @@ class DPO(Objective):
         losses, rc, rr = _pair_losses(run, cfg, self.reference, run.train_model, starts)
         return losses.mean(), signal_sums(rc, rr)
 
-    def records(self, sums: list, cfg: TrainConfig, world) -> list[dict]:
+    def records(self, steps: list[StepSignals], cfg: TrainConfig, world) -> list[dict]:
         """The signals of each pending step, read in the same sync as the losses."""
         pairs = cfg.batch_size * cfg.grad_accum * world.size
-        stacked = world.mean(torch.stack(sums)) * world.size
+        stacked = world.mean(torch.stack([s.sums for s in steps])) * world.size
         return [signals(s, pairs) for s in stacked.cpu()]
-
-    @staticmethod
-    def rows_per_example(cfg: TrainConfig) -> int:
-        return 2  # a pair's two sequences
 
     @torch.no_grad()
     def evaluate(self, run: RunState, cfg: TrainConfig) -> tuple[float, dict, str]:

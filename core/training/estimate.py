@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core.config import recipe
+from core.config import methods, recipe
 from core.config.spec import TrainConfig
 from core.models.loss import chunk_positions
 from core.models.model import GPTConfig
@@ -113,8 +113,10 @@ class Estimate:
     # Training on the CPU: a checkpoint's copy of the state (core.runs.checkpoint.snapshot),
     # in the same memory, after the step's activations are gone.
     snapshot: int = 0
-    # GRPO: sampling's KV cache of the G x B completions (held before the step's backward)
+    # GRPO: sampling's KV cache of the G x B completions (held before the step's backward),
+    # shown as the method's row (core.config.methods)
     generation: int = 0
+    generation_row: str = "sampling"
 
     @property
     def allocator_peak(self) -> int:
@@ -138,7 +140,7 @@ class Estimate:
             ("activations", self.activations),
             ("logits and loss", self.logits),
             ("checkpoint copy (CPU)", max(0, self.snapshot - self.activations - self.logits)),
-            *([("sampling (KV cache, G x B)", self.generation)] if self.generation else []),
+            *([(self.generation_row, self.generation)] if self.generation else []),
             ("allocator fragmentation", self.fragmentation),
             ("CUDA context", self.cuda_context),
         ]
@@ -252,6 +254,7 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
         trained=trained,
         snapshot=0 if on_gpu else 4 * (trained if cfg.lora_rank else n) + optimizer,
         generation=generation,
+        generation_row=methods.of(cfg).sampling_row or "sampling",
     )
 
 

@@ -27,12 +27,13 @@ from typing import NamedTuple
 
 import torch
 
+from core.config.methods import grpo as declared
 from core.config.spec import TrainConfig
 from core.models import lora
 from core.models.loss import chunk_positions
 from core.platform.device import is_oom
 from core.runs.folder import drop_records_past
-from core.training.objectives import Objective
+from core.training.objectives import Objective, StepSignals
 from core.training.rewards import Rewards, check_columns, text_of
 from core.training.state import RunState
 from core.training.steps import autocast
@@ -242,7 +243,7 @@ class Rollout:
 
 
 class GRPO(Objective):
-    name = "grpo"
+    name = declared.METHOD.name  # fields, checks, plots: core/config/methods/grpo.py
 
     def __init__(self, cfg: TrainConfig):
         self.rewards: Rewards | None = None
@@ -253,6 +254,7 @@ class GRPO(Objective):
         self.main = True
         self.log = lambda message: None  # the run's log, from prepare
         self._tokens = 0  # the latest step's prompt and completion tokens
+        self._gen: dict = {}  # the latest step's sampling metrics (TRL's names)
         self._table_started = False
 
     def check(self, cfg: TrainConfig) -> None:
@@ -291,10 +293,6 @@ class GRPO(Objective):
             f"{cfg.max_completion_tokens} tokens; rewards {names}; loss {cfg.loss_type}, "
             f"beta {cfg.grpo_beta:g}"
         )
-
-    @staticmethod
-    def rows_per_example(cfg: TrainConfig) -> int:
-        return cfg.num_generations  # a prompt's G completions
 
     @staticmethod
     def extra_memory(cfg: TrainConfig, c, act_bytes: int, weight_bytes: int):
@@ -540,25 +538,22 @@ class GRPO(Objective):
             )
         return logps[:, width - 1 : -1], entropy[:, width - 1 : -1]
 
-    def step_signals(self, sums):
-        return sums, self._gen, self._tokens
-
-    def step_tokens(self, signals, cfg: TrainConfig) -> int:
-        """Tokens through the model in a step (tokens/s): each row's prompt and completion
-        tokens, not the G x B rows' padding."""
-        return signals[2]
+    def step_signals(self, sums: torch.Tensor | None) -> StepSignals:
+        """The loss's sums, the sampling's metrics, and as the step's tokens (tokens/s) each
+        row's prompt and completion tokens, not the G x B rows' padding."""
+        return StepSignals(sums, sampled=self._gen, tokens=self._tokens)
 
     def best_meta(self, best: float | None) -> dict:
         """best.pt is chosen by minus the held-out reward: recorded as the reward it is."""
         return {"val_loss": None, "eval_reward": None if best is None else -best}
 
-    def records(self, signals: list, cfg: TrainConfig, world) -> list[dict]:
+    def records(self, signals: list[StepSignals], cfg: TrainConfig, world) -> list[dict]:
         # every process's sums (a torchrun step's tokens, entropy and clipping)
-        sums = (world.mean(torch.stack([s for s, *_ in signals])) * world.size).cpu()
+        sums = (world.mean(torch.stack([s.sums for s in signals])) * world.size).cpu()
         out = []
-        for row, (_, gen, _) in zip(sums, signals, strict=True):
+        for row, signal in zip(sums, signals, strict=True):
             tokens = max(float(row[-1]), 1.0)
-            rec = dict(gen)
+            rec = dict(signal.sampled)
             rec["entropy"] = float(row[1]) / tokens
             for k, name in enumerate(LOSS_SUMS[2:5], start=2):
                 rec[name] = float(row[k]) / tokens

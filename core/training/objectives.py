@@ -8,33 +8,33 @@ what they share; a module overrides what differs:
 - prepare(run, cfg, log, events, stop): what it makes before the first step (a reference);
 - micro_batches(run, cfg, starts, step): what a step trains on, in micro-batches;
 - micro_loss(run, cfg, chunk): (the loss of one micro-batch, signal sums or None);
-- step_signals(sums): a step's signals, as records() reads them later;
+- step_signals(sums): a step's StepSignals, kept until records() reads them;
 - records(signals, cfg, world): the extra metric records of each step, or None;
 - evaluate(run, cfg): (the value a better model lowers, the record's fields, the log line);
 - step_tokens(signals, cfg): the tokens a step trained on (tokens/s);
 - best_meta(best): how a checkpoint records the best evaluation (val_loss, GRPO's reward);
-- rows_per_example(cfg) and extra_memory(...): what it adds to the memory estimate.
+- extra_memory(...): what it adds to the memory estimate (rows_per_example: its declaration).
 
-kind(cfg) names the class and make(cfg) builds it, once, at setup; the step loop never asks
-which.
+What a method is to the rest of TrainDeck (fields, checks, data kind, plots) is declared in
+core.config.methods; the declaration names its runtime here. kind(cfg) imports that class and
+make(cfg) builds it, once, at setup; the step loop never asks which.
 """
 
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 
+import torch
+
+from core.config import methods
 from core.config.spec import TrainConfig
-
-# method -> module:class, imported when asked for (GRPO's sampling need not load for SFT)
-KINDS = {
-    "sft": "core.training.sft:SFT",
-    "dpo": "core.training.dpo:DPO",
-    "grpo": "core.training.grpo:GRPO",
-}
 
 
 def kind(cfg: TrainConfig) -> type[Objective]:
-    module, name = KINDS[cfg.method].split(":")
+    """The method's objective class, imported when asked for (GRPO's sampling need not load
+    for SFT)."""
+    module, name = methods.of(cfg).runtime.split(":")
     return getattr(importlib.import_module(module), name)
 
 
@@ -44,12 +44,22 @@ def make(cfg: TrainConfig) -> Objective:
 
 def rows_per_example(cfg: TrainConfig) -> int:
     """Sequences through the model per batch element: 1, a pair's 2, or GRPO's G."""
-    return kind(cfg).rows_per_example(cfg)
+    return methods.of(cfg).rows_per_example(cfg)
 
 
 def extra_memory(cfg: TrainConfig, c, act_bytes: int, weight_bytes: int) -> tuple[int, int, int]:
     """(generation, logits, reference) bytes an objective adds to the estimate."""
     return kind(cfg).extra_memory(cfg, c, act_bytes, weight_bytes)
+
+
+@dataclass
+class StepSignals:
+    """What one optimizer step reports beside its loss, kept until the next metrics read
+    (the trainer reads every pending step's signals in one host-device sync)."""
+
+    sums: torch.Tensor | None = None  # the micro-batches' signal sums added up (on the device)
+    sampled: dict | None = None  # GRPO: its sampling's metrics, already read on the CPU
+    tokens: int | None = None  # tokens the step trained on; None: cfg.tokens_per_step
 
 
 class Objective:
@@ -102,15 +112,16 @@ class Objective:
     def micro_loss(self, run, cfg: TrainConfig, chunk):
         raise NotImplementedError
 
-    def step_signals(self, sums):
-        return sums
+    def step_signals(self, sums: torch.Tensor | None) -> StepSignals:
+        return StepSignals(sums)
 
-    def records(self, signals: list, cfg: TrainConfig, world) -> list[dict] | None:
+    def records(self, signals: list[StepSignals], cfg: TrainConfig, world) -> list[dict] | None:
         return None
 
-    def step_tokens(self, signals, cfg: TrainConfig) -> int:
-        """Tokens through the model in a step (tokens/s): the step's windows."""
-        return cfg.tokens_per_step
+    def step_tokens(self, signals: StepSignals, cfg: TrainConfig) -> int:
+        """Tokens through the model in a step (tokens/s): the step's windows unless the
+        objective counted them."""
+        return cfg.tokens_per_step if signals.tokens is None else signals.tokens
 
     def best_meta(self, best: float | None) -> dict:
         """How a checkpoint records the best evaluation so far."""
@@ -118,10 +129,6 @@ class Objective:
 
     def evaluate(self, run, cfg: TrainConfig) -> tuple[float, dict, str]:
         raise NotImplementedError
-
-    @staticmethod
-    def rows_per_example(cfg: TrainConfig) -> int:
-        return 1
 
     @staticmethod
     def extra_memory(cfg: TrainConfig, c, act_bytes: int, weight_bytes: int):

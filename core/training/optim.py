@@ -109,7 +109,8 @@ def adamw_8bit(groups: list[dict], lr: float, betas: tuple) -> torch.optim.Optim
     except ImportError:
         raise ConfigError(
             "optimizer: adamw8bit needs the bitsandbytes package (pip install bitsandbytes); "
-            "use adamw"
+            "use adamw",
+            field="optimizer",
         ) from None
     return AdamW8bit(groups, lr=lr, betas=betas)
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from core.config.methods import sft as declared
 from core.config.spec import TrainConfig
 from core.training import evaluation
 from core.training.objectives import Objective
@@ -11,7 +12,7 @@ from core.training.steps import autocast, to_device
 
 
 class SFT(Objective):
-    name = "sft"
+    name = declared.METHOD.name  # fields, checks, plots: core/config/methods/sft.py
 
     def micro_loss(self, run: RunState, cfg: TrainConfig, starts):
         batch = run.data.train_batch(starts)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -31,6 +32,7 @@ from core.runs.lock import RunLock
 from core.training import evaluation, metrics, resume, setup
 from core.training.checkpointing import Checkpointer, checkpoint_state
 from core.training.clock import Clock
+from core.training.objectives import StepSignals
 from core.training.schedule import Plan, finish_plan, lr_factor
 from core.training.spill import SpillWatch
 from core.training.state import Progress, RunInputs, RunState
@@ -44,6 +46,16 @@ from core.training.time_budget import (
 from core.weights.loader import Pretrained, apply_pretrained, open_pretrained
 
 __all__ = ["FINISH_FILE", "Trainer", "smaller_micro_batch"]
+
+
+@dataclass
+class PendingStep:
+    """A step done but not yet read from the device (metrics are read every log_every)."""
+
+    step: int
+    loss: torch.Tensor
+    lr: float
+    signals: StepSignals
 
 
 class Trainer:
@@ -79,9 +91,8 @@ class Trainer:
         budget = parse_duration(self.cfg.max_time) if self.cfg.max_time else None
         self.budget = TimeBudget(budget, 0) if budget else None
         self.step, self.best_val, self.last_loss = 0, float("inf"), None
-        # (step, loss, lr, the objective's signal sums or None), not yet read from the device
-        self._pending: list[tuple[int, torch.Tensor, float, torch.Tensor | None]] = []
-        self._step_signals = None
+        self._pending: list[PendingStep] = []  # steps not yet read from the device
+        self._step_signals = StepSignals()
         self._before_step = None  # (data state, RNG state) while a step runs
         self.plan: Plan | None = None
         # What the run is built from (model, data, optimizer, objective): made by setup once
@@ -174,7 +185,7 @@ class Trainer:
             except StepStopped:  # the step is dropped: the state after the last one is saved
                 break
             self.step += 1
-            self._pending.append((self.step, loss, peak_lr * factor, self._step_signals))
+            self._pending.append(PendingStep(self.step, loss, peak_lr * factor, self._step_signals))
             if self.step % self.cfg.log_every == 0:
                 self._emit_metrics()
             if self.step % self.cfg.eval_every == 0 or self.step == self.max_steps:
@@ -217,8 +228,7 @@ class Trainer:
         self.optimizer.set_lr(factor)
         self.optimizer.step(self.scaler)
         self.scaler.update()
-        finish = getattr(objective, "step_signals", None)  # GRPO: its sampling's signals too
-        self._step_signals = finish(signal_sums) if finish else signal_sums
+        self._step_signals = objective.step_signals(signal_sums)  # GRPO: its sampling's too
         return total
 
     def _step_with_oom_recovery(self, factor: float) -> torch.Tensor:
@@ -398,8 +408,8 @@ class Trainer:
         if not self._pending:
             return
         pending, self._pending = self._pending, []
-        losses = self.world.mean(torch.stack([loss for _, loss, _, _ in pending])).tolist()
-        tokens = sum(self.objective.step_tokens(s, self.cfg) for *_, s in pending)
+        losses = self.world.mean(torch.stack([p.loss for p in pending])).tolist()
+        tokens = sum(self.objective.step_tokens(p.signals, self.cfg) for p in pending)
         tokens *= self.world.size
         # Training time only: evaluation, sampling and checkpoint writes are not throughput.
         common = {
@@ -410,9 +420,8 @@ class Trainer:
         }
         if warning := self.spill.check(common["memory"]):
             self.log(warning)
-        steps = [(step, lr) for step, _, lr, _ in pending]
-        sums = [s for *_, s in pending]
-        extras = None if sums[0] is None else self.objective.records(sums, self.cfg, self.world)
+        steps = [(p.step, p.lr) for p in pending]
+        extras = self.objective.records([p.signals for p in pending], self.cfg, self.world)
         for record in metrics.train_records(
             steps, losses, self.cfg, self.data.train_tokens, common, extras
         ):

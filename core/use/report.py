@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from core.config import methods
 from core.config.spec import TrainConfig, from_dict, validate
 from core.data import chatdata, tables
 from core.data.chat import chat_ids
@@ -57,7 +58,7 @@ def chat_sources(cfg: TrainConfig, target, run: Path) -> Sources:
             f"report: {target} is not a fine-tune of a pretrained model (it has no start model "
             "to compare with); train with --init-from"
         )
-    if getattr(cfg, "method", "sft") != "sft":
+    if cfg.method != methods.DEFAULT:
         raise DataError(
             f"report: {target} was trained with method {cfg.method}; the report "
             "needs a chat fine-tune (method sft)"

@@ -28,17 +28,22 @@ def read_header(path: Path) -> dict:
         raw = f.read(8)
         n = int.from_bytes(raw, "little") if len(raw) == 8 else -1
         if n < 2 or 8 + n > size:
-            raise WeightFileError(f"init_from: {path} is damaged: shorter than its own header")
+            raise WeightFileError(
+                f"init_from: {path} is damaged: shorter than its own header", field="init_from"
+            )
         try:
             header = json.loads(f.read(n))
         except (UnicodeDecodeError, ValueError):
-            raise WeightFileError(f"init_from: {path} is damaged: its header is not JSON") from None
+            raise WeightFileError(
+                f"init_from: {path} is damaged: its header is not JSON", field="init_from"
+            ) from None
     data = size - 8 - n
     for name, info in header.items():
         if name != "__metadata__" and info["data_offsets"][1] > data:
             raise WeightFileError(
                 f"init_from: {path} is cut short: tensor {name} ends past the end of the file "
-                "(download it again)"
+                "(download it again)",
+                field="init_from",
             )
     return header
 
@@ -73,7 +78,8 @@ def _headers(folder: Path, files: list[Path]) -> dict[str, tuple[Path, dict]]:
             if found.get(name, (None,))[0] != folder / shard:
                 raise WeightFileError(
                     f"init_from: {folder / shard} lacks tensor {name}, which "
-                    f"{index.name} puts there"
+                    f"{index.name} puts there",
+                    field="init_from",
                 )
     return found
 
@@ -85,15 +91,19 @@ def check_weight_files(folder: Path, family: str, c, files: list[Path]) -> None:
     found = families.normalise_hf(list(headers := _headers(folder, files)), family)
     for name, shape in expected_shapes(family, c).items():
         if name not in found:
-            raise WeightFileError(f"init_from: the weight files in {folder} lack tensor {name}")
+            raise WeightFileError(
+                f"init_from: the weight files in {folder} lack tensor {name}", field="init_from"
+            )
         path, info = headers[found[name]]
         if info["dtype"] not in FLOAT_DTYPES:
             raise WeightFileError(
                 f"init_from: {path}: tensor {name} is {info['dtype']}, not "
-                "a float type (F32, F16, BF16)"
+                "a float type (F32, F16, BF16)",
+                field="init_from",
             )
         if tuple(info["shape"]) != shape:
             raise WeightFileError(
                 f"init_from: {path}: tensor {name} has shape {list(info['shape'])}, but "
-                f"config.json gives {list(shape)}"
+                f"config.json gives {list(shape)}",
+                field="init_from",
             )

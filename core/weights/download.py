@@ -76,21 +76,24 @@ def explain(repo_id: str, e: BaseException, what: str = "init_from") -> Download
     if isinstance(e, GatedRepoError) or (isinstance(e, HfHubHTTPError) and status in (401, 403)):
         return DownloadError(
             f"{what}: {repo_id} is a gated model: accept its licence on "
-            f"https://huggingface.co/{repo_id}, then set HF_TOKEN or run `huggingface-cli login`"
+            f"https://huggingface.co/{repo_id}, then set HF_TOKEN or run `huggingface-cli login`",
+            field=what,
         )
     if isinstance(e, RepositoryNotFoundError):
         return DownloadError(
             f"{what}: {repo_id} is neither a folder here nor a model on the Hugging Face hub "
-            "(check the spelling; a private model needs HF_TOKEN or `huggingface-cli login`)"
+            "(check the spelling; a private model needs HF_TOKEN or `huggingface-cli login`)",
+            field=what,
         )
     if isinstance(e, (LocalEntryNotFoundError, OfflineModeIsEnabled)) or _is_offline(e):
         return DownloadError(
             f"{what}: {repo_id} is not in the Hugging Face cache ({cache_dir()}) and the hub "
             "cannot be reached (offline); connect once, unset HF_HUB_OFFLINE, or point "
-            "--init-from at a model folder"
+            "--init-from at a model folder",
+            field=what,
         )
     first = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
-    return DownloadError(f"{what}: downloading {repo_id} failed ({first})")
+    return DownloadError(f"{what}: downloading {repo_id} failed ({first})", field=what)
 
 
 def _is_offline(e: BaseException) -> bool:
@@ -164,7 +167,8 @@ def fetch_resumable(repo_id: str, revision: str, name: str, size: int, sha256: s
         part.unlink()  # a corrupt partial would fail every later start the same way
         raise DownloadError(
             f"init_from: {name} of {repo_id} arrived damaged (its SHA-256 is not the hub's); "
-            "start again to download it anew"
+            "start again to download it anew",
+            field="init_from",
         )
     _file_in_cache(repo_id, revision, name, part, sha256)
 
@@ -206,7 +210,8 @@ def check_disk(repo_id: str, need: int, folder: Path | None = None) -> None:
         raise DownloadError(
             f"init_from: {repo_id} needs {need / GB:.1f} GB to download but only "
             f"{free / GB:.1f} GB is free for the Hugging Face cache {folder}; free some "
-            "space, or set HF_HOME (or HF_HUB_CACHE) to a folder on a larger disk"
+            "space, or set HF_HOME (or HF_HUB_CACHE) to a folder on a larger disk",
+            field="init_from",
         )
 
 

@@ -51,7 +51,8 @@ def _download(repo_id: str) -> Path:
 
     if importlib.util.find_spec("huggingface_hub") is None:
         raise ModelSourceError(
-            "init_from: a hub id needs the huggingface_hub package (pip install huggingface_hub)"
+            "init_from: a hub id needs the huggingface_hub package (pip install huggingface_hub)",
+            field="init_from",
         )
     from core.weights import download
 
@@ -72,21 +73,28 @@ def resolve_folder(source: str | Path) -> Path:
         if not (path / "config.json").is_file():
             raise ModelSourceError(
                 f"init_from: {path} has no config.json; expected a Hugging Face model folder "
-                "(config.json, model.safetensors, tokenizer.json)"
+                "(config.json, model.safetensors, tokenizer.json)",
+                field="init_from",
             )
         return path.resolve()
     if path.exists():
-        raise ModelSourceError(f"init_from: {path} is a file; expected a model folder or hub id")
+        raise ModelSourceError(
+            f"init_from: {path} is a file; expected a model folder or hub id", field="init_from"
+        )
     if HUB_ID.match(str(source)) and not str(source).startswith((".", "/", "~")):
         return _download(str(source))
-    raise ModelSourceError(f"init_from: {source} does not exist (expected a folder or a hub id)")
+    raise ModelSourceError(
+        f"init_from: {source} does not exist (expected a folder or a hub id)", field="init_from"
+    )
 
 
 def read_json(path: Path) -> dict:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
-        raise ModelSourceError(f"init_from: {path} is not readable JSON ({e})") from None
+        raise ModelSourceError(
+            f"init_from: {path} is not readable JSON ({e})", field="init_from"
+        ) from None
 
 
 def weight_files(folder: Path) -> list[Path]:
@@ -95,7 +103,9 @@ def weight_files(folder: Path) -> list[Path]:
         shards = sorted(set(read_json(index).get("weight_map", {}).values()))
         missing = [s for s in shards if not (folder / s).is_file()]
         if missing:
-            raise ModelSourceError(f"init_from: {folder} lacks the shard {missing[0]}")
+            raise ModelSourceError(
+                f"init_from: {folder} lacks the shard {missing[0]}", field="init_from"
+            )
         return [folder / s for s in shards]
     if (folder / "model.safetensors").is_file():
         return [folder / "model.safetensors"]
@@ -103,7 +113,8 @@ def weight_files(folder: Path) -> list[Path]:
         return [folder / "pytorch_model.bin"]
     raise ModelSourceError(
         f"init_from: {folder} holds no weights (model.safetensors, a sharded "
-        "model.safetensors.index.json, or pytorch_model.bin)"
+        "model.safetensors.index.json, or pytorch_model.bin)",
+        field="init_from",
     )
 
 
@@ -127,7 +138,9 @@ def map_safetensors(path: Path, maps: list | None = None) -> dict[str, torch.Ten
     maps: collects the map, for drop_pages once the model holds what it needs."""
     import numpy as np
 
-    damaged = ModelSourceError(f"init_from: {path} is damaged or not a safetensors file")
+    damaged = ModelSourceError(
+        f"init_from: {path} is damaged or not a safetensors file", field="init_from"
+    )
     total = path.stat().st_size
     with open(path, "rb") as f:
         size = int.from_bytes(f.read(8), "little")
@@ -185,7 +198,8 @@ def read_weights(folder: Path, mapped: bool = False, maps: list | None = None) -
         except Exception as e:
             raise ModelSourceError(
                 f"init_from: {f} cannot be read as plain weights ({type(e).__name__}); "
-                "convert it to model.safetensors"
+                "convert it to model.safetensors",
+                field="init_from",
             ) from None
     return state
 
@@ -350,19 +364,22 @@ def apply_pretrained(cfg: TrainConfig, pre: Pretrained, explicit=()) -> TrainCon
         if name in explicit and getattr(cfg, name) != value:
             raise ModelSourceError(
                 f"{name}: {getattr(cfg, name)!r} contradicts the pretrained model {pre.name} "
-                f"({value!r}); leave it out with init_from"
+                f"({value!r}); leave it out with init_from",
+                field=name,
             )
     if "vocab_size" in explicit and cfg.vocab_size != c.vocab_size:
         raise ModelSourceError(
             f"vocab_size: {cfg.vocab_size} contradicts the pretrained model {pre.name} "
-            f"({c.vocab_size} tokens); leave it out with init_from"
+            f"({c.vocab_size} tokens); leave it out with init_from",
+            field="vocab_size",
         )
     seq_len = min(cfg.seq_len, c.seq_len)
     if "seq_len" in explicit:
         if cfg.seq_len > c.seq_len:
             raise ModelSourceError(
                 f"seq_len: {cfg.seq_len} is longer than the pretrained model's context "
-                f"({c.seq_len})"
+                f"({c.seq_len})",
+                field="seq_len",
             )
         seq_len = cfg.seq_len
     return dataclasses.replace(cfg, **shape, seq_len=seq_len)
@@ -387,12 +404,13 @@ def open_pretrained(source: str | Path) -> Pretrained:
     try:
         tokenizer = pretrained_tokenizer(folder)
     except UserError as e:
-        raise ModelSourceError(f"init_from: {e}") from None
+        raise ModelSourceError(f"init_from: {e}", field="init_from") from None
     add_family_stops(tokenizer, family)
     if tokenizer.vocab_size > config.vocab_size:
         raise ModelSourceError(
             f"init_from: the tokenizer has {tokenizer.vocab_size} tokens but the model only "
-            f"{config.vocab_size} embedding rows"
+            f"{config.vocab_size} embedding rows",
+            field="init_from",
         )
     # Before anything is read or prepared: a damaged or mismatched folder is one line now.
     check_weight_files(folder, family, config, weight_files(folder))

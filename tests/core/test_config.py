@@ -24,8 +24,27 @@ def user_config_home(tmp_path, monkeypatch):
     ],
 )
 def test_bad_values_name_the_field_and_the_allowed_range(field, value, expected):
-    with pytest.raises(ConfigError, match="^" + expected.replace("(", r"\(").replace(".", r"\.")):
+    with pytest.raises(
+        ConfigError, match="^" + expected.replace("(", r"\(").replace(".", r"\.")
+    ) as e:
         validate(TrainConfig(**{field: value}))
+    assert e.value.field == field  # what the window flags, whatever the wording
+
+
+@pytest.mark.parametrize(
+    "values, field",
+    [
+        ({"hidden_dim": 100, "n_heads": 3}, "hidden_dim"),
+        ({"max_steps": None}, "max_steps"),
+        ({"method": "dpo"}, "method"),
+        ({"lora_alpha": 8.0}, "lora_alpha"),
+        ({"base_bits": "4"}, "base_bits"),
+    ],
+)
+def test_cross_field_checks_carry_the_field_they_blame(values, field):
+    with pytest.raises(ConfigError) as e:
+        validate(TrainConfig(**values))
+    assert e.value.field == field
 
 
 def test_heads_must_divide_hidden_dim():

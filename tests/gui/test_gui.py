@@ -197,6 +197,40 @@ def test_invalid_field_is_flagged_and_blocks_start(make_window, dialogs):
     assert window.start_button.isEnabled()
 
 
+def test_the_error_shows_under_the_field_it_carries_not_the_one_its_text_starts_with(
+    make_window, monkeypatch
+):
+    import gui.form
+    from core.errors import ConfigError
+
+    form = make_window().form
+
+    def refuse(cfg):
+        raise ConfigError("lr: worded as if about the learning rate", field="batch_size")
+
+    monkeypatch.setattr(gui.form, "validate", refuse)
+    assert form.check() == "lr: worded as if about the learning rate"
+    assert "worded as if" in form.field_error("batch_size")
+    assert form.field_error("lr") is None
+    assert form.widgets["batch_size"].property("invalid")
+
+    def unplaced(cfg):
+        raise ConfigError("seed: no field given")
+
+    monkeypatch.setattr(gui.form, "validate", unplaced)
+    form.check()
+    assert form.field_error("seed") is None and form.field_error("batch_size") is None
+    assert not form.general_error.isHidden()  # shown under the form instead
+
+
+def test_text_fields_show_their_declared_hints(make_window):
+    from core.config.spec import SPECS
+
+    form = make_window().form
+    for name in ("reward", "reward_weights", "eval_data"):  # GRPO's two, then a common one
+        assert form.widgets[name].placeholderText() == SPECS[name].placeholder != ""
+
+
 def test_epochs_limit_and_a_bad_seed_are_core_checked(make_window):
     window = make_window()
     limit = window.form.widgets["limit"]

@@ -58,6 +58,7 @@ def test_pretrained_start_shows_the_model_and_fixes_its_shape(make_window, llama
     # a context longer than the model's is named, and Start waits for a fix
     form.set_values(seq_len=128)
     assert "longer than the pretrained model's context" in (form.error or "")
+    assert "longer than" in form.field_error("seq_len")  # flagged by the error's field
     assert not window.start_button.isEnabled()
     form.set_values(seq_len=32)
 
