@@ -327,7 +327,9 @@ class GRPO(Objective):
         data, tok, g, world = run.data, run.data.tokenizer, cfg.num_generations, run.world
         index = [int(i) for i in starts for _ in range(g)]
         gen = self.generator(cfg, step, run.device)
-        prompt_ids, prompt_mask, out, mask, ended = self._sample(run, cfg, index, gen, step, world)
+        drawn_now = self._sample(run, cfg, index, gen, step, world)
+        out, mask, ended = drawn_now.completions, drawn_now.completion_mask, drawn_now.terminated
+        prompt_ids, prompt_mask = drawn_now.prompt_ids, drawn_now.prompt_mask
         # TRL's trainer_state: the optimizer steps done, the fraction of the prompts drawn
         drawn = step * len(starts) * world.size
         state = SimpleNamespace(global_step=step, epoch=drawn / data.n_train)
@@ -335,13 +337,18 @@ class GRPO(Objective):
         # Advantages and signals over every process's completions: under torchrun a step
         # weighs its completions as one process with the whole batch does.
         every = world.gather(per_func)
-        adv, rewards, std, zero_std = advantages(every, self.rewards.weights, g, cfg.scale_rewards)
+        weighed = advantages(every, self.rewards.weights, g, cfg.scale_rewards)
         lengths = mask.sum(1).cpu()
         self._gen = self._signals(
-            every, rewards, std, zero_std, world.gather(lengths), world.gather(ended.cpu())
+            every,
+            weighed.rewards,
+            weighed.std,
+            weighed.zero_std,
+            world.gather(lengths),
+            world.gather(ended.cpu()),
         )
         mine = slice(world.rank * len(index), (world.rank + 1) * len(index))
-        adv, rewards = adv[mine], rewards[mine]
+        adv, rewards = weighed.advantages[mine], weighed.rewards[mine]
         self._table(step, data, index, completions, per_func, rewards, adv)
         if cfg.mask_truncated_completions:
             mask = mask & ended[:, None]

@@ -98,7 +98,10 @@ def test_shell_scripts_are_lf_executable_bash(path: Path):
 def test_ci_run_runs_the_readme_test_command():
     text = CI_RUN.read_text(encoding="utf-8")
     assert "set -euo pipefail" in text
-    assert re.search(r"^exec \./train_gpu\.sh --test\b", text, re.M)
+    assert re.search(r"^\./train_gpu\.sh --test \"\$@\" </dev/null \|\| failed=1$", text, re.M)
+    # then the numerics-marked tests under other kernels, and the exit says whether either failed
+    assert "ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE" in text and "-m numerics" in text
+    assert text.rstrip().endswith('exit "$failed"')
 
 
 @needs_bash
@@ -317,4 +320,4 @@ def test_ci_run_first_runs_the_readme_headless_command_from_the_base_install():
     found = re.findall(r"`(\./train_gpu\.sh --[^`]*)`", readme)
     assert found and "--test" not in found[0] and "--preset" in found[0]
     assert "README.md" in text and "$headless" in text
-    assert text.index("$headless </dev/null") < text.index("exec ./train_gpu.sh --test")
+    assert text.index("$headless </dev/null") < text.index('./train_gpu.sh --test "$@"')
