@@ -28,6 +28,7 @@ class ChatFormat:
     call: str = ""  # an earlier tool call as its templates write it (@NAME, @ARGS); "": none
     run_end: str = ""  # what ends a run of tool results
     prompt_after_tool: bool = True  # the generation prompt follows a last tool result
+    bare_answer_after_tool: bool = False  # an answer after tool results opens no turn of its own
     notes: tuple[str, ...] = ()  # what every TEMPLATE of this format renders otherwise
 
     @property
@@ -67,7 +68,14 @@ class ChatFormat:
 
     def go_answer_start(self, lay: Layout) -> str:
         """The start of an assistant message: its tool calls, else the last answer's branch."""
-        return "{{ if .ToolCalls }}" + self.go_calls(lay) + "{{ else if $last }}"
+        start = "{{ if .ToolCalls }}"
+        if self.bare_answer_after_tool:
+            start = (
+                '{{ if eq $prev "tool" }}{{ .Content }}'
+                + text(lay.answer_close)
+                + "{{ else if .ToolCalls }}"
+            )
+        return start + self.go_calls(lay) + "{{ else if $last }}"
 
     def go_calls(self, lay: Layout) -> str:
         """An answer with tool calls: the calls in the answer's turn."""

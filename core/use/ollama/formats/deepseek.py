@@ -11,16 +11,6 @@ _EOS = "<｜end▁of▁sentence｜>"
 
 
 class DeepSeek(ChatFormat):
-    def go_answer_start(self, lay: Layout) -> str:
-        # An answer after tool results has no header of its own.
-        return (
-            '{{ if eq $prev "tool" }}{{ .Content }}'
-            + text(lay.answer_close)
-            + "{{ else if .ToolCalls }}"
-            + self.go_calls(lay)
-            + "{{ else if $last }}"
-        )
-
     def go_calls(self, lay: Layout) -> str:
         # The template closes the calls only after a second or later call (and once per such
         # call): written as it does.
@@ -45,6 +35,7 @@ class DeepSeek(ChatFormat):
 
 FORMAT = DeepSeek(
     name="deepseek",
+    bare_answer_after_tool=True,  # an answer after tool results has no header of its own
     display="DeepSeek-R1",
     markers=("<｜User｜>", "<｜Assistant｜>"),
     role_marks=("<｜User｜>", "<｜Assistant｜>"),

@@ -30,16 +30,6 @@ class MistralSmall(ChatFormat):
             tools_at_last_user=True,
         )
 
-    def go_answer_start(self, lay: Layout) -> str:
-        # An answer after tool results has no [/INST] of its own.
-        return (
-            '{{ if eq $prev "tool" }}{{ .Content }}'
-            + text(lay.answer_close)
-            + "{{ else if .ToolCalls }}"
-            + self.go_calls(lay)
-            + "{{ else if $last }}"
-        )
-
     def go_calls(self, lay: Layout) -> str:
         return text(lay.answer_open) + CALLS + text(lay.answer_close)
 
@@ -49,6 +39,7 @@ class MistralSmall(ChatFormat):
 
 FORMAT = MistralSmall(
     name="mistral_small",
+    bare_answer_after_tool=True,  # an answer after tool results has no [/INST] of its own
     display="Mistral Small 3",
     markers=("[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[INST]", "[/INST]"),
     role_marks=("[INST]", "[/INST]"),
