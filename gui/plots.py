@@ -199,7 +199,7 @@ class PlotPanel(QWidget):
         options.addWidget(self.points_label)
 
         self.plots = {name: self._make_plot(title, unit) for name, (title, unit) in PLOTS.items()}
-        self.experts = ExpertStrip()
+        self.experts = ExpertStrip(parent=self)
         self._right_views = {
             "gpu": self._add_right_axis(self.plots["gpu"], "power", "W"),
             # bits per byte compare across tokenizers; nats per token do not
@@ -279,11 +279,12 @@ class PlotPanel(QWidget):
         if gpu_shown:
             self.grid.addWidget(self.plots["gpu"], 2, 1)
         moe = self._has_moe_data()
-        self.experts.setVisible(moe)
-        self.plots[experts.PLOT].setVisible(moe)
         if moe:  # a mixture of experts: its load strip and routing curves, a row of their own
             self.grid.addWidget(self.experts, 3, 0)
             self.grid.addWidget(self.plots[experts.PLOT], 3, 1)
+        # after addWidget: a widget it reparents shows only later, on the event loop
+        self.experts.setVisible(moe)
+        self.plots[experts.PLOT].setVisible(moe)
         self.grid.setRowStretch(0, 3)
         self.grid.setRowStretch(1, 2)
         self.grid.setRowStretch(2, 2)
