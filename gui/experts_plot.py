@@ -12,7 +12,7 @@ import pyqtgraph as pg
 from core.runs.experts import ExpertLoad
 
 IDLE_COLOR = "#c62828"
-MAX_TICKS = 12  # axis labels at most; more layers or experts label every n-th
+TICK_PX = {"bottom": 28, "left": 16}  # room a label needs; more cells than fit: every n-th
 
 
 def load_grid(load: ExpertLoad) -> np.ndarray:
@@ -24,9 +24,10 @@ def load_grid(load: ExpertLoad) -> np.ndarray:
     return grid
 
 
-def _ticks(labels: list[int]) -> list[list[tuple[float, str]]]:
-    """Labels at cell centres, every n-th when there are many."""
-    every = max(1, math.ceil(len(labels) / MAX_TICKS))
+def ticks(labels: list[int], pixels: float, per_label: int) -> list[list[tuple[float, str]]]:
+    """Labels at cell centres, every n-th when they would not fit in `pixels`."""
+    fit = max(1, int(pixels // per_label))
+    every = max(1, math.ceil(len(labels) / fit))
     return [[(i + 0.5, str(v)) for i, v in enumerate(labels) if i % every == 0]]
 
 
@@ -76,9 +77,22 @@ class ExpertStrip(pg.PlotWidget):
         self.bar.setLevels((0.0, max(2.0, math.ceil(float(np.nanmax(grid))))))
         rows, cols = np.nonzero(grid == 0)
         self.idle_marks.setData(cols + 0.5, rows + 0.5)
-        item.getAxis("bottom").setTicks(_ticks(list(range(load.n_experts))))
-        item.getAxis("left").setTicks(_ticks(list(load.layers)))
+        self._label_axes()
         item.setRange(xRange=(0, grid.shape[1]), yRange=(0, grid.shape[0]), padding=0)
-        line = load.idle_line()
         style = {"color": IDLE_COLOR} if load.idle() else {}
-        item.setTitle(f"{title}, step {load.step}: {line}", **style)
+        item.setTitle(f"{title}, step {load.step}: {load.idle_line()}", size="10pt", **style)
+
+    def _label_axes(self) -> None:
+        """Expert numbers across, layer indices down, as many as the plot's size holds."""
+        if getattr(self, "load", None) is None:  # also: resized while being built
+            return
+        view = self.getPlotItem().getViewBox().size()
+        for axis, labels, pixels in (
+            ("bottom", list(range(self.load.n_experts)), view.width()),
+            ("left", list(self.load.layers), view.height()),
+        ):
+            self.getPlotItem().getAxis(axis).setTicks(ticks(labels, pixels, TICK_PX[axis]))
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        self._label_axes()

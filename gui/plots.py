@@ -289,6 +289,8 @@ class PlotPanel(QWidget):
         self.grid.setRowStretch(1, 2)
         self.grid.setRowStretch(2, 2)
         self.grid.setRowStretch(3, 3 if moe else 0)
+        self.grid.setColumnStretch(0, 1)  # the strip as wide as the routing curves beside it
+        self.grid.setColumnStretch(1, 1)
         self._gpu_placed = gpu_shown
         self._method_placed = beside
         self._moe_placed = moe
