@@ -58,6 +58,7 @@ class ExpertStrip(pg.PlotWidget):
             symbol="x", size=9, pen=pg.mkPen(IDLE_COLOR, width=2), brush=pg.mkBrush(IDLE_COLOR)
         )
         item.addItem(self.idle_marks)
+        self.scene().sigMouseMoved.connect(self._hover)
         self.setMinimumSize(180, 120)
         self.show_load(None)
 
@@ -81,6 +82,23 @@ class ExpertStrip(pg.PlotWidget):
         item.setRange(xRange=(0, grid.shape[1]), yRange=(0, grid.shape[0]), padding=0)
         style = {"color": IDLE_COLOR} if load.idle() else {}
         item.setTitle(f"{title}, step {load.step}: {load.idle_line()}", size="10pt", **style)
+
+    def cell_text(self, x: float, y: float) -> str:
+        """What the cell at view point (x, y) holds, for the tooltip ('' off the strip)."""
+        load = self.load
+        row, col = math.floor(y), math.floor(x)
+        if load is None or not (0 <= row < len(load.shares) and 0 <= col < len(load.shares[row])):
+            return ""
+        share = load.shares[row][col]
+        even = share * len(load.shares[row])
+        return (
+            f"layer {load.layers[row]}, expert {col}: {share:.1%} of the assignments "
+            f"({even:.2f} x an even share){', idle' if share == 0 else ''}"
+        )
+
+    def _hover(self, pos) -> None:
+        point = self.getPlotItem().getViewBox().mapSceneToView(pos)
+        self.setToolTip(self.cell_text(point.x(), point.y()))
 
     def _label_axes(self) -> None:
         """Expert numbers across, layer indices down, as many as the plot's size holds."""

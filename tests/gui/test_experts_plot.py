@@ -32,6 +32,9 @@ def title(strip) -> str:
 
 
 def test_the_strip_shows_the_latest_load_and_flags_idle_experts(qtbot):
+    from PySide6.QtCore import QPointF
+    from PySide6.QtTest import QTest
+
     from gui.plots import PlotPanel
 
     panel = PlotPanel()
@@ -48,6 +51,17 @@ def test_the_strip_shows_the_latest_load_and_flags_idle_experts(qtbot):
     xs, ys = panel.experts.idle_marks.getData()
     assert sorted(zip(xs, ys, strict=True)) == [(1.5, 0.5), (3.5, 0.5)]  # layer 1's experts 1, 3
     assert "step 2: 2 experts idle in layer 1" in title(panel.experts)
+    # hovering a cell names it (x: expert, y: the row of a MoE layer)
+    assert panel.experts.cell_text(1.5, 0.5) == (
+        "layer 1, expert 1: 0.0% of the assignments (0.00 x an even share), idle"
+    )
+    assert panel.experts.cell_text(3.2, 1.9).startswith("layer 3, expert 3: 40.0%")
+    assert panel.experts.cell_text(4.5, 0.5) == ""  # off the strip
+    strip = panel.experts
+    qtbot.wait(100)  # the row laid out, so cells map to where they show
+    scene = strip.getPlotItem().getViewBox().mapViewToScene(QPointF(3.5, 0.5))
+    QTest.mouseMove(strip.viewport(), strip.mapFromScene(scene))
+    assert strip.toolTip().startswith("layer 1, expert 3: 0.0%")
     assert panel.curve_points(experts.ENTROPY) == 2 and panel.curve_points(experts.AUX) == 2
     image = panel.grab()  # a real paint of the strip, its colour bar and the curves
     assert not image.isNull()
