@@ -138,3 +138,12 @@ def test_resume_refills_the_strip_and_compare_draws_routing(make_window, tmp_pat
         compare.table.horizontalHeaderItem(i).text() for i in range(compare.table.columnCount())
     ]
     assert {"router entropy", "idle experts"} <= set(headers)
+    # the run selected in the list shows its own final strip
+    other = tmp_path / "moe-other"
+    write_run(other, [moe_record(5, [[0.5, 0.5, 0.0, 0.0], EVEN])])
+    compare.tick(other)
+    items = [compare.runs.item(i) for i in range(compare.runs.count())]
+    compare.runs.setCurrentItem(next(it for it in items if it.text() == "moe-other"))
+    assert compare.strip.load.step == 5 and "moe-other" in title(compare.strip)
+    assert "2 experts idle in layer 1" in title(compare.strip)
+    compare.grab()  # a real paint of the curves and the strip
