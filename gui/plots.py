@@ -262,7 +262,8 @@ class PlotPanel(QWidget):
 
     def _place_plots(self) -> None:
         """Loss on top, a method's plot beside it once its run reports (DPO's preference,
-        GRPO's rewards); the GPU plot only takes a slot once NVML data has arrived."""
+        GRPO's rewards); the GPU plot only takes a slot once NVML data has arrived; a mixture
+        of experts' Experts strip and routing curves a row at the bottom once a load has."""
         for w in (*self.plots.values(), self.experts):
             self.grid.removeWidget(w)
         gpu_shown = self._has_gpu_data()
