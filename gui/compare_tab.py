@@ -2,7 +2,9 @@
 points) are drawn over each other, by step or by training time, each run's settings in the
 legend, like TensorBoard's run selector; GRPO runs by their reward instead (training and
 held-out); below, a table of each run's last and best validation loss (or held-out reward)
-beside its saved evaluations (RUN/eval/: perplexities, accuracies, lm_eval tasks)."""
+beside its saved evaluations (RUN/eval/: perplexities, accuracies, lm_eval tasks). A mixture of
+experts' runs can be drawn by their router entropy or aux loss, and the selected run's final
+expert load shows as a strip (the window's Experts plot) under the curves."""
 
 from __future__ import annotations
 
@@ -27,7 +29,9 @@ from PySide6.QtWidgets import (
 
 from core.config import methods
 from core.runs.compare import MEASURES, run_curves, run_summary
+from core.runs.experts import run_load
 from core.runs.folder import list_runs
+from gui.experts_plot import ExpertStrip
 
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2"]
 AXES = {"step": (0, "step"), "training time (s)": (1, "s")}
@@ -39,6 +43,7 @@ class CompareTab(QWidget):
         self.runs_root = Path(runs_root)
         self.runs = QListWidget()
         self.runs.itemChanged.connect(self.redraw)
+        self.runs.currentItemChanged.connect(self.show_strip)
         self.axis = QComboBox()
         self.axis.addItems(list(AXES))
         self.axis.currentTextChanged.connect(self.redraw)
@@ -49,7 +54,7 @@ class CompareTab(QWidget):
         )
         self.measure.currentTextChanged.connect(self.redraw)
         self.measure_chosen = False  # until the user picks one, GRPO runs alone show reward
-        self.measure.activated.connect(lambda *_: setattr(self, "measure_chosen", True))
+        self.measure.activated.connect(self._measure_picked)
         refresh = QPushButton("Refresh")
         refresh.clicked.connect(self.refresh_runs)
         add = QPushButton("Add folder…")
@@ -74,10 +79,14 @@ class CompareTab(QWidget):
         self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
         self.table.setMinimumHeight(100)  # a header and two runs stay readable
         right = QSplitter(Qt.Orientation.Vertical)
+        self.strip = ExpertStrip("Expert load (final)")  # a mixture of experts' run only
+        self.strip.setVisible(False)
         right.addWidget(self.plot)
+        right.addWidget(self.strip)
         right.addWidget(self.table)
         right.setStretchFactor(0, 2)
         right.setStretchFactor(1, 1)
+        right.setStretchFactor(2, 1)
         split = QSplitter(Qt.Orientation.Horizontal)
         split.addWidget(left)
         split.addWidget(right)
@@ -127,6 +136,13 @@ class CompareTab(QWidget):
             if it.checkState() == Qt.CheckState.Checked
         ]
 
+    def _measure_picked(self, index: int) -> None:
+        """The user's pick stands. Qt changes the text (a redraw that still chose for them)
+        before it says the user picked, so the pick is applied again here."""
+        self.measure_chosen = True
+        self.measure.setCurrentIndex(index)
+        self.redraw()
+
     @staticmethod
     def _measure_for(ticked: list[str]) -> str:
         """A method's measure when every ticked run has it (GRPO runs: reward), else loss."""
@@ -169,6 +185,21 @@ class CompareTab(QWidget):
                 )
 
         self.fill_table()
+        self.show_strip()
+
+    def show_strip(self, *_) -> None:
+        """The final expert load of the selected run, else of the first ticked run that has
+        one; hidden when none has (dense runs)."""
+        current = self.runs.currentItem()
+        selected = [current.data(Qt.ItemDataRole.UserRole)] if current is not None else []
+        for path in dict.fromkeys([*selected, *self.ticked()]):
+            load = run_load(path)
+            if load is not None:
+                self.strip.show_load(load, Path(path).name)
+                self.strip.setVisible(True)
+                return
+        self.strip.show_load(None)
+        self.strip.setVisible(False)
 
     def fill_table(self) -> None:
         """A row per ticked run: its loss, then every measure any of them saved."""

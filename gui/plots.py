@@ -21,6 +21,8 @@ from PySide6.QtWidgets import (
 
 from core.config import methods
 from core.config.methods.base import Curve
+from core.runs import experts
+from gui.experts_plot import ExpertStrip
 
 # One plot per tick (see _tick). While a run trains every redraw takes the GIL from it, so
 # the ticks slow down: each plot then refreshes about once a second.
@@ -139,6 +141,7 @@ CURVES = [
 # each method's own curves, in its own plot (core.config.methods: DPO's preference, GRPO's
 # rewards), after the common ones
 CURVES += list(methods.curves())
+CURVES += list(experts.CURVES)  # a mixture of experts' routing, beside its Experts strip
 PLOTS = {
     "loss": ("Loss", "loss"),
     "memory": ("VRAM / RAM", "MiB"),
@@ -146,7 +149,9 @@ PLOTS = {
     "lr": ("Learning rate", "lr"),
     "gpu": ("GPU (NVML)", "% / °C"),
     **{p.name: (p.title, p.unit) for p in methods.plots()},
+    experts.PLOT: (experts.ROUTING.title, experts.ROUTING.unit),
 }
+STRIP = "experts"  # the Experts heat strip: a step's load, not a curve (gui/experts_plot.py)
 METHOD_PLOTS = {p.name: p for p in methods.plots()}  # beside the loss once a run reports
 SMOOTH_KEY = "loss_smooth"
 EVAL_KEYS = (
@@ -168,6 +173,9 @@ class PlotPanel(QWidget):
         self._drawn: dict[str, tuple[int, bool, int]] = {}
         self._total_line: pg.InfiniteLine | None = None
         self._next_plot = 0
+        self._load_record: dict | None = None  # the latest step record with an expert load
+        self._load_version = 0
+        self._load_drawn = 0
 
         self.smooth = QCheckBox("Smooth loss")
         self.smooth.setToolTip("Draw a trailing moving average over the raw train loss")
@@ -191,6 +199,7 @@ class PlotPanel(QWidget):
         options.addWidget(self.points_label)
 
         self.plots = {name: self._make_plot(title, unit) for name, (title, unit) in PLOTS.items()}
+        self.experts = ExpertStrip(parent=self)
         self._right_views = {
             "gpu": self._add_right_axis(self.plots["gpu"], "power", "W"),
             # bits per byte compare across tokenizers; nats per token do not
@@ -199,6 +208,9 @@ class PlotPanel(QWidget):
                 name: self._add_right_axis(self.plots[name], plot.right_label, "")
                 for name, plot in METHOD_PLOTS.items()
             },
+            experts.PLOT: self._add_right_axis(
+                self.plots[experts.PLOT], experts.ROUTING.right_label, ""
+            ),
         }
         self.grid = QGridLayout()
         self.grid.setSpacing(4)
@@ -250,8 +262,9 @@ class PlotPanel(QWidget):
 
     def _place_plots(self) -> None:
         """Loss on top, a method's plot beside it once its run reports (DPO's preference,
-        GRPO's rewards); the GPU plot only takes a slot once NVML data has arrived."""
-        for w in self.plots.values():
+        GRPO's rewards); the GPU plot only takes a slot once NVML data has arrived; a mixture
+        of experts' Experts strip and routing curves a row at the bottom once a load has."""
+        for w in (*self.plots.values(), self.experts):
             self.grid.removeWidget(w)
         gpu_shown = self._has_gpu_data()
         beside = self._method_plot_with_data()
@@ -266,11 +279,22 @@ class PlotPanel(QWidget):
         self.plots["gpu"].setVisible(gpu_shown)
         if gpu_shown:
             self.grid.addWidget(self.plots["gpu"], 2, 1)
+        moe = self._has_moe_data()
+        if moe:  # a mixture of experts: its load strip and routing curves, a row of their own
+            self.grid.addWidget(self.experts, 3, 0)
+            self.grid.addWidget(self.plots[experts.PLOT], 3, 1)
+        # after addWidget: a widget it reparents shows only later, on the event loop
+        self.experts.setVisible(moe)
+        self.plots[experts.PLOT].setVisible(moe)
         self.grid.setRowStretch(0, 3)
         self.grid.setRowStretch(1, 2)
         self.grid.setRowStretch(2, 2)
+        self.grid.setRowStretch(3, 3 if moe else 0)
+        self.grid.setColumnStretch(0, 1)  # the strip as wide as the routing curves beside it
+        self.grid.setColumnStretch(1, 1)
         self._gpu_placed = gpu_shown
         self._method_placed = beside
+        self._moe_placed = moe
 
     def _method_plot_with_data(self) -> str | None:
         """The first method plot (registry order) whose run has reported, or None."""
@@ -278,6 +302,10 @@ class PlotPanel(QWidget):
             if any(self.series[k].size for k in plot.shown_by):
                 return name
         return None
+
+    def _has_moe_data(self) -> bool:
+        """Whether the run's records carry an expert load (dense runs never do)."""
+        return self._load_record is not None
 
     def _has_gpu_data(self) -> bool:
         return any(self.series[k].size for k in ("gpu_util", "gpu_temp_c", "gpu_power_w"))
@@ -315,6 +343,8 @@ class PlotPanel(QWidget):
             value = record.get(key)
             if value is not None and key not in EVAL_KEYS:
                 series.append(step, value)
+        if record.get(experts.LOAD) is not None:
+            self._set_load_record(record)
         total = record.get("nvml_total_mb")
         if total and self._total_line is None:
             self.set_device_total(total)
@@ -336,11 +366,21 @@ class PlotPanel(QWidget):
         totals = [r["nvml_total_mb"] for r in train if r.get("nvml_total_mb")]
         if totals:
             self.set_device_total(totals[-1])
+        loaded = [r for r in train if r.get(experts.LOAD) is not None]
+        if loaded:
+            self._set_load_record(loaded[-1])
+
+    def _set_load_record(self, record: dict) -> None:
+        """Kept as it came; parsed and drawn by the timer, at most once a tick."""
+        self._load_record = record
+        self._load_version += 1
 
     def clear(self) -> None:
         for series in self.series.values():
             series.clear()
-        if self._method_placed:  # the next run may be another method
+        self._load_record = None
+        self._load_version += 1
+        if self._method_placed or self._moe_placed:  # the next run may be another kind
             self._place_plots()
 
     def set_device_total(self, total_mb: float) -> None:
@@ -385,10 +425,10 @@ class PlotPanel(QWidget):
         Each plot still refreshes several times a second; what this bounds is the time
         the GUI thread spends in one go while the training thread competes for the GIL.
         """
-        names = list(PLOTS)
+        names = [*PLOTS, STRIP]
         for i in range(len(names)):
             name = names[(self._next_plot + i) % len(names)]
-            if self._stale_keys(name):
+            if self._strip_stale() if name == STRIP else self._stale_keys(name):
                 self._next_plot = (self._next_plot + i + 1) % len(names)
                 self.redraw(name)
                 return
@@ -397,6 +437,8 @@ class PlotPanel(QWidget):
         """Push changed buffers to their curves (one plot's, or all); never called per step."""
         smooth = self.smooth.isChecked()
         changed = set()
+        if plot in (None, STRIP) and self._strip_stale():
+            self._redraw_strip()
         for key in self._stale_keys(plot):
             changed.add(self.specs[key].plot if key != SMOOTH_KEY else "loss")
             if key == SMOOTH_KEY:
@@ -415,11 +457,21 @@ class PlotPanel(QWidget):
             # 136 -> 76 ms of GUI thread per second, 4 plots fed 200 steps/s).
             self.plots[name].scene().prepareForPaint()
         if (
-            self._has_gpu_data() and not self._gpu_placed
-        ) or self._method_plot_with_data() != self._method_placed:
+            (self._has_gpu_data() and not self._gpu_placed)
+            or self._method_plot_with_data() != self._method_placed
+            or self._has_moe_data() != self._moe_placed
+        ):
             self._place_plots()
         total = sum(s.size for s in self.series.values())
         self.points_label.setText(f"{self.series['loss'].size:,} steps, {total:,} points")
+
+    def _strip_stale(self) -> bool:
+        return self._load_drawn != self._load_version
+
+    def _redraw_strip(self) -> None:
+        self._load_drawn = self._load_version
+        record = self._load_record
+        self.experts.show_load(None if record is None else experts.from_record(record))
 
     def _redraw_smoothed(self, smooth: bool) -> None:
         self._drawn[SMOOTH_KEY] = self._smooth_state()

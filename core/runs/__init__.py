@@ -1,3 +1,4 @@
 """A run on disk and on the wire: the run folder (config.yaml, metrics.jsonl, logs), the
 checkpoint file format, the run lock, the events a trainer sends and the controls it reads, and
-the progress arithmetic the front ends show. May import `core.config` and `core.platform`."""
+the progress arithmetic the front ends show, and a mixture of experts' load read back from
+its step records (experts.py). May import `core.config` and `core.platform`."""

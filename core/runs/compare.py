@@ -9,6 +9,7 @@ from pathlib import Path
 
 from core.config import methods
 from core.errors import UserError
+from core.runs import experts
 from core.runs.folder import RunFolder, read_metrics
 
 
@@ -35,11 +36,13 @@ def settings_line(run: RunFolder) -> str:
     return ", ".join(parts)
 
 
-# what a curve shows: (the training records' key, the evaluations' key); the loss, then what
-# the methods declare (GRPO: its reward)
+# what a curve shows: (the training records' key, the evaluations' key or None); the loss, what
+# the methods declare (GRPO: its reward), then a mixture of experts' routing signals
 MEASURES = {
     "loss": ("loss", "val_loss"),
     **{m.name: (m.train_key, m.eval_key) for m in methods.measures()},
+    "router entropy (MoE)": (experts.ENTROPY, None),
+    "aux loss (MoE)": (experts.AUX, None),
 }
 
 
@@ -61,9 +64,21 @@ def run_curves(path: str | Path, measure: str = "loss") -> dict:
         "val": [
             (r["step"], r.get("train_s", 0.0), r[eval_key])
             for r in evals
-            if isinstance(r.get(eval_key), int | float)
+            if eval_key and isinstance(r.get(eval_key), int | float)
         ],
     }
+
+
+def _routing(train: list[dict]) -> dict[str, float]:
+    """A mixture of experts' last router entropy and its final step's idle experts (dense: {})."""
+    out = {}
+    entropy = [r[experts.ENTROPY] for r in train if isinstance(r.get(experts.ENTROPY), int | float)]
+    if entropy:
+        out["router entropy"] = float(entropy[-1])
+    load = experts.latest(train)
+    if load is not None:
+        out["idle experts"] = sum(len(idle) for idle in load.idle().values())
+    return out
 
 
 # the measures a saved evaluation shows beside the loss (lm_eval tasks: all of theirs)
@@ -98,11 +113,12 @@ def _measures(record: dict, result: dict) -> dict[str, float]:
 
 
 def run_summary(path: str | Path) -> dict[str, float]:
-    """{"val_loss": the last, "best val_loss" (a GRPO run: "eval_reward" and its best), then
+    """{"val_loss": the last, "best val_loss" (a GRPO run: "eval_reward" and its best; a mixture
+    of experts: the last "router entropy" and the final step's "idle experts"), then
     each saved evaluation's measures (the newest of each file and settings), and "start: ..."
     for the model a fine-tune began from}."""
     run = RunFolder(Path(path))
-    _, evals = read_metrics(run.metrics_file)
+    train, evals = read_metrics(run.metrics_file)
     out = {}
     losses = [float(e["val_loss"]) for e in evals if isinstance(e.get("val_loss"), int | float)]
     if losses:
@@ -114,6 +130,7 @@ def run_summary(path: str | Path) -> dict[str, float]:
         if values:
             out[key] = values[-1]
             out[f"best {key}"] = (max if measure.higher_is_better else min)(values)
+    out.update(_routing(train))
     for record in reversed(eval_records(path)):  # oldest first: the newest wins
         out.update(_measures(record, record["result"]))
         if isinstance(record.get("start"), dict):

@@ -53,6 +53,7 @@ def test_run_from_the_window_updates_plots_progress_and_run_folder(make_window, 
     assert window.plots.curve_points("tokens_per_s") == 30
     assert window.plots.curve_points("rss_mb") == 30
     assert window.plots.curve_points("lr") == 30
+    assert window.plots.experts.isHidden()  # a dense model: no Experts plot
     # progress
     assert (window.run_view.progress.value(), window.run_view.progress.maximum()) == (30, 30)
     timing = window.run_view.timing_label.text()
