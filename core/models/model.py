@@ -27,6 +27,7 @@ from core.models.cache import KVCache, masks_for, row_positions
 from core.models.fused import Remake, rms_norm, signed_sin, swiglu
 from core.models.fused import rope as fused_rope
 from core.models.loss import lm_loss, sequence_logps, token_logps
+from core.models.moe import LoadMeter, MoE, aux_loss, is_sparse
 
 VOCAB_SIZE = 256  # bytes: no tokenizer to download
 NORMS = ("layernorm", "rmsnorm")
@@ -91,6 +92,8 @@ class GPTConfig:
     rope_local_theta: float | None = None  # Gemma 3: sliding layers' base, without scaling
     rope_dim: int | None = None  # rotary dimensions of a head (partial rotary); None: all
     nope_layers: list | None = None  # SmolLM3: layers without rotary positions
+    # Mixture of experts (core.models.moe: its keys and defaults); None: dense.
+    moe: dict | None = None
     # Hand-written backward passes and the fused loss (core.models.fused, LinearCrossEntropy):
     # equal within fp32 rounding, not bit for bit, so a fine-tune (from_train with a base)
     # uses them and a new model keeps the plain ops its older runs resume with exactly.
@@ -391,7 +394,7 @@ class Block(nn.Module):
         self.ln1 = make_norm(c)
         self.attn = SelfAttention(c, layer)
         self.ln2 = make_norm(c)
-        self.mlp = MLP(c)
+        self.mlp = MoE(c, MLP) if is_sparse(c, layer) else MLP(c)
         self.post_norms = c.post_norms
         if c.post_norms:  # Gemma 2/3: each sub-layer's output normed before the add
             self.ln1_post = make_norm(c)
@@ -463,6 +466,8 @@ class GPT(nn.Module):
         if c.tie_embeddings:
             self.head.weight = self.tok_emb.weight
         self._rope_cache: dict[bool, tuple] = {}  # by LongRoPE's long or short factors
+        self.moe_layers = [i for i in range(c.n_layers) if is_sparse(c, i)]
+        self.moe_meter = LoadMeter()
         self.apply(self._init_weights)
         # GPT-2: scale residual projections by depth so the residual stream stays O(1).
         for name, p in self.named_parameters():
@@ -594,6 +599,9 @@ class GPT(nn.Module):
         else:
             for block in self.blocks:
                 x = block(x, rope, mask)
+        aux = self.router_aux_loss()
+        if aux is not None and self.training and torch.is_grad_enabled():
+            self.moe_meter.add([self.blocks[i].mlp for i in self.moe_layers], aux)
         head = self.output_head()
         if targets is None:
             return head(self.ln_f(x)), None
@@ -601,7 +609,25 @@ class GPT(nn.Module):
             return None, sequence_logps(head, self.ln_f(x), targets, loss_mask)
         if per_token:
             return None, token_logps(head, self.ln_f(x), targets, loss_mask, temperature)
-        return None, lm_loss(head, self.ln_f(x), targets, loss_mask, fused=self.config.fused)
+        loss = lm_loss(head, self.ln_f(x), targets, loss_mask, fused=self.config.fused)
+        coef = self.config.moe.get("aux_coef", 0.0) if self.moe_layers else 0.0
+        if coef and self.training:  # training only: the validation loss stays comparable
+            loss = loss + coef * aux
+        return None, loss
+
+    def router_aux_loss(self):
+        """The load-balancing loss of the last forward, unscaled, pooled over the MoE
+        layers as transformers pools it (None: a dense model)."""
+        if not self.moe_layers:
+            return None
+        layers = [self.blocks[i].mlp for i in self.moe_layers]
+        return aux_loss([m.last_route for m in layers], layers[0].n_experts)
+
+    def moe_records(self) -> dict:
+        """The routing statistics of the training forwards since the last call, as
+        metrics.jsonl's fields ("moe/aux_loss", "moe/router_entropy", "moe/expert_load",
+        "moe/layers"); {} for a dense model or when none ran."""
+        return self.moe_meter.records(self.moe_layers)
 
     def output_head(self):
         """The head, or (Gemma 2) the head with its logits soft-capped."""
