@@ -79,6 +79,8 @@ class GPTConfig:
     out_bias: bool | None = None  # attention output projection
     mlp_bias: bool | None = None
     qk_norm: bool = False  # RMSNorm over each head of q and k (Qwen3)
+    qk_norm_whole: bool = False  # with qk_norm: over all of q's and k's heads at once (OLMoE)
+    qkv_clip: float | None = None  # OLMoE's clip_qkv: q, k and v clamped to +-clip
     tie_embeddings: bool = True
     # Options of the newer families; each default leaves the model as it was.
     norm_offset: float = 0.0  # Gemma: RMSNorm scales by (1 + weight), in fp32
@@ -258,9 +260,11 @@ class SelfAttention(nn.Module):
         self.qkv = nn.Linear(c.hidden_dim, sum(self.sizes), bias=c.qkv_bias)
         self.proj = nn.Linear(c.n_heads * c.head_dim, c.hidden_dim, bias=c.out_bias)
         if c.qk_norm:
-            self.q_norm = RMSNorm(c.head_dim, c.norm_eps, c.fused, c.norm_offset)
-            self.k_norm = RMSNorm(c.head_dim, c.norm_eps, c.fused, c.norm_offset)
+            q_dim, k_dim = self.sizes[:2] if c.qk_norm_whole else (c.head_dim, c.head_dim)
+            self.q_norm = RMSNorm(q_dim, c.norm_eps, c.fused, c.norm_offset)
+            self.k_norm = RMSNorm(k_dim, c.norm_eps, c.fused, c.norm_offset)
         self.qk_norm, self.fused = c.qk_norm, c.fused
+        self.norm_whole, self.clip = c.qk_norm and c.qk_norm_whole, c.qkv_clip
         self.dropout = c.dropout
         self.resid_drop = nn.Dropout(c.dropout)
         sliding = bool(c.layer_types) and c.layer_types[layer] == SLIDING
@@ -273,6 +277,10 @@ class SelfAttention(nn.Module):
     def _qkv(self, x, rope):
         b, t, _ = x.shape
         q, k, v = self.qkv(x).split(self.sizes, dim=2)
+        if self.norm_whole:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.clip is not None:
+            q, k, v = (t.clamp(-self.clip, self.clip) for t in (q, k, v))
         q = q.view(b, t, self.n_heads, self.hd).transpose(1, 2)
         k = k.view(b, t, self.n_kv, self.hd).transpose(1, 2)
         v = v.view(b, t, self.n_kv, self.hd).transpose(1, 2)
@@ -280,7 +288,7 @@ class SelfAttention(nn.Module):
             # SDPA keeps v for backward: a view would keep all of qkv's output alive, the
             # q and k parts of which RoPE has already copied.
             v = v.contiguous()
-        if self.qk_norm:
+        if self.qk_norm and not self.norm_whole:
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None and self.use_rope:
             rope = rope[2:] if self.local_rope else rope[:2]
