@@ -131,10 +131,10 @@ def test_gpt_mixes_dense_and_sparse_layers_and_meters_a_step():
     model.train()
     model(idx, idx)[1].backward()
     assert model.blocks[0].mlp.router.weight.grad.abs().sum() > 0
-    records = model.moe_records()
+    records = model.moe_records(model.moe_step())
     assert records["moe/layers"] == [0, 2]
     assert [len(row) for row in records["moe/expert_load"]] == [E, E]
     for row in records["moe/expert_load"]:
         assert sum(row) == pytest.approx(1.0)
     assert records["moe/aux_loss"] == pytest.approx(float(aux.detach()), rel=1e-5)
-    assert model.moe_records() == {}  # read once per step
+    assert model.moe_step() is None  # taken once per step
