@@ -128,8 +128,12 @@ class MoE(nn.Module):
         y = expert_matmul(h, self.down, counts)
         if bias:
             y = y + self.down_bias[expert].to(y.dtype)
-        y = y * weights.reshape(-1)[order, None]
-        return torch.zeros_like(x).index_add_(0, token, y.to(x.dtype))
+        # back to (token, k) order and summed over k: a gather, deterministic on CUDA too
+        # (index_add_'s atomics are not) and without index_add_'s slow CPU path
+        back = torch.empty_like(order)
+        back[order] = torch.arange(order.numel(), device=order.device)
+        y = y[back].view(*index.shape, -1) * weights.unsqueeze(-1)
+        return y.sum(dim=1).to(x.dtype)
 
     def _activate(self, h):
         gate, up = h.chunk(2, dim=-1)

@@ -133,10 +133,10 @@ def run_config(tmp_path, **extra):
         tokenizer="model",
         lr=None,
         data=str(tmp_path / "text.txt"),
-        max_steps=4,
+        max_steps=3,
         log_every=1,
-        eval_every=2,
-        ckpt_every=2,
+        eval_every=3,
+        ckpt_every=3,
         eval_batches=1,
         batch_size=2,
         grad_accum=2,
@@ -149,7 +149,7 @@ def run_config(tmp_path, **extra):
 
 def straight_and_resumed(tmp_path, cfg):
     Trainer(cfg, tmp_path / "straight").run()
-    Trainer(cfg, tmp_path / "split").run(None, StopAfter(2))
+    Trainer(cfg, tmp_path / "split").run(None, StopAfter(1))
     latest = tmp_path / "split" / "checkpoints" / "latest.pt"
     Trainer(cfg, tmp_path / "split", resume_from=latest).run()
     straight = read_metrics(tmp_path / "straight" / "metrics.jsonl")[0]
@@ -173,10 +173,10 @@ def test_full_fine_tuning_resumes_bitwise_and_exports_what_transformers_loads(tm
         assert all(sum(row) == pytest.approx(1.0) for row in r["moe/expert_load"])
         assert r["moe/router_entropy"] > 0
     export(tmp_path / "straight", "hf", tmp_path / "hf", which="latest")
-    from safetensors import safe_open
+    from safetensors.torch import load_file
 
-    with safe_open(tmp_path / "hf" / "model.safetensors", "pt") as f:  # released layout
-        assert any(".experts.0." in name for name in f)
+    names = load_file(tmp_path / "hf" / "model.safetensors")
+    assert any(".experts.0." in name for name in names)  # the released per-expert layout
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").float().eval()
     assert type(exported).__name__ == families.get(family).hf_arch
     assert_logits_equal(load(tmp_path / "straight").model, exported, tok(PROMPT)["input_ids"])
