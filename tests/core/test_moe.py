@@ -138,3 +138,21 @@ def test_gpt_mixes_dense_and_sparse_layers_and_meters_a_step():
         assert sum(row) == pytest.approx(1.0)
     assert records["moe/aux_loss"] == pytest.approx(float(aux.detach()), rel=1e-5)
     assert model.moe_step() is None  # taken once per step
+
+
+def test_gradient_checkpointing_keeps_the_aux_loss_gradients():
+    """The aux loss is pooled outside the checkpointed blocks; its gradient must still reach
+    the router through the recomputed forward."""
+    import dataclasses
+
+    torch.manual_seed(3)
+    c = config(aux_coef=0.5)
+    plain, ckpt = GPT(c), GPT(dataclasses.replace(c, grad_checkpointing=True))
+    ckpt.load_state_dict(plain.state_dict())
+    idx = torch.randint(0, 256, (2, 9))
+    for model in (plain, ckpt):
+        model.train()
+        model(idx, idx)[1].backward()
+    want = plain.blocks[0].mlp.router.weight.grad
+    torch.testing.assert_close(ckpt.blocks[0].mlp.router.weight.grad, want)
+    assert want.abs().sum() > 0

@@ -20,6 +20,7 @@ from hf_models import MOE_FAMILIES, TEXT, make_model  # noqa: E402
 from core.errors import UserError  # noqa: E402
 from core.runs.folder import read_metrics  # noqa: E402
 from core.training.trainer import Trainer  # noqa: E402
+from core.use.common import ExportError  # noqa: E402
 from core.use.export import export  # noqa: E402
 from core.use.generate import generate_ids  # noqa: E402
 from core.weights import families  # noqa: E402
@@ -180,6 +181,9 @@ def test_full_fine_tuning_resumes_bitwise_and_exports_what_transformers_loads(tm
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").float().eval()
     assert type(exported).__name__ == families.get(family).hf_arch
     assert_logits_equal(load(tmp_path / "straight").model, exported, tok(PROMPT)["input_ids"])
+    with pytest.raises(ExportError, match="gguf: .*mixture-of-experts"):  # one line, no file
+        export(tmp_path / "straight", "gguf", tmp_path / "gguf", which="latest")
+    assert not (tmp_path / "gguf").exists()
 
 
 @pytest.mark.parametrize("family", MOE_FAMILIES)
