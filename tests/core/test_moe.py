@@ -156,3 +156,12 @@ def test_gradient_checkpointing_keeps_the_aux_loss_gradients():
     want = plain.blocks[0].mlp.router.weight.grad
     torch.testing.assert_close(ckpt.blocks[0].mlp.router.weight.grad, want)
     assert want.abs().sum() > 0
+
+
+def test_router_aux_loss_flag_sets_a_fine_tunes_coefficient():
+    from helpers import tiny_config
+
+    base = config(aux_coef=0.0)
+    for flag, want in ((None, 0.0), (0.02, 0.02)):
+        cfg = tiny_config(router_aux_loss=flag)
+        assert GPTConfig.from_train(cfg, base=base).moe["aux_coef"] == want
