@@ -187,12 +187,25 @@ def test_full_fine_tuning_resumes_bitwise_and_exports_what_transformers_loads(tm
 
 
 @pytest.mark.parametrize("family", MOE_FAMILIES)
-def test_lora_on_attention_resumes_bitwise_with_the_router_frozen(tmp_path, family):
-    make_model(tmp_path / "model", family)
-    cfg = run_config(tmp_path, lora_rank=4, lora_targets="attn")
+def test_lora_on_attention_resumes_bitwise_and_exports_to_transformers_and_peft(tmp_path, family):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    _, tok = make_model(tmp_path / "model", family)
+    cfg = run_config(tmp_path, lora_rank=4, lora_targets="attn", lora_alpha=64.0)
     straight_and_resumed(tmp_path, cfg)
-    model = load(tmp_path / "straight").model
-    assert all("router" not in n for n, p in model.named_parameters() if p.requires_grad)
+    export(tmp_path / "straight", "hf", tmp_path / "merged", which="latest")
+    export(tmp_path / "straight", "peft", tmp_path / "peft", which="latest")
+    ids = torch.tensor([tok(PROMPT)["input_ids"]])
+    base = AutoModelForCausalLM.from_pretrained(tmp_path / "model").float().eval()
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").float().eval()
+    with torch.no_grad():
+        want = merged(ids).logits
+        assert (base(ids).logits - want).abs().max() > 1e-4  # the adapters changed it
+        adapted = PeftModel.from_pretrained(base, tmp_path / "peft").eval()
+        assert (adapted(ids).logits - want).abs().max() < 1e-4
+        ours, _ = load(tmp_path / "straight").model(ids)
+    assert (ours - want).abs().max() < 1e-4
 
 
 def test_the_info_line_counts_total_and_active_parameters(tmp_path):
