@@ -59,7 +59,7 @@ NEW_FAMILY_CONFIGS = {
 }
 # The MoE families' tiny models: few experts, top-k over 1, dense and sparse layers mixed
 # (Qwen3-MoE's mlp_only_layers), norm_topk_prob both ways, OLMoE's clip_qkv biting.
-MOE_FAMILIES = ("qwen3_moe", "mixtral", "olmoe")
+MOE_FAMILIES = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
 MOE_CONFIGS = {
     "qwen3_moe": {
         "num_hidden_layers": 3,
@@ -69,6 +69,15 @@ MOE_CONFIGS = {
         "norm_topk_prob": True,
         "mlp_only_layers": [1],
         "head_dim": 16,
+    },
+    "qwen2_moe": {
+        "num_hidden_layers": 3,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 16,
+        "shared_expert_intermediate_size": 24,
+        "decoder_sparse_step": 2,
+        "norm_topk_prob": False,
     },
     "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None},
     "olmoe": {
@@ -205,6 +214,7 @@ def make_config(family: str, vocab: int, **extra):
     if family in MOE_CONFIGS:
         kind = {
             "qwen3_moe": t.Qwen3MoeConfig,
+            "qwen2_moe": t.Qwen2MoeConfig,
             "mixtral": t.MixtralConfig,
             "olmoe": t.OlmoeConfig,
         }[family]

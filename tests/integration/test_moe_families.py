@@ -1,4 +1,4 @@
-"""The mixture-of-experts families (Qwen3-MoE, Mixtral, OLMoE) against transformers' own
+"""The mixture-of-experts families (Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE) against transformers' own
 models: logits and greedy text, both weight layouts (released per-expert files and
 transformers 5.x's fused tensors), the load-balancing loss of output_router_logits=True, full
 fine-tuning and LoRA that resume bit for bit with the routing statistics in metrics.jsonl,
@@ -42,6 +42,11 @@ VARIANTS = {
             "num_experts_per_tok": 1,
         },
     ),
+    "qwen2_moe": ("qwen2_moe", {}),
+    "qwen2_moe-every-layer-norm-topk": (
+        "qwen2_moe",
+        {"decoder_sparse_step": 1, "norm_topk_prob": True, "mlp_only_layers": [2]},
+    ),
     "mixtral": ("mixtral", {}),
     "mixtral-3-of-5": ("mixtral", {"num_local_experts": 5, "num_experts_per_tok": 3}),
     "olmoe": ("olmoe", {}),
@@ -78,6 +83,8 @@ def test_the_tiny_models_mix_dense_and_sparse_layers():
     assert qwen.moe["sparse_layers"] == [0, 2] and qwen.moe["norm_topk"]
     olmoe = families.model_config(make_config("olmoe", 100).to_dict())[1]
     assert olmoe.qkv_clip == MOE_CONFIGS["olmoe"]["clip_qkv"] and olmoe.qk_norm_whole
+    qwen2 = families.model_config(make_config("qwen2_moe", 100).to_dict())[1]
+    assert qwen2.moe["sparse_layers"] == [1] and qwen2.moe["shared_expert_dim"] == 24
     assert not olmoe.moe["norm_topk"] and olmoe.moe["top_k"] == 3
 
 

@@ -24,6 +24,7 @@ from core.weights.families import (
     olmoe,
     phi3,
     qwen2,
+    qwen2_moe,
     qwen3,
     qwen3_moe,
     smollm3,
@@ -45,6 +46,7 @@ FAMILIES: dict[str, Family] = {
         phi3,
         smollm3,
         qwen3_moe,
+        qwen2_moe,
         mixtral,
         olmoe,
     )
@@ -142,8 +144,8 @@ def split_rows(name: str, c: GPTConfig, tensor: torch.Tensor, n_parts: int) -> l
         return list(tensor.reshape(-1, *tensor.shape[2:]).chunk(n_parts))
     if ".attn.qkv." in name:
         sizes = [c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.n_kv_heads * c.head_dim]
-    else:
-        sizes = [c.ffn_dim] * n_parts
+    else:  # gate and up: equal halves (a dense MLP's ffn_dim, a shared expert's own)
+        return list(tensor.chunk(n_parts, dim=0))
     return list(tensor.split(sizes, dim=0))
 
 
