@@ -212,6 +212,7 @@ class Trainer:
         run, cfg, objective = self.run_state, self.cfg, self.objective
         chunks = objective.micro_batches(run, cfg, starts, self.step)
         signal_sums = None
+        self.model.moe_step()  # an MoE model's routing counts from this step's forwards only
         for i, chunk in enumerate(chunks):
             if self.fault is not None:
                 self.fault(self.step + 1, i)
