@@ -12,9 +12,9 @@ from pathlib import Path
 import torch
 
 from core.errors import ConfigError
-from core.weights import families
+from core.weights import families, mxfp4
 
-FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
+FLOAT_DTYPES = ("F32", "F16", "BF16", "F64", "MXFP4")  # MXFP4: a *_blocks/*_scales pair
 
 
 class WeightFileError(ConfigError):
@@ -88,7 +88,9 @@ def check_weight_files(folder: Path, family: str, c, files: list[Path]) -> None:
     """Refuse, in one line, weight files that cannot give this config's model."""
     if any(f.suffix != ".safetensors" for f in files):
         return  # pytorch_model.bin: read (and checked) only when loaded
-    found = families.normalise_hf(list(headers := _headers(folder, files)), family)
+    headers = _headers(folder, files)
+    headers.update(mxfp4.header_entries(headers))
+    found = families.normalise_hf(list(headers), family)
     for name, shape in expected_shapes(family, c).items():
         if name not in found:
             raise WeightFileError(

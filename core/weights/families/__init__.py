@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from core.models.model import GPTConfig
+from core.weights import mxfp4
 from core.weights.families import gemma2, gemma3, gpt2, llama, mistral, phi3, qwen2, qwen3, smollm3
 from core.weights.families.base import ROPE_TYPES, Family, Row, UnsupportedModel
 
@@ -99,6 +100,7 @@ def normalise_hf(names: list[str], family: str) -> dict[str, str]:
 
 
 def _join(parts: list, transposed: bool) -> torch.Tensor:
+    parts = [mxfp4.materialize(p) for p in parts]  # an MXFP4 pair: dequantized now
     if transposed:
         parts = [p.t() for p in parts]
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
@@ -107,7 +109,7 @@ def _join(parts: list, transposed: bool) -> torch.Tensor:
 def _joiner(parts: list, transposed: bool):
     """A file tensor itself when nothing has to be joined or turned; else a function that
     joins the parts when called (a memory-mapped model is not joined all at once)."""
-    if len(parts) == 1 and not transposed:
+    if len(parts) == 1 and not transposed and not isinstance(parts[0], mxfp4.Packed):
         return parts[0]
     return lambda: _join(parts, transposed)
 
