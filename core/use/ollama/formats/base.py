@@ -29,6 +29,7 @@ class ChatFormat:
     run_end: str = ""  # what ends a run of tool results
     prompt_after_tool: bool = True  # the generation prompt follows a last tool result
     notes: tuple[str, ...] = ()  # what every TEMPLATE of this format renders otherwise
+    tools_unwritten: bool = False  # its templates show tools in a form not written (notes say)
 
     @property
     def writes_tool_calls(self) -> bool:
@@ -68,6 +69,10 @@ class ChatFormat:
     def go_answer_start(self, lay: Layout) -> str:
         """The start of an assistant message: its tool calls, else the last answer's branch."""
         return "{{ if .ToolCalls }}" + self.go_calls(lay) + "{{ else if $last }}"
+
+    def go_head(self) -> str:
+        """Variables its Go template declares before the messages (none)."""
+        return ""
 
     def go_calls(self, lay: Layout) -> str:
         """An answer with tool calls: the calls in the answer's turn."""
