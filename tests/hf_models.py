@@ -57,6 +57,29 @@ NEW_FAMILY_CONFIGS = {
     },
     "smollm3": {"num_hidden_layers": 4},  # layer 3 without RoPE
 }
+# The MoE families' tiny models: few experts, top-k over 1, dense and sparse layers mixed
+# (Qwen3-MoE's mlp_only_layers), norm_topk_prob both ways, OLMoE's clip_qkv biting.
+MOE_FAMILIES = ("qwen3_moe", "mixtral", "olmoe")
+MOE_CONFIGS = {
+    "qwen3_moe": {
+        "num_hidden_layers": 3,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 16,
+        "norm_topk_prob": True,
+        "mlp_only_layers": [1],
+        "head_dim": 16,
+    },
+    "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None},
+    "olmoe": {
+        "num_experts": 5,
+        "num_experts_per_tok": 3,
+        "intermediate_size": 16,
+        "norm_topk_prob": False,
+        "clip_qkv": 2.0,
+        "pad_token_id": None,
+    },
+}
 # Qwen2.5-1.5B's config.json: the estimate and the hub tests read only the shape.
 QWEN_1_5B = {
     "model_type": "qwen2",
@@ -160,6 +183,8 @@ def make_config(family: str, vocab: int, **extra):
     }
     if family in NEW_FAMILY_CONFIGS:
         extra = {**NEW_FAMILY_CONFIGS[family], **extra}
+    if family in MOE_CONFIGS:
+        extra = {**MOE_CONFIGS[family], **extra}
     shape = {**shape, **{k: extra.pop(k) for k in list(extra) if k in shape}}
     if family == "llama2":
         return t.LlamaConfig(**shape, **common, **extra)
@@ -177,6 +202,13 @@ def make_config(family: str, vocab: int, **extra):
         return t.MistralConfig(**shape, sliding_window=None, **common, **extra)
     if family == "qwen2":
         return t.Qwen2Config(**shape, tie_word_embeddings=True, **common, **extra)
+    if family in MOE_CONFIGS:
+        kind = {
+            "qwen3_moe": t.Qwen3MoeConfig,
+            "mixtral": t.MixtralConfig,
+            "olmoe": t.OlmoeConfig,
+        }[family]
+        return kind(**shape, **common, **extra)
     if family in NEW_FAMILY_CONFIGS:
         options = dict(extra)
         kind = {

@@ -28,6 +28,7 @@ from core.models.cache import KVCache, masks_for, row_positions
 from core.models.fused import Remake, rms_norm, signed_sin, swiglu
 from core.models.fused import rope as fused_rope
 from core.models.loss import lm_loss, sequence_logps, token_logps
+from core.models.moe import LoadMeter, MoE, aux_loss, is_sparse
 
 VOCAB_SIZE = 256  # bytes: no tokenizer to download
 NORMS = ("layernorm", "rmsnorm")
@@ -79,6 +80,8 @@ class GPTConfig:
     out_bias: bool | None = None  # attention output projection
     mlp_bias: bool | None = None
     qk_norm: bool = False  # RMSNorm over each head of q and k (Qwen3)
+    qk_norm_whole: bool = False  # with qk_norm: over all of q's and k's heads at once (OLMoE)
+    qkv_clip: float | None = None  # OLMoE's clip_qkv: q, k and v clamped to +-clip
     tie_embeddings: bool = True
     # Options of the newer families; each default leaves the model as it was.
     norm_offset: float = 0.0  # Gemma: RMSNorm scales by (1 + weight), in fp32
@@ -93,6 +96,8 @@ class GPTConfig:
     rope_dim: int | None = None  # rotary dimensions of a head (partial rotary); None: all
     nope_layers: list | None = None  # SmolLM3: layers without rotary positions
     attn_sinks: bool = False  # gpt-oss: a learned logit per head joins each softmax's sum
+    # Mixture of experts (core.models.moe: its keys and defaults); None: dense.
+    moe: dict | None = None
     # Hand-written backward passes and the fused loss (core.models.fused, LinearCrossEntropy):
     # equal within fp32 rounding, not bit for bit, so a fine-tune (from_train with a base)
     # uses them and a new model keeps the plain ops its older runs resume with exactly.
@@ -257,9 +262,11 @@ class SelfAttention(nn.Module):
         self.qkv = nn.Linear(c.hidden_dim, sum(self.sizes), bias=c.qkv_bias)
         self.proj = nn.Linear(c.n_heads * c.head_dim, c.hidden_dim, bias=c.out_bias)
         if c.qk_norm:
-            self.q_norm = RMSNorm(c.head_dim, c.norm_eps, c.fused, c.norm_offset)
-            self.k_norm = RMSNorm(c.head_dim, c.norm_eps, c.fused, c.norm_offset)
+            q_dim, k_dim = self.sizes[:2] if c.qk_norm_whole else (c.head_dim, c.head_dim)
+            self.q_norm = RMSNorm(q_dim, c.norm_eps, c.fused, c.norm_offset)
+            self.k_norm = RMSNorm(k_dim, c.norm_eps, c.fused, c.norm_offset)
         self.qk_norm, self.fused = c.qk_norm, c.fused
+        self.norm_whole, self.clip = c.qk_norm and c.qk_norm_whole, c.qkv_clip
         self.dropout = c.dropout
         self.resid_drop = nn.Dropout(c.dropout)
         sliding = bool(c.layer_types) and c.layer_types[layer] == SLIDING
@@ -275,6 +282,10 @@ class SelfAttention(nn.Module):
     def _qkv(self, x, rope):
         b, t, _ = x.shape
         q, k, v = self.qkv(x).split(self.sizes, dim=2)
+        if self.norm_whole:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.clip is not None:
+            q, k, v = (t.clamp(-self.clip, self.clip) for t in (q, k, v))
         q = q.view(b, t, self.n_heads, self.hd).transpose(1, 2)
         k = k.view(b, t, self.n_kv, self.hd).transpose(1, 2)
         v = v.view(b, t, self.n_kv, self.hd).transpose(1, 2)
@@ -282,7 +293,7 @@ class SelfAttention(nn.Module):
             # SDPA keeps v for backward: a view would keep all of qkv's output alive, the
             # q and k parts of which RoPE has already copied.
             v = v.contiguous()
-        if self.qk_norm:
+        if self.qk_norm and not self.norm_whole:
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None and self.use_rope:
             rope = rope[2:] if self.local_rope else rope[:2]
@@ -405,7 +416,7 @@ class Block(nn.Module):
         self.ln1 = make_norm(c)
         self.attn = SelfAttention(c, layer)
         self.ln2 = make_norm(c)
-        self.mlp = MLP(c)
+        self.mlp = MoE(c, MLP) if is_sparse(c, layer) else MLP(c)
         self.post_norms = c.post_norms
         if c.post_norms:  # Gemma 2/3: each sub-layer's output normed before the add
             self.ln1_post = make_norm(c)
@@ -477,6 +488,8 @@ class GPT(nn.Module):
         if c.tie_embeddings:
             self.head.weight = self.tok_emb.weight
         self._rope_cache: dict[bool, tuple] = {}  # by LongRoPE's long or short factors
+        self.moe_layers = [i for i in range(c.n_layers) if is_sparse(c, i)]
+        self.moe_meter = LoadMeter()
         self.apply(self._init_weights)
         # GPT-2: scale residual projections by depth so the residual stream stays O(1).
         for name, p in self.named_parameters():
@@ -608,6 +621,9 @@ class GPT(nn.Module):
         else:
             for block in self.blocks:
                 x = block(x, rope, mask)
+        aux = self.router_aux_loss()
+        if aux is not None and self.training and torch.is_grad_enabled():
+            self.moe_meter.add([self.blocks[i].mlp for i in self.moe_layers], aux)
         head = self.output_head()
         if targets is None:
             return head(self.ln_f(x)), None
@@ -615,7 +631,25 @@ class GPT(nn.Module):
             return None, sequence_logps(head, self.ln_f(x), targets, loss_mask)
         if per_token:
             return None, token_logps(head, self.ln_f(x), targets, loss_mask, temperature)
-        return None, lm_loss(head, self.ln_f(x), targets, loss_mask, fused=self.config.fused)
+        loss = lm_loss(head, self.ln_f(x), targets, loss_mask, fused=self.config.fused)
+        coef = self.config.moe.get("aux_coef", 0.0) if self.moe_layers else 0.0
+        if coef and self.training:  # training only: the validation loss stays comparable
+            loss = loss + coef * aux
+        return None, loss
+
+    def router_aux_loss(self):
+        """The load-balancing loss of the last forward, unscaled, pooled over the MoE
+        layers as transformers pools it (None: a dense model)."""
+        if not self.moe_layers:
+            return None
+        layers = [self.blocks[i].mlp for i in self.moe_layers]
+        return aux_loss([m.last_route for m in layers], layers[0].n_experts)
+
+    def moe_records(self) -> dict:
+        """The routing statistics of the training forwards since the last call, as
+        metrics.jsonl's fields ("moe/aux_loss", "moe/router_entropy", "moe/expert_load",
+        "moe/layers"); {} for a dense model or when none ran."""
+        return self.moe_meter.records(self.moe_layers)
 
     def output_head(self):
         """The head, or (Gemma 2) the head with its logits soft-capped."""

@@ -48,14 +48,15 @@ def read_header(path: Path) -> dict:
     return header
 
 
-def expected_shapes(family: str, c) -> dict[str, tuple]:
-    """Hugging Face tensor name -> the shape this config's model needs from the files."""
+def expected_shapes(family: str, c, names=None) -> dict[str, tuple]:
+    """Hugging Face tensor name -> the shape this config's model needs from the files
+    (names: the files' tensor names, which pick an MoE family's layout)."""
     from core.models.model import GPT
 
     with torch.device("meta"):
         state = GPT(c).state_dict()
     out = {}
-    for ours, hf_names, transposed in families.table(family, c):
+    for ours, hf_names, transposed in families.table(family, c, names):
         if ours not in state:
             continue
         parts = families.split_rows(ours, c, state[ours], len(hf_names))
@@ -91,7 +92,7 @@ def check_weight_files(folder: Path, family: str, c, files: list[Path]) -> None:
     headers = _headers(folder, files)
     headers.update(mxfp4.header_entries(headers))
     found = families.normalise_hf(list(headers), family)
-    for name, shape in expected_shapes(family, c).items():
+    for name, shape in expected_shapes(family, c, found).items():
         if name not in found:
             raise WeightFileError(
                 f"init_from: the weight files in {folder} lack tensor {name}", field="init_from"

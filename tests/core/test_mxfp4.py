@@ -114,7 +114,8 @@ def test_the_check_before_loading_reads_mxfp4_headers(tmp_path, monkeypatch):
     rows = [("w", ["m.gate_up_proj"], False)]
     monkeypatch.setattr(families, "table", lambda family, c: rows)
     monkeypatch.setattr(
-        "core.weights.check.expected_shapes", lambda family, c: {"m.gate_up_proj": (2, 32, 6)}
+        "core.weights.check.expected_shapes",
+        lambda family, c, found=None: {"m.gate_up_proj": (2, 32, 6)},
     )
     blocks, scales = pack(torch.randn(2, 6, 32))
     path = tmp_path / "model.safetensors"

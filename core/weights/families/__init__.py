@@ -15,14 +15,40 @@ import torch
 
 from core.models.model import GPTConfig
 from core.weights import mxfp4
-from core.weights.families import gemma2, gemma3, gpt2, llama, mistral, phi3, qwen2, qwen3, smollm3
+from core.weights.families import (
+    gemma2,
+    gemma3,
+    gpt2,
+    llama,
+    mistral,
+    mixtral,
+    olmoe,
+    phi3,
+    qwen2,
+    qwen3,
+    qwen3_moe,
+    smollm3,
+)
 from core.weights.families.base import ROPE_TYPES, Family, Row, UnsupportedModel
 
 __all__ = ["ROPE_TYPES", "Family", "Row", "UnsupportedModel"]
 
 FAMILIES: dict[str, Family] = {
     m.FAMILY.name: m.FAMILY
-    for m in (gpt2, llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, smollm3)
+    for m in (
+        gpt2,
+        llama,
+        mistral,
+        qwen2,
+        qwen3,
+        gemma2,
+        gemma3,
+        phi3,
+        smollm3,
+        qwen3_moe,
+        mixtral,
+        olmoe,
+    )
 }
 SUPPORTED = tuple(FAMILIES)
 # config.json model_type -> family (Gemma 3's multimodal checkpoints say gemma3, 1B gemma3_text)
@@ -77,15 +103,29 @@ def notes(family: str, hf: dict) -> list[str]:
 # -- weight-name tables ---------------------------------------------------------------------
 
 
-def table(family: str, c: GPTConfig) -> list[Row]:
-    return FAMILIES[family].table(c)
+def table(family: str, c: GPTConfig, names=None) -> list[Row]:
+    """The family's weight names; names: a file's tensor names (normalised), which pick an
+    MoE family's fused table where they have its expert tensors."""
+    f = FAMILIES[family]
+    if names is not None and f.fused_table is not None:
+        fused = f.fused_table(c)
+        if any(len(hf) == 1 and hf[0] in names for ours, hf, _ in fused if is_expert(ours)):
+            return fused
+    return f.table(c)
+
+
+def is_expert(name: str) -> bool:
+    """Whether our tensor name is an MoE layer's stacked experts ([E, ...])."""
+    return name.rsplit(".", 1)[-1] in ("gate_up", "down", "gate_up_bias", "down_bias")
 
 
 def split_rows(name: str, c: GPTConfig, tensor: torch.Tensor, n_parts: int) -> list:
-    """One of our tensors cut into the rows of its n_parts Hugging Face tensors (q, k, v or
-    SwiGLU's gate, up); a LoRA B splits the same way."""
+    """One of our tensors cut into the rows of its n_parts Hugging Face tensors (q, k, v,
+    SwiGLU's gate, up, or each expert's projections); a LoRA B splits the same way."""
     if n_parts == 1:
         return [tensor]
+    if is_expert(name):  # [E, 2I, H] -> gate 0, up 0, gate 1, ...; [E, H, I] -> down 0, ...
+        return list(tensor.reshape(-1, *tensor.shape[2:]).chunk(n_parts))
     if ".attn.qkv." in name:
         sizes = [c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.n_kv_heads * c.head_dim]
     else:
@@ -99,19 +139,23 @@ def normalise_hf(names: list[str], family: str) -> dict[str, str]:
     return {(hook(n) if hook else n): n for n in names}
 
 
-def _join(parts: list, transposed: bool) -> torch.Tensor:
+def _join(parts: list, transposed: bool, experts: int | None = None) -> torch.Tensor:
+    """experts: per-expert tensors stacked into [experts, ...]."""
     parts = [mxfp4.materialize(p) for p in parts]  # an MXFP4 pair: dequantized now
     if transposed:
         parts = [p.t() for p in parts]
-    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+    if len(parts) == 1:
+        return parts[0]
+    joined = torch.cat(parts, dim=0)
+    return joined.view(experts, -1, *parts[0].shape[1:]) if experts else joined
 
 
-def _joiner(parts: list, transposed: bool):
+def _joiner(parts: list, transposed: bool, experts: int | None = None):
     """A file tensor itself when nothing has to be joined or turned; else a function that
     joins the parts when called (a memory-mapped model is not joined all at once)."""
     if len(parts) == 1 and not transposed and not isinstance(parts[0], mxfp4.Packed):
         return parts[0]
-    return lambda: _join(parts, transposed)
+    return lambda: _join(parts, transposed, experts)
 
 
 def import_weights(
@@ -122,14 +166,16 @@ def import_weights(
     function that makes it."""
     names = normalise_hf(list(hf_state), family)
     out = {}
-    for ours, hf_names, transposed in table(family, c):
+    for ours, hf_names, transposed in table(family, c, names):
         if ours not in wanted:
             continue
         missing = [n for n in hf_names if n not in names]
         if missing:
             raise UnsupportedModel(f"weights: {missing[0]} is missing from the model files")
         parts = [hf_state[names[n]] for n in hf_names]
-        out[ours] = _joiner(parts, transposed) if lazy else _join(parts, transposed)
+        experts = c.moe["n_experts"] if is_expert(ours) else None
+        join = _joiner if lazy else _join
+        out[ours] = join(parts, transposed, experts)
     left = sorted(wanted - set(out) - ({"head.weight"} if c.tie_embeddings else set()))
     if left:
         raise UnsupportedModel(f"weights: nothing in the model files maps to {left[0]}")

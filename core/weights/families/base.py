@@ -43,6 +43,67 @@ class Family:
     gguf_notes: Callable | None = None  # c -> where llama.cpp runs it otherwise, and when
     export_config: Callable | None = None  # a fine-tune's base config.json -> the export's
     notes: Callable | None = None  # hf config.json -> lines to log when loading it
+    # MoE: the table for transformers 5.x's in-memory layout (experts fused in 3-D tensors),
+    # read where a file has those names; `table` gives the released per-expert layout
+    fused_table: Callable[[GPTConfig], list[Row]] | None = None
+
+
+def moe_options(hf: dict, source: str, n_experts: int, sparse: list[int], **extra) -> dict:
+    """GPTConfig.moe from the config.json fields every MoE family shares; the aux loss joins
+    training where the config asks transformers for it (output_router_logits)."""
+    top_k = hf.get("num_experts_per_tok", 2)
+    if not 1 <= top_k <= n_experts:
+        raise UnsupportedModel(
+            f"{source}: num_experts_per_tok ({top_k}) must be between 1 and the expert "
+            f"count ({n_experts})"
+        )
+    coef = float(hf.get("router_aux_loss_coef") or 0.0)
+    return {
+        "n_experts": n_experts,
+        "top_k": top_k,
+        "norm_topk": bool(hf.get("norm_topk_prob", False)),
+        "router": "softmax_topk",
+        "sparse_layers": sparse,
+        "aux_coef": coef if hf.get("output_router_logits") else 0.0,
+        **extra,
+    }
+
+
+def expert_rows(c: GPTConfig, prefix: str, names: tuple[str, str, str], gate: str) -> list[Row]:
+    """The rows of every sparse layer's router and experts in a per-expert checkpoint.
+    prefix: the layer's MoE module ("model.layers.{i}.mlp."), names: each expert's gate, up
+    and down projections ("gate_proj", "up_proj", "down_proj"), gate: the router's name."""
+    rows = []
+    g, u, d = names
+    for i in sparse_layers(c):
+        m, b = prefix.format(i=i), f"blocks.{i}.mlp."
+        experts = [f"{m}experts.{e}." for e in range(c.moe["n_experts"])]
+        rows += [
+            (b + "router.weight", [m + gate + ".weight"], False),
+            (b + "gate_up", [x + f"{n}.weight" for x in experts for n in (g, u)], False),
+            (b + "down", [x + f"{d}.weight" for x in experts], False),
+        ]
+    return rows
+
+
+def fused_expert_rows(c: GPTConfig) -> list[Row]:
+    """The same in transformers 5.x's modules (mlp.gate, mlp.experts.gate_up_proj/down_proj)."""
+    rows = []
+    for i in sparse_layers(c):
+        m, b = f"model.layers.{i}.mlp.", f"blocks.{i}.mlp."
+        rows += [
+            (b + "router.weight", [m + "gate.weight"], False),
+            (b + "gate_up", [m + "experts.gate_up_proj"], False),
+            (b + "down", [m + "experts.down_proj"], False),
+        ]
+    return rows
+
+
+def sparse_layers(c: GPTConfig) -> list[int]:
+    if not c.moe:
+        return []
+    chosen = c.moe.get("sparse_layers")
+    return list(range(c.n_layers)) if chosen is None else list(chosen)
 
 
 def rope(hf: dict, source: str) -> tuple[float, dict | None]:

@@ -1,0 +1,235 @@
+"""The mixture-of-experts block: a router picks top_k of n_experts SwiGLU experts for each
+token, and the token's output is their weighted sum (Qwen2/3-MoE, Mixtral, OLMoE, gpt-oss).
+
+The experts are stacked tensors in transformers 5.x's fused layout: `gate_up` [E, 2I, H] (the
+gate's rows first, then the up rows) and `down` [E, H, I]. Other layouts (per-expert
+checkpoints, gpt-oss's interleaved [E, H, 2I]) are converted by the family weight maps.
+
+The compute never loops over tokens: the token-expert assignments are sorted by expert and
+run through one grouped matrix product (`torch.nn.functional.grouped_mm`), or, where this
+torch has none for the device and dtype, one matrix product per expert over its contiguous
+group. The routing statistics of the last forward stay on the module (`last_stats`), and the
+pieces of the load-balancing loss, which `aux_loss` pools over layers as transformers does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+ROUTERS = ("softmax_topk", "topk_softmax")
+DEFAULTS = {
+    "norm_topk": False,
+    "router": "softmax_topk",
+    "sparse_layers": None,  # None: every layer
+    "shared_expert_dim": None,
+    "router_bias": False,
+    "expert_bias": False,
+    "swiglu_limit": None,
+    "swiglu_alpha": None,
+    "aux_coef": 0.0,
+}
+REQUIRED = ("n_experts", "top_k", "expert_dim")
+
+
+def options(moe: dict) -> dict:
+    """The MoE options with their defaults filled in; ValueError names a bad one."""
+    missing = [k for k in REQUIRED if k not in moe]
+    if missing:
+        raise ValueError(f"moe: missing {', '.join(missing)}")
+    unknown = sorted(set(moe) - set(REQUIRED) - set(DEFAULTS))
+    if unknown:
+        raise ValueError(f"moe: unknown option {', '.join(unknown)}")
+    o = {**DEFAULTS, **moe}
+    if not 1 <= o["top_k"] <= o["n_experts"]:
+        raise ValueError(
+            f"moe.top_k: must be between 1 and n_experts ({o['n_experts']}), got {o['top_k']}"
+        )
+    if o["router"] not in ROUTERS:
+        raise ValueError(f"moe.router: expected one of {', '.join(ROUTERS)}, got {o['router']!r}")
+    return o
+
+
+def is_sparse(c, layer: int) -> bool:
+    """Whether layer `layer` of a model of shape c has the experts (else a dense MLP)."""
+    if not c.moe:
+        return False
+    layers = c.moe.get("sparse_layers")
+    return layers is None or layer in layers
+
+
+class Route(NamedTuple):
+    """One layer's routing of one forward, the pieces the pooled aux loss needs."""
+
+    counts: torch.Tensor  # [E] float: top-k assignments per expert
+    probs: torch.Tensor  # [E] the router's probabilities summed over tokens (with its graph)
+    rows: int  # tokens routed
+
+
+class MoE(nn.Module):
+    def __init__(self, c, mlp: type[nn.Module]):
+        """c: the model's GPTConfig (core.models.model imports this module, so it is not
+        named here); mlp: the dense MLP class, for Qwen2-MoE's shared expert."""
+        super().__init__()
+        o = options(c.moe)
+        e, i, h = o["n_experts"], o["expert_dim"], c.hidden_dim
+        self.n_experts, self.top_k, self.options = e, o["top_k"], o
+        self.router = nn.Linear(h, e, bias=o["router_bias"])
+        self.gate_up = nn.Parameter(torch.empty(e, 2 * i, h).normal_(std=0.02))
+        self.down = nn.Parameter(torch.empty(e, h, i).normal_(std=0.02))
+        if o["expert_bias"]:
+            self.gate_up_bias = nn.Parameter(torch.zeros(e, 2 * i))
+            self.down_bias = nn.Parameter(torch.zeros(e, h))
+        if o["shared_expert_dim"]:
+            shared = dataclasses.replace(
+                c, moe=None, ffn_dim=o["shared_expert_dim"], mlp="swiglu", mlp_bias=False
+            )
+            self.shared = mlp(shared)
+            self.shared_gate = nn.Linear(h, 1, bias=False)
+        self.drop = nn.Dropout(c.dropout)
+        self.last_stats: tuple | None = None
+        self.last_route: Route | None = None
+
+    def forward(self, x, remake=None):
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        logits = self.router(x)
+        probs = F.softmax(logits, dim=-1, dtype=torch.float32)
+        if self.options["router"] == "topk_softmax":  # gpt-oss
+            top, index = logits.topk(self.top_k, dim=-1)
+            weights = F.softmax(top, dim=-1, dtype=torch.float32)
+        else:
+            weights, index = probs.topk(self.top_k, dim=-1)
+            if self.options["norm_topk"]:
+                weights = weights / weights.sum(dim=-1, keepdim=True)
+        out = self._experts(x, index, weights.to(x.dtype))
+        if hasattr(self, "shared"):
+            out = out + torch.sigmoid(self.shared_gate(x)) * self.shared(x)
+        self._keep_stats(probs, index)
+        return self.drop(out).view(shape)
+
+    def _experts(self, x, index, weights):
+        """sum_k weights[t, k] * expert_{index[t, k]}(x[t]) for every token t."""
+        flat = index.reshape(-1)
+        order = flat.argsort(stable=True)
+        token = order // self.top_k
+        expert = flat[order]
+        counts = torch.zeros(self.n_experts, dtype=torch.long, device=x.device)
+        counts.scatter_add_(0, flat, torch.ones_like(flat))
+        bias = hasattr(self, "gate_up_bias")
+        h = expert_matmul(x[token], self.gate_up, counts)
+        if bias:
+            h = h + self.gate_up_bias[expert].to(h.dtype)
+        h = self._activate(h)
+        y = expert_matmul(h, self.down, counts)
+        if bias:
+            y = y + self.down_bias[expert].to(y.dtype)
+        y = y * weights.reshape(-1)[order, None]
+        return torch.zeros_like(x).index_add_(0, token, y.to(x.dtype))
+
+    def _activate(self, h):
+        gate, up = h.chunk(2, dim=-1)
+        limit, alpha = self.options["swiglu_limit"], self.options["swiglu_alpha"]
+        if limit is None:
+            return F.silu(gate) * up
+        # gpt-oss: clamped, sigmoid(alpha * gate) and (up + 1)
+        gate = gate.clamp(max=limit)
+        up = up.clamp(min=-limit, max=limit)
+        return (up + 1) * (gate * torch.sigmoid(gate * (alpha or 1.0)))
+
+    def _keep_stats(self, probs, index):
+        counts = torch.zeros(self.n_experts, dtype=torch.float32, device=probs.device)
+        counts.scatter_add_(
+            0, index.reshape(-1), torch.ones_like(index.reshape(-1), dtype=counts.dtype)
+        )
+        route = Route(counts, probs.sum(dim=0), probs.shape[0])
+        self.last_route = route
+        with torch.no_grad():
+            entropy = -(probs * probs.clamp_min(1e-30).log()).sum(dim=-1).mean()
+        self.last_stats = (counts.detach().long(), entropy, aux_loss([route], self.n_experts))
+
+
+def aux_loss(routes: list[Route], n_experts: int) -> torch.Tensor:
+    """transformers' load_balancing_loss_func (models/mixtral, 5.24): the top-k assignment
+    shares and the mean router probabilities, each pooled over the layers' tokens, then
+    n_experts * sum(share * probability). Every token counts (no padding mask)."""
+    rows = sum(r.rows for r in routes)
+    counts = torch.stack([r.counts for r in routes]).sum(0) / rows
+    probs = torch.stack([r.probs for r in routes]).sum(0) / rows
+    return (counts * probs).sum() * n_experts
+
+
+def grouped_ok(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether F.grouped_mm runs here: torch >= 2.11 on the CPU (older ones lack a CPU kernel
+    or need 16-byte aligned tensors), bf16 on CUDA from compute capability 8.0."""
+    if not hasattr(F, "grouped_mm"):
+        return False
+    if device.type == "cpu":
+        return torch_at_least(2, 11)
+    if device.type == "cuda":
+        return dtype == torch.bfloat16 and torch.cuda.get_device_capability(device) >= (8, 0)
+    return False
+
+
+def torch_at_least(major: int, minor: int) -> bool:
+    version = torch.__version__.split("+")[0].split(".")
+    return (int(version[0]), int(version[1])) >= (major, minor)
+
+
+FORCE_LOOP = False  # tests compare the per-expert fallback with the grouped product
+
+
+def expert_matmul(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """x [N, in] sorted by expert, counts[e] rows each; w [E, out, in] -> [N, out]."""
+    device = x.device.type
+    autocast = torch.is_autocast_enabled(device)
+    dtype = torch.get_autocast_dtype(device) if autocast else w.dtype
+    if not FORCE_LOOP and grouped_ok(x.device, dtype):
+        offs = counts.cumsum(0).to(torch.int32)
+        return F.grouped_mm(x.to(dtype), w.to(dtype).transpose(-2, -1), offs=offs)
+    outs = [
+        F.linear(part, w[e]) for e, part in enumerate(x.split(counts.tolist())) if part.shape[0]
+    ]
+    return torch.cat(outs) if outs else x.new_zeros(0, w.shape[1])
+
+
+class LoadMeter:
+    """The routing statistics of a step's training forwards (its micro-batches), summed on
+    the device and read once when a record is written: no host sync in between."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        self.load: torch.Tensor | None = None  # [layers, E] assignments
+        self.entropy: torch.Tensor | None = None  # summed over forwards, mean over layers
+        self.aux: torch.Tensor | None = None
+        self.forwards = 0
+
+    def add(self, layers: list[MoE], aux: torch.Tensor):
+        counts = torch.stack([m.last_stats[0] for m in layers])
+        entropy = torch.stack([m.last_stats[1] for m in layers]).mean()
+        aux = aux.detach()
+        if self.forwards:
+            counts, entropy, aux = counts + self.load, entropy + self.entropy, aux + self.aux
+        self.load, self.entropy, self.aux = counts, entropy, aux
+        self.forwards += 1
+
+    def records(self, layer_ids: list[int]) -> dict:
+        """metrics.jsonl's MoE fields for the forwards since the last call ({} if none)."""
+        if not self.forwards:
+            return {}
+        load = self.load.double()
+        share = load / load.sum(dim=1, keepdim=True).clamp_min(1)
+        out = {
+            "moe/aux_loss": float(self.aux) / self.forwards,
+            "moe/router_entropy": float(self.entropy) / self.forwards,
+            "moe/expert_load": share.tolist(),
+            "moe/layers": list(layer_ids),
+        }
+        self.reset()
+        return out

@@ -1,0 +1,52 @@
+"""OLMoE (OLMoE-1B-7B): Llama-style layers whose q and k are RMS-normed over the whole
+projection (not per head), q, k and v optionally clamped (clip_qkv), and a mixture of experts
+in every layer; norm_topk_prob says whether the top-k weights are normalized.
+
+Its instruct model's chat template is Tulu's (<|user|>, <|assistant|>, <|endoftext|>), which
+is none of the formats TrainDeck writes for Ollama: the family names "plain", and an Ollama
+export of a model carrying that template says so in one line (core.use.ollama.template)."""
+
+from __future__ import annotations
+
+from core.models.model import GPTConfig
+from core.weights.families.base import (
+    Family,
+    expert_rows,
+    fused_expert_rows,
+    llama_options,
+    llama_table,
+    moe_options,
+)
+
+
+def config(hf: dict, source: str) -> GPTConfig:
+    n = hf.get("num_experts", hf.get("num_local_experts", 64))
+    every = list(range(hf["num_hidden_layers"]))
+    moe = moe_options(hf, source, n, every, expert_dim=hf["intermediate_size"])
+    clip = hf.get("clip_qkv")
+    return llama_options(
+        hf,
+        source,
+        qk_norm=True,
+        qk_norm_whole=True,
+        qkv_clip=float(clip) if clip is not None else None,
+        moe=moe,
+    )
+
+
+def table(c: GPTConfig):
+    names = ("gate_proj", "up_proj", "down_proj")
+    return llama_table(c) + expert_rows(c, "model.layers.{i}.mlp.", names, "gate")
+
+
+FAMILY = Family(
+    name="olmoe",
+    display="OLMoE",
+    hf_arch="OlmoeForCausalLM",
+    config=config,
+    table=table,
+    fused_table=lambda c: llama_table(c) + fused_expert_rows(c),
+    gguf_arch="olmoe",
+    chat_format="plain",
+    stops=("<|endoftext|>",),
+)

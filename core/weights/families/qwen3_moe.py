@@ -1,0 +1,48 @@
+"""Qwen3-MoE (Qwen3-30B-A3B, Qwen3-235B-A22B): Qwen3's attention (q/k norms) with a
+mixture of experts in the layers decoder_sparse_step picks and mlp_only_layers leaves out;
+norm_topk_prob says whether the top-k weights are normalized."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from core.models.model import GPTConfig
+from core.weights.families import qwen3
+from core.weights.families.base import (
+    Family,
+    expert_rows,
+    fused_expert_rows,
+    llama_table,
+    moe_options,
+)
+
+
+def config(hf: dict, source: str) -> GPTConfig:
+    n = hf.get("num_experts", hf.get("num_local_experts", 0))
+    step = hf.get("decoder_sparse_step", 1)
+    dense = set(hf.get("mlp_only_layers") or ())
+    sparse = [
+        i
+        for i in range(hf["num_hidden_layers"])
+        if n > 0 and i not in dense and (i + 1) % step == 0
+    ]
+    moe = moe_options(hf, source, n, sparse, expert_dim=hf["moe_intermediate_size"])
+    return dataclasses.replace(qwen3.config(hf, source), moe=moe if sparse else None)
+
+
+def table(c: GPTConfig):
+    names = ("gate_proj", "up_proj", "down_proj")
+    return llama_table(c) + expert_rows(c, "model.layers.{i}.mlp.", names, "gate")
+
+
+FAMILY = Family(
+    name="qwen3_moe",
+    display="Qwen3-MoE",
+    hf_arch="Qwen3MoeForCausalLM",
+    config=config,
+    table=table,
+    fused_table=lambda c: llama_table(c) + fused_expert_rows(c),
+    gguf_arch="qwen3moe",
+    chat_format="chatml",
+    stops=("<|im_end|>",),
+)

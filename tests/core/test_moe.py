@@ -1,0 +1,140 @@
+"""The MoE block (core/models/moe.py) against transformers' own sparse blocks, the grouped
+product against the per-expert fallback, and a GPT with mixed dense and sparse layers."""
+
+import pytest
+import torch
+
+from core.models import moe as moe_module
+from core.models.model import GPT, MLP, GPTConfig
+from core.models.moe import MoE
+
+H, INNER, E = 16, 8, 6
+
+
+def config(**moe) -> GPTConfig:
+    opts = {"n_experts": E, "top_k": 2, "expert_dim": INNER, **moe}
+    return GPTConfig(
+        hidden_dim=H,
+        n_layers=3,
+        n_heads=2,
+        seq_len=32,
+        bias=False,
+        norm="rmsnorm",
+        positions="rope",
+        mlp="swiglu",
+        ffn_dim=24,
+        moe=opts,
+    )
+
+
+def hf_block(name: str, norm_topk: bool, shared: int | None):
+    """transformers' sparse block of family name, random weights, and the same in ours."""
+    if name == "qwen3_moe":
+        from transformers import Qwen3MoeConfig
+        from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+
+        hc = Qwen3MoeConfig(
+            hidden_size=H,
+            moe_intermediate_size=INNER,
+            num_experts=E,
+            num_experts_per_tok=2,
+            norm_topk_prob=norm_topk,
+        )
+        block = Qwen3MoeSparseMoeBlock(hc)
+    elif name == "qwen2_moe":
+        from transformers import Qwen2MoeConfig
+        from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeSparseMoeBlock
+
+        hc = Qwen2MoeConfig(
+            hidden_size=H,
+            moe_intermediate_size=INNER,
+            num_experts=E,
+            num_experts_per_tok=2,
+            norm_topk_prob=norm_topk,
+            shared_expert_intermediate_size=shared,
+        )
+        block = Qwen2MoeSparseMoeBlock(hc)
+    else:
+        from transformers import MixtralConfig
+        from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
+
+        hc = MixtralConfig(
+            hidden_size=H, intermediate_size=INNER, num_local_experts=E, num_experts_per_tok=2
+        )
+        block = MixtralSparseMoeBlock(hc)
+    torch.manual_seed(0)
+    for p in block.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    ours = MoE(config(norm_topk=norm_topk, shared_expert_dim=shared), MLP)
+    with torch.no_grad():
+        ours.router.weight.copy_(block.gate.weight)
+        ours.gate_up.copy_(block.experts.gate_up_proj)
+        ours.down.copy_(block.experts.down_proj)
+        if shared:
+            se = block.shared_expert
+            ours.shared.fc.weight.copy_(torch.cat([se.gate_proj.weight, se.up_proj.weight]))
+            ours.shared.proj.weight.copy_(se.down_proj.weight)
+            ours.shared_gate.weight.copy_(block.shared_expert_gate.weight)
+    return block, ours
+
+
+@pytest.mark.parametrize(
+    "name,norm_topk,shared",
+    [("mixtral", True, None), ("qwen3_moe", False, None), ("qwen2_moe", True, 12)],
+)
+def test_block_equals_transformers(name, norm_topk, shared):
+    block, ours = hf_block(name, norm_topk, shared)
+    x = torch.randn(2, 7, H)
+    want = block(x)
+    want = want[0] if isinstance(want, tuple) else want
+    torch.testing.assert_close(ours(x), want, atol=1e-5, rtol=1e-5)
+    counts, entropy, _ = ours.last_stats
+    assert int(counts.sum()) == 2 * 7 * 2  # every token goes to top_k experts
+    assert 0 < float(entropy) <= torch.log(torch.tensor(float(E))) + 1e-6
+
+
+def test_grouped_product_equals_per_expert_loop(monkeypatch):
+    torch.manual_seed(1)
+    m = MoE(config(norm_topk=True), MLP)
+    x = torch.randn(3, 5, H, requires_grad=True)
+    out = m(x)
+    out.square().sum().backward()
+    grads = [x.grad.clone()] + [p.grad.clone() for p in m.parameters()]
+    x.grad = None
+    m.zero_grad()
+    monkeypatch.setattr(moe_module, "FORCE_LOOP", True)
+    loop = m(x)
+    loop.square().sum().backward()
+    torch.testing.assert_close(loop, out, atol=1e-6, rtol=1e-5)
+    for a, b in zip(grads, [x.grad] + [p.grad for p in m.parameters()], strict=True):
+        torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-5)
+
+
+def test_top_k_above_expert_count_is_one_clear_error():
+    with pytest.raises(ValueError, match=r"moe.top_k: must be between 1 and n_experts \(6\)"):
+        MoE(config(top_k=7), MLP)
+
+
+def test_gpt_mixes_dense_and_sparse_layers_and_meters_a_step():
+    torch.manual_seed(2)
+    c = config(sparse_layers=[0, 2], aux_coef=0.01)
+    model = GPT(c)
+    assert model.moe_layers == [0, 2]
+    assert isinstance(model.blocks[1].mlp, MLP) and isinstance(model.blocks[2].mlp, MoE)
+    idx = torch.randint(0, 256, (2, 9))
+    model.train()
+    _, loss = model(idx, idx)
+    aux = model.router_aux_loss()
+    model.eval()
+    _, plain = model(idx, idx)
+    torch.testing.assert_close(loss, plain + 0.01 * aux)  # joined in training only
+    model.train()
+    model(idx, idx)[1].backward()
+    assert model.blocks[0].mlp.router.weight.grad.abs().sum() > 0
+    records = model.moe_records()
+    assert records["moe/layers"] == [0, 2]
+    assert [len(row) for row in records["moe/expert_load"]] == [E, E]
+    for row in records["moe/expert_load"]:
+        assert sum(row) == pytest.approx(1.0)
+    assert records["moe/aux_loss"] == pytest.approx(float(aux.detach()), rel=1e-5)
+    assert model.moe_records() == {}  # read once per step
