@@ -59,7 +59,11 @@ def expected_shapes(family: str, c, names=None) -> dict[str, tuple]:
     for ours, hf_names, transposed in families.table(family, c, names):
         if ours not in state:
             continue
-        parts = families.split_rows(ours, c, state[ours], len(hf_names))
+        tensor = state[ours]
+        convert = families.get(family).convert
+        if convert is not None and families.is_expert(ours):  # the family's own layout
+            tensor = convert(ours, tensor, True)
+        parts = families.split_rows(ours, c, tensor, len(hf_names))
         for name, part in zip(hf_names, parts, strict=True):
             out[name] = tuple(reversed(part.shape)) if transposed else tuple(part.shape)
     return out

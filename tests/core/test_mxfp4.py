@@ -4,26 +4,12 @@ its kernels hub); damaged block and scale tensors refused in one line."""
 
 import pytest
 import torch
+from hf_models import mxfp4_pack
 
 from core.weights import mxfp4
 from core.weights.check import check_weight_files
 
-E2M1 = torch.tensor(mxfp4.FP4_VALUES)
-
-
-def pack(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x (*prefix, C), C a multiple of 32 -> (blocks (*prefix, C/32, 16) uint8, scales
-    (*prefix, C/32) uint8): each block of 32 scaled by a power of two so its largest value
-    fits e2m1's 6, each value rounded to the nearest e2m1 value, two to a byte."""
-    *prefix, c = x.shape
-    groups = x.reshape(*prefix, c // 32, 32)
-    top = groups.abs().amax(-1).clamp(min=2.0**-100)
-    exp = torch.ceil(torch.log2(top / 6.0)).to(torch.int32)
-    scaled = groups / torch.exp2(exp.float())[..., None]
-    index = (scaled.abs()[..., None] - E2M1).abs().argmin(-1)
-    codes = (index + 8 * (scaled < 0)).to(torch.uint8)
-    blocks = codes[..., 0::2] | (codes[..., 1::2] << 4)
-    return blocks, (exp + mxfp4.BIAS).to(torch.uint8)
+pack = mxfp4_pack
 
 
 @pytest.fixture(scope="module")

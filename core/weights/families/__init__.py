@@ -11,6 +11,8 @@ family is one module here and its line in FAMILIES.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from core.models.model import GPTConfig
@@ -19,6 +21,7 @@ from core.weights.families import (
     gemma2,
     gemma3,
     gpt2,
+    gpt_oss,
     llama,
     mistral,
     mixtral,
@@ -48,6 +51,7 @@ FAMILIES: dict[str, Family] = {
         qwen3_moe,
         mixtral,
         olmoe,
+        gpt_oss,
     )
 }
 SUPPORTED = tuple(FAMILIES)
@@ -158,6 +162,10 @@ def _joiner(parts: list, transposed: bool, experts: int | None = None):
     return lambda: _join(parts, transposed, experts)
 
 
+def _converted(convert, ours: str, parts: list, transposed: bool, experts: int):
+    return convert(ours, _join(parts, transposed, experts), False)
+
+
 def import_weights(
     family: str, c: GPTConfig, hf_state: dict, wanted: set[str], lazy: bool = False
 ) -> dict:
@@ -174,6 +182,11 @@ def import_weights(
             raise UnsupportedModel(f"weights: {missing[0]} is missing from the model files")
         parts = [hf_state[names[n]] for n in hf_names]
         experts = c.moe["n_experts"] if is_expert(ours) else None
+        convert = FAMILIES[family].convert if experts else None
+        if convert is not None:  # the family's own expert layout, made when needed
+            make = partial(_converted, convert, ours, parts, transposed, experts)
+            out[ours] = make if lazy else make()
+            continue
         join = _joiner if lazy else _join
         out[ours] = join(parts, transposed, experts)
     left = sorted(wanted - set(out) - ({"head.weight"} if c.tie_embeddings else set()))
@@ -193,6 +206,9 @@ def export_weights(family: str, c: GPTConfig, state: dict) -> dict:
                 out[hf_names[0]] = torch.zeros(weight.shape[0])
             continue
         tensor = state[ours].detach().float().cpu()
+        convert = FAMILIES[family].convert
+        if convert is not None and is_expert(ours):
+            tensor = convert(ours, tensor, True)
         parts = split_rows(ours, c, tensor, len(hf_names))
         for name, part in zip(hf_names, parts, strict=True):
             out[name] = (part.t() if transposed else part).contiguous()
