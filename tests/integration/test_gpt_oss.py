@@ -100,6 +100,14 @@ def test_an_mxfp4_checkpoint_loads_as_transformers_dequantizes_it(base, tmp_path
             model = GPT(model.config).eval()
             model.load_state_dict(load(tmp_path / "mxfp4").model.state_dict())
         assert (model(x)[0] - want).abs().max() < 1e-5
+    # its hf export holds the dequantized experts, without the MXFP4 quantization_config
+    from transformers import AutoModelForCausalLM
+
+    export(tmp_path / "mxfp4", "hf", tmp_path / "out")
+    assert "quantization_config" not in json.loads((tmp_path / "out" / "config.json").read_text())
+    back = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    with torch.no_grad():
+        assert (back(x).logits - want).abs().max() < 1e-5
 
 
 def test_hf_export_loads_back_in_transformers_equal(base, tmp_path):

@@ -98,6 +98,11 @@ def convert(name: str, tensor: torch.Tensor, to_hf: bool) -> torch.Tensor:
     return torch.cat((tensor[:, 0::2], tensor[:, 1::2]), dim=1).contiguous()
 
 
+def export_config(base: dict) -> dict:
+    """The export holds the experts dequantized: no MXFP4 quantization_config."""
+    return {k: v for k, v in base.items() if k != "quantization_config"}
+
+
 FAMILY = Family(
     name="gpt_oss",
     display="gpt-oss",
@@ -105,6 +110,7 @@ FAMILY = Family(
     config=config,
     table=table,
     convert=convert,
+    export_config=export_config,
     gguf_arch="gpt-oss",
     chat_format="harmony",
     stops=STOPS,
