@@ -136,6 +136,15 @@ class ModelFields:
         group=ADVANCED,
         choices=BASE_BITS,
     )
+    router_aux_loss: float | None = spec(
+        None,
+        "a mixture-of-experts model's load-balancing loss coefficient (transformers' "
+        "router_aux_loss_coef, added to the loss as coefficient x aux); 0: off; default: "
+        "the model's config.json (its coefficient where output_router_logits is true, else off)",
+        low=0.0,
+        high=10.0,
+        optional=True,
+    )
     bias: bool = spec(
         True,
         "biases in Linear and LayerNorm layers (without, as nanoGPT's bias=False: a bit faster)",

@@ -28,7 +28,7 @@ from core.models.cache import KVCache, masks_for, row_positions
 from core.models.fused import Remake, rms_norm, signed_sin, swiglu
 from core.models.fused import rope as fused_rope
 from core.models.loss import lm_loss, sequence_logps, token_logps
-from core.models.moe import LoadMeter, MoE, aux_loss, is_sparse
+from core.models.moe import LoadMeter, MoE, aux_loss, is_sparse, records
 
 VOCAB_SIZE = 256  # bytes: no tokenizer to download
 NORMS = ("layernorm", "rmsnorm")
@@ -122,7 +122,10 @@ class GPTConfig:
             "grad_checkpointing": cfg.grad_checkpointing and training,
         }
         if base is not None:
-            return dataclasses.replace(base, **run, fused=True)
+            moe = base.moe
+            if moe and cfg.router_aux_loss is not None:
+                moe = {**moe, "aux_coef": cfg.router_aux_loss}
+            return dataclasses.replace(base, **run, moe=moe, fused=True)
         shape = {
             "hidden_dim": cfg.hidden_dim,
             "n_layers": cfg.n_layers,
@@ -645,11 +648,15 @@ class GPT(nn.Module):
         layers = [self.blocks[i].mlp for i in self.moe_layers]
         return aux_loss([m.last_route for m in layers], layers[0].n_experts)
 
-    def moe_records(self) -> dict:
-        """The routing statistics of the training forwards since the last call, as
-        metrics.jsonl's fields ("moe/aux_loss", "moe/router_entropy", "moe/expert_load",
-        "moe/layers"); {} for a dense model or when none ran."""
-        return self.moe_meter.records(self.moe_layers)
+    def moe_step(self) -> tuple | None:
+        """The routing statistics of the training forwards since the last call, still on the
+        device (None: a dense model, or none ran): a step keeps them for moe_records."""
+        return self.moe_meter.take()
+
+    def moe_records(self, sums: tuple | None) -> dict:
+        """metrics.jsonl's MoE fields ("moe/aux_loss", "moe/router_entropy",
+        "moe/expert_load", "moe/layers") of a step's moe_step(); {} for None."""
+        return records(sums, self.moe_layers)
 
     def output_head(self):
         """The head, or (Gemma 2) the head with its logits soft-capped."""

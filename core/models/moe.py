@@ -128,8 +128,12 @@ class MoE(nn.Module):
         y = expert_matmul(h, self.down, counts)
         if bias:
             y = y + self.down_bias[expert].to(y.dtype)
-        y = y * weights.reshape(-1)[order, None]
-        return torch.zeros_like(x).index_add_(0, token, y.to(x.dtype))
+        # back to (token, k) order and summed over k: a gather, deterministic on CUDA too
+        # (index_add_'s atomics are not) and without index_add_'s slow CPU path
+        back = torch.empty_like(order)
+        back[order] = torch.arange(order.numel(), device=order.device)
+        y = y[back].view(*index.shape, -1) * weights.unsqueeze(-1)
+        return y.sum(dim=1).to(x.dtype)
 
     def _activate(self, h):
         gate, up = h.chunk(2, dim=-1)
@@ -198,38 +202,36 @@ def expert_matmul(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> tor
 
 
 class LoadMeter:
-    """The routing statistics of a step's training forwards (its micro-batches), summed on
-    the device and read once when a record is written: no host sync in between."""
+    """The routing statistics of the training forwards (a step's micro-batches), summed on
+    the device; take() hands them over without a host sync, records() reads them."""
 
     def __init__(self):
-        self.reset()
-
-    def reset(self):
-        self.load: torch.Tensor | None = None  # [layers, E] assignments
-        self.entropy: torch.Tensor | None = None  # summed over forwards, mean over layers
-        self.aux: torch.Tensor | None = None
-        self.forwards = 0
+        self.sums: tuple | None = None  # (assignments [layers, E], entropy, aux, forwards)
 
     def add(self, layers: list[MoE], aux: torch.Tensor):
         counts = torch.stack([m.last_stats[0] for m in layers])
         entropy = torch.stack([m.last_stats[1] for m in layers]).mean()
-        aux = aux.detach()
-        if self.forwards:
-            counts, entropy, aux = counts + self.load, entropy + self.entropy, aux + self.aux
-        self.load, self.entropy, self.aux = counts, entropy, aux
-        self.forwards += 1
+        new = (counts, entropy, aux.detach(), 1)
+        old = self.sums
+        self.sums = new if old is None else tuple(a + b for a, b in zip(old, new, strict=True))
 
-    def records(self, layer_ids: list[int]) -> dict:
-        """metrics.jsonl's MoE fields for the forwards since the last call ({} if none)."""
-        if not self.forwards:
-            return {}
-        load = self.load.double()
-        share = load / load.sum(dim=1, keepdim=True).clamp_min(1)
-        out = {
-            "moe/aux_loss": float(self.aux) / self.forwards,
-            "moe/router_entropy": float(self.entropy) / self.forwards,
-            "moe/expert_load": share.tolist(),
-            "moe/layers": list(layer_ids),
-        }
-        self.reset()
-        return out
+    def take(self) -> tuple | None:
+        """The sums since the last take (None: no training forward), on the device."""
+        sums, self.sums = self.sums, None
+        return sums
+
+
+def records(sums: tuple | None, layer_ids: list[int]) -> dict:
+    """metrics.jsonl's MoE fields from LoadMeter.take()'s sums ({} for None): each layer's
+    share of the assignments per expert, the mean router entropy and aux loss a forward."""
+    if sums is None:
+        return {}
+    load, entropy, aux, forwards = sums
+    load = load.double()
+    share = load / load.sum(dim=1, keepdim=True).clamp_min(1)
+    return {
+        "moe/aux_loss": float(aux) / forwards,
+        "moe/router_entropy": float(entropy) / forwards,
+        "moe/expert_load": share.tolist(),
+        "moe/layers": list(layer_ids),
+    }

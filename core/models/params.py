@@ -79,3 +79,32 @@ def adapted_weights(c: GPTConfig, targets: str) -> int:
         )
 
     return counted(shape_key(c, "adapted", targets), count)
+
+
+def inactive_params(c: GPTConfig) -> int:
+    """An MoE model's expert weights a token does not pass through: (n_experts - top_k) of
+    each sparse layer's experts (0 for a dense model)."""
+    if not c.moe:
+        return 0
+
+    def count():
+        from core.models.moe import MoE
+
+        total = 0
+        for m in meta_model(c).modules():
+            if isinstance(m, MoE):
+                experts = sum(
+                    p.numel()
+                    for name, p in m.named_parameters(recurse=False)
+                    if name in ("gate_up", "down", "gate_up_bias", "down_bias")
+                )
+                total += experts * (m.n_experts - m.top_k) // m.n_experts
+        return total
+
+    return counted(shape_key(c, "inactive"), count)
+
+
+def active_params(c: GPTConfig) -> int:
+    """Parameters one token passes through: all of a dense model's, an MoE model's without
+    the experts its router leaves out (what compute and speed go by)."""
+    return shape_params(c) - inactive_params(c)

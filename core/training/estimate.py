@@ -12,7 +12,9 @@ from core.config import methods, recipe
 from core.config.spec import TrainConfig
 from core.models.loss import chunk_positions
 from core.models.model import GPTConfig
+from core.models.moe import is_sparse
 from core.models.params import (
+    active_params,
     adapted_weights,
     adapter_count,
     counted,
@@ -67,10 +69,22 @@ def _position_params(c: GPTConfig) -> int:
 
 
 def flops_per_token(cfg: TrainConfig, c: GPTConfig | None = None) -> int:
-    """Training FLOPs per token (forward + backward): 6N + 12 L d T, as in nanoGPT/PaLM."""
+    """Training FLOPs per token (forward + backward): 6N + 12 L d T, as in nanoGPT/PaLM; N
+    counts the parameters a token passes through (an MoE model's active ones)."""
     c = c or model_shape(cfg)
-    n = shape_params(c) - _position_params(c)
+    n = active_params(c) - _position_params(c)
     return 6 * n + 12 * c.n_layers * c.n_heads * c.head_dim * cfg.seq_len
+
+
+def _token_ffn(c: GPTConfig) -> int:
+    """The MLP width a token goes through, on average over the layers: an MoE layer's top_k
+    experts (and its shared expert), a dense layer's ffn_dim."""
+    if not c.moe:
+        return c.ffn_dim
+    m = c.moe
+    sparse = sum(is_sparse(c, i) for i in range(c.n_layers))
+    moe_width = m["top_k"] * m["expert_dim"] + (m.get("shared_expert_dim") or 0)
+    return (sparse * moe_width + (c.n_layers - sparse) * c.ffn_dim) // c.n_layers
 
 
 def _act_bytes(precision: str) -> int:
@@ -83,7 +97,7 @@ def _saved_bytes_per_token_layer(
     """Bytes autograd keeps per token per block for the backward pass. fused: a fine-tune's
     model (core.models.fused), which remakes the norms' and SwiGLU's outputs in backward."""
     d, e = c.hidden_dim, _act_bytes(precision)
-    q, kv, ffn = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.ffn_dim
+    q, kv, ffn = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, _token_ffn(c)
     fp32_residual = 2 * 4 * d  # norm inputs: the residual stream stays fp32 under autocast
     matmul_inputs = e * (d + q + ffn)  # qkv, attn proj and mlp fc inputs
     attention = e * (q + 2 * kv + q)  # q, k, v and the attention output (flash: no T x T)

@@ -60,6 +60,7 @@ class StepSignals:
     sums: torch.Tensor | None = None  # the micro-batches' signal sums added up (on the device)
     sampled: dict | None = None  # GRPO: its sampling's metrics, already read on the CPU
     tokens: int | None = None  # tokens the step trained on; None: cfg.tokens_per_step
+    moe: tuple | None = None  # an MoE model's routing sums (GPT.moe_step), on the device
 
 
 class Objective:

@@ -229,6 +229,7 @@ class Trainer:
         self.optimizer.step(self.scaler)
         self.scaler.update()
         self._step_signals = objective.step_signals(signal_sums)  # GRPO: its sampling's too
+        self._step_signals.moe = self.model.moe_step()
         return total
 
     def _step_with_oom_recovery(self, factor: float) -> torch.Tensor:
@@ -422,6 +423,9 @@ class Trainer:
             self.log(warning)
         steps = [(p.step, p.lr) for p in pending]
         extras = self.objective.records([p.signals for p in pending], self.cfg, self.world)
+        moe = [self.model.moe_records(p.signals.moe) for p in pending]
+        if any(moe):  # an MoE model's routing: expert load, router entropy, aux loss
+            extras = [{**e, **m} for e, m in zip(extras or [{}] * len(moe), moe, strict=True)]
         for record in metrics.train_records(
             steps, losses, self.cfg, self.data.train_tokens, common, extras
         ):

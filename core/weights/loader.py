@@ -22,6 +22,7 @@ from core.data.tokenizer import Tokenizer, bytes_tokenizer, pretrained_tokenizer
 from core.errors import CheckpointError, ConfigError, UserError
 from core.models import lora
 from core.models.model import GPT, GPTConfig
+from core.models.params import active_params, shape_params
 from core.runs import checkpoint as ckpt
 from core.weights import families, mxfp4
 from core.weights.check import check_weight_files
@@ -237,8 +238,6 @@ class Pretrained:
     files: dict = field(default_factory=dict)  # TEXT_FILES that exist: name -> text
 
     def n_params(self) -> int:
-        from core.models.params import shape_params
-
         return shape_params(self.config)
 
     def info(self) -> dict:
@@ -246,6 +245,8 @@ class Pretrained:
         return {
             "family": self.family,
             "parameters": self.n_params(),
+            "active": active_params(c) if c.moe else None,  # MoE: what a token goes through
+            "experts": (c.moe["n_experts"], c.moe["top_k"]) if c.moe else None,
             "layers": c.n_layers,
             "width": c.hidden_dim,
             "heads": c.n_heads,
@@ -297,12 +298,22 @@ class Pretrained:
 
 def info_line(info: dict) -> str:
     family = f"{families.get(info['family']).display} ({info['family']})"
+    size = f"{info['parameters'] / 1e6:,.1f}M parameters"
+    if info.get("active"):  # as MoE model cards say it: "30.5B total, 3.3B active"
+        size = f"{_size(info['parameters'])} total, {_size(info['active'])} active parameters"
+        moe = info.get("experts")
+        if moe:
+            size += f" ({moe[1]} of {moe[0]} experts a token)"
     return (
-        f"{family}, {info['parameters'] / 1e6:,.1f}M parameters, {info['layers']} layers, "
+        f"{family}, {size}, {info['layers']} layers, "
         f"width {info['width']}, {info['heads']} heads ({info['kv_heads']} kv), context "
         f"{info['context']:,}, vocab {info['vocab']:,}, chat template: "
         f"{'yes' if info['chat_template'] else 'no'}"
     ) + "".join(f"\n{note}" for note in info.get("notes", ()))
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e9:,.1f}B" if n >= 1e9 else f"{n / 1e6:,.1f}M"
 
 
 def _read_config(folder: Path) -> tuple[dict, str, GPTConfig]:

@@ -131,10 +131,68 @@ def test_gpt_mixes_dense_and_sparse_layers_and_meters_a_step():
     model.train()
     model(idx, idx)[1].backward()
     assert model.blocks[0].mlp.router.weight.grad.abs().sum() > 0
-    records = model.moe_records()
+    records = model.moe_records(model.moe_step())
     assert records["moe/layers"] == [0, 2]
     assert [len(row) for row in records["moe/expert_load"]] == [E, E]
     for row in records["moe/expert_load"]:
         assert sum(row) == pytest.approx(1.0)
     assert records["moe/aux_loss"] == pytest.approx(float(aux.detach()), rel=1e-5)
-    assert model.moe_records() == {}  # read once per step
+    assert model.moe_step() is None  # taken once per step
+
+
+def test_gradient_checkpointing_keeps_the_aux_loss_gradients():
+    """The aux loss is pooled outside the checkpointed blocks; its gradient must still reach
+    the router through the recomputed forward."""
+    import dataclasses
+
+    torch.manual_seed(3)
+    c = config(aux_coef=0.5)
+    plain, ckpt = GPT(c), GPT(dataclasses.replace(c, grad_checkpointing=True))
+    ckpt.load_state_dict(plain.state_dict())
+    idx = torch.randint(0, 256, (2, 9))
+    for model in (plain, ckpt):
+        model.train()
+        model(idx, idx)[1].backward()
+    want = plain.blocks[0].mlp.router.weight.grad
+    torch.testing.assert_close(ckpt.blocks[0].mlp.router.weight.grad, want)
+    assert want.abs().sum() > 0
+
+
+def test_router_aux_loss_flag_sets_a_fine_tunes_coefficient():
+    from helpers import tiny_config
+
+    base = config(aux_coef=0.0)
+    for flag, want in ((None, 0.0), (0.02, 0.02)):
+        cfg = tiny_config(router_aux_loss=flag)
+        assert GPTConfig.from_train(cfg, base=base).moe["aux_coef"] == want
+
+
+def test_experts_without_tokens_are_empty_groups(monkeypatch):
+    """Every token routed to experts 1 and 4: the others' groups are empty, in both paths."""
+    m = MoE(config(), MLP)
+    with torch.no_grad():
+        m.router.weight.zero_()
+        m.router.weight[1, 0], m.router.weight[4, 0] = 5.0, 4.0
+    x = torch.randn(10, H)
+    x[:, 0] = 3.0
+    grouped = m(x)
+    assert m.last_stats[0].tolist() == [0, 10, 0, 0, 10, 0]
+    monkeypatch.setattr(moe_module, "FORCE_LOOP", True)
+    torch.testing.assert_close(m(x), grouped, atol=1e-6, rtol=1e-5)
+
+
+def test_active_parameters_leave_out_the_experts_a_token_skips():
+    from helpers import tiny_config
+
+    from core.models.params import active_params, shape_params
+    from core.training.estimate import flops_per_token
+
+    c = config(sparse_layers=[0, 2])
+    per_expert = 3 * H * INNER  # gate, up and down
+    assert shape_params(c) - active_params(c) == 2 * (E - 2) * per_expert
+    assert active_params(GPTConfig(**{**c.to_dict(), "moe": None})) == shape_params(
+        GPTConfig(**{**c.to_dict(), "moe": None})
+    )
+    cfg = tiny_config(seq_len=16)
+    attention = 12 * c.n_layers * c.n_heads * c.head_dim * 16
+    assert flops_per_token(cfg, c) == 6 * active_params(c) + attention

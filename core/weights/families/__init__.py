@@ -73,12 +73,27 @@ def display_list() -> str:
 # -- config.json -> GPTConfig ------------------------------------------------------------
 
 
+# config.json fields of mixture-of-experts designs not built here, refused by name
+UNBUILT_MOE = {
+    "kv_lora_rank": "DeepSeek-V2/V3's multi-head latent attention",
+    "n_group": "DeepSeek-V3's grouped expert routing",
+    "topk_group": "DeepSeek-V3's grouped expert routing",
+    "attention_chunk_size": "Llama 4's chunked attention",
+}
+
+
 def family_of(hf: dict, source: str = "config.json") -> str:
     if hf.get("auto_map"):
         raise UnsupportedModel(
             f"{source}: this model needs its own remote code (auto_map); TrainDeck never runs "
             "code from a model folder. Supported model_type values: " + ", ".join(_BY_MODEL_TYPE)
         )
+    for key, what in UNBUILT_MOE.items():
+        if hf.get(key):
+            raise UnsupportedModel(
+                f"{source}: {key} ({what}) is not supported; the mixture-of-experts designs "
+                "supported: " + ", ".join(f.display for f in FAMILIES.values() if f.fused_table)
+            )
     family = _BY_MODEL_TYPE.get(hf.get("model_type"))
     if family is None:
         raise UnsupportedModel(

@@ -103,6 +103,13 @@ def fused_expert_rows(c: GPTConfig) -> list[Row]:
     return rows
 
 
+def no_gguf_experts(c: GPTConfig) -> str | None:
+    """An MoE family's gguf_check: the GGUF writer has no stacked expert tensors yet."""
+    if c.moe:
+        return "the GGUF export does not write mixture-of-experts layers yet (ffn_*_exps)"
+    return None
+
+
 def sparse_layers(c: GPTConfig) -> list[int]:
     if not c.moe:
         return []

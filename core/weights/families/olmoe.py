@@ -16,6 +16,7 @@ from core.weights.families.base import (
     llama_options,
     llama_table,
     moe_options,
+    no_gguf_experts,
 )
 
 
@@ -46,6 +47,7 @@ FAMILY = Family(
     config=config,
     table=table,
     fused_table=lambda c: llama_table(c) + fused_expert_rows(c),
+    gguf_check=no_gguf_experts,
     gguf_arch="olmoe",
     chat_format="plain",
     stops=("<|endoftext|>",),

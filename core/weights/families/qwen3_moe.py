@@ -14,6 +14,7 @@ from core.weights.families.base import (
     fused_expert_rows,
     llama_table,
     moe_options,
+    no_gguf_experts,
 )
 
 
@@ -42,6 +43,7 @@ FAMILY = Family(
     config=config,
     table=table,
     fused_table=lambda c: llama_table(c) + fused_expert_rows(c),
+    gguf_check=no_gguf_experts,
     gguf_arch="qwen3moe",
     chat_format="chatml",
     stops=("<|im_end|>",),
