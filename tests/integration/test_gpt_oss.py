@@ -20,6 +20,7 @@ from hf_models import TEXT, make_model, mxfp4_pack  # noqa: E402
 from core.models.model import GPT  # noqa: E402
 from core.runs.folder import read_metrics  # noqa: E402
 from core.training.trainer import Trainer  # noqa: E402
+from core.use.common import ExportError  # noqa: E402
 from core.use.export import export  # noqa: E402
 from core.weights.loader import load  # noqa: E402
 
@@ -124,6 +125,23 @@ def test_hf_export_loads_back_in_transformers_equal(base, tmp_path):
         assert torch.equal(back.state_dict()[name], tensor), name
 
 
+def test_aux_loss_equals_transformers_output_router_logits(tmp_path):
+    hf, tok = make_model(tmp_path, "gpt_oss", output_router_logits=True, router_aux_loss_coef=0.05)
+    x = ids_of(tok)
+    with torch.no_grad():
+        want = hf(x, labels=x)
+    model = load(tmp_path).model
+    assert model.config.moe["aux_coef"] == 0.05
+    model.train()  # joined in training; dropout is 0
+    targets = torch.roll(x, -1, 1)
+    mask = torch.ones_like(x, dtype=torch.float32)
+    mask[:, -1] = 0
+    with torch.no_grad():
+        _, loss = model(x, targets, mask)
+    torch.testing.assert_close(model.router_aux_loss(), want.aux_loss, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(loss, want.loss, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.slow  # three short runs: about 15 s on a busy 2-core machine
 def test_full_fine_tuning_trains_and_resumes_bit_for_bit(base, tmp_path):
     folder, _, _ = base
@@ -156,3 +174,45 @@ def test_full_fine_tuning_trains_and_resumes_bit_for_bit(base, tmp_path):
     assert len(straight[0]) == 2 and len(split[0]) == 2
     first = torch.load(latest, weights_only=True)
     assert any(k.endswith("attn.sinks") for k in first["model"])
+    assert straight[0][0]["moe/layers"] == [0, 1, 2, 3]  # the experts' load is recorded
+    with pytest.raises(ExportError, match="gguf: .*mixture-of-experts"):
+        export(tmp_path / "straight", "gguf", tmp_path / "gguf", which="latest")
+
+
+@pytest.mark.slow  # three short runs and two exports
+def test_lora_on_attention_exports_to_transformers_and_peft(base, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    folder, _, tok = base
+    (tmp_path / "text.txt").write_text(TEXT * 3, encoding="utf-8")
+    cfg = tiny_config(
+        init_from=str(folder),
+        tokenizer="model",
+        lr=None,
+        data=str(tmp_path / "text.txt"),
+        max_steps=2,
+        eval_every=2,
+        eval_batches=1,
+        ckpt_every=2,
+        batch_size=2,
+        dropout=0.0,
+        sample_tokens=0,
+        seq_len=16,
+        lora_rank=4,
+        lora_targets="attn",
+        lora_alpha=64.0,
+    )
+    Trainer(cfg, tmp_path / "run").run()
+    export(tmp_path / "run", "hf", tmp_path / "merged", which="latest")
+    export(tmp_path / "run", "peft", tmp_path / "peft", which="latest")
+    x = ids_of(tok)
+    base_model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+    with torch.no_grad():
+        want = merged(x).logits
+        assert (base_model(x).logits - want).abs().max() > 1e-4  # the adapters changed it
+        adapted = PeftModel.from_pretrained(base_model, tmp_path / "peft").eval()
+        assert (adapted(x).logits - want).abs().max() < 1e-4
+        ours, _ = load(tmp_path / "run").model(x)
+    assert (ours - want).abs().max() < 1e-4

@@ -20,6 +20,7 @@ from core.weights.families.base import (
     llama_options,
     llama_table,
     moe_options,
+    no_gguf_experts,
     sparse_layers,
 )
 
@@ -114,5 +115,5 @@ FAMILY = Family(
     gguf_arch="gpt-oss",
     chat_format="harmony",
     stops=STOPS,
-    gguf_check=lambda c: "TrainDeck's GGUF writer has no gpt-oss tensors yet",
+    gguf_check=no_gguf_experts,
 )
