@@ -22,7 +22,7 @@ from core.runs.folder import read_metrics  # noqa: E402
 from core.training.trainer import Trainer  # noqa: E402
 from core.use.common import ExportError  # noqa: E402
 from core.use.export import export  # noqa: E402
-from core.weights.loader import load  # noqa: E402
+from core.weights.loader import load, open_pretrained  # noqa: E402
 
 PROMPT = "def add(a, b): hello world 12 The quick brown fox jumps over the lazy dog."
 
@@ -109,6 +109,29 @@ def test_an_mxfp4_checkpoint_loads_as_transformers_dequantizes_it(base, tmp_path
     back = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
     with torch.no_grad():
         assert (back(x).logits - want).abs().max() < 1e-5
+
+
+def test_a_damaged_mxfp4_pair_is_one_line_naming_tensor_and_file(base, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from core.weights.mxfp4 import MXFP4Error
+
+    folder, _, _ = base
+    mxfp4_folder(folder, tmp_path / "m")
+    path = tmp_path / "m" / "model.safetensors"
+    state = load_file(path)
+    name = "model.layers.1.mlp.experts.down_proj_scales"
+    good = state[name]
+    state[name] = good.clone()
+    state[name][0, 0, 0] = 255  # E8M0's NaN
+    save_file(state, path)
+    with pytest.raises(MXFP4Error) as e:  # read when the weights load
+        load(tmp_path / "m")
+    assert f"{path}: tensor {name} holds the exponent 128" in str(e.value)
+    state[name] = good[:, :, :0].contiguous()  # the wrong shape: refused from the header
+    save_file(state, path)
+    with pytest.raises(MXFP4Error, match=f"{path}: tensor {name} has shape"):
+        open_pretrained(tmp_path / "m")
 
 
 def test_hf_export_loads_back_in_transformers_equal(base, tmp_path):
