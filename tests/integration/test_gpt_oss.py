@@ -94,6 +94,7 @@ def test_an_mxfp4_checkpoint_loads_as_transformers_dequantizes_it(base, tmp_path
     with torch.no_grad():
         want = reference(x).logits
         assert (want - hf(x).logits).abs().max() > 1e-4  # the 4-bit rounding shows
+    assert "MXFP4 experts are dequantized" in open_pretrained(tmp_path / "mxfp4").info()["notes"][0]
     for mapped in (False, True):  # the export path reads the files memory-mapped
         loaded = load(tmp_path / "mxfp4", mapped=mapped)
         model = loaded.model

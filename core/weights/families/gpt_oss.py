@@ -99,6 +99,15 @@ def convert(name: str, tensor: torch.Tensor, to_hf: bool) -> torch.Tensor:
     return torch.cat((tensor[:, 0::2], tensor[:, 1::2]), dim=1).contiguous()
 
 
+def notes(hf: dict) -> list[str]:
+    if (hf.get("quantization_config") or {}).get("quant_method") != "mxfp4":
+        return []
+    return [
+        "gpt-oss: its MXFP4 experts are dequantized as they load (held in 16 or 32 bits, "
+        "not 4); exports write them so"
+    ]
+
+
 def export_config(base: dict) -> dict:
     """The export holds the experts dequantized: no MXFP4 quantization_config."""
     return {k: v for k, v in base.items() if k != "quantization_config"}
@@ -112,6 +121,7 @@ FAMILY = Family(
     table=table,
     convert=convert,
     export_config=export_config,
+    notes=notes,
     gguf_arch="gpt-oss",
     chat_format="harmony",
     stops=STOPS,
