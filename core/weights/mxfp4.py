@@ -25,9 +25,11 @@ class MXFP4Error(ConfigError):
     pass
 
 
-def _lut(dtype: torch.dtype) -> torch.Tensor:
-    values = FP4_VALUES + tuple(-v for v in FP4_VALUES)
-    return torch.tensor(values, dtype=dtype)
+def _pairs(dtype: torch.dtype) -> torch.Tensor:
+    """Each byte's two values (low nibble first), (256, 2): one gather a byte."""
+    values = torch.tensor(FP4_VALUES + tuple(-v for v in FP4_VALUES), dtype=dtype)
+    byte = torch.arange(256)
+    return torch.stack((values[byte & 0x0F], values[byte >> 4]), dim=-1)
 
 
 def check_shapes(name: str, blocks: tuple, blocks_dtype, scales: tuple, scales_dtype, source):
@@ -67,17 +69,16 @@ def dequantize(blocks: torch.Tensor, scales: torch.Tensor, dtype=torch.float32) 
     stored layout (rows as stored); one leading index (an expert) at a time, so the
     temporaries stay one expert's size."""
     *prefix, groups, width = blocks.shape
-    lut = _lut(dtype)
+    pairs = _pairs(dtype)
     out = torch.empty(*prefix, groups, 2 * width, dtype=dtype)
     flat_b = blocks.reshape(-1, groups, width)
     flat_s = scales.reshape(-1, groups, 1)
     flat_o = out.view(-1, groups, 2 * width)
     for i in range(flat_b.shape[0]):
-        b = flat_b[i].to(torch.uint8)
         o = flat_o[i]
-        o[:, 0::2] = lut[(b & 0x0F).int()]
-        o[:, 1::2] = lut[(b >> 4).int()]
-        torch.ldexp(o, flat_s[i].to(torch.int32) - BIAS, out=o)
+        o.copy_(pairs[flat_b[i].to(torch.int64)].view(groups, 2 * width))
+        # times 2**(scale - 127), made once a block: exact, as ldexp over every value is
+        o.mul_(torch.ldexp(torch.ones(groups, 1, dtype=dtype), flat_s[i].to(torch.int32) - BIAS))
     return out.reshape(*prefix, groups * 2 * width)
 
 
