@@ -94,8 +94,10 @@ class Packed:
         self.shape = (*rows[:-2], rows[-1], rows[-2]) if len(rows) >= 2 else rows
 
     def __call__(self) -> torch.Tensor:
+        """A view with the last two dimensions swapped (no copy: the family's convert turns
+        it back into its own layout in the one copy it makes)."""
         out = dequantize(self.blocks, self.scales)
-        return out.transpose(-1, -2).contiguous() if out.dim() >= 2 else out
+        return out.transpose(-1, -2) if out.dim() >= 2 else out
 
 
 def unpack(state: dict, source) -> dict:
