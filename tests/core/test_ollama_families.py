@@ -433,14 +433,15 @@ def test_a_template_dated_as_ollama_dates_has_no_date_difference():
 # -- gpt-oss's harmony format -------------------------------------------------------------------
 
 
-def harmony_tool_conversation(keep_analysis: bool) -> list[dict]:
+def harmony_tool_conversation(keep_analysis: bool, field: str = "content") -> list[dict]:
     """A tool call and its result; keep_analysis: no final answer follows the call, so the
-    template keeps the answer's text on the analysis channel."""
+    template keeps the answer's text (or reasoning: field) on the analysis channel."""
     call = {"type": "function", "function": {"name": "get_weather", "arguments": ARGS}}
+    answer = {"role": "assistant", "content": "", field: "Let me look.", "tool_calls": [call]}
     msgs = [
         m("system", "Use tools."),
         m("user", "Weather in Paris?"),
-        {"role": "assistant", "content": "Let me look.", "tool_calls": [call]},
+        answer,
         {"role": "tool", "content": '{"temp": 21}'},
     ]
     if keep_analysis:
@@ -450,11 +451,12 @@ def harmony_tool_conversation(keep_analysis: bool) -> list[dict]:
 
 @needs_go
 @pytest.mark.parametrize("keep_analysis", [False, True])
-def test_harmony_tool_calls_and_results_render_as_its_template(keep_analysis):
+@pytest.mark.parametrize("field", ["content", "thinking"])
+def test_harmony_tool_calls_and_results_render_as_its_template(keep_analysis, field):
     """The call on the commentary channel ending in <|call|>, the result in a turn named after
     the tool as a JSON string; no tool list is given, which the TEMPLATE does not write."""
     model = REAL["gpt-oss"]
-    messages = harmony_tool_conversation(keep_analysis)
+    messages = harmony_tool_conversation(keep_analysis, field)
     want = as_transformers_writes(transformers_text(model, messages), (ARGS,))
     got = go_prompt(template_of(model), messages)
     assert got == want
