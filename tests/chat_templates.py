@@ -78,6 +78,7 @@ REAL = {
         kind="mistral_small",
     ),
     "granite4": Model("ibm-granite-granite-4.0-micro.jinja", eos="<|end_of_text|>", kind="granite"),
+    "gpt-oss": Model("openai-gpt-oss-120b.jinja", eos="<|return|>", kind="harmony"),
 }
 
 

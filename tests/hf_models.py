@@ -89,6 +89,48 @@ MOE_CONFIGS = {
         "pad_token_id": None,
     },
 }
+# gpt-oss's tiny model: 4 layers, sliding (window 4) and full alternating, 4 experts top-2,
+# gpt-oss-20b's YaRN, head_dim 8 apart from the width; an init wide enough that the clamped
+# SwiGLU clamps.
+GPT_OSS_CONFIG = {
+    "num_hidden_layers": 4,
+    "intermediate_size": 32,  # MXFP4 packs rows of 32
+    "head_dim": 8,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "sliding_window": 4,
+    "swiglu_limit": 1.5,
+    "rope_parameters": {
+        "rope_type": "yarn",
+        "factor": 32.0,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "truncate": False,
+        "original_max_position_embeddings": 4096,
+        "rope_theta": 150000.0,
+    },
+}
+
+
+def mxfp4_pack(x):
+    """x (*prefix, C), C a multiple of 32 -> MXFP4 (blocks (*prefix, C/32, 16) uint8, scales
+    (*prefix, C/32) uint8), packed by hand as gpt-oss's checkpoints hold it (transformers'
+    own quantizer needs its kernels hub): each block of 32 scaled by a power of two so its
+    largest value fits e2m1's 6, each value rounded to the nearest e2m1 value, two a byte."""
+    from core.weights.mxfp4 import BIAS, FP4_VALUES
+
+    e2m1 = torch.tensor(FP4_VALUES)
+    *prefix, c = x.shape
+    groups = x.reshape(*prefix, c // 32, 32)
+    top = groups.abs().amax(-1).clamp(min=2.0**-100)
+    exp = torch.ceil(torch.log2(top / 6.0)).to(torch.int32)
+    scaled = groups / torch.exp2(exp.float())[..., None]
+    index = (scaled.abs()[..., None] - e2m1).abs().argmin(-1)
+    codes = (index + 8 * (scaled < 0)).to(torch.uint8)
+    blocks = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    return blocks, (exp + BIAS).to(torch.uint8)
+
+
 # Qwen2.5-1.5B's config.json: the estimate and the hub tests read only the shape.
 QWEN_1_5B = {
     "model_type": "qwen2",
@@ -194,6 +236,8 @@ def make_config(family: str, vocab: int, **extra):
         extra = {**NEW_FAMILY_CONFIGS[family], **extra}
     if family in MOE_CONFIGS:
         extra = {**MOE_CONFIGS[family], **extra}
+    if family == "gpt_oss":
+        extra = {**GPT_OSS_CONFIG, **extra}
     shape = {**shape, **{k: extra.pop(k) for k in list(extra) if k in shape}}
     if family == "llama2":
         return t.LlamaConfig(**shape, **common, **extra)
@@ -211,6 +255,8 @@ def make_config(family: str, vocab: int, **extra):
         return t.MistralConfig(**shape, sliding_window=None, **common, **extra)
     if family == "qwen2":
         return t.Qwen2Config(**shape, tie_word_embeddings=True, **common, **extra)
+    if family == "gpt_oss":
+        return t.GptOssConfig(**shape, **common, **extra)
     if family in MOE_CONFIGS:
         kind = {
             "qwen3_moe": t.Qwen3MoeConfig,

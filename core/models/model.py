@@ -4,7 +4,8 @@ Phi-3/Phi-4-mini and SmolLM3 need: LayerNorm or RMSNorm (with Gemma's 1 + w), le
 rotary positions (linear, llama3, yarn and longrope scaling, partial rotary, local and global
 bases, layers without positions), GELU, SwiGLU or GeGLU MLP, grouped-query attention, a head
 size and attention scale of their own, q/k/v biases, q/k norms, post-norms, sliding-window
-layers, soft-capped attention scores and logits, scaled embeddings, tied or separate head.
+layers, soft-capped attention scores and logits, attention sinks (gpt-oss), scaled embeddings,
+tied or separate head.
 
 The defaults are TrainDeck's own GPT-2-style model. A family is a set of these options plus a
 weight-name table (core.weights.families), not a class of its own. q, k and v live in one fused
@@ -94,6 +95,7 @@ class GPTConfig:
     rope_local_theta: float | None = None  # Gemma 3: sliding layers' base, without scaling
     rope_dim: int | None = None  # rotary dimensions of a head (partial rotary); None: all
     nope_layers: list | None = None  # SmolLM3: layers without rotary positions
+    attn_sinks: bool = False  # gpt-oss: a learned logit per head joins each softmax's sum
     # Mixture of experts (core.models.moe: its keys and defaults); None: dense.
     moe: dict | None = None
     # Hand-written backward passes and the fused loss (core.models.fused, LinearCrossEntropy):
@@ -276,6 +278,9 @@ class SelfAttention(nn.Module):
         self.use_rope = layer not in (c.nope_layers or ())
         self.rope_dim = c.rope_dim if c.rope_dim and c.rope_dim < c.head_dim else None
         self.scale, self.softcap = c.attn_scale, c.attn_softcap
+        if c.attn_sinks:  # gpt-oss: set by its weights; zero adds exp(0) to each sum
+            self.sinks = nn.Parameter(torch.zeros(c.n_heads))
+        self.explicit = bool(c.attn_softcap or c.attn_sinks)  # scores SDPA cannot make
 
     def _qkv(self, x, rope):
         b, t, _ = x.shape
@@ -309,15 +314,16 @@ class SelfAttention(nn.Module):
 
     def _attend(self, q, k, v, causal: bool, mask=None):
         gqa = self.n_kv != self.n_heads
-        if gqa and (not self.fused or self.softcap):  # each k/v head serves several q heads
+        if gqa and (not self.fused or self.explicit):  # each k/v head serves several q heads
             k = k.repeat_interleave(self.n_heads // self.n_kv, dim=1)
             v = v.repeat_interleave(self.n_heads // self.n_kv, dim=1)
         drop = self.dropout if self.training else 0.0
         if causal and self.window is not None and q.shape[2] > self.window:
             mask = window_mask(q.shape[2], self.window, q.device, mask)
-        if self.softcap:
-            y = softcapped_attention(
-                q, k, v, causal and mask is None, mask, self.scale, self.softcap, drop
+        if self.explicit:
+            sinks = getattr(self, "sinks", None)
+            y = explicit_attention(
+                q, k, v, causal and mask is None, mask, self.scale, self.softcap, sinks, drop
             )
         else:
             # SDPA picks the flash / memory-efficient kernel on CUDA; with packed examples
@@ -358,18 +364,26 @@ def window_mask(t: int, window: int, device, mask=None) -> torch.Tensor:
     return near if mask is None else mask & near
 
 
-def softcapped_attention(q, k, v, causal: bool, mask, scale, cap: float, drop: float):
-    """Gemma 2's attention: scores soft-capped (cap * tanh(scores / cap)) before the
-    softmax, which SDPA cannot do."""
+def explicit_attention(q, k, v, causal: bool, mask, scale, cap, sinks, drop: float):
+    """Attention with the scores made here, for what SDPA cannot do: Gemma 2's soft-capped
+    scores (cap * tanh(scores / cap)) and gpt-oss's sinks, a logit per head (sinks (H,)) that
+    joins the softmax and is then dropped, so a head may give its keys less than all."""
     scores = (q @ k.transpose(-2, -1)) * (scale if scale is not None else q.shape[-1] ** -0.5)
-    scores = torch.tanh(scores / cap) * cap
+    if cap:
+        scores = torch.tanh(scores / cap) * cap
     if causal:
         t, s = q.shape[2], k.shape[2]
         mask = torch.ones(t, s, dtype=torch.bool, device=q.device).tril(s - t)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-    return F.dropout(weights, drop) @ v
+    if sinks is None:
+        weights = F.softmax(scores, dim=-1, dtype=torch.float32)
+    else:
+        b, h, t, _ = scores.shape
+        sink = sinks.to(scores.dtype).view(1, h, 1, 1).expand(b, h, t, 1)
+        weights = F.softmax(torch.cat((scores, sink), dim=-1), dim=-1, dtype=torch.float32)
+        weights = weights[..., :-1]
+    return F.dropout(weights.to(q.dtype), drop) @ v
 
 
 class MLP(nn.Module):

@@ -36,7 +36,8 @@ SAFETY_MARGIN = 0.10  # keep 10% of free VRAM unused when recommending
 CPU_SCORE_BYTES = 13  # an attention score's bytes in the CPU math kernel (with dropout)
 # Gemma 2's soft-capped attention (no fused kernel does it) keeps tanh's and softmax's fp32
 # outputs and the causal mask for the backward pass: 8.25 bytes a score in fp32, measured with
-# saved_tensors_hooks on core.models.model.softcapped_attention.
+# saved_tensors_hooks on core.models.model.explicit_attention. gpt-oss's sinks take the same
+# path (scores, the sink column, softmax): counted alike, not measured apart.
 SOFTCAP_SCORE_BYTES = 8.25
 CPU_BACKWARD_EXTRA_BLOCKS = 2  # blocks of activations the CPU's backward holds beyond one
 
@@ -228,7 +229,7 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
         # checkpointing only the block being recomputed holds them.
         held = 1 if cfg.grad_checkpointing else c.n_layers
         activations += held * rows * c.n_heads * cfg.seq_len**2 * CPU_SCORE_BYTES
-    if c.attn_softcap:  # T x T scores a layer, as transformers' eager attention keeps them
+    if c.attn_softcap or c.attn_sinks:  # T x T scores a layer, as eager attention keeps them
         held = 1 if cfg.grad_checkpointing else c.n_layers
         activations += int(held * rows * c.n_heads * cfg.seq_len**2 * SOFTCAP_SCORE_BYTES)
     e = _act_bytes(precision)

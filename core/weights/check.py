@@ -12,9 +12,9 @@ from pathlib import Path
 import torch
 
 from core.errors import ConfigError
-from core.weights import families
+from core.weights import families, mxfp4
 
-FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
+FLOAT_DTYPES = ("F32", "F16", "BF16", "F64", "MXFP4")  # MXFP4: a *_blocks/*_scales pair
 
 
 class WeightFileError(ConfigError):
@@ -59,7 +59,11 @@ def expected_shapes(family: str, c, names=None) -> dict[str, tuple]:
     for ours, hf_names, transposed in families.table(family, c, names):
         if ours not in state:
             continue
-        parts = families.split_rows(ours, c, state[ours], len(hf_names))
+        tensor = state[ours]
+        convert = families.get(family).convert
+        if convert is not None and families.is_expert(ours):  # the family's own layout
+            tensor = convert(ours, tensor, True)
+        parts = families.split_rows(ours, c, tensor, len(hf_names))
         for name, part in zip(hf_names, parts, strict=True):
             out[name] = tuple(reversed(part.shape)) if transposed else tuple(part.shape)
     return out
@@ -89,7 +93,9 @@ def check_weight_files(folder: Path, family: str, c, files: list[Path]) -> None:
     """Refuse, in one line, weight files that cannot give this config's model."""
     if any(f.suffix != ".safetensors" for f in files):
         return  # pytorch_model.bin: read (and checked) only when loaded
-    found = families.normalise_hf(list(headers := _headers(folder, files)), family)
+    headers = _headers(folder, files)
+    headers.update(mxfp4.header_entries(headers))
+    found = families.normalise_hf(list(headers), family)
     for name, shape in expected_shapes(family, c, found).items():
         if name not in found:
             raise WeightFileError(

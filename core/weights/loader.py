@@ -24,7 +24,7 @@ from core.models import lora
 from core.models.model import GPT, GPTConfig
 from core.models.params import active_params, shape_params
 from core.runs import checkpoint as ckpt
-from core.weights import families
+from core.weights import families, mxfp4
 from core.weights.check import check_weight_files
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -191,8 +191,8 @@ def read_weights(folder: Path, mapped: bool = False, maps: list | None = None) -
     models larger than memory). maps: see map_safetensors."""
     state = {}
     for f in weight_files(folder):
-        if f.suffix == ".safetensors":
-            state.update(map_safetensors(f, maps))
+        if f.suffix == ".safetensors":  # MXFP4 pairs: dequantized when a weight is made
+            state.update(mxfp4.unpack(map_safetensors(f, maps), f))
             continue
         try:  # data only: a pickle that needs code to load is refused
             state.update(torch.load(f, map_location="cpu", weights_only=True, mmap=mapped))

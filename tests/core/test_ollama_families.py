@@ -428,3 +428,50 @@ def test_a_template_dated_as_ollama_dates_has_no_date_difference():
         notes[name] = " ".join(ollama.differences(lay, model.template))
     assert "currentDate" not in notes["mistral-small-3.1"]
     assert "currentDate (YYYY-MM-DD)" in notes["llama3.2"]
+
+
+# -- gpt-oss's harmony format -------------------------------------------------------------------
+
+
+def harmony_tool_conversation(keep_analysis: bool, field: str = "content") -> list[dict]:
+    """A tool call and its result; keep_analysis: no final answer follows the call, so the
+    template keeps the answer's text (or reasoning: field) on the analysis channel."""
+    call = {"type": "function", "function": {"name": "get_weather", "arguments": ARGS}}
+    answer = {"role": "assistant", "content": "", field: "Let me look.", "tool_calls": [call]}
+    msgs = [
+        m("system", "Use tools."),
+        m("user", "Weather in Paris?"),
+        answer,
+        {"role": "tool", "content": '{"temp": 21}'},
+    ]
+    if keep_analysis:
+        return msgs
+    return [*msgs, m("assistant", "It is 21 degrees."), m("user", "Thanks. And tomorrow?")]
+
+
+@needs_go
+@pytest.mark.parametrize("keep_analysis", [False, True])
+@pytest.mark.parametrize("field", ["content", "thinking"])
+def test_harmony_tool_calls_and_results_render_as_its_template(keep_analysis, field):
+    """The call on the commentary channel ending in <|call|>, the result in a turn named after
+    the tool as a JSON string; no tool list is given, which the TEMPLATE does not write."""
+    model = REAL["gpt-oss"]
+    messages = harmony_tool_conversation(keep_analysis, field)
+    want = as_transformers_writes(transformers_text(model, messages), (ARGS,))
+    got = go_prompt(template_of(model), messages)
+    assert got == want
+    assert ("<|message|>Let me look.<|end|>" in got) == keep_analysis
+    assert "<|start|>functions.get_weather to=assistant<|channel|>commentary" in got
+
+
+def test_harmony_names_what_it_does_not_write_and_stops_only_at_the_end_of_an_answer():
+    model = REAL["gpt-oss"]
+    lay = ollama.layout(model.template, eos_token=model.eos)
+    assert lay.kind == "harmony" and lay.dated and lay.tools
+    notes = ollama.differences(lay, model.template)
+    text = " ".join(notes)
+    assert "Reasoning: medium" in text and "TypeScript namespace" in text
+    assert "currentDate" not in text  # the template dates as Ollama does (%Y-%m-%d)
+    assert not any("shows no tool definitions" in line for line in notes)
+    # <|end|> closes the analysis channel inside an answer: never a stop
+    assert ollama.stop_tokens("harmony") == ["<|return|>", "<|call|>"]

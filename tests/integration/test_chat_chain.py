@@ -274,6 +274,11 @@ NEW_FORMATS = {
         "mistral",
         ["[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[AVAILABLE_TOOLS]"],
     ),
+    # gpt-oss's harmony format on a Llama model (the gpt-oss family reads its weights)
+    "gpt-oss": (
+        "llama",
+        ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>"],
+    ),
 }
 
 

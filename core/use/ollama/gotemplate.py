@@ -120,7 +120,7 @@ def _assistant(t: Lines, fmt, lay: Layout, calls: bool) -> None:
 
 def _turns(fmt, lay: Layout) -> Lines:
     calls = lay.tool_calls is not None  # written in fmt's form
-    head = '{{- $prev := "" }}' if lay.tools else ""
+    head = '{{- $prev := "" }}' + fmt.go_head() if lay.tools else ""
     if lay.tools and lay.tools_default_turn is None:  # Ollama counts tools by .Tools
         head += "{{- if $.Tools }}{{ end }}"
     tools_user = "(eq $i $lastUser)" if lay.tools_at_last_user else _FIRST_USER

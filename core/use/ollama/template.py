@@ -176,7 +176,7 @@ def differences(lay: Layout, jinja_template: str = "") -> list[str]:
             "tool definitions and call arguments are Ollama's compact JSON; the "
             "model's template writes Python's spaced JSON (tojson)"
         )
-        if lay.tools_default_turn is None:
+        if lay.tools_default_turn is None and not fmt.tools_unwritten:
             notes.append(
                 "the model's template shows no tool definitions when given tools; "
                 "neither does the TEMPLATE (it names .Tools so Ollama keeps it)"

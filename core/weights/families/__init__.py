@@ -11,13 +11,17 @@ family is one module here and its line in FAMILIES.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from core.models.model import GPTConfig
+from core.weights import mxfp4
 from core.weights.families import (
     gemma2,
     gemma3,
     gpt2,
+    gpt_oss,
     llama,
     mistral,
     mixtral,
@@ -49,6 +53,7 @@ FAMILIES: dict[str, Family] = {
         qwen2_moe,
         mixtral,
         olmoe,
+        gpt_oss,
     )
 }
 SUPPORTED = tuple(FAMILIES)
@@ -157,6 +162,7 @@ def normalise_hf(names: list[str], family: str) -> dict[str, str]:
 
 def _join(parts: list, transposed: bool, experts: int | None = None) -> torch.Tensor:
     """experts: per-expert tensors stacked into [experts, ...]."""
+    parts = [mxfp4.materialize(p) for p in parts]  # an MXFP4 pair: dequantized now
     if transposed:
         parts = [p.t() for p in parts]
     if len(parts) == 1:
@@ -168,9 +174,13 @@ def _join(parts: list, transposed: bool, experts: int | None = None) -> torch.Te
 def _joiner(parts: list, transposed: bool, experts: int | None = None):
     """A file tensor itself when nothing has to be joined or turned; else a function that
     joins the parts when called (a memory-mapped model is not joined all at once)."""
-    if len(parts) == 1 and not transposed:
+    if len(parts) == 1 and not transposed and not isinstance(parts[0], mxfp4.Packed):
         return parts[0]
     return lambda: _join(parts, transposed, experts)
+
+
+def _converted(convert, ours: str, parts: list, transposed: bool, experts: int):
+    return convert(ours, _join(parts, transposed, experts), False)
 
 
 def import_weights(
@@ -189,6 +199,11 @@ def import_weights(
             raise UnsupportedModel(f"weights: {missing[0]} is missing from the model files")
         parts = [hf_state[names[n]] for n in hf_names]
         experts = c.moe["n_experts"] if is_expert(ours) else None
+        convert = FAMILIES[family].convert if experts else None
+        if convert is not None:  # the family's own expert layout, made when needed
+            make = partial(_converted, convert, ours, parts, transposed, experts)
+            out[ours] = make if lazy else make()
+            continue
         join = _joiner if lazy else _join
         out[ours] = join(parts, transposed, experts)
     left = sorted(wanted - set(out) - ({"head.weight"} if c.tie_embeddings else set()))
@@ -208,6 +223,9 @@ def export_weights(family: str, c: GPTConfig, state: dict) -> dict:
                 out[hf_names[0]] = torch.zeros(weight.shape[0])
             continue
         tensor = state[ours].detach().float().cpu()
+        convert = FAMILIES[family].convert
+        if convert is not None and is_expert(ours):
+            tensor = convert(ours, tensor, True)
         parts = split_rows(ours, c, tensor, len(hf_names))
         for name, part in zip(hf_names, parts, strict=True):
             out[name] = (part.t() if transposed else part).contiguous()

@@ -46,6 +46,10 @@ class Family:
     # MoE: the table for transformers 5.x's in-memory layout (experts fused in 3-D tensors),
     # read where a file has those names; `table` gives the released per-expert layout
     fused_table: Callable[[GPTConfig], list[Row]] | None = None
+    # MoE experts held in a layout of its own (gpt-oss): (our name, tensor, to_hf) -> the
+    # tensor in the other layout, applied to stacked expert tensors after joining (import)
+    # and before splitting (export)
+    convert: Callable | None = None
 
 
 def moe_options(hf: dict, source: str, n_experts: int, sparse: list[int], **extra) -> dict:

@@ -11,6 +11,7 @@ from core.use.ollama.formats import (
     deepseek,
     gemma,
     granite,
+    harmony,
     llama3,
     llama4,
     mistral,
@@ -23,7 +24,19 @@ from core.use.ollama.formats.base import ChatFormat
 __all__ = ["FORMATS", "ChatFormat", "get"]
 
 # Listed in this order in messages; plain (no template) last.
-_ORDER = (chatml, llama3, llama4, mistral, mistral_small, gemma, phi, granite, deepseek, plain)
+_ORDER = (
+    chatml,
+    llama3,
+    llama4,
+    mistral,
+    mistral_small,
+    gemma,
+    phi,
+    granite,
+    deepseek,
+    harmony,
+    plain,
+)
 FORMATS: dict[str, ChatFormat] = {m.FORMAT.name: m.FORMAT for m in _ORDER}
 
 

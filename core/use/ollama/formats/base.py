@@ -30,6 +30,7 @@ class ChatFormat:
     prompt_after_tool: bool = True  # the generation prompt follows a last tool result
     bare_answer_after_tool: bool = False  # an answer after tool results opens no turn of its own
     notes: tuple[str, ...] = ()  # what every TEMPLATE of this format renders otherwise
+    tools_unwritten: bool = False  # its templates show tools in a form not written (notes say)
 
     @property
     def writes_tool_calls(self) -> bool:
@@ -76,6 +77,10 @@ class ChatFormat:
                 + "{{ else if .ToolCalls }}"
             )
         return start + self.go_calls(lay) + "{{ else if $last }}"
+
+    def go_head(self) -> str:
+        """Variables its Go template declares before the messages (none)."""
+        return ""
 
     def go_calls(self, lay: Layout) -> str:
         """An answer with tool calls: the calls in the answer's turn."""
