@@ -88,6 +88,44 @@ TOY_B = dict(
     vocab_size=512,
     tie_word_embeddings=True,
 )
+# A mixture of experts of about the same total size (Qwen3-MoE-shaped: 476M parameters, 178M
+# active a token): 32 experts, 4 a token, in every layer.
+MOE_HALF_B = dict(
+    hidden_size=768,
+    intermediate_size=2048,
+    moe_intermediate_size=384,
+    num_hidden_layers=12,
+    num_attention_heads=12,
+    num_key_value_heads=4,
+    head_dim=64,
+    num_experts=32,
+    num_experts_per_tok=4,
+    norm_topk_prob=True,
+    max_position_embeddings=32768,
+    vocab_size=151936,
+    rope_theta=1000000.0,
+    tie_word_embeddings=True,
+)
+MOE_TOY = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    moe_intermediate_size=16,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    num_experts=4,
+    num_experts_per_tok=2,
+    norm_topk_prob=True,
+    max_position_embeddings=256,
+    vocab_size=512,
+    tie_word_embeddings=True,
+)
+# kind -> (model_type, architecture, transformers config class, full shape, toy shape)
+STARTS = {
+    "qwen": ("qwen2", "Qwen2ForCausalLM", "Qwen2Config", HALF_B, TOY_B),
+    "moe": ("qwen3_moe", "Qwen3MoeForCausalLM", "Qwen3MoeConfig", MOE_HALF_B, MOE_TOY),
+}
 LORA = dict(lora_rank=16, lora_alpha=32.0, lora_dropout=0.0, lora_targets="all")
 
 
@@ -532,49 +570,58 @@ def device_info(args) -> dict:
 # -- the 0.5B start, built from a config (no hub on the device) --------------------------------
 
 
-def qwen_config_json(shape: dict) -> dict:
+def qwen_config_json(shape: dict, kind: str = "qwen") -> dict:
+    model_type, arch = STARTS[kind][:2]
     return {
-        "model_type": "qwen2",
-        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": model_type,
+        "architectures": [arch],
         "rms_norm_eps": 1e-6,
         "torch_dtype": "bfloat16",
         **shape,
     }
 
 
-def config_folder(ck) -> Path:
+def config_folder(ck, kind: str = "qwen") -> Path:
     """The 0.5B model's config.json alone: enough for its estimates and predictions."""
-    folder = ck.work / "qwen-0.5b-config"
+    folder = ck.work / f"{kind}-0.5b-config"
     if not folder.exists():
         folder.mkdir(parents=True)
-        _write(folder / "config.json", json.dumps(qwen_config_json(HALF_B)))
+        _write(folder / "config.json", json.dumps(qwen_config_json(STARTS[kind][3], kind)))
     return folder
 
 
-def model_folder(ck) -> Path:
-    """A random Qwen2 (0.5B; --smoke: a toy) saved with a small BPE tokenizer, as
-    --init-from reads it; built on the GPU when there is one."""
-    if "qwen" in ck.models:
-        return ck.models["qwen"]
-    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config
+def has_config_class(kind: str) -> bool:
+    """Whether this machine's transformers builds that start (an older one lacks Qwen3-MoE)."""
+    import transformers
+
+    return hasattr(transformers, STARTS[kind][2])
+
+
+def model_folder(ck, kind: str = "qwen") -> Path:
+    """A random Qwen2 or Qwen3-MoE (0.5B; --smoke: a toy) saved with a small BPE tokenizer,
+    as --init-from reads it; built on the GPU when there is one."""
+    if kind in ck.models:
+        return ck.models[kind]
+    import transformers
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
     from core.data.tokenizer import train_bpe
 
-    shape = TOY_B if ck.smoke else HALF_B
-    folder = ck.work / ("qwen-toy" if ck.smoke else "qwen-0.5b")
+    shape = STARTS[kind][4] if ck.smoke else STARTS[kind][3]
+    folder = ck.work / (f"{kind}-toy" if ck.smoke else f"{kind}-0.5b")
     text = ck.data_file().read_bytes()[: 30_000 if ck.smoke else 300_000]
     hf = train_bpe([text], 512 if ck.smoke else 2048).hf
     hf.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
     tok = PreTrainedTokenizerFast(tokenizer_object=hf, eos_token="<|endoftext|>")
     tok.save_pretrained(folder)
     shape = {**shape, "vocab_size": max(shape["vocab_size"], len(tok))}
-    config = Qwen2Config(**shape, eos_token_id=tok.eos_token_id)
+    config = getattr(transformers, STARTS[kind][2])(**shape, eos_token_id=tok.eos_token_id)
     torch.manual_seed(0)
     with torch.device("cuda" if ck.cuda else "cpu"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.save_pretrained(folder)
     del model
-    ck.models["qwen"] = folder
+    ck.models[kind] = folder
     return folder
 
 
@@ -621,6 +668,11 @@ def plan_memory(ck, full: bool) -> list[Job]:
     for mode in FT_MODES:
         cfg = finetune_cfg(ck, folder, mode, 20, full) if folder else None
         jobs.append(Job(f"0.5B {mode}", cfg, fixed_s=0.0 if cfg else ck.rates.setup_s))
+    if has_config_class("moe"):
+        moe = config_folder(ck, "moe") if full or not ck.smoke else None
+        jobs.append(Job("build the MoE 0.5B model", fixed_s=build_s(ck, full)))
+        cfg = finetune_cfg(ck, moe, "lora", 20, full) if moe else None
+        jobs.append(Job("MoE 0.5B lora", cfg, fixed_s=0.0 if cfg else ck.rates.setup_s))
     return jobs
 
 
@@ -655,17 +707,20 @@ def run_memory(ck, sec: Section) -> None:
             continue
         if job.label == "CUDA start":
             continue
+        kind = "moe" if job.label.startswith(("MoE", "build the MoE")) else "qwen"
         if job.cfg is None and job.label.startswith("build"):
-            model_folder(ck)
+            model_folder(ck, kind)
             continue
         cfg = job.cfg
-        if job.label.startswith("0.5B"):  # planned on its config.json; now on its weights
-            cfg = finetune_cfg(ck, model_folder(ck), job.label.split()[1], 20, False)
+        if "0.5B" in job.label:  # planned on its config.json; now on its weights
+            cfg = finetune_cfg(ck, model_folder(ck, kind), job.label.split()[-1], 20, False)
         run = train(ck, cfg, f"memory-{job.label.replace(' ', '-')}")
         sec.rows.append(memory_row(ck, job.label, run))
         curve(ck, job.label, run)
         ck.report.save()
-    sec.lines.append("MoE and hybrid rows: skipped, those families are not built yet")
+    if not has_config_class("moe"):
+        sec.lines.append("MoE row: skipped, this transformers has no Qwen3MoeConfig")
+    sec.lines.append("hybrid row: skipped, the hybrid families (Qwen3.5) are not built yet")
 
 
 # -- (b) throughput ----------------------------------------------------------------------------

@@ -37,7 +37,10 @@ def test_the_smoke_rows_hold_what_each_section_checks(smoke):
     _, _, data = smoke
     s = data["sections"]
     runs = [r["run"] for r in s["memory"]["rows"]]
-    assert runs == [*gpu_check.TIER_PRESETS, "0.5B full", "0.5B lora", "0.5B lora+ckpt"]
+    dense = [*gpu_check.TIER_PRESETS, "0.5B full", "0.5B lora", "0.5B lora+ckpt"]
+    assert runs == [*dense, "MoE 0.5B lora"]  # the MoE start: a Qwen3-MoE from its config
+    moe = s["memory"]["rows"][-1]
+    assert moe["estimate alloc MiB"] > 0
     assert [r["preset"] for r in s["throughput"]["rows"]][0] == "gpu-8gb eager"
     assert all(r["tokens/s"] > 0 for r in s["throughput"]["rows"])
     oom = s["oom"]["rows"][0]
