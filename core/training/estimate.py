@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from core.config import methods, recipe
-from core.config.spec import TrainConfig
+from core.config.spec import LIMITS, TrainConfig
 from core.models.loss import chunk_positions
 from core.models.model import GPTConfig
 from core.models.params import (
@@ -65,10 +65,23 @@ def _position_params(c: GPTConfig) -> int:
     return c.seq_len * c.hidden_dim if c.positions == "learned" else 0
 
 
+def _counting_shape(c: GPTConfig) -> GPTConfig:
+    """c at one fixed context: counts are cached by shape, and only learned positions depend
+    on the context (longest_context probes many)."""
+    import dataclasses
+
+    return dataclasses.replace(c, seq_len=CONTEXT_STEP)
+
+
+def _params(c: GPTConfig) -> int:
+    fixed = _counting_shape(c)
+    return shape_params(fixed) - _position_params(fixed) + _position_params(c)
+
+
 def flops_per_token(cfg: TrainConfig, c: GPTConfig | None = None) -> int:
     """Training FLOPs per token (forward + backward): 6N + 12 L d T, as in nanoGPT/PaLM."""
     c = c or model_shape(cfg)
-    n = shape_params(c) - _position_params(c)
+    n = _params(c) - _position_params(c)
     return 6 * n + 12 * c.n_layers * c.n_heads * c.head_dim * cfg.seq_len
 
 
@@ -175,7 +188,7 @@ def _base_bytes(cfg: TrainConfig, c: GPTConfig, n: int, sixteen: bool) -> int:
     layers only, the rest stays in 16 or 32 bits."""
     bits = recipe.base_bits(cfg, sixteen)
     if bits in QUANT_BYTES:
-        q = adapted_weights(c, cfg.lora_targets)
+        q = adapted_weights(_counting_shape(c), cfg.lora_targets)
         return int(q * QUANT_BYTES[bits]) + (2 if sixteen else 4) * (n - q)
     return bits // 8 * n
 
@@ -185,7 +198,7 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
     if precision is None:
         precision = pick_precision(cfg.precision, on_gpu)  # a modern GPU's choice
     c = model_shape(cfg)
-    n = shape_params(c)
+    n = _params(c)
     # DPO: a pair's chosen and rejected answers go through the model in one batch; the
     # reference is the adapters-off model under no_grad (nothing kept) or cached log-probs.
     rows = cfg.batch_size * objectives.rows_per_example(cfg)
@@ -228,13 +241,13 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
     weight_casts = 2 * (n - _position_params(c)) if mixed else 0
     trained, weights = n, 4 * n
     if cfg.lora_rank:  # a frozen base + fp32 adapters
-        trained = adapter_count(c, cfg.lora_rank, cfg.lora_targets)
+        trained = adapter_count(_counting_shape(c), cfg.lora_rank, cfg.lora_targets)
         weights = _base_bytes(cfg, c, n, mixed and on_gpu) + 4 * trained
         weight_casts = 0  # the base is kept as it is; the adapters' casts are negligible
     # AdamW: two fp32 moments; 8-bit AdamW: two 8-bit moments (and a scale per 256)
     optimizer = OPTIMIZER_BYTES.get(recipe.optimizer(cfg), 8) * trained
     if recipe.optimizer(cfg) == "muon":
-        optimizer -= 4 * hidden_matrix_params(c)
+        optimizer -= 4 * hidden_matrix_params(_counting_shape(c))
     generation, grpo_logits, reference = objectives.extra_memory(cfg, c, e, weights)
     logits = grpo_logits or logits  # GRPO's loss reads the completion positions' only
     weights += reference
@@ -265,6 +278,54 @@ def usable_bytes(free_bytes: int) -> int:
 
 def fits(cfg: TrainConfig, free_bytes: int) -> bool:
     return estimate(cfg).device_total <= usable_bytes(free_bytes)
+
+
+CONTEXT_STEP = 256  # the longest context is given in whole steps of this many tokens
+
+
+def context_cap(cfg: TrainConfig) -> int:
+    """The longest seq_len a config may ask for: the field's limit, and a pretrained model's
+    own context."""
+    cap = int(LIMITS["seq_len"][2])
+    return min(cap, model_shape(cfg).seq_len) if cfg.init_from else cap
+
+
+def longest_context(cfg: TrainConfig, budget_bytes: int, on_gpu: bool = True) -> int:
+    """The longest seq_len at which cfg (its method, batch, checkpointing, LoRA and base bits as
+    they are) needs at most budget_bytes (device_total: usable_bytes of what is free), in whole
+    CONTEXT_STEPs when one fits; 0 when not even the shortest context fits."""
+    import dataclasses
+
+    def fits_at(seq_len: int) -> bool:
+        probe = dataclasses.replace(cfg, seq_len=seq_len)
+        return estimate(probe, on_gpu=on_gpu).device_total <= budget_bytes
+
+    cap = context_cap(cfg)
+    low = int(LIMITS["seq_len"][1])
+    if not fits_at(low):
+        return 0
+    if fits_at(cap):
+        return cap
+    good, bad = low, cap  # the estimate grows with seq_len: bisect between the two
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        good, bad = (mid, bad) if fits_at(mid) else (good, mid)
+    return good // CONTEXT_STEP * CONTEXT_STEP if good >= CONTEXT_STEP else good
+
+
+def context_line(cfg: TrainConfig, free_bytes: int, on_gpu: bool) -> tuple[str, bool]:
+    """The longest context that fits what is free, in words for the window and the CLI, and
+    whether cfg's own seq_len is past it (a warning)."""
+    where = "on this GPU" if on_gpu else f"in {free_bytes / GB:.0f} GiB of free RAM"
+    longest = longest_context(cfg, usable_bytes(free_bytes), on_gpu)
+    if not longest:
+        return f"no context fits {where} at this batch and method", True
+    capped = " (the model's own limit)" if cfg.init_from and longest == context_cap(cfg) else ""
+    line = f"fits up to {longest:,} tokens {where}{capped}"
+    if cfg.seq_len <= longest:
+        return line, False
+    need = estimate(cfg, on_gpu=on_gpu).device_total
+    return f"{cfg.seq_len:,} will NOT fit ({need / GB:.1f} GiB needed); {line}", True
 
 
 def fit_micro_batch(cfg: TrainConfig, free_bytes: int) -> TrainConfig | None:
@@ -342,6 +403,7 @@ class Rung:
     fitted: TrainConfig | None  # at its largest micro-batch that fits; None: does not fit
     need: int = 0  # device bytes of fitted
     chosen: bool = False
+    longest: int = 0  # the longest context it fits at a micro-batch of 1 (0: none)
 
 
 def walk_ladder(cfg: TrainConfig, free_bytes: int) -> list[Rung]:
@@ -354,7 +416,8 @@ def walk_ladder(cfg: TrainConfig, free_bytes: int) -> list[Rung]:
         one = dataclasses.replace(rung, batch_size=1, grad_accum=1)
         fitted = fit_micro_batch(rung, free_bytes)
         need = estimate(fitted).device_total if fitted else 0
-        rungs.append(Rung(name, rung, estimate(one).device_total, fitted, need))
+        longest = longest_context(one, usable_bytes(free_bytes))
+        rungs.append(Rung(name, rung, estimate(one).device_total, fitted, need, longest=longest))
         if fitted is not None and not found:
             rungs[-1].chosen = found = True
     return rungs
@@ -377,9 +440,13 @@ def fit_pretrained(cfg: TrainConfig, free_bytes: int, rungs: list[Rung] | None =
             if i:
                 chosen = f"{chosen}; at batch 1 " + ", ".join(needs[:i]) + " do not fit"
             return f, chosen
+    best = max(rungs, key=lambda r: r.longest, default=None)
+    shorter = "lower seq_len"
+    if best is not None and best.longest:
+        shorter = f"lower seq_len to {best.longest:,} or less ({best.name})"
     return None, (
-        f"none fits {usable:.1f} GiB usable; at batch 1: {'; '.join(needs)}; lower seq_len "
-        "or pick a smaller model"
+        f"none fits {usable:.1f} GiB usable at seq_len {cfg.seq_len:,}; at batch 1: "
+        f"{'; '.join(needs)}; {shorter}, or pick a smaller model"
     )
 
 
@@ -390,7 +457,7 @@ def base_saving(cfg: TrainConfig) -> tuple[int, int] | None:
     if not cfg.lora_rank or cfg.base_bits not in ("4", "8"):
         return None
     c = model_shape(cfg)
-    n = shape_params(c)
+    n = _params(c)
     sixteen = dataclasses.replace(cfg, base_bits="16")
     return int(cfg.base_bits), _base_bytes(sixteen, c, n, True) - _base_bytes(cfg, c, n, True)
 
