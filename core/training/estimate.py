@@ -36,7 +36,11 @@ CPU_SCORE_BYTES = 13  # an attention score's bytes in the CPU math kernel (with 
 # outputs and the causal mask for the backward pass: 8.25 bytes a score in fp32, measured with
 # saved_tensors_hooks on core.models.model.softcapped_attention.
 SOFTCAP_SCORE_BYTES = 8.25
-CPU_BACKWARD_EXTRA_BLOCKS = 2  # blocks of activations the CPU's backward holds beyond one
+# What the first training step adds to a CPU process for good (kernels, thread pools and
+# allocator arenas loaded on first use): 45-80 MiB measured before and after a warm-up step
+# over seven shapes (docs/performance.md, "Estimate at long context").
+CPU_RUNTIME_BYTES = 64 * MB
+CPU_CHECKPOINT_EXTRA_BLOCKS = 1  # a block the CPU's checkpointed backward holds beyond one
 
 
 def model_shape(cfg: TrainConfig) -> GPTConfig:
@@ -130,6 +134,7 @@ class Estimate:
     # shown as the method's row (core.config.methods)
     generation: int = 0
     generation_row: str = "sampling"
+    runtime: int = 0  # the CPU: what torch's first step loads for good (CPU_RUNTIME_BYTES)
 
     @property
     def allocator_peak(self) -> int:
@@ -141,7 +146,7 @@ class Estimate:
     @property
     def device_total(self) -> int:
         """What NVML should report as used by this process at the peak."""
-        return self.allocator_peak + self.fragmentation + self.cuda_context
+        return self.allocator_peak + self.fragmentation + self.cuda_context + self.runtime
 
     def breakdown(self) -> list[tuple[str, int]]:
         lora = 0 < self.trained < self.n_params
@@ -156,6 +161,7 @@ class Estimate:
             *([(self.generation_row, self.generation)] if self.generation else []),
             ("allocator fragmentation", self.fragmentation),
             ("CUDA context", self.cuda_context),
+            *([("torch runtime (first step)", self.runtime)] if self.runtime else []),
         ]
 
     def report(self) -> str:
@@ -215,11 +221,11 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
     else:
         activations = c.n_layers * per_layer
     # Embedding sum, ln_f input (fp32) and the head's input; backward needs about one
-    # more block's worth of activation gradients at a time: on the CPU about three were
-    # measured at the peak, with and without checkpointing (docs/performance.md,
-    # "Activation estimate"); on a GPU it is yet to be measured.
-    backward_blocks = 1 if on_gpu else 1 + CPU_BACKWARD_EXTRA_BLOCKS
-    activations += 3 * 4 * d * tokens + backward_blocks * grad_layer
+    # more block's worth of activation gradients at a time; on the CPU, under checkpointing,
+    # about two (the recomputed block's forward beside them): measured from 256 to 16k
+    # tokens, the first step's runtime counted apart (docs/performance.md).
+    extra = CPU_CHECKPOINT_EXTRA_BLOCKS if cfg.grad_checkpointing and not on_gpu else 0
+    activations += 3 * 4 * d * tokens + (1 + extra) * grad_layer
     if not on_gpu and cfg.dropout > 0:
         # With attention dropout the CPU takes SDPA's math kernel, which keeps the T x T
         # scores, probabilities, dropout mask and dropped probabilities: 13 bytes an entry
@@ -262,6 +268,7 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
         logits=logits,
         fragmentation=int(((FRAGMENTATION if on_gpu else CPU_FRAGMENTATION) - 1) * live),
         cuda_context=CUDA_CONTEXT_BYTES if on_gpu else 0,
+        runtime=0 if on_gpu else CPU_RUNTIME_BYTES,
         tokens_per_step=cfg.tokens_per_step,
         flops_per_token=flops_per_token(cfg, c),
         trained=trained,
