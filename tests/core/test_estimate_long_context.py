@@ -76,10 +76,10 @@ SHAPE = dict(
 )
 
 
-def measured_peaks(contexts: list[int]) -> list[dict]:
+def measured_peaks(contexts: list[int], shape: dict) -> list[dict]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
-        [sys.executable, "-c", PEAKS, json.dumps(SHAPE), *map(str, contexts)],
+        [sys.executable, "-c", PEAKS, json.dumps({**SHAPE, **shape}), *map(str, contexts)],
         capture_output=True,
         text=True,
         env=env,
@@ -92,10 +92,17 @@ def measured_peaks(contexts: list[int]) -> list[dict]:
 
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="Linux's VmHWM reset")
 @pytest.mark.parametrize(
-    "contexts", [[2048, 4096], pytest.param([8192, 16384], marks=pytest.mark.slow)]
+    "contexts, shape",
+    [
+        ([2048, 4096], {}),
+        pytest.param([8192, 16384], {}, marks=pytest.mark.slow),
+        pytest.param(
+            [4096, 8192], {"n_layers": 4, "grad_checkpointing": True}, marks=pytest.mark.slow
+        ),
+    ],
 )
-def test_the_cpu_estimate_is_within_15_percent_of_the_measured_peak(contexts):
-    peaks = measured_peaks(contexts)
+def test_the_cpu_estimate_is_within_15_percent_of_the_measured_peak(contexts, shape):
+    peaks = measured_peaks(contexts, shape)
     assert [p["seq"] for p in peaks] == contexts
     for p in peaks:
         error = p["est"] / p["measured"] - 1
