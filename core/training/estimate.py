@@ -113,6 +113,20 @@ def _saved_bytes_per_token_layer(
     return fp32_residual + matmul_inputs + attention + mlp + dropout_masks
 
 
+def _score_bytes(cfg: TrainConfig, c: GPTConfig, rows: int, on_gpu: bool) -> int:
+    """Attention's T x T scores held for the backward pass: the CPU's math kernel (taken
+    with attention dropout: scores, probabilities, dropout mask and dropped probabilities,
+    13 bytes an entry measured; its flash kernel keeps none) and Gemma 2's soft-capped
+    attention (as transformers' eager attention keeps them). Under checkpointing only the
+    block being recomputed holds them. Where the model runs attention in query chunks at
+    this length, one chunk's rows of scores are what to count here."""
+    score = (CPU_SCORE_BYTES if not on_gpu and cfg.dropout > 0 else 0) + (
+        SOFTCAP_SCORE_BYTES if c.attn_softcap else 0
+    )
+    held = 1 if cfg.grad_checkpointing else c.n_layers
+    return int(held * rows * c.n_heads * cfg.seq_len**2 * score)
+
+
 @dataclass
 class Estimate:
     n_params: int
@@ -226,16 +240,7 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
     # tokens, the first step's runtime counted apart (docs/performance.md).
     extra = CPU_CHECKPOINT_EXTRA_BLOCKS if cfg.grad_checkpointing and not on_gpu else 0
     activations += 3 * 4 * d * tokens + (1 + extra) * grad_layer
-    if not on_gpu and cfg.dropout > 0:
-        # With attention dropout the CPU takes SDPA's math kernel, which keeps the T x T
-        # scores, probabilities, dropout mask and dropped probabilities: 13 bytes an entry
-        # measured (docs/performance.md); without dropout its flash kernel keeps none. Under
-        # checkpointing only the block being recomputed holds them.
-        held = 1 if cfg.grad_checkpointing else c.n_layers
-        activations += held * rows * c.n_heads * cfg.seq_len**2 * CPU_SCORE_BYTES
-    if c.attn_softcap:  # T x T scores a layer, as transformers' eager attention keeps them
-        held = 1 if cfg.grad_checkpointing else c.n_layers
-        activations += int(held * rows * c.n_heads * cfg.seq_len**2 * SOFTCAP_SCORE_BYTES)
+    activations += _score_bytes(cfg, c, rows, on_gpu)
     e = _act_bytes(precision)
     # LinearCrossEntropy (one fp32 block, in place) serves a plain head; Gemma 2's
     # soft-capped logits take the checkpointed chunks (core.models.loss.fusable).
