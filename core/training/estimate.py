@@ -40,7 +40,7 @@ SOFTCAP_SCORE_BYTES = 8.25
 # allocator arenas loaded on first use): 45-80 MiB measured before and after a warm-up step
 # over seven shapes (docs/performance.md, "Estimate at long context").
 CPU_RUNTIME_BYTES = 64 * MB
-CPU_CHECKPOINT_EXTRA_BLOCKS = 1  # a block the CPU's checkpointed backward holds beyond one
+CPU_EXTRA_BLOCK = 1  # a block the CPU's backward holds beyond one (checkpointing; fused)
 
 
 def model_shape(cfg: TrainConfig) -> GPTConfig:
@@ -235,10 +235,11 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
     else:
         activations = c.n_layers * per_layer
     # Embedding sum, ln_f input (fp32) and the head's input; backward needs about one
-    # more block's worth of activation gradients at a time; on the CPU, under checkpointing,
-    # about two (the recomputed block's forward beside them): measured from 256 to 16k
-    # tokens, the first step's runtime counted apart (docs/performance.md).
-    extra = CPU_CHECKPOINT_EXTRA_BLOCKS if cfg.grad_checkpointing and not on_gpu else 0
+    # more block's worth of activation gradients at a time. On the CPU one more under
+    # checkpointing (the recomputed block's forward beside them) and one more for a
+    # fine-tune's fused blocks (what they remake): measured from 256 to 16k tokens, the
+    # first step's runtime counted apart (docs/performance.md).
+    extra = 0 if on_gpu else CPU_EXTRA_BLOCK * (bool(cfg.grad_checkpointing) + fused)
     activations += 3 * 4 * d * tokens + (1 + extra) * grad_layer
     activations += _score_bytes(cfg, c, rows, on_gpu)
     e = _act_bytes(precision)
