@@ -13,8 +13,10 @@ from core.runs.folder import read_metrics
 from core.training.estimate import (
     CONTEXT_STEP,
     GB,
+    context_line,
     estimate,
     fit_pretrained,
+    longest_context,
     next_rung,
     usable_bytes,
     walk_ladder,
@@ -104,6 +106,23 @@ def test_each_rung_names_the_longest_context_it_fits(qwen3_8b):
     fitted, why = fit_pretrained(too_long, 24 * GB)
     assert fitted is None
     assert f"lower seq_len to {longest[7]:,} or less (QLoRA" in why
+
+
+def test_the_context_line_stops_at_the_models_own_context(qwen3_8b):
+    qlora = dataclasses.replace(qwen3_8b, lora_rank=16, base_bits="4", batch_size=1)
+    qlora = dataclasses.replace(qlora, grad_checkpointing=True)
+    line, warn = context_line(qlora, 1000 * GB, on_gpu=True)
+    assert (line, warn) == ("fits up to 40,960 tokens on this GPU (the model's own limit)", False)
+    assert context_line(qlora, 6 * GB, on_gpu=True) == (
+        "no context fits on this GPU at this batch and method",
+        True,
+    )
+    longest = longest_context(qlora, usable_bytes(12 * GB))
+    assert 2048 < longest < 40960  # QLoRA of an 8B model on a 12 GB card
+    past = dataclasses.replace(qlora, seq_len=longest + 256)
+    line, warn = context_line(past, 12 * GB, on_gpu=True)
+    assert warn and line.startswith(f"{longest + 256:,} will NOT fit")
+    assert line.endswith(f"fits up to {longest:,} tokens on this GPU")
 
 
 def test_8_bit_adamw_is_estimated_at_2_bytes_a_weight(qwen3_8b):
