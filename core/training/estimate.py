@@ -231,7 +231,8 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
     tokens = rows * cfg.seq_len
     d = c.hidden_dim
     fused = bool(cfg.init_from)  # a fine-tune's model (GPTConfig.from_train with a base)
-    lora = cfg.lora_targets if cfg.lora_rank else ""
+    # LoRA's kept inputs: measured on the CPU; a GPU keeps its constants until measured
+    lora = cfg.lora_targets if cfg.lora_rank and not on_gpu else ""
     per_layer = _saved_bytes_per_token_layer(c, cfg.dropout, precision, fused, lora) * tokens
     # The backward's activation gradients and remade tensors are as large as the plain
     # block's saved activations, whatever the forward kept.
