@@ -13,6 +13,7 @@ from core.training.estimate import (
     SAFETY_MARGIN,
     Rung,
     base_saving,
+    context_line,
     estimate,
     fine_tune_choices,
     usable_bytes,
@@ -55,6 +56,16 @@ def judge(cfg: TrainConfig, info: HardwareInfo) -> Fit:
     return Fit(est.device_total, info.cpu.get("ram_free_bytes"), False, est.report())
 
 
+def context_hint(cfg: TrainConfig, info: HardwareInfo) -> tuple[str, bool]:
+    """The longest context that fits the device cfg runs on, and whether cfg's is past it;
+    ("", False) when what is free is unknown."""
+    gpu = info.gpu_for(cfg.device)
+    free = gpu.get("free_bytes") if gpu is not None else info.cpu.get("ram_free_bytes")
+    if free is None:
+        return "", False
+    return context_line(cfg, free, gpu is not None)
+
+
 def both_estimates(cfg: TrainConfig, on_gpu: bool) -> str:
     """Full fine-tuning vs LoRA (with activation checkpointing) at this batch."""
     full_cfg, lora_cfg = fine_tune_choices(cfg)
@@ -88,11 +99,12 @@ def ladder_html(gpu_name: str, rungs: list[Rung], why: str, note: str = "") -> s
         style = " style='background:#e8f5e9'" if r.chosen else ""
         rows.append(
             f"<tr{style}><td>{html.escape(r.name)}</td><td align='right'>"
-            f"{r.need_at_one / GiB:.1f} GiB</td><td>{fit}</td><td>{mark}</td></tr>"
+            f"{r.need_at_one / GiB:.1f} GiB</td><td>{fit}</td>"
+            f"<td align='right'>{r.longest:,}</td><td>{mark}</td></tr>"
         )
     head = (
         "<tr><th align='left'>Fit ladder</th><th>at batch 1</th>"
-        "<th align='left'>largest micro-batch</th><th></th></tr>"
+        "<th align='left'>largest micro-batch</th><th>longest context</th><th></th></tr>"
     )
     headline = why.split("; at batch 1 ")[0]  # the rungs above are in the table
     if note:

@@ -419,6 +419,10 @@ class ConfigForm(QWidget):
         self.error: str | None = None
         self.widgets: dict[str, QWidget] = {}
         self.errors: dict[str, QLabel] = {}
+        self.context_hint = QLabel()  # the longest context that fits (set_context_hint)
+        self.context_hint.setObjectName("context_hint")
+        self.context_hint.setWordWrap(True)
+        self.context_hint.setVisible(False)
 
         devices = ["auto", "cpu"] + [f"cuda:{i}" for i in range(gpu_count)]
         layout = QVBoxLayout(self)
@@ -520,7 +524,15 @@ class ConfigForm(QWidget):
                 label.setBuddy(w)
                 grid.addWidget(label, row, col)
                 grid.addWidget(w, row, col + 1)
-            grid.addWidget(self.errors[key], row + 1, col, 1, 2)
+            below = self.errors[key]
+            if name == "seq_len":  # the longest context that fits, under its error line
+                below = QWidget()
+                stack = QVBoxLayout(below)
+                stack.setContentsMargins(0, 0, 0, 0)
+                stack.setSpacing(0)
+                stack.addWidget(self.errors[key])
+                stack.addWidget(self.context_hint)
+            grid.addWidget(below, row + 1, col, 1, 2)
         grid.setColumnStretch(1, 1)
         grid.setColumnStretch(3, 1)
         return box
@@ -737,6 +749,13 @@ class ConfigForm(QWidget):
             self.widgets[name].setStyleSheet("background: #ffebee;")
         if name in ADVANCED_FIELDS and not self.advanced_toggle.isChecked():
             self.advanced_toggle.setChecked(True)
+
+    def set_context_hint(self, text: str, warn: bool = False) -> None:
+        """Under the context field: the longest context that fits, red when seq_len is past
+        it (the estimate panel works it out; empty hides it)."""
+        self.context_hint.setText(("⚠ " if warn else "") + text)
+        self.context_hint.setStyleSheet(f"color: {'#c62828' if warn else '#555'};")
+        self.context_hint.setVisible(bool(text))
 
     @property
     def is_valid(self) -> bool:

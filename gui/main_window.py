@@ -35,7 +35,7 @@ from core.runs.folder import (
 )
 from core.training.estimate import fit_micro_batch, fit_pretrained, walk_ladder
 from core.weights.loader import apply_pretrained
-from gui.estimate_panel import EstimatePanel, judge
+from gui.estimate_panel import EstimatePanel, context_hint, judge
 from gui.form import ConfigForm
 from gui.hardware_panel import HardwareInfo, HardwarePanel, detect
 from gui.preset_box import PresetBox
@@ -222,7 +222,9 @@ class MainWindow(QMainWindow):
     # -- form, estimate, hardware --------------------------------------------------------
 
     def _form_changed(self) -> None:
-        self.estimate.update_for(self.form.validated() if self.form.is_valid else None)
+        cfg = self.form.validated() if self.form.is_valid else None
+        self.estimate.update_for(cfg)
+        self.form.set_context_hint(*(context_hint(cfg, self.info) if cfg else ("", False)))
         self._update_controls()
 
     def _hardware_changed(self, info: HardwareInfo) -> None:

@@ -300,8 +300,8 @@ def print_presets() -> None:
 
 
 def print_estimate(cfg: TrainConfig) -> None:
-    from core.platform.hardware import gpus
-    from core.training.estimate import estimate, usable_bytes
+    from core.platform.hardware import cpu_info, gpus
+    from core.training.estimate import context_line, estimate, usable_bytes
 
     found = gpus()
     on_gpu = gpu_index(cfg.device, len(found)) is not None
@@ -313,6 +313,9 @@ def print_estimate(cfg: TrainConfig) -> None:
         f"hidden {cfg.hidden_dim}, layers {cfg.n_layers}"
     )
     print(est.report())
+    free = found[0]["free_bytes"] if on_gpu and found else cpu_info()["ram_free_bytes"]
+    if free is not None:
+        print(f"Longest context: {context_line(cfg, free, on_gpu)[0]} (10% margin kept)")
     if found and found[0]["free_bytes"] is not None:
         free = found[0]["free_bytes"]
         verdict = "fits" if est.device_total <= usable_bytes(free) else "does NOT fit"

@@ -179,8 +179,9 @@ def build_chat(spec: DataSpec, listing, target: Path, tokenizer, progress_cb, ca
         "val": packers["val"].examples,
         **{
             k: sum(getattr(p, k) for p in packers.values())
-            for k in ("truncated", "dropped", "no_answer")
+            for k in ("truncated", "dropped", "no_answer", "cut_tokens")
         },
+        "longest": max(p.longest for p in packers.values()),
         "bad_lines": examples.bad_lines,
         "seq_len": chat.seq_len,
     }

@@ -258,6 +258,8 @@ class Packer:
     dropped: int = 0  # longer than a row, with drop_long
     no_answer: int = 0  # truncation cut every answer token off: nothing to learn
     examples: int = 0
+    longest: int = 0  # tokens of the longest example longer than a row (cut or dropped)
+    cut_tokens: int = 0  # tokens truncation cut off
 
     def add(self, ids: np.ndarray, weights: np.ndarray) -> None:
         weights = weights.astype(np.uint8)  # a copy: the first token gets the START bit below
@@ -265,10 +267,12 @@ class Packer:
             ids = np.append(ids, self.sep)
             weights = np.append(weights, 0).astype(np.uint8)
         if len(ids) > self.row:
+            self.longest = max(self.longest, len(ids))
             if self.drop_long:
                 self.dropped += 1
                 return
             self.truncated += 1
+            self.cut_tokens += len(ids) - self.row
             ids, weights = ids[: self.row], weights[: self.row]
         if not weights[1:].any():
             self.no_answer += 1
@@ -293,6 +297,29 @@ class Packer:
     def finish(self) -> list[tuple[np.ndarray, np.ndarray]]:
         self._close()
         return self.rows
+
+
+def _row_length(tokenizer, template: str, messages: list[dict], tokens: dict) -> int:
+    """An example's tokens in a packed row: its rendering, and the EOS the Packer adds."""
+    ids = encode_example(tokenizer, template, messages, tokens, True)[0]
+    eos = tokenizer.eos_id
+    return len(ids) + (eos is not None and (not len(ids) or ids[-1] != eos))
+
+
+def long_line(long: int, total: int, seq_len: int, longest: int, cut: int, drop: bool) -> str:
+    """What happened to the examples longer than the context, in one sentence for the log and
+    the window (long: how many of total; cut: the tokens truncation lost); empty for none.
+    A row holds seq_len + 1 tokens (inputs and shifted targets), the EOS after an example
+    included."""
+    if not long:
+        return ""
+    head = f"{long:,} of {total:,} examples were longer than seq_len {seq_len:,} and were"
+    if drop:
+        return f"{head} dropped (longest {longest:,} tokens); without --drop-long they are cut"
+    return (
+        f"{head} cut (longest {longest:,} tokens; {cut:,} tokens lost); --drop-long drops "
+        "them instead"
+    )
 
 
 def is_val(index: int, val_fraction: float) -> bool:
@@ -323,13 +350,20 @@ def summary(
     shapes = ", ".join(f"{k} {v:,}" for k, v in found.shapes.items())
     step = max(1, n // SUMMARY_SAMPLE)
     sample = found.conversations[::step]
-    long = sum(
-        len(encode_example(tokenizer, template, m, tokens, True)[0]) > seq_len for m in sample
-    )
-    share = f"{long / len(sample):.0%} of a sample" if step > 1 else f"{long:,}"
-    what = "dropped" if drop_long else "truncated"
-    line = f"chat data: {n:,} examples ({shapes}); {share} longer than the {seq_len}-token "
-    line += f"context ({what})"
+    row = seq_len + 1  # as the Packer: a row of seq_len + 1 tokens, EOS after each example
+    lengths = [_row_length(tokenizer, template, m, tokens) for m in sample]
+    long = [k for k in lengths if k > row]
+    line = f"chat data: {n:,} examples ({shapes}); "
+    if not long:
+        line += f"none longer than seq_len {seq_len:,}"
+    elif step > 1:
+        what = "dropped" if drop_long else "cut"
+        line += (
+            f"{len(long) / len(sample):.0%} of a sample of {len(sample):,} longer than seq_len "
+            f"{seq_len:,} (longest {max(long):,} tokens), to be {what}"
+        )
+    else:
+        line += long_line(len(long), n, seq_len, max(long), sum(long) - row * len(long), drop_long)
     if found.bad_lines:
         line += f"; {found.bad_lines:,} bad line(s), e.g. {found.first_bad.removeprefix('data: ')}"
     return line

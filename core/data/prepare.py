@@ -102,11 +102,11 @@ def examples_line(manifest: dict) -> str:
         return ""
     unit = ex.get("unit", "examples")
     line = f"{ex['train']:,} training and {ex['val']:,} held-out {unit}"
+    long = "longest" in ex  # a chat entry of this version: cut and dropped in a sentence
     notes = [
         f"{ex[k]:,} {word}"
         for k, word in (
-            ("truncated", "truncated"),
-            ("dropped", "dropped"),
+            *([] if long else [("truncated", "truncated"), ("dropped", "dropped")]),
             ("no_answer", "left without an answer by truncation (dropped)"),
             ("bad_lines", "bad lines skipped"),
         )
@@ -115,7 +115,18 @@ def examples_line(manifest: dict) -> str:
     scope = "every token" if manifest.get("train_on_prompts") else "answers only"
     if unit == "pairs":
         scope = "the answers of each pair"
+    if long and (cut := long_examples(ex)):
+        notes.insert(0, cut)
     return f"{line}; loss on {scope}" + (f"; {', '.join(notes)}" if notes else "")
+
+
+def long_examples(ex: dict) -> str:
+    """The manifest's examples longer than the context, in chatdata.long_line's sentence."""
+    drop = bool(ex.get("dropped"))
+    total = ex["train"] + ex["val"] + ex.get("dropped", 0) + ex.get("no_answer", 0)
+    long = ex.get("dropped", 0) if drop else ex.get("truncated", 0)
+    cut = ex.get("cut_tokens", 0)
+    return chatdata.long_line(long, total, ex["seq_len"], ex["longest"], cut, drop)
 
 
 def prepare(

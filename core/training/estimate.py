@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from core.config import methods, recipe
-from core.config.spec import TrainConfig
+from core.config.spec import LIMITS, TrainConfig
 from core.models.loss import chunk_positions
 from core.models.model import GPTConfig
 from core.models.moe import is_sparse
@@ -39,7 +39,11 @@ CPU_SCORE_BYTES = 13  # an attention score's bytes in the CPU math kernel (with 
 # saved_tensors_hooks on core.models.model.explicit_attention. gpt-oss's sinks take the same
 # path (scores, the sink column, softmax): counted alike, not measured apart.
 SOFTCAP_SCORE_BYTES = 8.25
-CPU_BACKWARD_EXTRA_BLOCKS = 2  # blocks of activations the CPU's backward holds beyond one
+# What the first training step adds to a CPU process for good (kernels, thread pools and
+# allocator arenas loaded on first use): 45-80 MiB measured before and after a warm-up step
+# over seven shapes (docs/performance.md, "Estimate at long context").
+CPU_RUNTIME_BYTES = 64 * MB
+CPU_EXTRA_BLOCK = 1  # a block the CPU's backward holds beyond one (checkpointing; fused)
 
 
 def model_shape(cfg: TrainConfig) -> GPTConfig:
@@ -68,6 +72,19 @@ def _position_params(c: GPTConfig) -> int:
     return c.seq_len * c.hidden_dim if c.positions == "learned" else 0
 
 
+def _counting_shape(c: GPTConfig) -> GPTConfig:
+    """c at one fixed context: counts are cached by shape, and only learned positions depend
+    on the context (longest_context probes many)."""
+    import dataclasses
+
+    return dataclasses.replace(c, seq_len=CONTEXT_STEP)
+
+
+def _params(c: GPTConfig) -> int:
+    fixed = _counting_shape(c)
+    return shape_params(fixed) - _position_params(fixed) + _position_params(c)
+
+
 def flops_per_token(cfg: TrainConfig, c: GPTConfig | None = None) -> int:
     """Training FLOPs per token (forward + backward): 6N + 12 L d T, as in nanoGPT/PaLM; N
     counts the parameters a token passes through (an MoE model's active ones)."""
@@ -92,10 +109,11 @@ def _act_bytes(precision: str) -> int:
 
 
 def _saved_bytes_per_token_layer(
-    c: GPTConfig, dropout: float, precision: str, fused: bool = False
+    c: GPTConfig, dropout: float, precision: str, fused: bool = False, lora: str = ""
 ) -> float:
     """Bytes autograd keeps per token per block for the backward pass. fused: a fine-tune's
-    model (core.models.fused), which remakes the norms' and SwiGLU's outputs in backward."""
+    model (core.models.fused), which remakes the norms' and SwiGLU's outputs in backward;
+    lora: its LoRA targets, whose inputs the adapters keep for their gradients."""
     d, e = c.hidden_dim, _act_bytes(precision)
     q, kv, ffn = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, _token_ffn(c)
     fp32_residual = 2 * 4 * d  # norm inputs: the residual stream stays fp32 under autocast
@@ -107,8 +125,27 @@ def _saved_bytes_per_token_layer(
     mlp = e * (2 * ffn if c.mlp != "swiglu" else 4 * ffn)
     if fused:  # the linears' inputs are remade or kept as attention's output already
         matmul_inputs, mlp = 0, e * 2 * ffn  # gate and up; GELU: its input and output
+        # ... except where LoRA adapts a linear: its A keeps the input (qkv's and fc's norm
+        # outputs, proj's product; attention's output is kept already). Measured on the CPU:
+        # LoRA rows 7-15% under without it (docs/performance.md).
+        attn_in, mlp_in = e * d, e * (d + ffn)
+        matmul_inputs = {"attn": attn_in, "mlp": mlp_in, "all": attn_in + mlp_in}.get(lora, 0)
     dropout_masks = 3 * d if dropout > 0 else 0  # one byte per element
     return fp32_residual + matmul_inputs + attention + mlp + dropout_masks
+
+
+def _score_bytes(cfg: TrainConfig, c: GPTConfig, rows: int, on_gpu: bool) -> int:
+    """Attention's T x T scores held for the backward pass: the CPU's math kernel (taken
+    with attention dropout: scores, probabilities, dropout mask and dropped probabilities,
+    13 bytes an entry measured; its flash kernel keeps none) and Gemma 2's soft-capped
+    attention and gpt-oss's sinks (as transformers' eager attention keeps them). Under checkpointing only the
+    block being recomputed holds them. Where the model runs attention in query chunks at
+    this length, one chunk's rows of scores are what to count here."""
+    score = (CPU_SCORE_BYTES if not on_gpu and cfg.dropout > 0 else 0) + (
+        SOFTCAP_SCORE_BYTES if c.attn_softcap or c.attn_sinks else 0
+    )
+    held = 1 if cfg.grad_checkpointing else c.n_layers
+    return int(held * rows * c.n_heads * cfg.seq_len**2 * score)
 
 
 @dataclass
@@ -132,6 +169,7 @@ class Estimate:
     # shown as the method's row (core.config.methods)
     generation: int = 0
     generation_row: str = "sampling"
+    runtime: int = 0  # the CPU: what torch's first step loads for good (CPU_RUNTIME_BYTES)
 
     @property
     def allocator_peak(self) -> int:
@@ -143,7 +181,7 @@ class Estimate:
     @property
     def device_total(self) -> int:
         """What NVML should report as used by this process at the peak."""
-        return self.allocator_peak + self.fragmentation + self.cuda_context
+        return self.allocator_peak + self.fragmentation + self.cuda_context + self.runtime
 
     def breakdown(self) -> list[tuple[str, int]]:
         lora = 0 < self.trained < self.n_params
@@ -158,6 +196,7 @@ class Estimate:
             *([(self.generation_row, self.generation)] if self.generation else []),
             ("allocator fragmentation", self.fragmentation),
             ("CUDA context", self.cuda_context),
+            *([("torch runtime (first step)", self.runtime)] if self.runtime else []),
         ]
 
     def report(self) -> str:
@@ -190,7 +229,7 @@ def _base_bytes(cfg: TrainConfig, c: GPTConfig, n: int, sixteen: bool) -> int:
     layers only, the rest stays in 16 or 32 bits."""
     bits = recipe.base_bits(cfg, sixteen)
     if bits in QUANT_BYTES:
-        q = adapted_weights(c, cfg.lora_targets)
+        q = adapted_weights(_counting_shape(c), cfg.lora_targets)
         return int(q * QUANT_BYTES[bits]) + (2 if sixteen else 4) * (n - q)
     return bits // 8 * n
 
@@ -200,14 +239,16 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
     if precision is None:
         precision = pick_precision(cfg.precision, on_gpu)  # a modern GPU's choice
     c = model_shape(cfg)
-    n = shape_params(c)
+    n = _params(c)
     # DPO: a pair's chosen and rejected answers go through the model in one batch; the
     # reference is the adapters-off model under no_grad (nothing kept) or cached log-probs.
     rows = cfg.batch_size * objectives.rows_per_example(cfg)
     tokens = rows * cfg.seq_len
     d = c.hidden_dim
     fused = bool(cfg.init_from)  # a fine-tune's model (GPTConfig.from_train with a base)
-    per_layer = _saved_bytes_per_token_layer(c, cfg.dropout, precision, fused) * tokens
+    # LoRA's kept inputs: measured on the CPU; a GPU keeps its constants until measured
+    lora = cfg.lora_targets if cfg.lora_rank and not on_gpu else ""
+    per_layer = _saved_bytes_per_token_layer(c, cfg.dropout, precision, fused, lora) * tokens
     # The backward's activation gradients and remade tensors are as large as the plain
     # block's saved activations, whatever the forward kept.
     grad_layer = _saved_bytes_per_token_layer(c, cfg.dropout, precision) * tokens
@@ -217,21 +258,13 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
     else:
         activations = c.n_layers * per_layer
     # Embedding sum, ln_f input (fp32) and the head's input; backward needs about one
-    # more block's worth of activation gradients at a time: on the CPU about three were
-    # measured at the peak, with and without checkpointing (docs/performance.md,
-    # "Activation estimate"); on a GPU it is yet to be measured.
-    backward_blocks = 1 if on_gpu else 1 + CPU_BACKWARD_EXTRA_BLOCKS
-    activations += 3 * 4 * d * tokens + backward_blocks * grad_layer
-    if not on_gpu and cfg.dropout > 0:
-        # With attention dropout the CPU takes SDPA's math kernel, which keeps the T x T
-        # scores, probabilities, dropout mask and dropped probabilities: 13 bytes an entry
-        # measured (docs/performance.md); without dropout its flash kernel keeps none. Under
-        # checkpointing only the block being recomputed holds them.
-        held = 1 if cfg.grad_checkpointing else c.n_layers
-        activations += held * rows * c.n_heads * cfg.seq_len**2 * CPU_SCORE_BYTES
-    if c.attn_softcap or c.attn_sinks:  # T x T scores a layer, as eager attention keeps them
-        held = 1 if cfg.grad_checkpointing else c.n_layers
-        activations += int(held * rows * c.n_heads * cfg.seq_len**2 * SOFTCAP_SCORE_BYTES)
+    # more block's worth of activation gradients at a time. On the CPU one more under
+    # checkpointing (the recomputed block's forward beside them) and one more for a
+    # fine-tune's fused blocks (what they remake): measured from 256 to 16k tokens, the
+    # first step's runtime counted apart (docs/performance.md).
+    extra = 0 if on_gpu else CPU_EXTRA_BLOCK * (bool(cfg.grad_checkpointing) + fused)
+    activations += 3 * 4 * d * tokens + (1 + extra) * grad_layer
+    activations += _score_bytes(cfg, c, rows, on_gpu)
     e = _act_bytes(precision)
     # LinearCrossEntropy (one fp32 block, in place) serves a plain head; Gemma 2's
     # soft-capped logits take the checkpointed chunks (core.models.loss.fusable).
@@ -243,13 +276,13 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
     weight_casts = 2 * (n - _position_params(c)) if mixed else 0
     trained, weights = n, 4 * n
     if cfg.lora_rank:  # a frozen base + fp32 adapters
-        trained = adapter_count(c, cfg.lora_rank, cfg.lora_targets)
+        trained = adapter_count(_counting_shape(c), cfg.lora_rank, cfg.lora_targets)
         weights = _base_bytes(cfg, c, n, mixed and on_gpu) + 4 * trained
         weight_casts = 0  # the base is kept as it is; the adapters' casts are negligible
     # AdamW: two fp32 moments; 8-bit AdamW: two 8-bit moments (and a scale per 256)
     optimizer = OPTIMIZER_BYTES.get(recipe.optimizer(cfg), 8) * trained
     if recipe.optimizer(cfg) == "muon":
-        optimizer -= 4 * hidden_matrix_params(c)
+        optimizer -= 4 * hidden_matrix_params(_counting_shape(c))
     generation, grpo_logits, reference = objectives.extra_memory(cfg, c, e, weights)
     logits = grpo_logits or logits  # GRPO's loss reads the completion positions' only
     weights += reference
@@ -264,6 +297,7 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
         logits=logits,
         fragmentation=int(((FRAGMENTATION if on_gpu else CPU_FRAGMENTATION) - 1) * live),
         cuda_context=CUDA_CONTEXT_BYTES if on_gpu else 0,
+        runtime=0 if on_gpu else CPU_RUNTIME_BYTES,
         tokens_per_step=cfg.tokens_per_step,
         flops_per_token=flops_per_token(cfg, c),
         trained=trained,
@@ -280,6 +314,54 @@ def usable_bytes(free_bytes: int) -> int:
 
 def fits(cfg: TrainConfig, free_bytes: int) -> bool:
     return estimate(cfg).device_total <= usable_bytes(free_bytes)
+
+
+CONTEXT_STEP = 256  # the longest context is given in whole steps of this many tokens
+
+
+def context_cap(cfg: TrainConfig) -> int:
+    """The longest seq_len a config may ask for: the field's limit, and a pretrained model's
+    own context."""
+    cap = int(LIMITS["seq_len"][2])
+    return min(cap, model_shape(cfg).seq_len) if cfg.init_from else cap
+
+
+def longest_context(cfg: TrainConfig, budget_bytes: int, on_gpu: bool = True) -> int:
+    """The longest seq_len at which cfg (its method, batch, checkpointing, LoRA and base bits as
+    they are) needs at most budget_bytes (device_total: usable_bytes of what is free), in whole
+    CONTEXT_STEPs when one fits; 0 when not even the shortest context fits."""
+    import dataclasses
+
+    def fits_at(seq_len: int) -> bool:
+        probe = dataclasses.replace(cfg, seq_len=seq_len)
+        return estimate(probe, on_gpu=on_gpu).device_total <= budget_bytes
+
+    cap = context_cap(cfg)
+    low = int(LIMITS["seq_len"][1])
+    if not fits_at(low):
+        return 0
+    if fits_at(cap):
+        return cap
+    good, bad = low, cap  # the estimate grows with seq_len: bisect between the two
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        good, bad = (mid, bad) if fits_at(mid) else (good, mid)
+    return good // CONTEXT_STEP * CONTEXT_STEP if good >= CONTEXT_STEP else good
+
+
+def context_line(cfg: TrainConfig, free_bytes: int, on_gpu: bool) -> tuple[str, bool]:
+    """The longest context that fits what is free, in words for the window and the CLI, and
+    whether cfg's own seq_len is past it (a warning)."""
+    where = "on this GPU" if on_gpu else f"in {free_bytes / GB:.0f} GiB of free RAM"
+    longest = longest_context(cfg, usable_bytes(free_bytes), on_gpu)
+    if not longest:
+        return f"no context fits {where} at this batch and method", True
+    capped = " (the model's own limit)" if cfg.init_from and longest == context_cap(cfg) else ""
+    line = f"fits up to {longest:,} tokens {where}{capped}"
+    if cfg.seq_len <= longest:
+        return line, False
+    need = estimate(cfg, on_gpu=on_gpu).device_total
+    return f"{cfg.seq_len:,} will NOT fit ({need / GB:.1f} GiB needed); {line}", True
 
 
 def fit_micro_batch(cfg: TrainConfig, free_bytes: int) -> TrainConfig | None:
@@ -357,6 +439,7 @@ class Rung:
     fitted: TrainConfig | None  # at its largest micro-batch that fits; None: does not fit
     need: int = 0  # device bytes of fitted
     chosen: bool = False
+    longest: int = 0  # the longest context it fits at a micro-batch of 1 (0: none)
 
 
 def walk_ladder(cfg: TrainConfig, free_bytes: int) -> list[Rung]:
@@ -369,7 +452,8 @@ def walk_ladder(cfg: TrainConfig, free_bytes: int) -> list[Rung]:
         one = dataclasses.replace(rung, batch_size=1, grad_accum=1)
         fitted = fit_micro_batch(rung, free_bytes)
         need = estimate(fitted).device_total if fitted else 0
-        rungs.append(Rung(name, rung, estimate(one).device_total, fitted, need))
+        longest = longest_context(one, usable_bytes(free_bytes))
+        rungs.append(Rung(name, rung, estimate(one).device_total, fitted, need, longest=longest))
         if fitted is not None and not found:
             rungs[-1].chosen = found = True
     return rungs
@@ -392,9 +476,13 @@ def fit_pretrained(cfg: TrainConfig, free_bytes: int, rungs: list[Rung] | None =
             if i:
                 chosen = f"{chosen}; at batch 1 " + ", ".join(needs[:i]) + " do not fit"
             return f, chosen
+    best = max(rungs, key=lambda r: r.longest, default=None)
+    shorter = "lower seq_len"
+    if best is not None and best.longest:
+        shorter = f"lower seq_len to {best.longest:,} or less ({best.name})"
     return None, (
-        f"none fits {usable:.1f} GiB usable; at batch 1: {'; '.join(needs)}; lower seq_len "
-        "or pick a smaller model"
+        f"none fits {usable:.1f} GiB usable at seq_len {cfg.seq_len:,}; at batch 1: "
+        f"{'; '.join(needs)}; {shorter}, or pick a smaller model"
     )
 
 
@@ -405,7 +493,7 @@ def base_saving(cfg: TrainConfig) -> tuple[int, int] | None:
     if not cfg.lora_rank or cfg.base_bits not in ("4", "8"):
         return None
     c = model_shape(cfg)
-    n = shape_params(c)
+    n = _params(c)
     sixteen = dataclasses.replace(cfg, base_bits="16")
     return int(cfg.base_bits), _base_bytes(sixteen, c, n, True) - _base_bytes(cfg, c, n, True)
 

@@ -4,6 +4,7 @@ gives transformers the very ids TrainDeck trained on."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -16,7 +17,8 @@ from helpers import StopAfter, tiny_config
 from core.cli.train import main as train_main
 from core.data.chat import DEFAULT_TEMPLATE, special_tokens, template_of
 from core.data.chatdata import Packer, encode_example, is_chat, parse_example, read_examples
-from core.data.prepare import data_spec, prepare
+from core.data.describe import describe_data
+from core.data.prepare import data_spec, examples_line, prepare
 from core.data.tokenizer import bytes_tokenizer, pretrained_tokenizer
 from core.data.windows import TokenData
 from core.errors import DataError
@@ -192,6 +194,38 @@ def test_prepared_rows_hold_whole_examples_with_the_mask_alongside(tmp_path):
     held_out = td.tokenizer.decode(td.val.tolist())
     assert held_out.count("<|im_start|>user\nq") == 4  # whole examples, never cut in two
     assert "<|im_start|>user\nq" in td.tokenizer.decode(td.prompt().tolist())
+
+
+def test_examples_longer_than_the_context_are_counted_in_the_manifest_and_the_log(tmp_path):
+    rows = [{"prompt": f"q{i}", "completion": f"answer {i}"} for i in range(20)]
+    rows += [{"prompt": "x" * n, "completion": "long answer"} for n in (100, 300)]
+    data = write_jsonl(tmp_path / "d.jsonl", rows)
+    cfg = tiny_config(data=str(data), seq_len=96, tokenizer="bytes")
+    chatml = len("<|im_start|>user\n<|im_end|>\n<|im_start|>assistant\nlong answer<|im_end|>\n")
+    lengths = [chatml + 100, chatml + 300]  # bytes: a token each; no EOS to add
+    lost = sum(k - 97 for k in lengths)  # a row holds seq_len + 1 tokens; the short ones fit
+    expected = (
+        f"2 of 22 examples were longer than seq_len 96 and were cut (longest {lengths[1]} "
+        f"tokens; {lost} tokens lost); --drop-long drops them instead"
+    )
+    logs = []
+    folder, manifest = prepare(data_spec(cfg), tmp_path / "cache", log=logs.append)
+    ex = manifest["examples"]
+    assert (ex["truncated"], ex["longest"], ex["cut_tokens"]) == (2, lengths[1], lost)
+    assert expected in examples_line(manifest)
+    again = []  # a cached entry still says it: the manifest keeps the counts
+    _, cached = prepare(data_spec(cfg), tmp_path / "cache", log=again.append)
+    assert not again and expected in examples_line(cached)
+    # the window's data line says the same before anything is prepared
+    assert expected in describe_data(cfg)
+    dropping = dataclasses.replace(cfg, drop_long=True)
+    _, dropped = prepare(data_spec(dropping), tmp_path / "cache", log=lambda m: None)
+    said = (
+        f"2 of 22 examples were longer than seq_len 96 and were dropped (longest {lengths[1]} "
+        "tokens); without --drop-long they are cut"
+    )
+    assert said in examples_line(dropped) and said in describe_data(dropping)
+    assert dropped["examples"]["train"] + dropped["examples"]["val"] == 20
 
 
 NAMES = ["zero", "one", "two", "three"]

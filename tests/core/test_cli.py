@@ -132,6 +132,22 @@ def test_info_commands_exit_0(capsys):
     assert not Path("runs").exists()  # --estimate trains nothing
 
 
+def test_estimate_names_the_longest_context_that_fits_free_ram(capsys, monkeypatch):
+    from core.config import presets
+    from core.platform import hardware
+    from core.training.estimate import GB, longest_context, usable_bytes
+
+    monkeypatch.setattr(hardware, "gpus", lambda: [])
+    monkeypatch.setattr(hardware, "cpu_info", lambda: {"ram_free_bytes": 2 * GB})
+    cfg = presets.to_config(presets.load_preset("cpu"))
+    longest = longest_context(cfg, usable_bytes(2 * GB), on_gpu=False)
+    assert main(["--preset", "cpu", "--estimate"]) == 0
+    out = capsys.readouterr().out
+    assert f"Longest context: fits up to {longest:,} tokens in 2 GiB of free RAM" in out
+    assert main(["--preset", "cpu", "--estimate", "--seq-len", str(longest + 256)]) == 0
+    assert f"Longest context: {longest + 256:,} will NOT fit" in capsys.readouterr().out
+
+
 def test_ctrl_c_saves_and_exits_130_then_resume_finishes(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     args = [*TINY, "--max-steps", "100000", "--out", "run"]

@@ -10,7 +10,17 @@ from helpers import StopAfter, tiny_config
 from core.config.spec import TrainConfig, validate
 from core.runs import checkpoint as ckpt
 from core.runs.folder import read_metrics
-from core.training.estimate import GB, estimate, fit_pretrained, next_rung, walk_ladder
+from core.training.estimate import (
+    CONTEXT_STEP,
+    GB,
+    context_line,
+    estimate,
+    fit_pretrained,
+    longest_context,
+    next_rung,
+    usable_bytes,
+    walk_ladder,
+)
 from core.training.trainer import Trainer
 
 pytest.importorskip("bitsandbytes")
@@ -77,6 +87,42 @@ def test_the_window_table_judges_every_rung_and_marks_one_chosen(qwen3_8b):
     assert [r.config.optimizer for r in rungs[:4]] == ["adamw"] * 2 + ["adamw8bit"] * 2
     chosen = next(r for r in rungs if r.chosen)
     assert chosen.fitted.base_bits == "4" and chosen.need <= 0.9 * 12 * GB
+
+
+def test_each_rung_names_the_longest_context_it_fits(qwen3_8b):
+    budget = usable_bytes(24 * GB)
+    rungs = walk_ladder(qwen3_8b, 24 * GB)
+    longest = [r.longest for r in rungs]
+    # full fine-tuning of 8B fits no context in 24 GB; QLoRA with checkpointing the longest
+    assert longest[:4] == [0, 0, 0, 0] and longest[7] == max(longest) > 8192
+    assert longest[6] < longest[7] and longest[4] < longest[5]  # checkpointing buys context
+    for r in rungs[4:]:  # at batch 1 it fits, one step longer does not
+        one = dataclasses.replace(r.config, batch_size=1, grad_accum=1)
+        at = dataclasses.replace(one, seq_len=r.longest)
+        past = dataclasses.replace(one, seq_len=r.longest + CONTEXT_STEP)
+        assert estimate(at).device_total <= budget < estimate(past).device_total
+    # a context none of them fits: the message names the longest one that would
+    too_long = dataclasses.replace(qwen3_8b, seq_len=40960)
+    fitted, why = fit_pretrained(too_long, 24 * GB)
+    assert fitted is None
+    assert f"lower seq_len to {longest[7]:,} or less (QLoRA" in why
+
+
+def test_the_context_line_stops_at_the_models_own_context(qwen3_8b):
+    qlora = dataclasses.replace(qwen3_8b, lora_rank=16, base_bits="4", batch_size=1)
+    qlora = dataclasses.replace(qlora, grad_checkpointing=True)
+    line, warn = context_line(qlora, 1000 * GB, on_gpu=True)
+    assert (line, warn) == ("fits up to 40,960 tokens on this GPU (the model's own limit)", False)
+    assert context_line(qlora, 6 * GB, on_gpu=True) == (
+        "no context fits on this GPU at this batch and method",
+        True,
+    )
+    longest = longest_context(qlora, usable_bytes(12 * GB))
+    assert 2048 < longest < 40960  # QLoRA of an 8B model on a 12 GB card
+    past = dataclasses.replace(qlora, seq_len=longest + 256)
+    line, warn = context_line(past, 12 * GB, on_gpu=True)
+    assert warn and line.startswith(f"{longest + 256:,} will NOT fit")
+    assert line.endswith(f"fits up to {longest:,} tokens on this GPU")
 
 
 def test_8_bit_adamw_is_estimated_at_2_bytes_a_weight(qwen3_8b):

@@ -9,7 +9,7 @@ import pytest
 
 from core.config import presets as preset_lib
 from core.platform import hardware
-from core.training.estimate import estimate
+from core.training.estimate import estimate, longest_context, usable_bytes
 
 GiB = 1024**3
 FAKE_8GB = {
@@ -424,6 +424,26 @@ def test_simulated_8gb_gpu_estimate_warning_and_fit(make_window, fake_gpu, dialo
     cfg = window.form.validated()
     assert cfg.batch_size * cfg.grad_accum == 1024 and cfg.batch_size < 512
     assert window.estimate.fit.fits
+
+
+def test_the_context_field_says_the_longest_that_fits_and_warns_past_it(make_window, fake_gpu):
+    window = make_window()
+    window.form.set_values(batch_size=8, grad_accum=1, hidden_dim=512, n_heads=8, seq_len=256)
+    cfg = window.form.validated()
+    longest = longest_context(cfg, usable_bytes(FAKE_8GB["free_bytes"]))
+    assert 256 < longest < 65536 and longest % 256 == 0
+    hint = window.form.context_hint
+    assert hint.isVisibleTo(window.form)
+    assert hint.text() == f"fits up to {longest:,} tokens on this GPU"
+    window.form.set_values(seq_len=longest + 256)  # one step past it: warned before a start
+    assert hint.text().startswith(f"⚠ {longest + 256:,} will NOT fit")
+    assert f"fits up to {longest:,} tokens" in hint.text()
+    assert not window.estimate.fit.fits
+
+
+def test_on_the_cpu_the_context_hint_counts_free_ram(make_window, no_gpu):
+    window = make_window()
+    assert " GiB of free RAM" in window.form.context_hint.text()
 
 
 def test_check_gpu_shows_cores_report_off_the_gui_thread(make_window, qtbot, monkeypatch):

@@ -343,13 +343,24 @@ def test_chat_jsonl_is_described_in_the_form_and_trains_from_the_window(
     form.data.set_value(str(data))
     info = form.data_info.text()
     assert info.startswith("Chat data: 31 examples (prompt/completion 30, messages 1)")
-    assert "1 longer than the 128-token context (truncated)" in info and "answers only" in info
+    # the long one: 200 x's, ChatML's marks and "long", 265 bytes; a row holds 129
+    cut = (
+        "1 of 31 examples were longer than seq_len 128 and were cut (longest 265 tokens; "
+        "136 tokens lost); --drop-long drops them instead"
+    )
+    assert cut in info and "answers only" in info
     form.widgets["drop_long"].setChecked(True)
-    assert "1 longer than the 128-token context (dropped)" in form.data_info.text()
+    assert (
+        "1 of 31 examples were longer than seq_len 128 and were dropped (longest 265 tokens)"
+        in (form.data_info.text())
+    )
     result = run_to_end(qtbot, window, window.start)
     assert result["status"] == "finished"
     log = window.run_view.log_view.toPlainText()
-    assert "chat data: 29 training and 1 held-out examples; loss on answers only; 1 dropped" in log
+    assert (
+        "chat data: 29 training and 1 held-out examples; loss on answers only; 1 of 31 examples "
+        "were longer than seq_len 128 and were dropped (longest 265 tokens)" in log
+    )
 
 
 def test_finish_cools_the_lr_down_saves_and_ends_as_finished(make_window, qtbot):
