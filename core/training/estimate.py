@@ -137,9 +137,9 @@ def _saved_bytes_per_token_layer(
 def _score_bytes(cfg: TrainConfig, c: GPTConfig, rows: int, on_gpu: bool) -> int:
     """Attention's T x T scores held for the backward pass: the CPU's math kernel (taken
     with attention dropout: scores, probabilities, dropout mask and dropped probabilities,
-    13 bytes an entry measured; its flash kernel keeps none) and Gemma 2's soft-capped
-    attention and gpt-oss's sinks (as transformers' eager attention keeps them). Under checkpointing only the
-    block being recomputed holds them. Where the model runs attention in query chunks at
+    13 bytes an entry measured; its flash kernel keeps none), Gemma 2's soft-capped attention
+    and gpt-oss's sinks (as transformers' eager attention keeps them). Under checkpointing
+    only the block being recomputed holds them. Where the model runs attention in query chunks at
     this length, one chunk's rows of scores are what to count here."""
     score = (CPU_SCORE_BYTES if not on_gpu and cfg.dropout > 0 else 0) + (
         SOFTCAP_SCORE_BYTES if c.attn_softcap or c.attn_sinks else 0
