@@ -178,7 +178,8 @@ def test_full_fine_tuning_resumes_bitwise_and_exports_what_transformers_loads(tm
     for r in records:
         assert r["moe/layers"] == layers and r["moe/aux_loss"] > 0
         assert len(r["moe/expert_load"]) == len(layers)
-        assert all(sum(row) == pytest.approx(1.0) for row in r["moe/expert_load"])
+        # shares are written with six decimals
+        assert all(sum(row) == pytest.approx(1.0, abs=1e-5) for row in r["moe/expert_load"])
         assert r["moe/router_entropy"] > 0
     export(tmp_path / "straight", "hf", tmp_path / "hf", which="latest")
     from safetensors.torch import load_file
