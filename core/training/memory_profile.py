@@ -111,7 +111,10 @@ def _range_hooks(module, name: str):
     def leave(*_):
         stack.pop().__exit__(None, None, None)
 
-    return [module.register_forward_pre_hook(enter), module.register_forward_hook(leave)]
+    return [
+        module.register_forward_pre_hook(enter),
+        module.register_forward_hook(leave, always_call=True),
+    ]
 
 
 def _in_range(fn, name: str):
@@ -128,7 +131,8 @@ def static_bytes(model, optimizer) -> dict[str, float]:
     trained = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     states = sum(
         t.numel() * t.element_size()
-        for state in optimizer.state.values()
+        for opt in getattr(optimizer, "all", [optimizer])  # core.training.optim.Optimizers
+        for state in opt.state.values()
         for t in state.values()
         if isinstance(t, torch.Tensor)
     )
