@@ -13,13 +13,14 @@ here by hooks) or, in backward, by the forward op their autograd node belongs to
 from __future__ import annotations
 
 import bisect
-import contextlib
 import json
 import os
 import tempfile
 from dataclasses import dataclass, field
 
 import torch
+
+from core.models.labels import LABEL, labelled
 
 MB = 1024**2
 BASELINE = "Python and torch"
@@ -34,7 +35,6 @@ GRADS = "activation gradients"
 SLACK = "allocator slack"
 ORDER = (BASELINE, WEIGHTS, TRAINABLE, SAVED, RECOMPUTE, ATTENTION, MLP, LOSS, GRADS, SLACK)
 
-LABEL = "td:"  # the record_function ranges this module adds
 PHASES = ("forward", "backward", "optimizer")
 
 
@@ -70,59 +70,6 @@ def classify(scopes: list[str], phase: str) -> str:
         if scope == "block":
             return SAVED if phase == "forward" else RECOMPUTE
     return LOSS if phase == "forward" else GRADS
-
-
-@contextlib.contextmanager
-def labelled(model):
-    """Record-function ranges around every block, attention and MLP call of the model,
-    recomputations included (a tile's or chunk's too)."""
-    from core.models.model import MLP as MLPModule
-    from core.models.model import Block, SelfAttention
-
-    handles, patched = [], []
-    kinds = ((Block, "block"), (SelfAttention, "attention"), (MLPModule, "mlp"))
-    for m in model.modules():
-        for cls, name in kinds:
-            if isinstance(m, cls):
-                handles += _range_hooks(m, LABEL + name)
-        if isinstance(m, MLPModule):  # tiles call inner directly
-            patched.append((m, "inner", m.inner))
-            m.inner = _in_range(m.inner, LABEL + "mlp")
-        if isinstance(m, SelfAttention):  # chunks call _scores directly
-            patched.append((m, "_scores", m._scores))
-            m._scores = _in_range(m._scores, LABEL + "attention")
-    try:
-        yield
-    finally:
-        for h in handles:
-            h.remove()
-        for m, name, _ in patched:
-            delattr(m, name)
-
-
-def _range_hooks(module, name: str):
-    stack = []
-
-    def enter(*_):
-        rf = torch.autograd.profiler.record_function(name)
-        rf.__enter__()
-        stack.append(rf)
-
-    def leave(*_):
-        stack.pop().__exit__(None, None, None)
-
-    return [
-        module.register_forward_pre_hook(enter),
-        module.register_forward_hook(leave, always_call=True),
-    ]
-
-
-def _in_range(fn, name: str):
-    def run(*args, **kwargs):
-        with torch.autograd.profiler.record_function(name):
-            return fn(*args, **kwargs)
-
-    return run
 
 
 def static_bytes(model, optimizer) -> dict[str, float]:
