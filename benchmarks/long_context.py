@@ -135,7 +135,7 @@ def run_side(folder, tokens, side, seq, steps, threads, profile) -> dict:
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         tail = (out.stderr.strip().splitlines() or ["?"])[-1]
-        return {"side": side, "seq": seq, "error": tail}
+        return {"side": side, "seq": seq, "error": f"exit {out.returncode}: {tail}"}
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
