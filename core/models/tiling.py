@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch.utils.checkpoint import checkpoint
 
-# Tokens of one MLP tile; a forward with more tokens than this runs in tiles. At 2,048 tokens
+# Tokens of one MLP tile; a sequence longer than this runs its MLP in tiles. At 2,048 tokens
 # SmolLM2's SwiGLU intermediate (3 x 1536 wide) is 38 MB a tile in fp32.
 MLP_TILE_TOKENS = 2048
 # Queries of one attention chunk where attention would otherwise hold T x T numbers: at 1,024
@@ -86,5 +86,7 @@ def _attend_rows(attend, q, k, v, i: int, window, mask):
 
 
 def tiles(x: torch.Tensor, tile: int) -> bool:
-    """Whether a row-wise layer over x runs in tiles of `tile` tokens (0: never)."""
-    return bool(tile) and x.numel() // x.shape[-1] > tile and cutting()
+    """Whether a row-wise layer over x (B, T, D) runs in tiles of `tile` tokens (0: never):
+    where a sequence is longer than a tile. A batch of short sequences stays whole, as the
+    tiles' recomputation costs time that only long sequences need to spend."""
+    return bool(tile) and x.dim() > 2 and x.shape[-2] > tile and cutting()
