@@ -162,16 +162,17 @@ def batches(tokens_file: str, n: int, batch: int, seq: int):
     return out
 
 
-def traindeck_side(a) -> tuple:
-    """TrainDeck's model and optimizer as a run builds them; step(x, y) -> loss."""
+def traindeck_model(a) -> tuple:
+    """TrainDeck's (model, optimizer, config) as a run builds them. a.checkpointing (where
+    set): activation checkpointing."""
     import torch
-    import torch.nn.functional as F
 
     from core.config.spec import TrainConfig, validate
-    from core.models.lora import trainable_params
+    from core.platform import heap
     from core.training import inputs, optim
     from core.weights.loader import apply_pretrained, open_pretrained
 
+    heap.return_large_frees()  # as a run's setup does (inputs.set_switches)
     lora = a.mode != "full"
     extra = (
         {"lora_rank": a.rank, "lora_alpha": a.alpha, "lora_dropout": 0.0, "lora_targets": "all"}
@@ -190,6 +191,7 @@ def traindeck_side(a) -> tuple:
         dropout=0.0,
         tokenizer="model",
         base_bits=bits,
+        grad_checkpointing=getattr(a, "checkpointing", False),
         **extra,
     )
     pre = open_pretrained(a.model)
@@ -197,7 +199,17 @@ def traindeck_side(a) -> tuple:
     torch.manual_seed(0)
     model = inputs.build_model(cfg, pre, torch.device("cpu"), "fp32", lambda m: None)
     model.train()
-    opt = optim.make(model, cfg)
+    return model, optim.make(model, cfg), cfg
+
+
+def traindeck_side(a) -> tuple:
+    """TrainDeck's model and optimizer as a run builds them; step(x, y) -> loss."""
+    import torch
+    import torch.nn.functional as F
+
+    from core.models.lora import trainable_params
+
+    model, opt, cfg = traindeck_model(a)
     scaler = torch.amp.GradScaler("cuda", enabled=False)
     plain = a.side == "td-plain"
 
@@ -246,6 +258,9 @@ def peft_side(a) -> tuple:
             task_type="CAUSAL_LM",
         )
         model = get_peft_model(model, lc)
+    if getattr(a, "checkpointing", False):
+        model.config.use_cache = False
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [

@@ -29,6 +29,7 @@ from core.models.fused import Remake, rms_norm, signed_sin, swiglu
 from core.models.fused import rope as fused_rope
 from core.models.loss import lm_loss, sequence_logps, token_logps
 from core.models.moe import LoadMeter, MoE, aux_loss, is_sparse, records
+from core.models.tiling import ATTN_CHUNK_QUERIES, MLP_TILE_TOKENS, chunked_causal, tiled, tiles
 
 VOCAB_SIZE = 256  # bytes: no tokenizer to download
 NORMS = ("layernorm", "rmsnorm")
@@ -318,29 +319,52 @@ class SelfAttention(nn.Module):
             k = k.repeat_interleave(self.n_heads // self.n_kv, dim=1)
             v = v.repeat_interleave(self.n_heads // self.n_kv, dim=1)
         drop = self.dropout if self.training else 0.0
-        if causal and self.window is not None and q.shape[2] > self.window:
-            mask = window_mask(q.shape[2], self.window, q.device, mask)
-        if self.explicit:
-            sinks = getattr(self, "sinks", None)
-            y = explicit_attention(
-                q, k, v, causal and mask is None, mask, self.scale, self.softcap, sinks, drop
-            )
-        else:
-            # SDPA picks the flash / memory-efficient kernel on CUDA; with packed examples
-            # the mask (causal within each example) takes the place of is_causal. Grouped-
-            # query: fused, SDPA serves each k/v head to its q heads (no repeated k and v).
-            y = F.scaled_dot_product_attention(
+        t = q.shape[2]
+        window = self.window if causal and self.window is not None and t > self.window else None
+        if causal and k.shape[2] == t and self._holds_scores(mask, window, drop, q.device):
+            y = chunked_causal(
+                lambda q, k, v, m: self._scores(q, k, v, False, m, drop, gqa),
                 q,
                 k,
                 v,
-                attn_mask=mask,
-                dropout_p=drop,
-                is_causal=causal and mask is None,
-                enable_gqa=gqa and self.fused,
-                scale=self.scale,
+                ATTN_CHUNK_QUERIES,
+                window,
+                mask,
             )
+        else:
+            if window is not None:
+                mask = window_mask(t, window, q.device, mask)
+            y = self._scores(q, k, v, causal and mask is None, mask, drop, gqa)
         b, _, t, _ = y.shape
         return self.proj(y.transpose(1, 2).reshape(b, t, self.n_heads * self.hd))
+
+    def _holds_scores(self, mask, window, drop: float, device) -> bool:
+        """Whether attention would hold T x T numbers, and so runs in chunks of queries:
+        explicit attention (soft-capped scores, sinks) always; SDPA with a mask (packed
+        examples, a sliding window: the mask itself is T x T, and the CPU's kernel turns it
+        into T x T floats) or with dropout on the CPU (its math kernel). Causal SDPA without
+        them runs a flash kernel: O(T) memory."""
+        if self.explicit or mask is not None or window is not None:
+            return True
+        return drop > 0 and device.type == "cpu"
+
+    def _scores(self, q, k, v, causal: bool, mask, drop: float, gqa: bool):
+        if self.explicit:  # soft-capped scores, or gpt-oss's sinks: a row's softmax at a time
+            sinks = getattr(self, "sinks", None)
+            return explicit_attention(q, k, v, causal, mask, self.scale, self.softcap, sinks, drop)
+        # SDPA picks the flash / memory-efficient kernel on CUDA; with packed examples the
+        # mask (causal within each example) takes the place of is_causal. Grouped-query:
+        # fused, SDPA serves each k/v head to its q heads (no repeated k and v).
+        return F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            dropout_p=drop,
+            is_causal=causal,
+            enable_gqa=gqa and self.fused,
+            scale=self.scale,
+        )
 
     def forward(self, x, rope=None, mask=None):
         q, k, v = self._qkv(x, rope)
@@ -394,8 +418,15 @@ class MLP(nn.Module):
         self.fc = nn.Linear(c.hidden_dim, width, bias=c.mlp_bias)
         self.proj = nn.Linear(c.ffn_dim, c.hidden_dim, bias=c.mlp_bias)
         self.drop = nn.Dropout(c.dropout)
+        self.tile = MLP_TILE_TOKENS  # tokens a tile (core.models.tiling); 0: never tiled
 
     def forward(self, x, remake: Remake | None = None):
+        if tiles(x, self.tile):  # each tile kept as its input only, made again in backward
+            return self.drop(tiled(self.inner, x, self.tile))
+        return self.drop(self.inner(x, remake))
+
+    def inner(self, x, remake: Remake | None = None):
+        """proj(act(fc(x))), token by token: what tiling runs over tiles."""
         h = self.fc(x)
         if self.kind == "swiglu" and self.fused:
             gate_up = h
@@ -410,7 +441,7 @@ class MLP(nn.Module):
             h = F.gelu(gate, approximate="tanh") * up
         else:
             h = F.gelu(h, approximate="tanh" if self.kind == "gelu_tanh" else "none")
-        return self.drop(self.proj(h))
+        return self.proj(h)
 
 
 class Block(nn.Module):

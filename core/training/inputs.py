@@ -22,6 +22,7 @@ from core.data.windows import TokenData
 from core.errors import CheckpointError
 from core.models import lora, quant
 from core.models.model import GPT, GPTConfig
+from core.platform import heap
 from core.weights.loader import Pretrained, drop_pages
 
 
@@ -199,7 +200,8 @@ def _materialize(model: GPT, dtype: torch.dtype) -> None:
 
 
 def set_switches(cfg: TrainConfig, device: torch.device) -> None:
-    """Determinism, TF32 and the seeds, before the model is made."""
+    """Determinism, TF32, the C heap and the seeds, before the model is made."""
+    heap.return_large_frees()  # freed activations go back to the system (core.platform.heap)
     if cfg.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
