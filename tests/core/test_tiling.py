@@ -112,7 +112,14 @@ def test_tiles_keep_the_mlp_intermediate_from_existing_whole():
 @pytest.mark.numerics
 @pytest.mark.parametrize(
     "kind",
-    ["softcap", "softcap-window", "sdpa-packed", "sdpa-window-packed", "softcap-packed"],
+    [
+        "softcap",
+        "softcap-window",
+        "sdpa-packed",
+        "sdpa-window-packed",
+        "softcap-packed",
+        "sinks-window",
+    ],
 )
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_chunked_attention_equals_the_whole(kind, checkpointing, monkeypatch):
@@ -120,10 +127,15 @@ def test_chunked_attention_equals_the_whole(kind, checkpointing, monkeypatch):
     options = dict(positions="rope", norm="rmsnorm", mlp="geglu", grad_checkpointing=checkpointing)
     if "softcap" in kind:
         options |= dict(attn_softcap=20.0, attn_scale=0.3)
+    if "sinks" in kind:  # gpt-oss: a learned sink logit per head in each row's softmax
+        options |= dict(attn_sinks=True)
     if "window" in kind:
         options |= dict(sliding_window=7, layer_types=["sliding_attention", "full_attention"])
     model = GPT(config(**options))
     model.train()
+    for name, p in model.named_parameters():
+        if name.endswith("sinks"):  # away from their zero start, so they weigh in
+            p.data.normal_()
     idx = torch.randint(0, 50, (2, 41))
     segments = None
     if "packed" in kind:
