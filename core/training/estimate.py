@@ -22,6 +22,7 @@ from core.models.params import (
     shape_key,
     shape_params,
 )
+from core.models.tiling import ATTN_CHUNK_QUERIES, MLP_TILE_TOKENS
 from core.platform.device import pick_precision
 from core.training import objectives
 
@@ -109,11 +110,17 @@ def _act_bytes(precision: str) -> int:
 
 
 def _saved_bytes_per_token_layer(
-    c: GPTConfig, dropout: float, precision: str, fused: bool = False, lora: str = ""
+    c: GPTConfig,
+    dropout: float,
+    precision: str,
+    fused: bool = False,
+    lora: str = "",
+    tiled: bool = False,
 ) -> float:
     """Bytes autograd keeps per token per block for the backward pass. fused: a fine-tune's
     model (core.models.fused), which remakes the norms' and SwiGLU's outputs in backward;
-    lora: its LoRA targets, whose inputs the adapters keep for their gradients."""
+    lora: its LoRA targets, whose inputs the adapters keep for their gradients; tiled: the
+    MLP runs in checkpointed tiles (core.models.tiling), which keep only their input."""
     d, e = c.hidden_dim, _act_bytes(precision)
     q, kv, ffn = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, _token_ffn(c)
     fp32_residual = 2 * 4 * d  # norm inputs: the residual stream stays fp32 under autocast
@@ -130,8 +137,23 @@ def _saved_bytes_per_token_layer(
         # LoRA rows 7-15% under without it (docs/performance.md).
         attn_in, mlp_in = e * d, e * (d + ffn)
         matmul_inputs = {"attn": attn_in, "mlp": mlp_in, "all": attn_in + mlp_in}.get(lora, 0)
+    if tiled:  # the MLP's inputs and intermediates live one tile at a time (mlp_tile_bytes)
+        matmul_inputs = e * (d + q) if not fused else min(matmul_inputs, e * d)
+        mlp = e * d
     dropout_masks = 3 * d if dropout > 0 else 0  # one byte per element
     return fp32_residual + matmul_inputs + attention + mlp + dropout_masks
+
+
+def mlp_tiled(cfg: TrainConfig) -> bool:
+    """Whether the model runs its MLPs in tiles at this context (core.models.model.MLP)."""
+    return cfg.seq_len > MLP_TILE_TOKENS and not cfg.compile
+
+
+def _mlp_tile_bytes(c: GPTConfig, precision: str) -> int:
+    """One tile's MLP, made again in backward: its inputs, intermediates and their
+    gradients."""
+    e, ffn = _act_bytes(precision), _token_ffn(c)
+    return MLP_TILE_TOKENS * e * (c.hidden_dim + 6 * ffn)
 
 
 def _score_bytes(cfg: TrainConfig, c: GPTConfig, rows: int, on_gpu: bool) -> int:
@@ -144,6 +166,8 @@ def _score_bytes(cfg: TrainConfig, c: GPTConfig, rows: int, on_gpu: bool) -> int
     score = (CPU_SCORE_BYTES if not on_gpu and cfg.dropout > 0 else 0) + (
         SOFTCAP_SCORE_BYTES if c.attn_softcap or c.attn_sinks else 0
     )
+    if cfg.seq_len > ATTN_CHUNK_QUERIES:  # checkpointed chunks: one chunk's rows at a time
+        return int(rows * c.n_heads * ATTN_CHUNK_QUERIES * cfg.seq_len * score)
     held = 1 if cfg.grad_checkpointing else c.n_layers
     return int(held * rows * c.n_heads * cfg.seq_len**2 * score)
 
@@ -248,10 +272,13 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
     fused = bool(cfg.init_from)  # a fine-tune's model (GPTConfig.from_train with a base)
     # LoRA's kept inputs: measured on the CPU; a GPU keeps its constants until measured
     lora = cfg.lora_targets if cfg.lora_rank and not on_gpu else ""
-    per_layer = _saved_bytes_per_token_layer(c, cfg.dropout, precision, fused, lora) * tokens
+    tiled = mlp_tiled(cfg)
+    per_layer = _saved_bytes_per_token_layer(c, cfg.dropout, precision, fused, lora, tiled) * tokens
     # The backward's activation gradients and remade tensors are as large as the plain
     # block's saved activations, whatever the forward kept.
-    grad_layer = _saved_bytes_per_token_layer(c, cfg.dropout, precision) * tokens
+    grad_layer = _saved_bytes_per_token_layer(c, cfg.dropout, precision, tiled=tiled) * tokens
+    if tiled:
+        grad_layer += _mlp_tile_bytes(c, precision)
     if cfg.grad_checkpointing:
         # Only each block's fp32 input is kept; one block is recomputed at a time.
         activations = c.n_layers * 4 * d * tokens + per_layer
