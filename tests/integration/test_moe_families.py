@@ -104,7 +104,7 @@ def test_transformers_fused_layout_loads_too(tmp_path, family):
     assert_logits_equal(load(fused).model, hf_model, tok(PROMPT)["input_ids"])
 
 
-@pytest.mark.parametrize("family", MOE_FAMILIES)
+@pytest.mark.parametrize("family", [*MOE_FAMILIES, "gpt_oss"])
 def test_aux_loss_equals_transformers_output_router_logits(tmp_path, family):
     hf_model, tok = make_model(
         tmp_path, family, output_router_logits=True, router_aux_loss_coef=0.05
