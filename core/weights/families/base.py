@@ -73,6 +73,15 @@ def moe_options(hf: dict, source: str, n_experts: int, sparse: list[int], **extr
     }
 
 
+def stepped_sparse_layers(hf: dict, n_experts: int) -> list[int]:
+    """The Qwen MoEs' sparse layers: every decoder_sparse_step-th layer, less those
+    mlp_only_layers keeps dense (none without experts)."""
+    step = hf.get("decoder_sparse_step", 1)
+    dense = set(hf.get("mlp_only_layers") or ())
+    layers = range(hf["num_hidden_layers"])
+    return [i for i in layers if n_experts > 0 and i not in dense and (i + 1) % step == 0]
+
+
 def expert_rows(c: GPTConfig, prefix: str, names: tuple[str, str, str], gate: str) -> list[Row]:
     """The rows of every sparse layer's router and experts in a per-expert checkpoint.
     prefix: the layer's MoE module ("model.layers.{i}.mlp."), names: each expert's gate, up

@@ -16,15 +16,13 @@ from core.weights.families.base import (
     moe_options,
     no_gguf_experts,
     sparse_layers,
+    stepped_sparse_layers,
 )
 
 
 def config(hf: dict, source: str) -> GPTConfig:
     n = hf.get("num_experts", hf.get("num_local_experts", 0))
-    step = hf.get("decoder_sparse_step", 1)
-    dense = set(hf.get("mlp_only_layers") or ())
-    layers = range(hf["num_hidden_layers"])
-    sparse = [i for i in layers if n > 0 and i not in dense and (i + 1) % step == 0]
+    sparse = stepped_sparse_layers(hf, n)
     moe = moe_options(
         hf,
         source,

@@ -15,18 +15,13 @@ from core.weights.families.base import (
     llama_table,
     moe_options,
     no_gguf_experts,
+    stepped_sparse_layers,
 )
 
 
 def config(hf: dict, source: str) -> GPTConfig:
     n = hf.get("num_experts", hf.get("num_local_experts", 0))
-    step = hf.get("decoder_sparse_step", 1)
-    dense = set(hf.get("mlp_only_layers") or ())
-    sparse = [
-        i
-        for i in range(hf["num_hidden_layers"])
-        if n > 0 and i not in dense and (i + 1) % step == 0
-    ]
+    sparse = stepped_sparse_layers(hf, n)
     moe = moe_options(hf, source, n, sparse, expert_dim=hf["moe_intermediate_size"])
     return dataclasses.replace(qwen3.config(hf, source), moe=moe if sparse else None)
 
