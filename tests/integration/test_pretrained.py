@@ -3,6 +3,7 @@ must load with equal logits and greedy text, fine-tune, and export back to trans
 
 from __future__ import annotations
 
+import gc
 import json
 import shutil
 from pathlib import Path
@@ -268,16 +269,17 @@ def test_a_pickled_only_folder_loads_plain_weights_and_refuses_code(models, tmp_
         load(folder)
 
 
-def resident_kib(path) -> int:
-    """Resident KiB of this process's mappings of path (Linux's /proc/self/smaps)."""
-    total, inside = 0, False
+def file_mappings(path) -> dict[str, int]:
+    """Resident KiB of each of this process's mappings of path, by address range (Linux's
+    /proc/self/smaps)."""
+    out, current = {}, None
     for line in Path("/proc/self/smaps").read_text().splitlines():
         fields = line.split()
         if "-" in fields[0] and not fields[0].endswith(":"):
-            inside = len(fields) > 5 and fields[5] == str(path)
-        elif inside and fields[0] == "Rss:":
-            total += int(fields[1])
-    return total
+            current = fields[0] if len(fields) > 5 and fields[5] == str(path) else None
+        elif current and fields[0] == "Rss:":
+            out[current] = out.get(current, 0) + int(fields[1])
+    return out
 
 
 @pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="Linux's /proc only")
@@ -288,8 +290,11 @@ def test_loading_keeps_no_file_pages_the_model_does_not_use(models):
 
     folder, hf_model, tok = models["qwen3"]
     weights = (folder / "model.safetensors").resolve()
+    gc.collect()
+    before = set(file_mappings(weights))  # earlier tests' maps not yet collected
     model = open_pretrained(folder).load_model()
-    assert resident_kib(weights) == 0
+    ours = {k: v for k, v in file_mappings(weights).items() if k not in before}
+    assert ours and sum(ours.values()) == 0
     ids = torch.tensor([tok("def add(a, b): hello")["input_ids"]])
     with torch.no_grad():
         assert torch.allclose(model(ids)[0], hf_model(ids).logits, atol=1e-4)
