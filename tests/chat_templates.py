@@ -79,6 +79,9 @@ REAL = {
     ),
     "granite4": Model("ibm-granite-granite-4.0-micro.jinja", eos="<|end_of_text|>", kind="granite"),
     "gpt-oss": Model("openai-gpt-oss-120b.jinja", eos="<|return|>", kind="harmony"),
+    "qwen3.5": Model("Qwen-Qwen3.5-35B-A3B.jinja", eos="<|im_end|>", kind="qwen3_5"),
+    "gemma4-31b": Model("google-gemma-4-31B-it.jinja", "<bos>", "<eos>", True, kind="gemma4"),
+    "gemma4-e2b": Model("google-gemma-4-E2B-it.jinja", "<bos>", "<eos>", True, kind="gemma4"),
 }
 
 

@@ -320,7 +320,12 @@ def _index(x, *keys):
     return x
 
 
-_FUNCS = {"eq": _eq, "ne": _ne, "len": _len, "slice": _slice, "index": _index}
+def _gt(a, b):
+    _same_kind(a, b)
+    return a > b
+
+
+_FUNCS = {"eq": _eq, "ne": _ne, "gt": _gt, "len": _len, "slice": _slice, "index": _index}
 
 
 def _format(value) -> str:

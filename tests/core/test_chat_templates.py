@@ -256,6 +256,8 @@ END_MARKS = {
     "granite": "<|end_of_text|>",
     "mistral_small": "</s>",
     "harmony": "<|return|>",
+    "qwen3_5": "<|im_end|>",
+    "gemma4": "<turn|>",
 }
 # gpt-oss: an earlier answer's <|end|> stands where the model wrote <|return|> (the template
 # writes <|return|> after a last answer only), so nothing after its text is trained.

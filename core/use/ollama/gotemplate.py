@@ -83,10 +83,12 @@ def _either(lay: Layout, tools: str | None, plain: str, when: str = "$.Tools") -
 
 def turns_template(fmt, lay: Layout) -> str:
     """The Go template of a turn-by-turn layout of format fmt; with the template's
-    enable_thinking=False form (think_off), that one for a request with think set to false."""
+    enable_thinking=False form (think_off), that one for a request with think set to false
+    (or, for a template that thinks only when asked, not set to true)."""
     if lay.think_off is None:
         return _turns(fmt, lay).text()
-    t = Lines("{{- if and $.IsThinkSet (not $.Think) }}")
+    off = "(not $.Think)" if lay.think_asked else "(and $.IsThinkSet (not $.Think))"
+    t = Lines(f"{{{{- if {off} }}}}")
     t.extend(_turns(fmt, lay.think_off))
     t.line("{{- else }}")
     t.extend(_turns(fmt, lay))

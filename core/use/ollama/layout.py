@@ -38,6 +38,8 @@ class Layout:
     think: (open, close) around .Thinking in a last answer; think_always: the template writes
         the block even without reasoning (Qwen3).
     think_off: the layout the template has with enable_thinking=False, where it differs.
+    think_asked: the template thinks only when asked (enable_thinking=True; Gemma 4), so
+        think_off is its default, the TEMPLATE's when a request's think is not true.
     tools: the template takes tools (the TEMPLATE names .Tools); tool_sep and the tools_*
         pieces: the same pieces with the tool list (_TOOLS) in them, None where the template
         writes no tools there; tool_calls: tool calls and results are written (in the form of
@@ -66,6 +68,7 @@ class Layout:
     think: tuple | None = None
     think_always: bool = False
     think_off: Layout | None = None
+    think_asked: bool = False
     tools: bool = False
     tool_sep: str = ""
     tools_default_turn: str | None = None

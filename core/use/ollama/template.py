@@ -56,20 +56,23 @@ def layout(
         return fmt.canonical
     tokens = {"bos_token": bos_token, "eos_token": eos_token}
     found = _checked(fmt, jinja_template, tokens, add_bos)
-    if _thinking_switch(jinja_template, tokens):
+    if _thinking_switch(jinja_template, tokens, False):  # thinks unless told not to (Qwen3)
         off = _checked(fmt, jinja_template, {**tokens, "enable_thinking": False}, add_bos)
         found = replace(found, think_off=replace(off, think_off=None))
+    elif _thinking_switch(jinja_template, tokens, True):  # thinks only when asked (Gemma 4)
+        on = _checked(fmt, jinja_template, {**tokens, "enable_thinking": True}, add_bos)
+        found = replace(on, think_off=found, think_asked=True)
     return found
 
 
-def _thinking_switch(jinja_template: str, tokens: dict) -> bool:
-    """Whether enable_thinking=False changes what the template renders (Qwen3, SmolLM3)."""
+def _thinking_switch(jinja_template: str, tokens: dict, value: bool) -> bool:
+    """Whether enable_thinking=value changes what the template renders by default."""
     if "enable_thinking" not in jinja_template:
         return False
     try:
         return any(
             jinja_prompt(jinja_template, m, **tokens, strftime_now=_date)
-            != jinja_prompt(jinja_template, m, **tokens, enable_thinking=False, strftime_now=_date)
+            != jinja_prompt(jinja_template, m, **tokens, enable_thinking=value, strftime_now=_date)
             for m in CHECKS
         )
     except TemplateError:

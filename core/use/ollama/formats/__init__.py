@@ -10,6 +10,7 @@ from core.use.ollama.formats import (
     chatml,
     deepseek,
     gemma,
+    gemma4,
     granite,
     harmony,
     llama3,
@@ -18,6 +19,7 @@ from core.use.ollama.formats import (
     mistral_small,
     phi,
     plain,
+    qwen3_5,
 )
 from core.use.ollama.formats.base import ChatFormat
 
@@ -26,11 +28,13 @@ __all__ = ["FORMATS", "ChatFormat", "get"]
 # Listed in this order in messages; plain (no template) last.
 _ORDER = (
     chatml,
+    qwen3_5,
     llama3,
     llama4,
     mistral,
     mistral_small,
     gemma,
+    gemma4,
     phi,
     granite,
     deepseek,

@@ -57,6 +57,17 @@ class ChatFormat:
     def go_template(self, lay: Layout) -> str:
         return turns_template(self, lay)
 
+    def renderer(self, lay: Layout) -> str:
+        """Ollama's built-in renderer for this layout (the Modelfile's RENDERER, which Ollama
+        then uses instead of the TEMPLATE); "": none, the TEMPLATE renders."""
+        return ""
+
+    def parser(self, lay: Layout) -> str:
+        """Ollama's built-in output parser for this layout (the Modelfile's PARSER): it reads
+        the model's reasoning and tool calls back out of what it writes; "": Ollama's generic
+        one, which reads them by the TEMPLATE's tags and JSON."""
+        return ""
+
     def takes_system(self, lay: Layout) -> bool:
         """Whether the layout has a place for a system prompt."""
         return lay.system_open is not None

@@ -29,6 +29,7 @@ FORMAT = ChatML(
     markers=("<|im_start|>", "<|im_end|>"),
     role_marks=("<|im_start|>user", "<|im_start|>assistant"),
     stops=("<|im_end|>", "<|im_start|>"),
+    excludes=("<function=",),  # Qwen3.5's XML tool calls
     canonical=turns(
         "chatml",
         "<|im_start|>user\n",
