@@ -25,7 +25,20 @@ def export_ollama(loaded: Loaded, folder: Path, quant: str, system, log, progres
     name = ollama.formats.get(lay.kind).display
     log(f"ollama: Modelfile with the {name} template, stop at {', '.join(stops)}")
     caps = ollama.capabilities(lay)
-    if caps:  # recent Ollama uses the GGUF's own template when the TEMPLATE has fewer
+    fmt = ollama.formats.get(lay.kind)
+    renderer, parser = fmt.renderer(lay), fmt.parser(lay)
+    if renderer:  # Ollama renders with its own code and never reads the TEMPLATE
+        log(
+            f"ollama: Ollama renders prompts with its built-in {renderer} renderer (RENDERER) "
+            f"and reads thinking and tool calls with its {parser} parser (PARSER); the "
+            "TEMPLATE is kept for reference only"
+        )
+    elif parser:
+        log(
+            f"ollama: Ollama reads thinking and tool calls out of the replies with its "
+            f"built-in {parser} parser (PARSER); the TEMPLATE renders the prompts"
+        )
+    if caps and not renderer:  # recent Ollama prefers the GGUF's template if it has more
         log(
             f"ollama: the TEMPLATE takes {' and '.join(caps)} as the model's template does, "
             "so Ollama uses it rather than the GGUF's template"
@@ -33,7 +46,14 @@ def export_ollama(loaded: Loaded, folder: Path, quant: str, system, log, progres
     differences = ollama.differences(lay, tok.chat_template or "")
     for line in differences:
         log(f"ollama: differs from the model's template: {line}")
-    return {**report, "template": lay.kind, "stops": stops, "differences": differences}
+    return {
+        **report,
+        "template": lay.kind,
+        "stops": stops,
+        "renderer": renderer,
+        "parser": parser,
+        "differences": differences,
+    }
 
 
 def ollama_create(name: str, folder: Path) -> str:

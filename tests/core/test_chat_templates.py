@@ -287,3 +287,32 @@ def test_every_family_masks_each_answer_and_its_end_mark(name):
         assert not any(x["content"] in piece for x in messages if x["role"] == "user")
     between = text[: spans[0][0]] + text[spans[0][1] : spans[1][0]]
     assert all(x["content"] in between for x in messages if x["role"] == "user")
+
+
+# What a generation prompt ends with, thinking on and off, as each template writes it.
+THINKING_PROMPTS = {
+    "qwen3.5": {True: "<|im_start|>assistant\n<think>\n", False: "<think>\n\n</think>\n\n"},
+    "gemma4-31b": {True: "<|turn>model\n", False: "<|turn>model\n<|channel>thought\n<channel|>"},
+    "gemma4-e2b": {True: "<|turn>model\n", False: "<turn|>\n<|turn>model\n"},
+}
+
+
+@pytest.mark.parametrize("thinking", [True, False])
+@pytest.mark.parametrize("name", THINKING_PROMPTS)
+def test_thinking_on_and_off_render_and_mask_as_transformers(name, thinking):
+    """Qwen3.5's and Gemma 4's templates with enable_thinking on and off: the chat data text
+    and its answers-only mask, and the generation prompt, as transformers renders them."""
+    model = REAL[name]
+    tokens = {"bos_token": model.bos, "eos_token": model.eos, "enable_thinking": thinking}
+    messages = [*SHAPES["multi-turn"], m("assistant", "Green.")]
+    text, spans = chat.answer_spans(model.template, messages, None, **tokens)
+    assert text == transformers_whole(model, messages, enable_thinking=thinking)
+    answers = [x["content"] for x in messages if x["role"] == "assistant"]
+    for (a, b), answer in zip(spans, answers, strict=True):
+        assert answer in text[a:b] and text[a:b].rstrip("\n").endswith(END_MARKS[model.kind])
+        assert not any(x["content"] in text[a:b] for x in messages if x["role"] != "assistant")
+    prompt = chat.render(model.template, messages[:-1], True, **tokens)
+    flag = {"enable_thinking": thinking}
+    want = transformers_prompt(model.template, messages[:-1], model.bos, model.eos, **flag)
+    assert prompt == want and prompt.endswith(THINKING_PROMPTS[name][thinking])
+    assert ("<|think|>" in prompt) == (thinking and model.kind == "gemma4")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import pytest
-from chat_templates import SYS, m
+from chat_templates import REAL, SYS, m
 from gotemplate import GoTemplateError, go_available, go_prompt, identifiers, ollama_prompt
 from gotemplate import render as go_render
 
@@ -805,6 +805,29 @@ def test_modelfile_lines_and_quoting():
     assert [v for c, v in commands if c == "stop"] == stops
     assert dict(commands)["system"] == system
     assert text.endswith("\n")
+
+
+@pytest.mark.parametrize(
+    "name, renderer, parser",
+    [
+        ("qwen3", None, None),
+        ("qwen3.5", None, "qwen3.5"),
+        ("gemma4-31b", "gemma4-large", "gemma4"),
+        ("gemma4-e2b", "gemma4-small", "gemma4"),
+    ],
+)
+def test_modelfile_names_ollamas_own_renderer_and_parser(name, renderer, parser):
+    """Ollama renders Gemma 4 with its own code (set on create for a gemma4 GGUF, the wrong
+    size's without a RENDERER line: 26B/31B end the prompt with an empty thought channel,
+    E2B/E4B do not), and reads Qwen3.5's XML tool calls only with its qwen3.5 parser."""
+    model = REAL[name]
+    stops = ollama.stop_tokens(ollama.template_kind(model.template))
+    text = ollama.modelfile(
+        "model.gguf", model.template, stops, bos_token=model.bos, add_bos=model.add_bos
+    )
+    commands = dict(parse_modelfile(text))
+    assert commands.get("renderer") == renderer and commands.get("parser") == parser
+    assert [v for c, v in parse_modelfile(text) if c == "stop"] == stops
 
 
 @pytest.mark.parametrize(

@@ -89,19 +89,24 @@ def test_python_renderer_agrees(name, shape):
 
 
 @needs_go
-@pytest.mark.parametrize("name", ["qwen3", "smollm3"])
+@pytest.mark.parametrize("name", ["qwen3", "smollm3", "qwen3.5", "gemma4-31b", "gemma4-e2b"])
 def test_think_off_renders_the_templates_enable_thinking_false(name):
+    """A request's think false/true renders the template's enable_thinking False/True; unset,
+    the template's own default (Qwen3.5 thinks, Gemma 4 does not)."""
     model = REAL[name]
     template = template_of(model)
     for shape, messages in SHAPES.items():
         off = go_prompt(template, messages, think=False, is_think_set=True)
         assert off == wanted(model, messages, enable_thinking=False), shape
         on = go_prompt(template, messages, think=True, is_think_set=True)
-        assert on == wanted(model, messages), shape
+        assert on == wanted(model, messages, enable_thinking=True), shape
+        assert go_prompt(template, messages) == wanted(model, messages), shape
 
 
 @needs_go
-@pytest.mark.parametrize("name", ["qwen3", "deepseek-r1-distill", "smollm3"])
+@pytest.mark.parametrize(
+    "name", ["qwen3", "deepseek-r1-distill", "smollm3", "qwen3.5", "gemma4-31b"]
+)
 def test_a_continued_answer_keeps_its_thinking(name):
     model = REAL[name]
     lay = ollama.layout(
@@ -161,6 +166,8 @@ def test_ollama_keeps_the_template(name):
     assert not ollama_prefers_gguf_template(model.template, out)
     if ollama.has_thinking(model.template):
         assert (out["think_open"], out["think_close"]) == ("<think>", "</think>")
+    if model.kind == "gemma4":  # thinking on the thought channel, which Ollama infers too
+        assert (out["think_open"], out["think_close"]) == ("<|channel>thought", "<channel|>")
 
 
 # -- Tools ------------------------------------------------------------------------------------
@@ -217,6 +224,7 @@ def as_transformers_writes(text: str, values=(TOOL, ARGS)) -> str:
         "llama4",
         "granite4",
         "mistral-small-3.1",
+        "qwen3.5",
     ],
 )
 @pytest.mark.parametrize("with_system", [False, True])
@@ -243,6 +251,25 @@ def test_tool_calls_and_results_render_as_the_models_template(name, with_system)
     ]
     got = go_prompt(template_of(model), go_msgs, tools=[TOOL])
     assert got == want
+
+
+@needs_go
+@pytest.mark.parametrize("reasoning", ["", "Look it up."])
+def test_qwen35_keeps_the_think_block_of_a_call_after_the_last_question(reasoning):
+    """Qwen3.5's template writes the <think> block (empty or not) of every answer after the
+    last user message, so an agent loop's tool call keeps it up to the next prompt."""
+    model = REAL["qwen3.5"]
+    call = {"function": {"name": "get_weather", "arguments": ARGS}}
+    answer = {"role": "assistant", "content": "", "tool_calls": [call]}
+    start = [m("system", "Use tools."), m("user", "Weather in Paris?")]
+    result = {"role": "tool", "content": '{"temp": 21}'}
+    jinja_msgs = [*start, {**answer, "reasoning_content": reasoning}, result]
+    want = as_transformers_writes(transformers_text(model, jinja_msgs, tools=[TOOL]))
+    got = go_prompt(
+        template_of(model), [*start, {**answer, "thinking": reasoning}, result], tools=[TOOL]
+    )
+    assert got == want
+    assert f"<think>\n{reasoning}\n</think>\n\n<tool_call>" in got
 
 
 @needs_go

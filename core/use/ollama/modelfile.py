@@ -1,5 +1,6 @@
-"""The Modelfile: FROM the GGUF, the TEMPLATE, one PARAMETER stop per stop string and an
-optional SYSTEM, each quoted so that Ollama's parser reads it back unchanged."""
+"""The Modelfile: FROM the GGUF, the TEMPLATE, Ollama's RENDERER and PARSER where the format
+has them, one PARAMETER stop per stop string and an optional SYSTEM, each quoted so that
+Ollama's parser reads it back unchanged."""
 
 from __future__ import annotations
 
@@ -77,6 +78,13 @@ def modelfile(
         f"FROM {_quote(source, 'GGUF file name', 'bdt')}",
         f"TEMPLATE {_quote(go_template(lay), 'chat template', 'td')}",
     ]
+    fmt = get(lay.kind)
+    # Ollama's own renderer and parser where it has them for the format: the TEMPLATE gives
+    # way to a RENDERER; a PARSER reads the reasoning and tool calls out of the replies.
+    if fmt.renderer(lay):
+        lines.append(f"RENDERER {fmt.renderer(lay)}")
+    if fmt.parser(lay):
+        lines.append(f"PARSER {fmt.parser(lay)}")
     lines += [f"PARAMETER stop {_quote(s, 'stop string', 'dt')}" for s in stops]
     if system:
         lines.append(f"SYSTEM {_quote(system, 'system prompt', 'td')}")

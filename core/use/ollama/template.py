@@ -174,7 +174,8 @@ def differences(lay: Layout, jinja_template: str = "") -> list[str]:
             "the system prompt joins the user message the template puts it in only "
             "when the conversation opens with it"
         )
-    if lay.tools:
+    unwritten = fmt.tools_unwritten and lay.tool_calls is None  # its notes say what is lost
+    if lay.tools and not unwritten:
         notes.append(
             "tool definitions and call arguments are Ollama's compact JSON; the "
             "model's template writes Python's spaced JSON (tojson)"
@@ -184,7 +185,7 @@ def differences(lay: Layout, jinja_template: str = "") -> list[str]:
                 "the model's template shows no tool definitions when given tools; "
                 "neither does the TEMPLATE (it names .Tools so Ollama keeps it)"
             )
-        if lay.tool_calls is None:
+        if lay.tool_calls is None and not unwritten:
             notes.append(
                 "tool calls in earlier answers are not written (the model's template "
                 "does not write them either)"

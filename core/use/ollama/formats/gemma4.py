@@ -57,7 +57,5 @@ FORMAT = Gemma4(
         "tool definitions, calls and results are not written (Gemma 4 writes them in its own "
         "declaration:/call: syntax); Ollama's gemma4 renderer, which the Modelfile names and "
         "Ollama uses instead of the TEMPLATE, writes them",
-        "reasoning is written only in a last, continued answer (the thought channel); the "
-        "model's template also keeps it in answers after the last user message",
     ),
 )

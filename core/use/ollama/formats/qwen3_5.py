@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from core.use.ollama.formats.base import ChatFormat
 from core.use.ollama.formats.chatml import FORMAT as CHATML
 from core.use.ollama.formats.chatml import ChatML
 from core.use.ollama.gotemplate import LAST_USER, text
