@@ -156,18 +156,29 @@ def template_of(tokenizer) -> str:
 
 
 REASONING_NOTE = (
-    "chat: the model's chat template drops the <think> reasoning from every answer; TrainDeck "
+    "chat: the model's chat template drops the reasoning (<think> or thought channel) from "
+    "every answer; TrainDeck "
     "keeps it in each conversation's last answer (as Qwen3's template does), so the model "
     "learns to reason; earlier answers lose theirs, as the template writes them"
 )
 _KEPT = "TrainDeckKeptReasoning{}"  # stands for a kept answer while the template renders
+# How an answer's text holds its reasoning: a <think> block (Qwen, DeepSeek-R1, SmolLM3), or
+# Gemma 4's thought channel, which its template strips from every answer's text.
+_REASONING_MARKS = (("<think>", "</think>"), ("<|channel>", "<channel|>"))
 
 
 def _reasoning(content: str) -> str:
-    """The text of an answer's <think> block ("" without one)."""
-    if "</think>" not in content:
-        return ""
-    return content.split("</think>")[0].split("<think>")[-1].strip()
+    """The text of an answer's reasoning block ("" without one)."""
+    for start, end in _REASONING_MARKS:
+        if end in content:
+            return content.split(end)[0].split(start)[-1].strip()
+    return ""
+
+
+def _after_reasoning(content: str) -> str | None:
+    """An answer's text after its reasoning block (None without one)."""
+    ends = [end for _, end in _REASONING_MARKS if end in content]
+    return content.split(ends[0])[-1] if ends else None
 
 
 def _keep_last_reasoning(template: str, messages: list[dict], tokens: dict) -> dict:
@@ -231,15 +242,17 @@ def _turn_end(following: str, written: str) -> int:
     return n
 
 
-def _answer_at(text: str, content: str, cursor: int) -> tuple[int, int]:
-    """Where an answer's text lies in the rendered conversation, from cursor on: the whole
-    content, else (reasoning dropped by the template) what follows its </think>."""
+def _answer_at(text: str, content: str, cursor: int, prompt_end: int) -> tuple[int, int]:
+    """Where an answer's text lies in the rendered conversation, after cursor and reaching
+    past prompt_end (where the generation prompt stops matching: inside the answer where the
+    prompt opens a reasoning block the answer fills, Gemma 4's): the whole content, else
+    (reasoning dropped by the template) what follows its reasoning block."""
     variants = [content]
-    if "</think>" in content:
-        after = content.split("</think>")[-1]
+    after = _after_reasoning(content)
+    if after is not None:
         variants += [after, after.lstrip("\n"), after.strip()]
     for v in variants:
-        at = text.find(v, cursor) if v else -1
+        at = text.find(v, max(cursor, prompt_end - len(v) + 1)) if v else -1
         if at >= 0:
             return at, at + len(v)
     raise TemplateError("chat template: an assistant answer does not appear in the rendered text")
@@ -279,7 +292,7 @@ def answer_spans(
         except TemplateError:  # e.g. a template that needs a user turn first
             before, upto = "", None
         # The answer is looked for where the generation prompt stops matching the text.
-        a0, a1 = _answer_at(text, message["content"], max(cursor, _common(before, text)))
+        a0, a1 = _answer_at(text, message["content"], cursor, _common(before, text))
         start = (
             len(before)
             if before and text.startswith(before) and cursor <= len(before) <= a1

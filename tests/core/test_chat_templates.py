@@ -166,16 +166,37 @@ def test_deepseek_keeps_the_last_answers_reasoning_and_masks_it(tmp_path):
     assert all_ids.tolist() == ids.tolist() and everything.all()
 
 
-def test_a_template_that_keeps_reasoning_is_left_alone():
-    """Qwen3 keeps the last answer's reasoning itself: nothing replaced, no note."""
-    model = REAL["qwen3"]
+@pytest.mark.parametrize("name", ["qwen3", "qwen3.5"])
+def test_a_template_that_keeps_reasoning_is_left_alone(name):
+    """Qwen3 and Qwen3.5 keep the last answer's reasoning themselves: nothing replaced, no
+    note (Qwen3.5 writes an empty <think> block in no earlier answer)."""
+    model = REAL[name]
     notes = set()
     text, spans = chat.answer_spans(model.template, REASONED, notes)
     assert not notes and text == transformers_whole(model, REASONED)
-    assert text[spans[-1][0] : spans[-1][1]] == (
-        "<think>\nThree and three make six.\n</think>\n\n6<|im_end|>\n"
+    assert text[spans[-1][0] : spans[-1][1]].endswith(
+        "Three and three make six.\n</think>\n\n6<|im_end|>\n"
     )
     assert text[spans[0][0] : spans[0][1]] == "4<|im_end|>\n"  # its reasoning is gone
+
+
+def test_gemma4_keeps_the_last_answers_thought_channel_and_masks_it():
+    """Gemma 4's template strips the thought channel from every answer's text; TrainDeck
+    keeps it in the last answer (and says so), masked with the answer."""
+    model = REAL["gemma4-31b"]
+    thought = [
+        m("user", "What is 2+2?"),
+        m("assistant", "<|channel>thought\nTwo and two.<channel|>4"),
+        m("user", "And 3+3?"),
+        m("assistant", "<|channel>thought\nThree and three make six.<channel|>6"),
+    ]
+    plain = transformers_whole(model, thought)
+    assert "Three and three" not in plain
+    notes = set()
+    text, spans = chat.answer_spans(model.template, thought, notes, bos_token=model.bos)
+    assert notes == {chat.REASONING_NOTE}
+    assert text == plain.replace("\n6<turn|>", "\n" + thought[-1]["content"] + "<turn|>")
+    assert [text[a:b] for a, b in spans] == ["4<turn|>\n", thought[-1]["content"] + "<turn|>\n"]
 
 
 def test_answers_without_reasoning_get_no_note():
