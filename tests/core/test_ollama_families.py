@@ -351,7 +351,7 @@ def _with_template(folder, template: str) -> None:
     config.write_text(json.dumps(meta))
 
 
-@pytest.mark.parametrize("name", ["deepseek-r1-distill", "llama3.2"])
+@pytest.mark.parametrize("name", ["deepseek-r1-distill", "llama3.2", "qwen3.5", "gemma4-31b"])
 def test_ollama_export_of_a_family_template_logs_what_differs(tmp_path, name):
     """A Qwen2-architecture model (as DeepSeek-R1-Distill-Qwen is) with a family's template:
     the Modelfile carries its TEMPLATE and stops, and the log says what Ollama renders
@@ -372,9 +372,19 @@ def test_ollama_export_of_a_family_template_logs_what_differs(tmp_path, name):
         assert "<｜Assistant｜>" in text and 'PARAMETER stop "<｜end▁of▁sentence｜>"' in text
         assert "Modelfile with the DeepSeek-R1 template" in log
         assert "takes tools and thinking as the model's template does" in log
-    else:
+    elif name == "llama3.2":
         assert "{{ currentDate }}" in text and "currentDate (YYYY-MM-DD)" in log
         assert "takes tools as the model's template does" in log
+    elif name == "qwen3.5":  # the TEMPLATE renders, Ollama's parser reads the XML tool calls
+        assert "\nPARSER qwen3.5\n" in text and "RENDERER" not in text
+        assert "Modelfile with the Qwen3.5 template, stop at <|im_end|>, <|im_start|>" in log
+        assert "built-in qwen3.5 parser (PARSER); the TEMPLATE renders" in log
+        assert "takes tools and thinking as the model's template does" in log
+    else:  # Ollama renders Gemma 4 itself: the 26B/31B renderer, for this template
+        assert "\nRENDERER gemma4-large\nPARSER gemma4\n" in text
+        assert "Modelfile with the Gemma 4 template, stop at <turn|>, <|turn>" in log
+        assert "built-in gemma4-large renderer (RENDERER)" in log
+        assert "as the model's template does" not in log
     assert "differs from the model's template: Ollama merges consecutive messages" in log
 
 
