@@ -279,6 +279,9 @@ NEW_FORMATS = {
         "llama",
         ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>"],
     ),
+    # Qwen3.5's and Gemma 4's, until their families are built (issue 50)
+    "qwen3.5": ("llama", ["<|im_start|>", "<|im_end|>", "<think>", "</think>"]),
+    "gemma4-31b": ("llama", ["<|turn>", "<turn|>", "<|think|>", "<|channel>", "<channel|>"]),
 }
 
 
