@@ -157,9 +157,9 @@ def template_of(tokenizer) -> str:
 
 REASONING_NOTE = (
     "chat: the model's chat template drops the reasoning (<think> or thought channel) from "
-    "every answer; TrainDeck "
-    "keeps it in each conversation's last answer (as Qwen3's template does), so the model "
-    "learns to reason; earlier answers lose theirs, as the template writes them"
+    "every answer; TrainDeck keeps it in each conversation's last answer (as Qwen3's template "
+    "does), so the model learns to reason; earlier answers lose theirs, as the template "
+    "writes them"
 )
 _KEPT = "TrainDeckKeptReasoning{}"  # stands for a kept answer while the template renders
 # How an answer's text holds its reasoning: a <think> block (Qwen, DeepSeek-R1, SmolLM3), or

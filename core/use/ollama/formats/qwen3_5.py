@@ -1,7 +1,8 @@
 """Qwen3.5: ChatML turns (<|im_start|>role ... <|im_end|>) with a <think> block that opens
 every generation prompt (<think>\\n\\n</think>\\n\\n with thinking off), and tool calls as XML
 (<tool_call><function=NAME><parameter=KEY>value</parameter></function></tool_call>), results in
-<tool_response> tags of a user turn as ChatML's. Qwen3-Coder's template writes the same calls."""
+<tool_response> tags of a user turn as ChatML's. A template of this form without thinking
+(Qwen3-Coder's calls) gets Ollama's qwen3-coder parser instead of its qwen3.5 one."""
 
 from __future__ import annotations
 
