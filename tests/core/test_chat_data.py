@@ -74,6 +74,24 @@ def test_a_bad_line_is_named_with_its_number_and_can_be_skipped(tmp_path):
         json.dumps({"messages": [{"role": "user", "content": "x"}]}): "no assistant message",
         json.dumps({"text": "x"}): "no 'messages'",
         json.dumps({"prompt": "a", "completion": 3}): "'completion' must be a string",
+        # image and audio content: refused until image training exists
+        json.dumps(
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "text", "text": "What is it?"},
+                            {"type": "image_url", "image_url": {"url": "cat.png"}},
+                        ],
+                    },
+                    {"role": "assistant", "content": "A cat."},
+                ]
+            }
+        ): "'messages'[0].content[1] is of type 'image_url': training on image, audio",
+        json.dumps(
+            {"prompt": "<audio>Transcribe", "completion": "hi", "audios": ["a.wav"]}
+        ): "'audios' holds media: training on image, audio or video is not supported",
     }
     for line, what in cases.items():
         path.write_text(f"{good}\n\n{line}\n{good}\n", encoding="utf-8")
