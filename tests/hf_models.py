@@ -422,7 +422,7 @@ def make_gemma4_multimodal(folder):
         hidden_size=16,
         num_hidden_layers=1,
         num_attention_heads=2,
-        subsampling_conv_channels=[8, 8],
+        subsampling_conv_channels=[128, 32],
         output_proj_dims=16,
     )
     n = len(tok)

@@ -28,7 +28,7 @@ from core.platform.atomic import (
     temp_sibling,
     writable_problem,
 )
-from core.use import towers
+from core.use import mmproj, towers
 from core.use.common import ExportError, hf_state_dict, need, weights
 from core.use.gguf_export import export_gguf, export_gguf_lora
 from core.use.gguf_quality import quality_line
@@ -209,11 +209,14 @@ ADAPTERS = ("peft", "gguf-lora")  # the formats that write the adapters alone, u
 
 def _write(fmt: str, loaded: Loaded, folder: Path, quant: str, system, log, progress) -> dict:
     if fmt in QUANTIZED:
+        projector = mmproj.NAME if mmproj.check(loaded) is not None else None
         if fmt == "gguf":
             report = export_gguf(loaded, folder, quant, log, progress)
         else:
-            report = export_ollama(loaded, folder, quant, system, log, progress)
+            report = export_ollama(loaded, folder, quant, system, log, progress, projector)
         log(f"gguf {quality_line(loaded, report['path'], quant)}")
+        if towers.is_composite(loaded):  # its towers beside it, where llama.cpp has them
+            report["mmproj"] = mmproj.write_mmproj(loaded, folder, quant, log)
         return report
     if fmt == "gguf-lora":
         return export_gguf_lora(loaded, folder, log)

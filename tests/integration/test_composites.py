@@ -84,3 +84,93 @@ def test_a_composite_trains_its_language_model_and_exports_the_whole_class(tmp_p
         assert (ours - want).abs().max() < 1e-4
         adapted = PeftModel.from_pretrained(model, tmp_path / "peft").eval()
         assert (adapted(input_ids=ids).logits - want).abs().max() < 1e-4
+
+
+def mtmd_embeddings(text_gguf, mmproj, media) -> list:
+    """llama.cpp's mtmd (llama-cpp-python): the projector file loaded beside a text GGUF,
+    each media item (an RGB uint8 image, or float audio samples) encoded: [tokens, width]."""
+    import ctypes
+
+    import numpy as np
+
+    llama_cpp = pytest.importorskip("llama_cpp")
+    m = pytest.importorskip("llama_cpp.mtmd_cpp")
+    llama_cpp.llama_backend_init()
+    model = llama_cpp.llama_model_load_from_file(
+        str(text_gguf).encode(), llama_cpp.llama_model_default_params()
+    )
+    params = m.mtmd_context_params_default()
+    params.use_gpu, params.n_threads, params.print_timings, params.warmup = False, 1, False, False
+    ctx = m.mtmd_init_from_file(str(mmproj).encode(), model, params)
+    assert ctx, f"mtmd did not load {mmproj}"
+    width = llama_cpp.llama_model_n_embd(model)
+    out = []
+    try:
+        for item in media:
+            if item.dtype == np.uint8:
+                data = (ctypes.c_uint8 * item.size).from_buffer_copy(item.tobytes())
+                bitmap = m.mtmd_bitmap_init(item.shape[1], item.shape[0], data)
+            else:
+                data = (ctypes.c_float * item.size).from_buffer_copy(item.tobytes())
+                bitmap = m.mtmd_bitmap_init_from_audio(item.size, data)
+            chunks = m.mtmd_input_chunks_init()
+            marker = m.mtmd_default_marker()
+            text = m.mtmd_input_text(marker, len(marker), False, True)
+            bitmaps = (m.mtmd_bitmap_p_ctypes * 1)(bitmap)
+            assert m.mtmd_tokenize(ctx, chunks, ctypes.byref(text), bitmaps, 1) == 0
+            for i in range(m.mtmd_input_chunks_size(chunks)):
+                chunk = m.mtmd_input_chunks_get(chunks, i)
+                if m.mtmd_input_chunk_get_type(chunk) != 0:  # not text: the media's
+                    assert m.mtmd_encode_chunk(ctx, chunk) == 0
+                    n = m.mtmd_input_chunk_get_n_tokens(chunk)
+                    embd = m.mtmd_get_output_embd(ctx)
+                    out.append(np.ctypeslib.as_array(embd, shape=(n * width,)).reshape(n, width))
+                    out[-1] = out[-1].copy()
+            m.mtmd_input_chunks_free(chunks)
+            m.mtmd_bitmap_free(bitmap)
+    finally:
+        m.mtmd_free(ctx)
+        llama_cpp.llama_model_free(model)
+    return out
+
+
+@pytest.mark.parametrize("family", COMPOSITES)
+def test_the_projector_file_loads_in_llama_cpp_mtmd_and_embeds_an_image(tmp_path, family):
+    """The mmproj as llama.cpp's converter writes it: mtmd loads it beside the text GGUF and
+    embeds an image (and a clip of audio where the class has an audio tower). Gemma 3, whose
+    image goes in at its own size: the embedding equals transformers' image features. A
+    family not built yet: its projector beside a text model as wide (mtmd needs no more)."""
+    import numpy as np
+
+    pytest.importorskip("llama_cpp")
+    from core.use import mmproj
+    from core.weights.loader import read_weights
+
+    model, _ = COMPOSITES[family](tmp_path / "base")
+    hf = json.loads((tmp_path / "base" / "config.json").read_text())
+    if family in families.FAMILIES:  # the export itself: text GGUF, mmproj, Modelfile
+        export(tmp_path / "base", "ollama", tmp_path / "out", quant="f32")
+        text, proj = tmp_path / "out" / "model.gguf", tmp_path / "out" / mmproj.NAME
+        lines = (tmp_path / "out" / "Modelfile").read_text().splitlines()
+        assert lines[:2] == ["FROM ./model.gguf", f"FROM ./{mmproj.NAME}"]
+    else:
+        from hf_models import make_model
+
+        make_model(tmp_path / "text", "llama")  # as wide as the composites' text (32)
+        export(tmp_path / "text", "gguf", tmp_path / "t", quant="f32")
+        text, proj = tmp_path / "t" / "model.gguf", tmp_path / mmproj.NAME
+        pre = json.loads((tmp_path / "base" / "preprocessor_config.json").read_text())
+        mmproj.write(proj, hf, pre, read_weights(tmp_path / "base"), "f32")
+    image = np.random.default_rng(0).integers(0, 256, (56, 56, 3), dtype=np.uint8)
+    media = [image]
+    if "audio" in composite.towers(hf):  # one second of a 440 Hz tone at 16 kHz
+        media.append(np.sin(np.arange(16000, dtype=np.float32) * 2 * np.pi * 440 / 16000))
+    embedded = mtmd_embeddings(text, proj, media)
+    assert len(embedded) == len(media)
+    for e in embedded:
+        assert e.shape[0] > 0 and e.shape[1] == 32 and np.isfinite(e).all() and e.std() > 0.1
+    if family == "gemma3":  # the image at the tower's size: no resize, only mean and std
+        pixels = torch.tensor(image).permute(2, 0, 1)[None].float() / 127.5 - 1
+        with torch.no_grad():
+            want = model.get_image_features(pixel_values=pixels).pooler_output[0].numpy()
+        assert embedded[0].shape == want.shape and np.abs(embedded[0] - want).max() < 0.05
