@@ -54,8 +54,8 @@ def note(hf: dict) -> str:
     kinds = " and ".join(towers(hf))
     return (
         f"{class_name(hf)}: training its language model on text; the {kinds} part (towers and "
-        "projector) is kept unchanged: the hf export writes it back bitwise, the gguf export "
-        "beside the text model as a projector file (mmproj)"
+        "projectors) is kept unchanged: the hf export writes it back bitwise, the gguf export "
+        "as a projector file (mmproj) beside the text model where llama.cpp has one for it"
     )
 
 

@@ -21,6 +21,8 @@ from core.use.export import export  # noqa: E402
 from core.weights import composite, families  # noqa: E402
 from core.weights.loader import info_line, load, open_pretrained  # noqa: E402
 
+# The families whose text GGUF this branch writes: their test goes through the ollama export.
+EXPORTED = ("gemma3",)
 PROMPT = "def add(a, b): hello world 12 The quick brown fox jumps over the lazy dog."
 
 
@@ -139,7 +141,8 @@ def test_the_projector_file_loads_in_llama_cpp_mtmd_and_embeds_an_image(tmp_path
     """The mmproj as llama.cpp's converter writes it: mtmd loads it beside the text GGUF and
     embeds an image (and a clip of audio where the class has an audio tower). Gemma 3, whose
     image goes in at its own size: the embedding equals transformers' image features. A
-    family not built yet: its projector beside a text model as wide (mtmd needs no more)."""
+    family whose text GGUF is not written here: its projector beside a text model as wide
+    (mtmd needs no more)."""
     import numpy as np
 
     pytest.importorskip("llama_cpp")
@@ -148,7 +151,7 @@ def test_the_projector_file_loads_in_llama_cpp_mtmd_and_embeds_an_image(tmp_path
 
     model, _ = COMPOSITES[family](tmp_path / "base")
     hf = json.loads((tmp_path / "base" / "config.json").read_text())
-    if family in families.FAMILIES:  # the export itself: text GGUF, mmproj, Modelfile
+    if family in EXPORTED:  # the export itself: text GGUF, mmproj, Modelfile
         export(tmp_path / "base", "ollama", tmp_path / "out", quant="f32")
         text, proj = tmp_path / "out" / "model.gguf", tmp_path / "out" / mmproj.NAME
         lines = (tmp_path / "out" / "Modelfile").read_text().splitlines()
@@ -174,3 +177,47 @@ def test_the_projector_file_loads_in_llama_cpp_mtmd_and_embeds_an_image(tmp_path
         with torch.no_grad():
             want = model.get_image_features(pixel_values=pixels).pooler_output[0].numpy()
         assert embedded[0].shape == want.shape and np.abs(embedded[0] - want).max() < 0.05
+
+
+def test_a_composite_of_unknown_towers_trains_its_text_and_keeps_the_rest(tmp_path):
+    """A class TrainDeck knows only the language model of (a Llama here): it loads and says
+    what it keeps; hf writes the kept tensors back bitwise beside the language model under
+    the composite's names; gguf writes the text model alone and says why in one line."""
+    from hf_models import make_model
+    from safetensors.torch import save_file
+
+    make_model(tmp_path / "llama", "llama")
+    folder = tmp_path / "base"
+    folder.mkdir()
+    for f in (tmp_path / "llama").iterdir():
+        if f.name not in ("model.safetensors", "config.json"):
+            (folder / f.name).write_bytes(f.read_bytes())
+    text = tensors(tmp_path / "llama")
+    tower = {"model.foo_tower.proj.weight": torch.randn(8, 5).bfloat16()}
+    save_file(
+        {**{composite.full_name(n): t for n, t in text.items()}, **tower},
+        str(folder / "model.safetensors"),
+    )
+    config = {
+        "architectures": ["FooVLForConditionalGeneration"],
+        "model_type": "foo_vl",
+        "text_config": json.loads((tmp_path / "llama" / "config.json").read_text()),
+        "vision_config": {"hidden_size": 8},
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    assert info_line(open_pretrained(folder).info()).split("\n")[0].endswith(", vision kept")
+    lines = []
+    export(folder, "gguf", tmp_path / "gguf", quant="f32", log=lines.append)
+    assert [p.name for p in (tmp_path / "gguf").iterdir()] == ["model.gguf"]
+    assert "mmproj: llama.cpp has no projector for FooVLForConditionalGeneration's towers" in (
+        "\n".join(lines)
+    )
+    export(folder, "hf", tmp_path / "hf")
+    out = tensors(tmp_path / "hf")
+    assert torch.equal(out["model.foo_tower.proj.weight"], tower["model.foo_tower.proj.weight"])
+    assert out["model.foo_tower.proj.weight"].dtype == torch.bfloat16
+    for name, t in text.items():  # not trained: the language model as it came
+        assert torch.equal(out[composite.full_name(name)], t), name
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["architectures"] == [
+        "FooVLForConditionalGeneration"
+    ]
