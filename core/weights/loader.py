@@ -301,6 +301,8 @@ class Pretrained:
 
 def info_line(info: dict) -> str:
     family = f"{families.get(info['family']).display} ({info['family']})"
+    if info.get("kept"):  # a composite's towers: "vision kept"
+        family += f", {info['kept']}"
     size = f"{info['parameters'] / 1e6:,.1f}M parameters"
     if info.get("active"):  # as MoE model cards say it: "30.5B total, 3.3B active"
         size = f"{_size(info['parameters'])} total, {_size(info['active'])} active parameters"
@@ -312,7 +314,6 @@ def info_line(info: dict) -> str:
         f"width {info['width']}, {info['heads']} heads ({info['kv_heads']} kv), context "
         f"{info['context']:,}, vocab {info['vocab']:,}, chat template: "
         f"{'yes' if info['chat_template'] else 'no'}"
-        + (f", {info['kept']}" if info.get("kept") else "")
     ) + "".join(f"\n{note}" for note in info.get("notes", ()))
 
 
