@@ -221,3 +221,16 @@ def test_a_composite_of_unknown_towers_trains_its_text_and_keeps_the_rest(tmp_pa
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["architectures"] == [
         "FooVLForConditionalGeneration"
     ]
+
+
+def test_a_projector_without_its_image_settings_is_refused_before_writing(tmp_path):
+    """llama.cpp's projector file needs the image mean and std (preprocessor_config.json):
+    without them the gguf export is one line naming the file, and nothing is written."""
+    from core.use.common import ExportError
+
+    COMPOSITES["gemma3"](tmp_path / "base")
+    (tmp_path / "base" / "preprocessor_config.json").unlink()
+    with pytest.raises(ExportError) as e:
+        export(tmp_path / "base", "gguf", tmp_path / "gguf")
+    assert "has no preprocessor_config.json with image_mean and image_std" in str(e.value)
+    assert not (tmp_path / "gguf").exists()
