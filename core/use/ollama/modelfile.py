@@ -74,12 +74,11 @@ def modelfile(
             f"ollama: this model's chat template has no place for a system prompt (it has {what} "
             "that refuses one); leave the system prompt empty"
         )
+    sources = [gguf_name, projector] if projector else [gguf_name]
     lines = [
-        f"FROM {_quote(_source(name), 'GGUF file name', 'bdt')}"
-        for name in (gguf_name, projector)
-        if name
+        *(f"FROM {_quote(_source(name), 'GGUF file name', 'bdt')}" for name in sources),
+        f"TEMPLATE {_quote(go_template(lay), 'chat template', 'td')}",
     ]
-    lines.append(f"TEMPLATE {_quote(go_template(lay), 'chat template', 'td')}")
     lines += [f"PARAMETER stop {_quote(s, 'stop string', 'dt')}" for s in stops]
     if system:
         lines.append(f"SYSTEM {_quote(system, 'system prompt', 'td')}")
