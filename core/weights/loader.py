@@ -301,16 +301,15 @@ class Pretrained:
 
 def info_line(info: dict) -> str:
     family = f"{families.get(info['family']).display} ({info['family']})"
-    if info.get("kept"):  # a composite's towers: "vision kept"
-        family += f", {info['kept']}"
     size = f"{info['parameters'] / 1e6:,.1f}M parameters"
     if info.get("active"):  # as MoE model cards say it: "30.5B total, 3.3B active"
         size = f"{_size(info['parameters'])} total, {_size(info['active'])} active parameters"
         moe = info.get("experts")
         if moe:
             size += f" ({moe[1]} of {moe[0]} experts a token)"
+    kept = f", {info['kept']}" if info.get("kept") else ""  # a composite's towers
     return (
-        f"{family}, {size}, {info['layers']} layers, "
+        f"{family}{kept}, {size}, {info['layers']} layers, "
         f"width {info['width']}, {info['heads']} heads ({info['kv_heads']} kv), context "
         f"{info['context']:,}, vocab {info['vocab']:,}, chat template: "
         f"{'yes' if info['chat_template'] else 'no'}"

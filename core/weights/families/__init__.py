@@ -16,7 +16,8 @@ from functools import partial
 import torch
 
 from core.models.model import GPTConfig
-from core.weights import composite, mxfp4
+from core.weights import mxfp4
+from core.weights.composite import class_name, is_composite, note, text_config, text_name
 from core.weights.families import (
     gemma2,
     gemma3,
@@ -91,12 +92,12 @@ def family_of(hf: dict, source: str = "config.json") -> str:
             "code from a model folder. Supported model_type values: " + ", ".join(_BY_MODEL_TYPE)
         )
     for key, what in UNBUILT_MOE.items():
-        if composite.text_config(hf).get(key):
+        if text_config(hf).get(key):
             raise UnsupportedModel(
                 f"{source}: {key} ({what}) is not supported; the mixture-of-experts designs "
                 "supported: " + ", ".join(f.display for f in FAMILIES.values() if f.fused_table)
             )
-    if composite.is_composite(hf):
+    if is_composite(hf):
         return _text_family(hf, source)
     family = _BY_MODEL_TYPE.get(hf.get("model_type"))
     if family is None:
@@ -109,11 +110,11 @@ def family_of(hf: dict, source: str = "config.json") -> str:
 
 def _text_family(hf: dict, source: str) -> str:
     """A composite's family: its language model's; refused naming the class otherwise."""
-    text = composite.text_config(hf).get("model_type")
+    text = text_config(hf).get("model_type")
     family = _BY_MODEL_TYPE.get(text)
     if family is None:
         raise UnsupportedModel(
-            f"{source}: {composite.class_name(hf)} is not supported: its language model's "
+            f"{source}: {class_name(hf)} is not supported: its language model's "
             f"model_type {text!r} is none TrainDeck reads ({', '.join(_BY_MODEL_TYPE)})"
         )
     return family.name
@@ -124,7 +125,7 @@ def model_config(hf: dict, source: str = "config.json") -> tuple[str, GPTConfig]
     language model)."""
     family = family_of(hf, source)
     try:
-        return family, FAMILIES[family].config(composite.text_config(hf), source)
+        return family, FAMILIES[family].config(text_config(hf), source)
     except KeyError as e:
         raise UnsupportedModel(f"{source}: required field {e} is missing") from None
 
@@ -133,8 +134,8 @@ def notes(family: str, hf: dict) -> list[str]:
     """What the log says when this config.json loads: a composite's kept towers, and the
     family's own notes on its language model."""
     hook = FAMILIES[family].notes
-    own = hook(composite.text_config(hf)) if hook else []
-    return ([composite.note(hf)] if composite.is_composite(hf) else []) + own
+    own = hook(text_config(hf)) if hook else []
+    return ([note(hf)] if is_composite(hf) else []) + own
 
 
 # -- weight-name tables ---------------------------------------------------------------------
@@ -174,7 +175,7 @@ def normalise_hf(names: list[str], family: str) -> dict[str, str]:
     """Map every name a checkpoint may use to the table's: a composite's language model's
     to a CausalLM's, then the family's normalise hook."""
     hook = FAMILIES[family].normalise or (lambda n: n)
-    return {hook(composite.text_name(n) or n): n for n in names}
+    return {hook(text_name(n) or n): n for n in names}
 
 
 def _join(parts: list, transposed: bool, experts: int | None = None) -> torch.Tensor:
@@ -252,7 +253,7 @@ def export_weights(family: str, c: GPTConfig, state: dict) -> dict:
 def export_config(family: str, base_config: dict) -> dict:
     """config.json an hf export of a fine-tune writes: its base's (a composite's whole, its
     class kept), or what the family's hook makes of it."""
-    if composite.is_composite(base_config):
+    if is_composite(base_config):
         return dict(base_config)
     hook = FAMILIES[family].export_config
     config = hook(base_config) if hook else dict(base_config)
