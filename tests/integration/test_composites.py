@@ -140,8 +140,10 @@ def mtmd_embeddings(text_gguf, mmproj, media) -> list:
 @pytest.mark.parametrize("family", COMPOSITES)
 def test_the_projector_file_loads_in_llama_cpp_mtmd_and_embeds_an_image(tmp_path, family):
     """The mmproj as llama.cpp's converter writes it: mtmd loads it beside the text GGUF and
-    embeds an image (and a clip of audio where the class has an audio tower). Gemma 3, whose
-    image goes in at its own size: the embedding equals transformers' image features. A
+    embeds an image (and a clip of audio where the class has an audio tower). Gemma 3 and
+    Qwen3.5, whose image goes in at a size llama.cpp keeps: the embedding equals
+    transformers' image features (Gemma 4's preprocessing, padded to its soft-token budget, is
+    not matched here). A
     family whose text GGUF is not written here: its projector beside a text model as wide
     (mtmd needs no more)."""
     import numpy as np
@@ -165,7 +167,8 @@ def test_the_projector_file_loads_in_llama_cpp_mtmd_and_embeds_an_image(tmp_path
         text, proj = tmp_path / "t" / "model.gguf", tmp_path / mmproj.NAME
         pre = json.loads((tmp_path / "base" / "preprocessor_config.json").read_text())
         mmproj.write(proj, hf, pre, read_weights(tmp_path / "base"), "f32")
-    image = np.random.default_rng(0).integers(0, 256, (56, 56, 3), dtype=np.uint8)
+    size = IMAGE_SIZE.get(family, 56)
+    image = np.random.default_rng(0).integers(0, 256, (size, size, 3), dtype=np.uint8)
     media = [image]
     if "audio" in composite.towers(hf):  # one second of a 440 Hz tone at 16 kHz
         media.append(np.sin(np.arange(16000, dtype=np.float32) * 2 * np.pi * 440 / 16000))
@@ -173,11 +176,38 @@ def test_the_projector_file_loads_in_llama_cpp_mtmd_and_embeds_an_image(tmp_path
     assert len(embedded) == len(media)
     for e in embedded:
         assert e.shape[0] > 0 and e.shape[1] == 32 and np.isfinite(e).all() and e.std() > 0.1
-    if family == "gemma3":  # the image at the tower's size: no resize, only mean and std
-        pixels = torch.tensor(image).permute(2, 0, 1)[None].float() / 127.5 - 1
-        with torch.no_grad():
-            want = model.get_image_features(pixel_values=pixels).pooler_output[0].numpy()
+    want = image_features(family, model, image)
+    if want is not None:  # llama.cpp's f32 graph against torch's: values up to about 6
         assert embedded[0].shape == want.shape and np.abs(embedded[0] - want).max() < 0.05
+
+
+# Image sizes llama.cpp takes as they are (Gemma 3: its tower's; Qwen3.5: a multiple of
+# patch x merge above its least pixels), so transformers can be given the same pixels.
+IMAGE_SIZE = {"gemma3": 56, "qwen3_5": 84}
+
+
+def image_features(family, model, image):
+    """transformers' image embedding of the same pixels (no resize), or None."""
+    import transformers
+
+    if family == "gemma3":  # mean and std 0.5
+        pixels = torch.tensor(image).permute(2, 0, 1)[None].float() / 127.5 - 1
+        inputs = {"pixel_values": pixels}
+    elif family == "qwen3_5":  # patches in the merger's order, two frames
+        proc = transformers.Qwen2VLImageProcessorPil(
+            patch_size=14,
+            temporal_patch_size=2,
+            merge_size=2,
+            do_resize=False,
+            image_mean=[0.5] * 3,
+            image_std=[0.5] * 3,
+        )
+        inputs = dict(proc(images=[image], return_tensors="pt"))
+    else:
+        return None
+    with torch.no_grad():
+        out = model.get_image_features(**inputs).pooler_output
+    return (out[0] if isinstance(out, list | tuple) else out).reshape(-1, 32).numpy()
 
 
 def test_a_composite_of_unknown_towers_trains_its_text_and_keeps_the_rest(tmp_path):
