@@ -50,14 +50,17 @@ def refuse_media(obj: dict) -> None:
             raise BadLine(f"{key!r} holds media: {NO_MEDIA}")
 
 
-def _content(m: dict, at: str) -> str:
-    """A message's text; content parts with an image, audio or video are refused by name."""
+def refuse_media_parts(m: dict, at: str) -> None:
+    """BadLine for a message whose content parts hold an image, audio or video, by name."""
     parts = m.get("content")
-    if isinstance(parts, list):
-        for n, part in enumerate(parts):
-            kind = part.get("type") if isinstance(part, dict) else None
-            if kind in MEDIA_PARTS:
-                raise BadLine(f"{at}.content[{n}] is of type {kind!r}: {NO_MEDIA}")
+    for n, part in enumerate(parts if isinstance(parts, list) else ()):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in MEDIA_PARTS:
+            raise BadLine(f"{at}.content[{n}] is of type {kind!r}: {NO_MEDIA}")
+
+
+def _content(m: dict, at: str) -> str:
+    refuse_media_parts(m, at)
     return _text(m, "content", f"{at}.")
 
 

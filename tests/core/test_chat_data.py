@@ -427,3 +427,14 @@ def test_chat_data_trains_with_loss_on_answers(tmp_path):
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in train)
     log = (run / "train.log").read_text()
     assert "chat data: " in log and "loss on answers only" in log
+
+
+def test_a_grpo_prompt_with_an_image_part_is_named():
+    """GRPO's prompts too: an image or audio part is one line naming the row and the part."""
+    from core.data.prompts import _prompt_ids
+
+    prompt = [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]
+    with pytest.raises(DataError) as e:
+        _prompt_ids(None, prompt, "data: p.jsonl line 2")
+    assert str(e.value).startswith("data: p.jsonl line 2: prompt[0].content[0] is of type")
+    assert "'input_audio': training on image, audio or video is not supported yet" in str(e.value)
