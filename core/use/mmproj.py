@@ -293,6 +293,7 @@ def write_mmproj(loaded: Loaded, folder: Path, quant: str, log) -> Path | None:
     log(
         f"mmproj: {path.name}, {count} tensors of the {kinds} (projector {projector_of(hf).vision})"
     )
+    log(f"mmproj: with images: llama-server -m model.gguf --mmproj {path.name}")
     return path
 
 
