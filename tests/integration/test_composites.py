@@ -155,7 +155,9 @@ def test_the_projector_file_loads_in_llama_cpp_mtmd_and_embeds_an_image(tmp_path
     model, _ = COMPOSITES[family](tmp_path / "base")
     hf = json.loads((tmp_path / "base" / "config.json").read_text())
     if family in EXPORTED and family in families.FAMILIES:  # text GGUF, mmproj, Modelfile
-        export(tmp_path / "base", "ollama", tmp_path / "out", quant="f32")
+        said = []
+        export(tmp_path / "base", "ollama", tmp_path / "out", quant="f32", log=said.append)
+        assert f"llama-server -m model.gguf --mmproj {mmproj.NAME}" in "\n".join(said)
         text, proj = tmp_path / "out" / "model.gguf", tmp_path / "out" / mmproj.NAME
         lines = (tmp_path / "out" / "Modelfile").read_text().splitlines()
         assert lines[:2] == ["FROM ./model.gguf", f"FROM ./{mmproj.NAME}"]
