@@ -415,7 +415,7 @@ def make_gemma4_multimodal(folder):
         num_key_value_heads=2,
         head_dim=8,
         patch_size=14,
-        pooling_kernel_size=2,
+        pooling_kernel_size=3,
         position_embedding_size=64,
     )
     audio = t.Gemma4AudioConfig(

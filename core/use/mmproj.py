@@ -37,6 +37,8 @@ class Projector:
     f32: Callable[[str], bool] = lambda name: False  # forced f32 (the converter's force_quant)
     audio: str | None = None  # clip projector type of the audio tower, where llama.cpp has one
     vision_config: Callable[[dict], dict] = lambda v: v  # the converter's renamed fields
+    # vision config -> what llama.cpp would run otherwise (a shape its graph fixes), or None
+    problem: Callable[[dict], str | None] = lambda v: None
 
 
 # -- Gemma 3: SigLIP and the gemma3 projector (Gemma3VisionModel) ------------------------------
@@ -129,10 +131,16 @@ def _qwen_tensors(name: str, t: torch.Tensor, tmap, vision: dict) -> Tensors:
         yield tmap.get_name(name, try_suffixes=SUFFIXES), t
 
 
+def _qwen_problem(vision: dict) -> str | None:
+    t = vision.get("temporal_patch_size", 2)
+    return None if t == 2 else f"llama.cpp's qwen3vl reads a temporal patch of 2, this tower {t}"
+
+
 QWEN3_5 = Projector(
     vision="qwen3vl_merger",
     params=_qwen_params,
     tensors=_qwen_tensors,
+    problem=_qwen_problem,
     vision_config=_qwen_vision,
 )
 
@@ -173,6 +181,11 @@ def _gemma4_tensors(name: str, t: torch.Tensor, tmap, vision: dict) -> Tensors:
     yield tmap.get_name(name, try_suffixes=SUFFIXES), t
 
 
+def _gemma4_problem(vision: dict) -> str | None:
+    k = vision.get("pooling_kernel_size", 3)
+    return None if k == 3 else f"llama.cpp's gemma4v pools 3x3 patches, this tower {k}x{k}"
+
+
 GEMMA4 = Projector(
     vision="gemma4v",
     audio="gemma4a",
@@ -183,6 +196,7 @@ GEMMA4 = Projector(
         or (_is_audio(name) and (".conv" in name or "_conv" in name) and ".weight" in name)
     ),
     vision_config=lambda v: {**v, "image_size": 224},  # the converter's: llama.cpp ignores it
+    problem=_gemma4_problem,
 )
 
 # The composite classes llama.cpp's converter writes a projector for.
@@ -213,6 +227,9 @@ def missing_line(hf: dict) -> str | None:
             f"mmproj: llama.cpp has no projector for {composite.class_name(hf)}'s towers; the "
             "GGUF holds the text model alone (text only in llama.cpp and Ollama)"
         )
+    problem = proj.problem(hf["vision_config"])
+    if problem:
+        return f"mmproj: not written: {problem}; the GGUF holds the text model alone"
     if "audio" in composite.towers(hf) and proj.audio is None:
         return (
             "mmproj: llama.cpp has no projector for the audio tower; the mmproj holds vision only"
@@ -264,7 +281,9 @@ def _encoder_params(w, hf: dict, vision: dict, audio: dict | None, pre: dict, pr
 def check(loaded: Loaded) -> dict | None:
     """Before any work: a composite's projector can be written (preprocessor_config.json with
     the image mean and std); returns it, or None for a model without one."""
-    if not towers.is_composite(loaded) or projector_of(loaded.base["hf_config"]) is None:
+    hf = loaded.base["hf_config"] if towers.is_composite(loaded) else {}
+    proj = projector_of(hf)
+    if proj is None or proj.problem(hf["vision_config"]):
         return None
     try:
         pre = json.loads(loaded.base["files"].get("preprocessor_config.json") or "{}")

@@ -140,10 +140,8 @@ def mtmd_embeddings(text_gguf, mmproj, media) -> list:
 @pytest.mark.parametrize("family", COMPOSITES)
 def test_the_projector_file_loads_in_llama_cpp_mtmd_and_embeds_an_image(tmp_path, family):
     """The mmproj as llama.cpp's converter writes it: mtmd loads it beside the text GGUF and
-    embeds an image (and a clip of audio where the class has an audio tower). Gemma 3 and
-    Qwen3.5, whose image goes in at a size llama.cpp keeps: the embedding equals
-    transformers' image features (Gemma 4's preprocessing, padded to its soft-token budget, is
-    not matched here). A
+    embeds an image (and a clip of audio where the class has an audio tower). The image goes in
+    at a size llama.cpp keeps: its embedding equals transformers' image features. A
     family whose text GGUF is not written here: its projector beside a text model as wide
     (mtmd needs no more)."""
     import numpy as np
@@ -180,12 +178,14 @@ def test_the_projector_file_loads_in_llama_cpp_mtmd_and_embeds_an_image(tmp_path
         assert e.shape[0] > 0 and e.shape[1] == 32 and np.isfinite(e).all() and e.std() > 0.1
     want = image_features(family, model, image)
     if want is not None:  # llama.cpp's f32 graph against torch's: values up to about 6
+        print(f"{family}: mtmd against transformers {np.abs(embedded[0] - want).max():.4f}")
         assert embedded[0].shape == want.shape and np.abs(embedded[0] - want).max() < 0.05
 
 
 # Image sizes llama.cpp takes as they are (Gemma 3: its tower's; Qwen3.5: a multiple of
-# patch x merge above its least pixels), so transformers can be given the same pixels.
-IMAGE_SIZE = {"gemma3": 56, "qwen3_5": 84}
+# patch x merge above its least pixels; Gemma 4: 27 x 27 patches of 14, pooled 3 x 3), so
+# transformers can be given the same pixels.
+IMAGE_SIZE = {"gemma3": 56, "qwen3_5": 84, "gemma4": 378}
 
 
 def image_features(family, model, image):
@@ -205,6 +205,17 @@ def image_features(family, model, image):
             image_std=[0.5] * 3,
         )
         inputs = dict(proc(images=[image], return_tensors="pt"))
+    elif family == "gemma4":  # patches with their positions, pooled 3 x 3
+        proc = transformers.Gemma4ImageProcessorPil(
+            patch_size=14,
+            pooling_kernel_size=3,
+            do_resize=False,
+            do_normalize=True,
+            image_mean=[0.5] * 3,
+            image_std=[0.5] * 3,
+        )
+        inputs = dict(proc(images=[image], return_tensors="pt"))
+        inputs.pop("num_soft_tokens_per_image")
     else:
         return None
     with torch.no_grad():
@@ -267,3 +278,25 @@ def test_a_projector_without_its_image_settings_is_refused_before_writing(tmp_pa
         export(tmp_path / "base", "gguf", tmp_path / "gguf")
     assert "has no preprocessor_config.json with image_mean and image_std" in str(e.value)
     assert not (tmp_path / "gguf").exists()
+
+
+def test_a_tower_llama_cpp_would_run_otherwise_gets_no_projector_and_one_line():
+    """Shapes llama.cpp's graph fixes (Gemma 4 pools 3x3 patches, Qwen3.5 takes 2 frames):
+    another one writes no projector (the text GGUF alone) and says why."""
+    from core.use import mmproj
+
+    def config(arch, **vision):
+        return {"architectures": [arch], "text_config": {}, "vision_config": vision}
+
+    gemma4 = config("Gemma4ForConditionalGeneration", pooling_kernel_size=2)
+    qwen = config("Qwen3_5ForConditionalGeneration", temporal_patch_size=3)
+    assert mmproj.missing_line(gemma4) == (
+        "mmproj: not written: llama.cpp's gemma4v pools 3x3 patches, this tower 2x2; the GGUF "
+        "holds the text model alone"
+    )
+    assert "reads a temporal patch of 2, this tower 3" in mmproj.missing_line(qwen)
+    for fine in (
+        config("Gemma4ForConditionalGeneration", pooling_kernel_size=3),
+        config("Qwen3_5ForConditionalGeneration", temporal_patch_size=2),
+    ):
+        assert mmproj.missing_line(fine) is None
