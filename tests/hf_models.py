@@ -304,7 +304,8 @@ def make_model(folder: Path, family: str, seed: int = 0, **extra):
 
 
 def make_gemma3_multimodal(folder):
-    """A tiny Gemma3ForConditionalGeneration (model_type gemma3, as 4B/12B/27B ship)."""
+    """A tiny Gemma3ForConditionalGeneration (model_type gemma3, as 4B/12B/27B ship): a
+    SigLIP tower of 4x4 patches pooled into 4 image tokens."""
     import transformers as t
 
     tok = make_tokenizer(folder, "gemma3")
@@ -328,9 +329,9 @@ def make_gemma3_multimodal(folder):
     vision = t.SiglipVisionConfig(
         hidden_size=16,
         intermediate_size=32,
-        num_hidden_layers=1,
+        num_hidden_layers=2,
         num_attention_heads=2,
-        image_size=28,
+        image_size=56,
         patch_size=14,
     )
     config = t.Gemma3Config(
@@ -341,7 +342,143 @@ def make_gemma3_multimodal(folder):
         boi_token_index=len(tok) + 2,
         eoi_token_index=len(tok) + 3,
     )
+    return _save_composite(folder, t.Gemma3ForConditionalGeneration(config), tok, 56, 4)
+
+
+def make_qwen3_5_multimodal(folder):
+    """A tiny Qwen3_5ForConditionalGeneration: hybrid text layers and a 1-block vision tower
+    whose merger folds 2x2 patches into one token."""
+    import transformers as t
+
+    tok = make_tokenizer(folder, "qwen3_5")
+    text = t.Qwen3_5TextConfig(
+        vocab_size=len(tok) + 5,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        linear_key_head_dim=8,
+        linear_value_head_dim=8,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        max_position_embeddings=64,
+        eos_token_id=tok.eos_token_id,
+    )
+    vision = t.Qwen3_5VisionConfig(
+        depth=2,
+        hidden_size=16,
+        intermediate_size=32,
+        num_heads=2,
+        patch_size=14,
+        spatial_merge_size=2,
+        temporal_patch_size=2,
+        out_hidden_size=32,
+        num_position_embeddings=16,
+    )
+    config = t.Qwen3_5Config(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=len(tok) + 1,
+        tie_word_embeddings=False,
+    )
+    return _save_composite(folder, t.Qwen3_5ForConditionalGeneration(config), tok, 56, 4)
+
+
+def make_gemma4_multimodal(folder):
+    """A tiny Gemma4ForConditionalGeneration with a vision and an audio tower."""
+    import transformers as t
+
+    tok = make_tokenizer(folder, "gemma4")
+    text = t.Gemma4TextConfig(
+        vocab_size=len(tok) + 8,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        sliding_window=8,
+        max_position_embeddings=64,
+        hidden_size_per_layer_input=8,
+        vocab_size_per_layer_input=len(tok) + 8,
+        pad_token_id=tok.eos_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=None,
+    )
+    vision = t.Gemma4VisionConfig(
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=8,
+        patch_size=14,
+        pooling_kernel_size=3,
+        position_embedding_size=64,
+    )
+    audio = t.Gemma4AudioConfig(
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        subsampling_conv_channels=[128, 32],
+        output_proj_dims=16,
+    )
+    n = len(tok)
+    config = t.Gemma4Config(
+        text_config=text,
+        vision_config=vision,
+        audio_config=audio,
+        image_token_id=n + 1,
+        boi_token_id=n + 2,
+        eoi_token_id=n + 3,
+        audio_token_id=n + 4,
+        boa_token_id=n + 5,
+        eoa_token_index=n + 6,
+        video_token_id=n + 7,
+    )
+    return _save_composite(folder, t.Gemma4ForConditionalGeneration(config), tok, 56, 4)
+
+
+def _save_composite(folder, model, tok, image_size: int, image_tokens: int):
+    """Save a composite with random weights (fixed seed) and the preprocessor_config.json its
+    image processor and llama.cpp's converter read."""
+    import json
+
     torch.manual_seed(0)
-    model = t.Gemma3ForConditionalGeneration(config).float().eval()
+    for p in model.parameters():  # the towers' init leaves some zero: every tensor differs
+        p.data.normal_(0, 0.3)
+    model = model.float().eval()
     model.save_pretrained(folder)
+    _towers_in_bf16(Path(folder) / "model.safetensors")
+    pre = {
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+        "image_seq_length": image_tokens,
+        "size": {"height": image_size, "width": image_size},
+    }
+    (Path(folder) / "preprocessor_config.json").write_text(json.dumps(pre), encoding="utf-8")
     return model, tok
+
+
+def _towers_in_bf16(path: Path) -> None:
+    """The towers' tensors in bf16, as released checkpoints hold them (the text model stays
+    fp32, so logits compare in fp32): an export must keep each tensor's own dtype."""
+    from safetensors.torch import load_file, save_file
+
+    from core.weights import composite
+
+    state = load_file(str(path))
+    for name, tensor in state.items():
+        if composite.text_name(name) is None:
+            state[name] = tensor.bfloat16()
+    save_file(state, str(path), {"format": "pt"})
+
+
+# The composites' builders by the family of their language model.
+COMPOSITES = {
+    "gemma3": make_gemma3_multimodal,
+    "qwen3_5": make_qwen3_5_multimodal,
+    "gemma4": make_gemma4_multimodal,
+}

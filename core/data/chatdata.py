@@ -21,6 +21,12 @@ from core.data.chat import answer_spans, conversation_text
 from core.errors import DataError
 
 ROLES = ("system", "user", "assistant")
+# Image, audio and video in a record: OpenAI-style content parts (a list of {"type": ...}),
+# and the image/audio columns of LLaMA-Factory's and TRL's vision datasets. Training is on
+# text only, so these lines are refused (TrainDeck trains a multimodal model's text part).
+MEDIA_PARTS = ("image", "image_url", "input_image", "audio", "input_audio", "video", "video_url")
+MEDIA_KEYS = ("images", "image", "audios", "audio", "videos", "video")
+NO_MEDIA = "training on image, audio or video is not supported yet; text only"
 CHAT_SUFFIX = ".jsonl"
 CHAT_SUFFIXES = tables.TABLE_SUFFIXES  # a folder of chat data: its files with these endings
 
@@ -37,6 +43,27 @@ def _text(obj: dict, key: str, where: str = "") -> str:
     return value
 
 
+def refuse_media(obj: dict) -> None:
+    """BadLine for a record that carries images, audio or video (a column of them)."""
+    for key in MEDIA_KEYS:
+        if obj.get(key):
+            raise BadLine(f"{key!r} holds media: {NO_MEDIA}")
+
+
+def refuse_media_parts(m: dict, at: str) -> None:
+    """BadLine for a message whose content parts hold an image, audio or video, by name."""
+    parts = m.get("content")
+    for n, part in enumerate(parts if isinstance(parts, list) else ()):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in MEDIA_PARTS:
+            raise BadLine(f"{at}.content[{n}] is of type {kind!r}: {NO_MEDIA}")
+
+
+def _content(m: dict, at: str) -> str:
+    refuse_media_parts(m, at)
+    return _text(m, "content", f"{at}.")
+
+
 def _messages(value, where: str) -> list[dict]:
     if not isinstance(value, list) or not value:
         raise BadLine(f"{where} must be a non-empty list of {{role, content}} objects")
@@ -48,7 +75,7 @@ def _messages(value, where: str) -> list[dict]:
         role = m.get("role")
         if role not in ROLES:
             raise BadLine(f"{at}.role is {role!r}; allowed: {', '.join(ROLES)}")
-        out.append({"role": role, "content": _text(m, "content", f"{at}.")})
+        out.append({"role": role, "content": _content(m, at)})
     return out
 
 
@@ -67,6 +94,7 @@ def parse_example(obj) -> list[dict]:
     """One line's conversation as messages; BadLine says what is wrong."""
     if not isinstance(obj, dict):
         raise BadLine("expected a JSON object")
+    refuse_media(obj)
     if "messages" in obj:
         messages = _messages(obj["messages"], "'messages'")
     elif "prompt" in obj or "completion" in obj:

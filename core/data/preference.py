@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from core.data.chat import answer_spans
-from core.data.chatdata import BadLine, _messages, _offsets
+from core.data.chatdata import BadLine, _messages, _offsets, refuse_media
 
 FIELDS = ("prompt", "chosen", "rejected")
 
@@ -44,6 +44,7 @@ def parse_pair(obj) -> tuple[list[dict], list[dict], list[dict]]:
     is wrong with it."""
     if not isinstance(obj, dict):
         raise BadLine("expected a JSON object")
+    refuse_media(obj)
     prompt = obj.get("prompt")
     if prompt is None:
         raise BadLine("'prompt' is missing; a preference pair needs prompt, chosen and rejected")

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from core.data.chat import chat_ids
+from core.data.chatdata import BadLine, refuse_media_parts
 from core.data.tables import iter_records
 from core.data.tokenizer import Tokenizer
 from core.errors import DataError
@@ -25,6 +26,11 @@ def _prompt_ids(tok: Tokenizer, prompt, where: str) -> list[int]:
             raise DataError(f"{where}: the prompt is empty; give each row a prompt text")
         ids = tok.encode(prompt)
         return [tok.bos_id, *ids] if tok.add_bos else ids
+    for n, m in enumerate(prompt if isinstance(prompt, list) else ()):
+        try:  # an image or audio part: named, until image training exists
+            refuse_media_parts(m if isinstance(m, dict) else {}, f"prompt[{n}]")
+        except BadLine as e:
+            raise DataError(f"{where}: {e}") from None
     ok = (
         isinstance(prompt, list)
         and prompt

@@ -28,6 +28,7 @@ from core.platform.atomic import (
     temp_sibling,
     writable_problem,
 )
+from core.use import mmproj, towers
 from core.use.common import ExportError, hf_state_dict, need, weights
 from core.use.gguf_export import export_gguf, export_gguf_lora
 from core.use.gguf_quality import quality_line
@@ -40,8 +41,8 @@ FORMATS = ("hf", "gguf", "ollama", "safetensors", "peft", "gguf-lora")
 
 
 def hf_config(loaded: Loaded) -> dict:
-    """A fine-tune keeps its base model's config.json (or what its family makes of it: Gemma
-    3's multimodal config becomes its text model's); a new model gets its family's."""
+    """A fine-tune keeps its base model's config.json (a composite's whole, or what its family
+    makes of it); a new model gets its family's."""
     if loaded.base is None:
         return families.new_model_hf_config(loaded.model.config)
     config = families.export_config(loaded.family, loaded.base["hf_config"])
@@ -111,7 +112,10 @@ def write_tokenizer_files(loaded: Loaded, folder: Path) -> None:
 def export_hf(loaded: Loaded, folder: Path) -> None:
     from safetensors.torch import save_file
 
-    save_file(hf_state_dict(loaded), str(folder / "model.safetensors"), {"format": "pt"})
+    state = hf_state_dict(loaded)
+    if towers.is_composite(loaded):  # the whole checkpoint: its towers as they came
+        state = towers.composite_state(loaded, state)
+    save_file(state, str(folder / "model.safetensors"), {"format": "pt"})
     (folder / "config.json").write_text(json.dumps(hf_config(loaded), indent=1), encoding="utf-8")
     write_tokenizer_files(loaded, folder)
     (folder / "README.md").write_text(model_card(loaded), encoding="utf-8")
@@ -155,7 +159,7 @@ def peft_weights(loaded: Loaded) -> tuple[dict[str, torch.Tensor], list[str]]:
         a, b = state[f"{prefix}.lora_A"], state[f"{prefix}.lora_B"]
         parts = families.split_rows(ours, c, b, len(hf_names))
         for hf_name, part in zip(hf_names, parts, strict=True):
-            module = hf_name.removesuffix(".weight")
+            module = towers.module_name(loaded, hf_name.removesuffix(".weight"))
             out[f"base_model.model.{module}.lora_A.weight"] = a.clone().contiguous()
             out[f"base_model.model.{module}.lora_B.weight"] = part.clone().contiguous()
             modules.append(module)
@@ -205,11 +209,14 @@ ADAPTERS = ("peft", "gguf-lora")  # the formats that write the adapters alone, u
 
 def _write(fmt: str, loaded: Loaded, folder: Path, quant: str, system, log, progress) -> dict:
     if fmt in QUANTIZED:
+        projector = mmproj.NAME if mmproj.check(loaded) is not None else None
         if fmt == "gguf":
             report = export_gguf(loaded, folder, quant, log, progress)
         else:
-            report = export_ollama(loaded, folder, quant, system, log, progress)
+            report = export_ollama(loaded, folder, quant, system, log, progress, projector)
         log(f"gguf {quality_line(loaded, report['path'], quant)}")
+        if towers.is_composite(loaded):  # its towers beside it, where llama.cpp has them
+            report["mmproj"] = mmproj.write_mmproj(loaded, folder, quant, log)
         return report
     if fmt == "gguf-lora":
         return export_gguf_lora(loaded, folder, log)

@@ -14,10 +14,13 @@ from core.use.gguf_export import export_gguf
 from core.weights.loader import Loaded
 
 
-def export_ollama(loaded: Loaded, folder: Path, quant: str, system, log, progress=None) -> dict:
+def export_ollama(
+    loaded: Loaded, folder: Path, quant: str, system, log, progress=None, projector=None
+) -> dict:
+    """projector: the projector file's name (a composite's towers), a second FROM line."""
     tok = loaded.tokenizer
     # First, so a template Ollama cannot be given exactly is refused before the GGUF is written.
-    text = ollama.modelfile_of(tok, "model.gguf", system)
+    text = ollama.modelfile_of(tok, "model.gguf", system, projector)
     report = export_gguf(loaded, folder, quant, log, progress, chat=True)
     (folder / "Modelfile").write_text(text, encoding="utf-8")
     lay = ollama.layout_of(tok)

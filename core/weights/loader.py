@@ -24,7 +24,7 @@ from core.models import lora
 from core.models.model import GPT, GPTConfig
 from core.models.params import active_params, shape_params
 from core.runs import checkpoint as ckpt
-from core.weights import families, mxfp4
+from core.weights import composite, families, mxfp4
 from core.weights.check import check_weight_files
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -35,6 +35,8 @@ TEXT_FILES = (
     "tokenizer_config.json",
     "special_tokens_map.json",
     "chat_template.jinja",
+    "preprocessor_config.json",  # a composite's image and audio settings (mmproj, hf export)
+    "processor_config.json",
 )
 
 
@@ -255,6 +257,7 @@ class Pretrained:
             "vocab": c.vocab_size,
             "chat_template": bool(self.tokenizer.chat_template),
             "notes": families.notes(self.family, self.hf_config),
+            "kept": composite.kept_line(self.hf_config),  # a composite's towers
         }
 
     def base_info(self) -> dict:
@@ -304,8 +307,9 @@ def info_line(info: dict) -> str:
         moe = info.get("experts")
         if moe:
             size += f" ({moe[1]} of {moe[0]} experts a token)"
+    kept = f", {info['kept']}" if info.get("kept") else ""  # a composite's towers
     return (
-        f"{family}, {size}, {info['layers']} layers, "
+        f"{family}{kept}, {size}, {info['layers']} layers, "
         f"width {info['width']}, {info['heads']} heads ({info['kv_heads']} kv), context "
         f"{info['context']:,}, vocab {info['vocab']:,}, chat template: "
         f"{'yes' if info['chat_template'] else 'no'}"

@@ -74,6 +74,24 @@ def test_a_bad_line_is_named_with_its_number_and_can_be_skipped(tmp_path):
         json.dumps({"messages": [{"role": "user", "content": "x"}]}): "no assistant message",
         json.dumps({"text": "x"}): "no 'messages'",
         json.dumps({"prompt": "a", "completion": 3}): "'completion' must be a string",
+        # image and audio content: refused until image training exists
+        json.dumps(
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "text", "text": "What is it?"},
+                            {"type": "image_url", "image_url": {"url": "cat.png"}},
+                        ],
+                    },
+                    {"role": "assistant", "content": "A cat."},
+                ]
+            }
+        ): "'messages'[0].content[1] is of type 'image_url': training on image, audio",
+        json.dumps(
+            {"prompt": "<audio>Transcribe", "completion": "hi", "audios": ["a.wav"]}
+        ): "'audios' holds media: training on image, audio or video is not supported",
     }
     for line, what in cases.items():
         path.write_text(f"{good}\n\n{line}\n{good}\n", encoding="utf-8")
@@ -409,3 +427,14 @@ def test_chat_data_trains_with_loss_on_answers(tmp_path):
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in train)
     log = (run / "train.log").read_text()
     assert "chat data: " in log and "loss on answers only" in log
+
+
+def test_a_grpo_prompt_with_an_image_part_is_named():
+    """GRPO's prompts too: an image or audio part is one line naming the row and the part."""
+    from core.data.prompts import _prompt_ids
+
+    prompt = [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]
+    with pytest.raises(DataError) as e:
+        _prompt_ids(None, prompt, "data: p.jsonl line 2")
+    assert str(e.value).startswith("data: p.jsonl line 2: prompt[0].content[0] is of type")
+    assert "'input_audio': training on image, audio or video is not supported yet" in str(e.value)

@@ -47,6 +47,23 @@ def test_every_model_type_reads_as_one_family_and_others_are_named():
     assert "gemma2" in str(e.value) and "phi3" in str(e.value)
 
 
+def test_a_composite_reads_as_its_language_models_family_or_is_refused_naming_its_class():
+    towers = {"vision_config": {"hidden_size": 8}, "audio_config": {"hidden_size": 8}}
+    gemma = {"model_type": "gemma3", "text_config": {"model_type": "gemma3_text"}, **towers}
+    assert families.family_of(gemma) == "gemma3"
+    assert families.family_of({**gemma, "text_config": {}}) == "gemma3"  # the composite's
+    other = {
+        "architectures": ["FooForConditionalGeneration"],
+        "model_type": "foo",
+        "text_config": {"model_type": "foo_text"},
+        "vision_config": {},
+    }
+    with pytest.raises(families.UnsupportedModel) as e:
+        families.family_of(other, "x/config.json")
+    assert str(e.value).startswith("x/config.json: FooForConditionalGeneration is not supported")
+    assert "'foo_text'" in str(e.value)
+
+
 def test_the_family_list_is_the_registrys():
     """The families are listed from the registry (families.display_list(), as the window's
     Start from dialog shows them); the --init-from help names none, so it cannot fall behind

@@ -184,7 +184,7 @@ def test_fit_for_a_pretrained_start_on_a_simulated_gpu(make_window, llama_folder
     assert "◀ chosen" in window.estimate.choice.text()
 
 
-def test_a_gemma3_multimodal_start_says_text_only_and_gets_a_fit(
+def test_a_gemma3_multimodal_start_says_vision_kept_and_gets_a_fit(
     make_window, tmp_path, monkeypatch
 ):
     """A newer family in the window: the info line names it and says what is loaded, and
@@ -199,6 +199,6 @@ def test_a_gemma3_multimodal_start_says_text_only_and_gets_a_fit(
     window.start_from.set_source(str(tmp_path / "gemma3"))
     info = window.start_from.info.text()
     assert info.startswith("Gemma 3 (gemma3), ") and "6 layers" in info
-    assert "language model only" in info
+    assert info.startswith("Gemma 3 (gemma3), vision kept, ") and "kept unchanged" in info
     assert "fits" in window.estimate.choice.text()
     assert window.form.validated().n_layers == 6

@@ -1,8 +1,8 @@
 """The newer families (Gemma 2, Gemma 3, Phi-3, SmolLM3) beyond what the tests over every
 family (test_pretrained, test_llamacpp) check: LoRA on a 4-bit base trains and resumes bit for
 bit and exports to transformers and PEFT alike; options past the tiny defaults (attention
-scales, RoPE scaling kinds, NoPE layers, windows) equal transformers; Gemma 3's multimodal
-checkpoints load text-only; GGUF refuses what llama.cpp would run otherwise."""
+scales, RoPE scaling kinds, NoPE layers, windows) equal transformers (Gemma 3's multimodal
+checkpoints: test_composites); GGUF refuses what llama.cpp would run otherwise."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 pytest.importorskip("transformers")
 
 from helpers import StopAfter, tiny_config  # noqa: E402
-from hf_models import TEXT, make_gemma3_multimodal, make_model  # noqa: E402
+from hf_models import TEXT, make_model  # noqa: E402
 
 from core.runs.folder import read_metrics  # noqa: E402
 from core.training.trainer import Trainer  # noqa: E402
@@ -22,7 +22,7 @@ from core.use.common import ExportError  # noqa: E402
 from core.use.export import export  # noqa: E402
 from core.use.generate import generate_ids  # noqa: E402
 from core.weights import families  # noqa: E402
-from core.weights.loader import load, open_pretrained  # noqa: E402
+from core.weights.loader import load  # noqa: E402
 
 NEW = ("gemma2", "gemma3", "phi3", "smollm3")
 PROMPT = "def add(a, b): hello world 12 The quick brown fox jumps over the lazy dog."
@@ -181,29 +181,6 @@ def test_lora_on_a_4_bit_base_resumes_bitwise_and_peft_equals_the_merged_export(
         # the dequantized base differs from it only by the 4-bit rounding.
         ours = load(tmp_path / "straight", "latest").model(ids)[0]
         assert (ours - want).abs().max() < 0.1
-
-
-def test_a_gemma3_multimodal_checkpoint_loads_text_only_and_exports_its_text_model(tmp_path):
-    from transformers import AutoModelForCausalLM
-
-    model, tok = make_gemma3_multimodal(tmp_path / "mm")
-    pre = open_pretrained(tmp_path / "mm")
-    assert pre.family == "gemma3"
-    from core.weights.loader import info_line
-
-    assert "language model only" in info_line(pre.info())
-    loaded = load(tmp_path / "mm")
-    ids = torch.tensor([tok(PROMPT)["input_ids"]])
-    with torch.no_grad():
-        ref = model(input_ids=ids).logits
-    assert (ref - loaded.model(ids)[0]).abs().max() < 1e-5
-    export(tmp_path / "mm", "hf", tmp_path / "text")
-    config = json.loads((tmp_path / "text" / "config.json").read_text())
-    assert config["model_type"] == "gemma3_text"
-    assert config["architectures"] == ["Gemma3ForCausalLM"]
-    text = AutoModelForCausalLM.from_pretrained(tmp_path / "text").eval()
-    with torch.no_grad():
-        assert (text(ids).logits - ref).abs().max() < 1e-5
 
 
 @pytest.mark.parametrize(

@@ -60,11 +60,13 @@ def modelfile(
     bos_token: str = "",
     eos_token: str = "",
     add_bos: bool = False,
+    projector: str | None = None,
 ) -> str:
     """The Modelfile text: FROM ./gguf_name (a file next to the Modelfile, or a path as
-    given), TEMPLATE, one PARAMETER stop per stop string, SYSTEM when given. The keyword
-    arguments are layout's (the tokenizer's special token texts and whether it adds BOS);
-    modelfile_of fills them in from a tokenizer."""
+    given), a second FROM with the projector file where there is one (how Ollama imports a
+    vision model's mmproj), TEMPLATE, one PARAMETER stop per stop string, SYSTEM when given.
+    The keyword arguments are layout's (the tokenizer's special token texts and whether it
+    adds BOS); modelfile_of fills them in from a tokenizer."""
     lay = layout(jinja_template, bos_token=bos_token, eos_token=eos_token, add_bos=add_bos)
     if system and not takes_system(lay):
         fmt = get(lay.kind)
@@ -73,9 +75,9 @@ def modelfile(
             f"ollama: this model's chat template has no place for a system prompt (it has {what} "
             "that refuses one); leave the system prompt empty"
         )
-    source = gguf_name if ("/" in gguf_name or "\\" in gguf_name) else f"./{gguf_name}"
+    sources = [gguf_name, projector] if projector else [gguf_name]
     lines = [
-        f"FROM {_quote(source, 'GGUF file name', 'bdt')}",
+        *(f"FROM {_quote(_source(name), 'GGUF file name', 'bdt')}" for name in sources),
         f"TEMPLATE {_quote(go_template(lay), 'chat template', 'td')}",
     ]
     fmt = get(lay.kind)
@@ -91,12 +93,18 @@ def modelfile(
     return "\n".join(lines) + "\n"
 
 
+def _source(name: str) -> str:
+    return name if ("/" in name or "\\" in name) else f"./{name}"
+
+
 def layout_of(tokenizer) -> Layout:
     """The layout of the template a core.data.tokenizer.Tokenizer's model chats with."""
     return layout(tokenizer.chat_template, add_bos=tokenizer.add_bos, **special_tokens(tokenizer))
 
 
-def modelfile_of(tokenizer, gguf_name: str = "model.gguf", system: str | None = None) -> str:
+def modelfile_of(
+    tokenizer, gguf_name: str = "model.gguf", system: str | None = None, projector=None
+) -> str:
     """The Modelfile for a GGUF export of a model with this core.data.tokenizer.Tokenizer: its
     own chat template (none: a base model, plain), special tokens, BOS handling and stops."""
     jinja_template = tokenizer.chat_template
@@ -107,6 +115,7 @@ def modelfile_of(tokenizer, gguf_name: str = "model.gguf", system: str | None = 
         stops,
         system,
         add_bos=tokenizer.add_bos,
+        projector=projector,
         **special_tokens(tokenizer),
     )
 

@@ -17,6 +17,7 @@ import torch
 
 from core.models.model import GPTConfig
 from core.weights import mxfp4
+from core.weights.composite import class_name, is_composite, note, text_config, text_name
 from core.weights.families import (
     gemma2,
     gemma3,
@@ -57,7 +58,7 @@ FAMILIES: dict[str, Family] = {
     )
 }
 SUPPORTED = tuple(FAMILIES)
-# config.json model_type -> family (Gemma 3's multimodal checkpoints say gemma3, 1B gemma3_text)
+# config.json model_type -> family (a composite's: its text_config's, core.weights.composite)
 _BY_MODEL_TYPE = {t: f for f in FAMILIES.values() for t in (f.name, *f.model_types)}
 GGUF_ARCH = {name: f.gguf_arch for name, f in FAMILIES.items()}
 HF_ARCH = {name: f.hf_arch for name, f in FAMILIES.items()}
@@ -91,11 +92,13 @@ def family_of(hf: dict, source: str = "config.json") -> str:
             "code from a model folder. Supported model_type values: " + ", ".join(_BY_MODEL_TYPE)
         )
     for key, what in UNBUILT_MOE.items():
-        if hf.get(key):
+        if text_config(hf).get(key):
             raise UnsupportedModel(
                 f"{source}: {key} ({what}) is not supported; the mixture-of-experts designs "
                 "supported: " + ", ".join(f.display for f in FAMILIES.values() if f.fused_table)
             )
+    if is_composite(hf):
+        return _text_family(hf, source)
     family = _BY_MODEL_TYPE.get(hf.get("model_type"))
     if family is None:
         raise UnsupportedModel(
@@ -105,20 +108,34 @@ def family_of(hf: dict, source: str = "config.json") -> str:
     return family.name
 
 
+def _text_family(hf: dict, source: str) -> str:
+    """A composite's family: its language model's; refused naming the class otherwise."""
+    text = text_config(hf).get("model_type")
+    family = _BY_MODEL_TYPE.get(text)
+    if family is None:
+        raise UnsupportedModel(
+            f"{source}: {class_name(hf)} is not supported: its language model's "
+            f"model_type {text!r} is none TrainDeck reads ({', '.join(_BY_MODEL_TYPE)})"
+        )
+    return family.name
+
+
 def model_config(hf: dict, source: str = "config.json") -> tuple[str, GPTConfig]:
-    """(family, shape) of a Hugging Face config.json mapping."""
+    """(family, shape) of a Hugging Face config.json mapping (a composite's: of its
+    language model)."""
     family = family_of(hf, source)
     try:
-        return family, FAMILIES[family].config(hf, source)
+        return family, FAMILIES[family].config(text_config(hf), source)
     except KeyError as e:
         raise UnsupportedModel(f"{source}: required field {e} is missing") from None
 
 
 def notes(family: str, hf: dict) -> list[str]:
-    """What a family says in the log when it loads this config.json (Gemma 3's multimodal
-    checkpoints: loaded text-only)."""
+    """What the log says when this config.json loads: a composite's kept towers, and the
+    family's own notes on its language model."""
     hook = FAMILIES[family].notes
-    return hook(hf) if hook else []
+    own = hook(text_config(hf)) if hook else []
+    return ([note(hf)] if is_composite(hf) else []) + own
 
 
 # -- weight-name tables ---------------------------------------------------------------------
@@ -155,9 +172,10 @@ def split_rows(name: str, c: GPTConfig, tensor: torch.Tensor, n_parts: int) -> l
 
 
 def normalise_hf(names: list[str], family: str) -> dict[str, str]:
-    """Map every name a checkpoint may use to the table's (the family's normalise hook)."""
-    hook = FAMILIES[family].normalise
-    return {(hook(n) if hook else n): n for n in names}
+    """Map every name a checkpoint may use to the table's: a composite's language model's
+    to a CausalLM's, then the family's normalise hook."""
+    hook = FAMILIES[family].normalise or (lambda n: n)
+    return {hook(text_name(n) or n): n for n in names}
 
 
 def _join(parts: list, transposed: bool, experts: int | None = None) -> torch.Tensor:
@@ -233,8 +251,10 @@ def export_weights(family: str, c: GPTConfig, state: dict) -> dict:
 
 
 def export_config(family: str, base_config: dict) -> dict:
-    """config.json an hf export of a fine-tune writes: its base's, or what the family's hook
-    makes of it (Gemma 3's multimodal config: its text model's)."""
+    """config.json an hf export of a fine-tune writes: its base's (a composite's whole, its
+    class kept), or what the family's hook makes of it."""
+    if is_composite(base_config):
+        return dict(base_config)
     hook = FAMILIES[family].export_config
     config = hook(base_config) if hook else dict(base_config)
     config["architectures"] = [FAMILIES[family].hf_arch]

@@ -1,24 +1,14 @@
 """Gemma 3: Gemma 2's layers without soft-capping, with q/k norms, a local RoPE base on the
 sliding layers (global ones may scale linearly, x8 on 4B and up) and five sliding layers to
 one full. 1B is gemma3_text; 4B/12B/27B are Gemma3ForConditionalGeneration (model_type
-gemma3), whose language model TrainDeck loads alone (text-only) and exports as a
-Gemma3ForCausalLM with its text config."""
+gemma3), composites (core.weights.composite) whose language model is this family's and whose
+vision tower is kept."""
 
 from __future__ import annotations
 
 from core.models.model import GPTConfig
 from core.weights.families.base import Family, add_one_to_norms, check_window_pattern, rope
 from core.weights.families.gemma2 import STOPS, check_scale, gemma_options, gguf_hparams, table
-
-MULTIMODAL = "gemma3"  # the multimodal checkpoints' model_type (1B's: gemma3_text)
-# Their language model's tensors: "language_model.model.*" as released, "model.language_model.*"
-# as transformers 4.52 and later save them.
-PREFIXES = (
-    ("language_model.model.", "model."),
-    ("model.language_model.", "model."),
-    ("language_model.lm_head.", "lm_head."),
-)
-
 
 # Gemma3TextConfig's defaults: the multimodal checkpoints' text_config leaves many out.
 TEXT_DEFAULTS = {
@@ -39,18 +29,8 @@ TEXT_DEFAULTS = {
 }
 
 
-def text_config(hf: dict) -> dict:
-    """The language model's config.json of a multimodal checkpoint (or the config itself)."""
-    if hf.get("model_type") != MULTIMODAL:
-        return hf
-    text = {**TEXT_DEFAULTS, "model_type": "gemma3_text", **(hf.get("text_config") or {})}
-    if "rope_parameters" not in text:
-        text.setdefault("rope_theta", 1_000_000.0)
-    return text
-
-
 def config(hf: dict, source: str) -> GPTConfig:
-    hf = text_config(hf)
+    hf = {**TEXT_DEFAULTS, **hf}
     params = hf.get("rope_parameters") or {}
     if "full_attention" in params:  # transformers 5: one set of RoPE settings a layer type
         full, local = params["full_attention"] or {}, params.get("sliding_attention") or {}
@@ -68,27 +48,6 @@ def config(hf: dict, source: str) -> GPTConfig:
         attn_softcap=hf.get("attn_logit_softcapping"),
         logit_softcap=hf.get("final_logit_softcapping"),
     )
-
-
-def normalise(name: str) -> str:
-    for old, new in PREFIXES:
-        if name.startswith(old):
-            return new + name[len(old) :]
-    return name
-
-
-def export_config(hf: dict) -> dict:
-    """An hf export writes the language model alone: gemma3_text, Gemma3ForCausalLM."""
-    return dict(text_config(hf))
-
-
-def notes(hf: dict) -> list[str]:
-    if hf.get("model_type") == MULTIMODAL:
-        return [
-            "Gemma 3 (Gemma3ForConditionalGeneration): loading its language model only, "
-            "text in and out; the vision tower is left out and exports leave it out too"
-        ]
-    return []
 
 
 def gguf_check(c: GPTConfig) -> str | None:
@@ -112,10 +71,7 @@ FAMILY = Family(
     model_types=("gemma3_text",),
     chat_format="gemma",
     stops=STOPS,
-    normalise=normalise,
     gguf_tensor=add_one_to_norms,
     gguf_hparams=gguf_hparams,
     gguf_check=gguf_check,
-    export_config=export_config,
-    notes=notes,
 )
