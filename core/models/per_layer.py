@@ -125,3 +125,28 @@ class Side:
 
     def layer_input(self, layer: int):
         return None if self.inputs is None else self.inputs[:, :, layer]
+
+
+def varies(c) -> bool:
+    """Whether c's layers differ in shape (any of this module's options on)."""
+    return bool(
+        c.full_head_dim or c.full_kv_heads or c.kv_shared_layers or c.per_layer_dim or c.k_eq_v
+    )
+
+
+def table_params(c) -> int:
+    """The per-layer input table's weights: looked up, never multiplied (0 without one)."""
+    if not c.per_layer_dim:
+        return 0
+    return (c.per_layer_vocab or c.vocab_size) * c.n_layers * c.per_layer_dim
+
+
+def cache_width(c) -> int:
+    """Numbers a token keeps in the KV cache over all layers, keys and values: a layer that
+    reuses another's keys and values keeps none of its own."""
+    total = 0
+    for i in range(c.n_layers):
+        if kv_source(c, i) is None:
+            s = layer_shape(c, i)
+            total += 2 * s.n_kv_heads * s.head_dim
+    return total
