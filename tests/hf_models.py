@@ -93,7 +93,11 @@ MOE_CONFIGS = {
 # proportional RoPE of their own, per-layer inputs, the last two layers reusing keys and
 # values (with double-wide MLPs), soft-capped logits; the MoE form (26B-A4B's) adds k_eq_v
 # and experts beside the dense MLP.
-GEMMA4_LAYERS = ["sliding_attention", "sliding_attention", "full_attention"] * 2
+GEMMA4_LAYERS = ["sliding_attention"] * 3 + [
+    "full_attention",
+    "sliding_attention",
+    "full_attention",
+]
 GEMMA4_CONFIGS = {
     "gemma4": {
         "num_hidden_layers": 6,

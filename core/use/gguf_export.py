@@ -20,14 +20,28 @@ LLAMA3_SPLIT = (
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 QWEN2_SPLIT = LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")
+# llama.cpp's tensor name endings; a name gguf's map gives without one is written as a weight
+SUFFIXES = (".weight", ".bias", ".scale")
 
 
 def _tensor_map(family, n_layers: int):
-    """gguf's own Hugging Face -> llama.cpp name map for the family's architecture."""
+    """gguf's own Hugging Face -> llama.cpp name map for the family's architecture, and the
+    family's own names for what that map lacks (Family.gguf_rename)."""
     import gguf
 
     arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[family.gguf_arch]
-    return gguf.get_tensor_name_map(arch, n_layers)
+    return _Names(gguf.get_tensor_name_map(arch, n_layers), family.gguf_rename)
+
+
+class _Names:
+    def __init__(self, names, rename):
+        self.names, self.rename = names, rename
+
+    def get_name(self, key: str, try_suffixes=()) -> str | None:
+        name = self.names.get_name(key, try_suffixes=try_suffixes)
+        if name is None and self.rename is not None:
+            return self.rename(key)
+        return name
 
 
 class Lazy:
@@ -180,7 +194,7 @@ def _gguf_name(names, hf_name: str) -> str:
     """llama.cpp's name; one gguf's map gives without a suffix (gpt-oss's attention sinks)
     is written as a weight, as convert_hf_to_gguf.py does."""
     name = _llama_name(names, hf_name)
-    return name if name.endswith((".weight", ".bias")) else name + ".weight"
+    return name if name.endswith(SUFFIXES) else name + ".weight"
 
 
 def _table_tensors(loaded: Loaded) -> dict[str, Lazy]:
@@ -431,7 +445,7 @@ def gguf_origins(loaded: Loaded) -> dict[str, tuple[str, str, int | None]]:
         for hf in hf_names:  # the table may name tensors this model does not have
             name = names.get_name(hf, try_suffixes=(".weight", ".bias"))
             if name is not None:
-                if not name.endswith((".weight", ".bias")):
+                if not name.endswith(SUFFIXES):
                     name += ".weight"
                 origins[name] = ("hf", hf, _rope_heads(hf, c, family))
     return origins

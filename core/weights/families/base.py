@@ -52,6 +52,8 @@ class Family:
     convert: Callable | None = None
     # llama.cpp's architecture reads gate and up experts as one ffn_gate_up_exps tensor
     gguf_fused_gate_up: bool = False
+    # a Hugging Face name gguf's own map lacks -> llama.cpp's name, or None (Gemma 4's router)
+    gguf_rename: Callable[[str], str | None] | None = None
 
 
 def moe_options(hf: dict, source: str, n_experts: int, sparse: list[int], **extra) -> dict:

@@ -14,6 +14,7 @@ from core.weights.families.base import Family, Row, UnsupportedModel, layer_type
 
 STOPS = ("<turn|>", "<eos>")  # Gemma 4's chat template: <|turn>user ... <turn|>
 LAYER_KEYS = ("head_dim", "num_key_value_heads")  # what per_layer_config may set
+SHARED_FROM = ["sliding_attention", "full_attention"]  # llama.cpp's last two unshared layers
 
 
 def full_layer_shape(hf: dict, types: list[str], source: str) -> tuple[int, int | None]:
@@ -213,6 +214,78 @@ def layer_rows(c: GPTConfig, i: int, sparse: bool) -> list[Row]:
     return rows
 
 
+# -- GGUF (llama.cpp's gemma4, as convert_hf_to_gguf.py's Gemma4Model writes it) -------------
+
+
+def gguf_rename(hf_name: str) -> str | None:
+    """The router's scales, which gguf's map lacks: ffn_gate_inp.scale, ffn_down_exps.scale."""
+    parts = hf_name.split(".")
+    if len(parts) == 5 and parts[3] == "router" and parts[4] in ("scale", "per_expert_scale"):
+        tensor = "ffn_gate_inp" if parts[4] == "scale" else "ffn_down_exps"
+        return f"blk.{parts[2]}.{tensor}.scale"
+    return None
+
+
+def gguf_hparams(writer, c: GPTConfig) -> None:
+    """Per-layer shapes: sliding pattern, the full layers' head size, kv heads and rotary
+    dimensions apart from the sliding layers', shared kv layers, per-layer input width."""
+    sliding = [t == "sliding_attention" for t in c.layer_types]
+    full_head = c.full_head_dim or c.head_dim
+    writer.add_sliding_window(c.sliding_window)
+    writer.add_sliding_window_pattern(sliding)
+    writer.add_shared_kv_layers(c.kv_shared_layers)
+    writer.add_embedding_length_per_layer_input(c.per_layer_dim or 0)
+    writer.add_key_length(full_head)
+    writer.add_value_length(full_head)
+    writer.add_key_length_swa(c.head_dim)
+    writer.add_value_length_swa(c.head_dim)
+    writer.add_rope_dimension_count(full_head)  # proportional: rope_freqs keeps the rest still
+    writer.add_rope_dimension_count_swa(c.head_dim)
+    writer.add_rope_freq_base_swa(c.rope_local_theta)
+    if c.wide_shared_mlp:
+        first = c.n_layers - c.kv_shared_layers
+        writer.add_feed_forward_length(
+            [c.ffn_dim * (2 if i >= first else 1) for i in range(c.n_layers)]
+        )
+    if c.full_kv_heads:
+        writer.add_head_count_kv([c.n_kv_heads if s else c.full_kv_heads for s in sliding])
+    if c.logit_softcap:
+        writer.add_final_logit_softcapping(c.logit_softcap)
+
+
+def gguf_extra(c: GPTConfig) -> dict:
+    """rope_freqs for the full layers' proportional RoPE: 1 for the angles that turn, 1e30
+    (no turn) for the rest, as llama.cpp's neox rotation has no gap between them."""
+    import torch
+
+    scaling = c.rope_scaling or {}
+    if scaling.get("rope_type") != "proportional":
+        return {}
+    half = (c.full_head_dim or c.head_dim) // 2
+    turning = int(scaling["partial_rotary_factor"] * half)
+    values = [1.0] * turning + [1e30] * (half - turning)
+    return {"rope_freqs.weight": torch.tensor(values, dtype=torch.float32)}
+
+
+def gguf_check(c: GPTConfig) -> str | None:
+    if c.rope_local_theta != 10_000.0:
+        return (
+            "llama.cpp's gemma4 gives sliding layers RoPE base 10000, this model "
+            f"{c.rope_local_theta:g}"
+        )
+    first = c.n_layers - c.kv_shared_layers
+    if c.kv_shared_layers and c.layer_types[first - 2 : first] != SHARED_FROM:
+        return (
+            "llama.cpp's gemma4 takes shared keys and values from the two layers before the "
+            "shared ones, a sliding then a full-attention layer; this model's layer_types differ"
+        )
+    if (c.rope_scaling or {}).get("factor", 1.0) != 1.0:
+        return "llama.cpp's gemma4 has no factor on proportional RoPE, which this model sets"
+    if not c.layer_types or c.layer_types[-1] != "full_attention":
+        return "llama.cpp's gemma4 needs layer_types ending in a full-attention layer"
+    return None
+
+
 def form(c: GPTConfig) -> str:
     """The info line's words for this model's form."""
     parts = []
@@ -247,4 +320,9 @@ FAMILY = Family(
     chat_format="gemma4",
     stops=STOPS,
     notes=notes,
+    gguf_hparams=gguf_hparams,
+    gguf_extra=gguf_extra,
+    gguf_check=gguf_check,
+    gguf_rename=gguf_rename,
+    gguf_fused_gate_up=True,
 )
