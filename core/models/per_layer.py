@@ -40,8 +40,7 @@ def kv_source(c, layer: int) -> int | None:
             return j
     kind = "full-attention" if full else "sliding"
     raise ValueError(
-        f"kv_shared_layers: layer {layer} is {kind} but no earlier layer of that kind makes "
-        "keys and values to share"
+        f"layer {layer} is {kind} but no earlier layer of that kind makes keys and values to share"
     )
 
 

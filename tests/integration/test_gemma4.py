@@ -52,7 +52,7 @@ def test_logits_and_greedy_text_equal_transformers_past_the_window(tmp_path, for
     for cache in (True, False):
         assert list(generate_ids(loaded.model, ids[:12], 10, 0, use_cache=cache)) == want
     line = info_line(open_pretrained(str(tmp_path)).info())
-    assert "per-layer inputs" in line and "2 layers sharing keys and values" in line
+    assert "per-layer inputs: a " in line and "2 layers sharing keys and values" in line
 
 
 def run_config(tmp_path, **extra):
@@ -164,3 +164,43 @@ def test_f32_gguf_scores_a_text_in_llama_cpp_as_transformers_does(tmp_path, form
     rows, targets = torch.arange(len(ids) - 1), torch.tensor(ids[1:])
     diff = (got[rows, targets] - want[rows, targets]).abs().max().item()
     assert diff < 2e-3
+
+
+def test_what_it_cannot_build_or_llama_cpp_would_run_otherwise_is_one_line():
+    from hf_models import make_config
+
+    from core.errors import UserError
+
+    hf = make_config("gemma4", 100).to_dict()
+    hf = {**{k: v for k, v in hf.items() if k != "per_layer_config"}, "global_head_dim": 32}
+    bad = {
+        "per_layer_config": (
+            {"per_layer_config": {"3": {"head_dim": 32}, "5": {"head_dim": 64}}},
+            "per_layer_config gives the full-attention layers different shapes",
+        ),
+        "sliding layer override": (
+            {"per_layer_config": {"0": {"head_dim": 32}}},
+            "per_layer_config sets .* on layer 0; supported: .* on full-attention layers",
+        ),
+        "bidirectional": (
+            {"use_bidirectional_attention": "all"},
+            "use_bidirectional_attention 'all' is not supported",
+        ),
+        "all layers shared": ({"num_kv_shared_layers": 6}, "num_kv_shared_layers must be 0 to 5"),
+        "no full layer to share": (
+            {"layer_types": ["sliding_attention"] * 4 + ["full_attention"] * 2},
+            "layer 4 is full-attention but no earlier layer of that kind",
+        ),
+        "rope": (
+            {"rope_parameters": {"full_attention": {"rope_type": "yarn", "factor": 2.0}}},
+            "rope_parameters 'yarn' on full-attention layers is not supported",
+        ),
+    }
+    for change, message in bad.values():
+        with pytest.raises(UserError, match=message):
+            families.model_config({**hf, **change})
+    # transformers shares keys as this layer pattern says; llama.cpp takes the last two
+    # layers before the shared ones: the export names the difference
+    types = ["sliding_attention", "full_attention", "sliding_attention"] * 2
+    _, c = families.model_config({**hf, "layer_types": types})
+    assert "llama.cpp's gemma4 takes shared keys and values" in families.get("gemma4").gguf_check(c)

@@ -9,7 +9,7 @@ MoE block (core.models.moe's rms_softmax_topk router beside a dense MLP)."""
 from __future__ import annotations
 
 from core.models.model import GPTConfig
-from core.models.per_layer import kv_source
+from core.models.per_layer import kv_source, table_params
 from core.weights.families.base import Family, Row, UnsupportedModel, layer_types, sparse_layers
 
 STOPS = ("<turn|>", "<eos>")  # Gemma 4's chat template: <|turn>user ... <turn|>
@@ -145,7 +145,7 @@ def config(hf: dict, source: str) -> GPTConfig:
     try:
         [kv_source(c, i) for i in range(n)]
     except ValueError as e:
-        raise UnsupportedModel(f"{source}: {e}") from None
+        raise UnsupportedModel(f"{source}: num_kv_shared_layers {shared}: {e}") from None
     return c
 
 
@@ -292,7 +292,9 @@ def form(c: GPTConfig) -> str:
     if c.moe:
         parts.append(f"MoE: {c.moe['n_experts']} experts, top {c.moe['top_k']}")
     if c.per_layer_dim:
-        parts.append("per-layer inputs")
+        table = table_params(c)
+        size = f"{table / 1e9:.2f}B" if table >= 1e9 else f"{table / 1e6:.1f}M"
+        parts.append(f"per-layer inputs: a {size}-parameter table, looked up, frozen under LoRA")
     if c.kv_shared_layers:
         parts.append(f"{c.kv_shared_layers} layers sharing keys and values")
     return ", ".join(parts)
