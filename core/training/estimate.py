@@ -92,7 +92,9 @@ def flops_per_token(cfg: TrainConfig, c: GPTConfig | None = None) -> int:
     counts the parameters a token passes through (an MoE model's active ones)."""
     c = c or model_shape(cfg)
     n = active_params(c) - _position_params(c) - table_params(c)  # lookups, not products
-    return 6 * n + 12 * c.n_layers * c.n_heads * c.head_dim * cfg.seq_len
+    heads = sum(layer_shape(c, i).head_dim for i in range(c.n_layers)) if varies(c) else None
+    heads = heads or c.n_layers * c.head_dim  # Gemma 4: full layers' heads are wider
+    return 6 * n + 12 * c.n_heads * heads * cfg.seq_len
 
 
 def _token_ffn(c: GPTConfig) -> int:
