@@ -5,7 +5,8 @@ rotary positions (linear, llama3, yarn and longrope scaling, partial rotary, loc
 bases, layers without positions), GELU, SwiGLU or GeGLU MLP, grouped-query attention, a head
 size and attention scale of their own, q/k/v biases, q/k norms, post-norms, sliding-window
 layers, soft-capped attention scores and logits, attention sinks (gpt-oss), scaled embeddings,
-tied or separate head.
+tied or separate head; and Gemma 4's per-layer options (core.models.per_layer: per-layer input
+embeddings, full-attention layers' own head size, shared keys and values, k_eq_v).
 
 The defaults are TrainDeck's own GPT-2-style model. A family is a set of these options plus a
 weight-name table (core.weights.families), not a class of its own. q, k and v live in one fused
