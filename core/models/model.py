@@ -34,10 +34,10 @@ from core.models.per_layer import (
     PerLayerGate,
     PerLayerInputs,
     Side,
+    attn_sizes,
     kv_source,
     kv_sources,
     layer_shape,
-    qkv_sizes,
     unit_rms,
 )
 from core.models.tiling import ATTN_CHUNK_QUERIES, MLP_TILE_TOKENS, chunked_causal, tiled, tiles
@@ -287,7 +287,7 @@ class SelfAttention(nn.Module):
     def __init__(self, c: GPTConfig, layer: int = 0):
         super().__init__()
         self.n_heads, self.n_kv, self.hd = c.n_heads, c.n_kv_heads, c.head_dim
-        self.sizes = qkv_sizes(c, layer)  # q alone, or q and k, where k and v come otherwise
+        self.sizes = attn_sizes(c, layer)  # q alone, or q and k, where k and v come otherwise
         self.layer, self.source = layer, kv_source(c, layer)
         self.stores = layer in kv_sources(c)  # later layers reuse its keys and values
         self.v_norm, self.eps = c.v_norm, c.norm_eps

@@ -7,7 +7,7 @@
 - KV sharing: the last kv_shared_layers layers project no keys or values and reuse those of
   the last earlier layer of their kind (kv_source); with wide_shared_mlp their MLP is twice
   as wide;
-- k_eq_v: a full-attention layer's values are its keys' projection (qkv_sizes).
+- k_eq_v: a full-attention layer's values are its keys' projection (attn_sizes).
 
 As transformers 5.24's models/gemma4 computes them.
 """
@@ -62,7 +62,7 @@ def layer_shape(c, layer: int):
     return dataclasses.replace(c, **changes) if changes else c
 
 
-def qkv_sizes(c, layer: int) -> tuple[int, ...]:
+def attn_sizes(c, layer: int) -> tuple[int, ...]:
     """The output widths of layer `layer`'s fused q/k/v Linear (c: layer_shape's): q only on a
     layer that reuses keys and values, q and k where values are the keys (k_eq_v)."""
     q, kv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim

@@ -16,7 +16,7 @@ from functools import partial
 import torch
 
 from core.models.model import GPTConfig
-from core.models.per_layer import layer_shape, qkv_sizes
+from core.models.per_layer import attn_sizes, layer_shape
 from core.weights import mxfp4
 from core.weights.families import (
     gemma2,
@@ -152,7 +152,7 @@ def split_rows(name: str, c: GPTConfig, tensor: torch.Tensor, n_parts: int) -> l
         return list(tensor.reshape(-1, *tensor.shape[2:]).chunk(n_parts))
     if ".attn.qkv." in name:  # the layer's own q, k, v widths (Gemma 4's differ by layer)
         layer = int(name.split(".")[1])
-        sizes = list(qkv_sizes(layer_shape(c, layer), layer))
+        sizes = list(attn_sizes(layer_shape(c, layer), layer))
     else:  # gate and up: equal halves (a dense MLP's ffn_dim, a shared expert's own)
         return list(tensor.chunk(n_parts, dim=0))
     return list(tensor.split(sizes, dim=0))
