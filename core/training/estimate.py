@@ -318,6 +318,8 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
     # first step's runtime counted apart (docs/performance.md).
     extra = 0 if on_gpu else CPU_EXTRA_BLOCK * (bool(cfg.grad_checkpointing) + fused)
     activations += 3 * 4 * d * tokens + (1 + extra) * grad_layer
+    if c.per_layer_dim:  # Gemma 4's per-layer inputs, every layer's at once: looked up,
+        activations += 3 * 4 * c.n_layers * c.per_layer_dim * tokens  # projected, mixed
     activations += _score_bytes(cfg, c, rows, on_gpu)
     e = _act_bytes(precision)
     # LinearCrossEntropy (one fp32 block, in place) serves a plain head; Gemma 2's
