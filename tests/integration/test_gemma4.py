@@ -191,6 +191,11 @@ def test_what_it_cannot_build_or_llama_cpp_would_run_otherwise_is_one_line():
             {"layer_types": ["sliding_attention"] * 4 + ["full_attention"] * 2},
             "layer 4 is full-attention but no earlier layer of that kind",
         ),
+        "layer type": (
+            {"layer_types": ["sliding_attention"] * 5 + ["chunked_attention"]},
+            "layer_types must be 6 of sliding_attention and full_attention, got 6 with "
+            "'chunked_attention'",
+        ),
         "rope": (
             {"rope_parameters": {"full_attention": {"rope_type": "yarn", "factor": 2.0}}},
             "rope_parameters 'yarn' on full-attention layers is not supported",

@@ -102,6 +102,12 @@ def config(hf: dict, source: str) -> GPTConfig:
             f"got {shared}"
         )
     types = layer_types(hf, 6)
+    unknown = sorted(set(types) - set(SHARED_FROM))
+    if unknown or len(types) != n:
+        raise UnsupportedModel(
+            f"{source}: layer_types must be {n} of sliding_attention and full_attention, "
+            f"got {len(types)}" + (f" with {', '.join(map(repr, unknown))}" if unknown else "")
+        )
     types[-1] = "full_attention"  # as transformers forces it
     width, heads = hf["hidden_size"], hf["num_attention_heads"]
     full_head, full_kv = full_layer_shape(hf, types, source)
