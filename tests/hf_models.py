@@ -89,6 +89,43 @@ MOE_CONFIGS = {
         "pad_token_id": None,
     },
 }
+# Gemma 4's tiny models: sliding (window 8) and full layers with a head size, kv heads and
+# proportional RoPE of their own, per-layer inputs, the last two layers reusing keys and
+# values (with double-wide MLPs), soft-capped logits; the MoE form (26B-A4B's) adds k_eq_v
+# and experts beside the dense MLP.
+GEMMA4_LAYERS = ["sliding_attention"] * 3 + [
+    "full_attention",
+    "sliding_attention",
+    "full_attention",
+]
+GEMMA4_CONFIGS = {
+    "gemma4": {
+        "num_hidden_layers": 6,
+        "layer_types": GEMMA4_LAYERS,
+        "head_dim": 16,
+        "global_head_dim": 32,
+        "sliding_window": 8,
+        "hidden_size_per_layer_input": 8,
+        "num_kv_shared_layers": 2,
+        "use_double_wide_mlp": True,
+        "final_logit_softcapping": 30.0,
+    },
+    "gemma4_moe": {
+        "num_hidden_layers": 6,
+        "layer_types": GEMMA4_LAYERS,
+        "head_dim": 16,
+        "global_head_dim": 32,
+        "num_global_key_value_heads": 1,
+        "attention_k_eq_v": True,
+        "sliding_window": 8,
+        "hidden_size_per_layer_input": 8,
+        "num_kv_shared_layers": 2,
+        "enable_moe_block": True,
+        "num_experts": 4,
+        "top_k_experts": 2,
+        "moe_intermediate_size": 16,
+    },
+}
 # gpt-oss's tiny model: 4 layers, sliding (window 4) and full alternating, 4 experts top-2,
 # gpt-oss-20b's YaRN, head_dim 8 apart from the width; an init wide enough that the clamped
 # SwiGLU clamps.
@@ -238,6 +275,8 @@ def make_config(family: str, vocab: int, **extra):
         extra = {**MOE_CONFIGS[family], **extra}
     if family == "gpt_oss":
         extra = {**GPT_OSS_CONFIG, **extra}
+    if family in GEMMA4_CONFIGS:
+        extra = {**GEMMA4_CONFIGS[family], **extra}
     shape = {**shape, **{k: extra.pop(k) for k in list(extra) if k in shape}}
     if family == "llama2":
         return t.LlamaConfig(**shape, **common, **extra)
@@ -257,6 +296,10 @@ def make_config(family: str, vocab: int, **extra):
         return t.Qwen2Config(**shape, tie_word_embeddings=True, **common, **extra)
     if family == "gpt_oss":
         return t.GptOssConfig(**shape, **common, **extra)
+    if family in GEMMA4_CONFIGS:
+        vocab = {"vocab_size_per_layer_input": common["vocab_size"], "bos_token_id": None}
+        extra.setdefault("pad_token_id", extra.get("eos_token_id"))
+        return t.Gemma4TextConfig(**shape, **common, **vocab, **extra)
     if family in MOE_CONFIGS:
         kind = {
             "qwen3_moe": t.Qwen3MoeConfig,

@@ -19,8 +19,8 @@ from core.errors import ConfigError
 
 TARGETS = {
     "attn": ("attn.qkv", "attn.proj"),
-    "mlp": ("mlp.fc", "mlp.proj"),
-    "all": ("attn.qkv", "attn.proj", "mlp.fc", "mlp.proj"),
+    "mlp": ("mlp.fc", "mlp.proj", "dense.fc", "dense.proj"),  # dense: Gemma 4 MoE's dense MLP
+    "all": ("attn.qkv", "attn.proj", "mlp.fc", "mlp.proj", "dense.fc", "dense.proj"),
 }
 
 

@@ -5,7 +5,8 @@ rotary positions (linear, llama3, yarn and longrope scaling, partial rotary, loc
 bases, layers without positions), GELU, SwiGLU or GeGLU MLP, grouped-query attention, a head
 size and attention scale of their own, q/k/v biases, q/k norms, post-norms, sliding-window
 layers, soft-capped attention scores and logits, attention sinks (gpt-oss), scaled embeddings,
-tied or separate head.
+tied or separate head; and Gemma 4's per-layer options (core.models.per_layer: per-layer input
+embeddings, full-attention layers' own head size, shared keys and values, k_eq_v).
 
 The defaults are TrainDeck's own GPT-2-style model. A family is a set of these options plus a
 weight-name table (core.weights.families), not a class of its own. q, k and v live in one fused
@@ -29,6 +30,16 @@ from core.models.fused import Remake, rms_norm, signed_sin, swiglu
 from core.models.fused import rope as fused_rope
 from core.models.loss import lm_loss, sequence_logps, token_logps
 from core.models.moe import LoadMeter, MoE, aux_loss, is_sparse, records
+from core.models.per_layer import (
+    PerLayerGate,
+    PerLayerInputs,
+    Side,
+    attn_sizes,
+    kv_source,
+    kv_sources,
+    layer_shape,
+    unit_rms,
+)
 from core.models.tiling import ATTN_CHUNK_QUERIES, MLP_TILE_TOKENS, chunked_causal, tiled, tiles
 
 VOCAB_SIZE = 256  # bytes: no tokenizer to download
@@ -103,6 +114,16 @@ class GPTConfig:
     # equal within fp32 rounding, not bit for bit, so a fine-tune (from_train with a base)
     # uses them and a new model keeps the plain ops its older runs resume with exactly.
     fused: bool = False
+    # Gemma 4's per-layer options (core.models.per_layer); each default leaves the model as it was.
+    per_layer_dim: int | None = None  # per-layer input embeddings: each layer's vector size
+    per_layer_vocab: int | None = None  # their table's rows; None: vocab_size
+    full_head_dim: int | None = None  # full-attention layers' own head size
+    full_kv_heads: int | None = None  # and their own kv-head count
+    k_eq_v: bool = False  # full-attention layers: the values are the keys' projection
+    v_norm: bool = False  # an RMSNorm without scale over each value head
+    kv_shared_layers: int = 0  # the last n layers reuse an earlier layer's keys and values
+    wide_shared_mlp: bool = False  # and have an MLP twice ffn_dim wide
+    layer_scalar: bool = False  # each layer's output times a scalar of its weights
 
     def __post_init__(self):
         self.n_kv_heads = self.n_kv_heads or self.n_heads
@@ -191,6 +212,10 @@ def rope_frequencies(c: GPTConfig, long: bool = False) -> torch.Tensor:
     inv = 1.0 / (c.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
     s = c.rope_scaling or {}
     kind = rope_kind(c)
+    if kind == "proportional":  # Gemma 4: the first angles of each half turn, the rest not
+        turning = int(s["partial_rotary_factor"] * d // 2)
+        inv = torch.cat((inv[:turning], torch.zeros(d // 2 - turning)))
+        return inv / s.get("factor", 1.0)
     if kind == "linear":
         return inv / s["factor"]
     if kind == "longrope":
@@ -262,13 +287,17 @@ class SelfAttention(nn.Module):
     def __init__(self, c: GPTConfig, layer: int = 0):
         super().__init__()
         self.n_heads, self.n_kv, self.hd = c.n_heads, c.n_kv_heads, c.head_dim
-        self.sizes = (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.n_kv_heads * c.head_dim)
+        self.sizes = attn_sizes(c, layer)  # q alone, or q and k, where k and v come otherwise
+        self.layer, self.source = layer, kv_source(c, layer)
+        self.stores = layer in kv_sources(c)  # later layers reuse its keys and values
+        self.v_norm, self.eps = c.v_norm, c.norm_eps
         self.qkv = nn.Linear(c.hidden_dim, sum(self.sizes), bias=c.qkv_bias)
         self.proj = nn.Linear(c.n_heads * c.head_dim, c.hidden_dim, bias=c.out_bias)
         if c.qk_norm:
             q_dim, k_dim = self.sizes[:2] if c.qk_norm_whole else (c.head_dim, c.head_dim)
             self.q_norm = RMSNorm(q_dim, c.norm_eps, c.fused, c.norm_offset)
-            self.k_norm = RMSNorm(k_dim, c.norm_eps, c.fused, c.norm_offset)
+            if self.source is None:  # a layer reusing another's keys has no k_norm
+                self.k_norm = RMSNorm(k_dim, c.norm_eps, c.fused, c.norm_offset)
         self.qk_norm, self.fused = c.qk_norm, c.fused
         self.norm_whole, self.clip = c.qk_norm and c.qk_norm_whole, c.qkv_clip
         self.dropout = c.dropout
@@ -284,34 +313,49 @@ class SelfAttention(nn.Module):
         self.explicit = bool(c.attn_softcap or c.attn_sinks)  # scores SDPA cannot make
 
     def _qkv(self, x, rope):
+        """q, k and v (B, heads, T, head); k and v None on a layer that reuses another's."""
         b, t, _ = x.shape
-        q, k, v = self.qkv(x).split(self.sizes, dim=2)
+        q, *kv = self.qkv(x).split(self.sizes, dim=2)
+        k, v = (kv[0], kv[-1]) if kv else (None, None)  # k_eq_v: the values are k's output
         if self.norm_whole:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.clip is not None:
             q, k, v = (t.clamp(-self.clip, self.clip) for t in (q, k, v))
         q = q.view(b, t, self.n_heads, self.hd).transpose(1, 2)
-        k = k.view(b, t, self.n_kv, self.hd).transpose(1, 2)
-        v = v.view(b, t, self.n_kv, self.hd).transpose(1, 2)
-        if self.fused and torch.is_grad_enabled():
-            # SDPA keeps v for backward: a view would keep all of qkv's output alive, the
-            # q and k parts of which RoPE has already copied.
-            v = v.contiguous()
+        if k is not None:
+            k = k.view(b, t, self.n_kv, self.hd).transpose(1, 2)
+            v = v.view(b, t, self.n_kv, self.hd).transpose(1, 2)
+            if self.fused and torch.is_grad_enabled():
+                # SDPA keeps v for backward: a view would keep all of qkv's output alive, the
+                # q and k parts of which RoPE has already copied.
+                v = v.contiguous()
         if self.qk_norm and not self.norm_whole:
-            q, k = self.q_norm(q), self.k_norm(k)
+            q = self.q_norm(q)
+            k = k if k is None else self.k_norm(k)
+        if self.v_norm and v is not None:
+            v = unit_rms(v, self.eps)
         if rope is not None and self.use_rope:
             rope = rope[2:] if self.local_rope else rope[:2]
             cos, sin = (r.to(q.dtype) for r in rope)
-            if self.rope_dim:  # partial rotary: the first rope_dim dimensions turn
-                d = self.rope_dim
-                q = torch.cat((rotate(q[..., :d], cos, sin), q[..., d:]), dim=-1)
-                k = torch.cat((rotate(k[..., :d], cos, sin), k[..., d:]), dim=-1)
-            elif self.fused:
-                sin = signed_sin(sin)
-                q, k = fused_rope(q, cos, sin), fused_rope(k, cos, sin)
-            else:
-                q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+            q = self._rotate(q, cos, sin)
+            k = k if k is None else self._rotate(k, cos, sin)
         return q, k, v
+
+    def _rotate(self, x, cos, sin):
+        if self.rope_dim:  # partial rotary: the first rope_dim dimensions turn
+            d = self.rope_dim
+            return torch.cat((rotate(x[..., :d], cos, sin), x[..., d:]), dim=-1)
+        if self.fused:
+            return fused_rope(x, cos, signed_sin(sin))
+        return rotate(x, cos, sin)
+
+    def _shared(self, k, v, side):
+        """k and v, or the earlier layer's that this one reuses; kept for later layers."""
+        if self.source is not None:
+            return side.kv[self.source]
+        if self.stores:
+            side.kv[self.layer] = (k, v)
+        return k, v
 
     def _attend(self, q, k, v, causal: bool, mask=None):
         gqa = self.n_kv != self.n_heads
@@ -366,17 +410,20 @@ class SelfAttention(nn.Module):
             scale=self.scale,
         )
 
-    def forward(self, x, rope=None, mask=None):
+    def forward(self, x, rope=None, mask=None, side: Side | None = None):
         q, k, v = self._qkv(x, rope)
+        k, v = self._shared(k, v, side)
         return self.resid_drop(self._attend(q, k, v, causal=True, mask=mask))
 
-    def cached(self, x, past, rope=None, mask=None):
+    def cached(self, x, past, rope=None, mask=None, side: Side | None = None):
         """forward() for generation: attends to past (k, v) too; returns (y, new (k, v)).
         mask (B, 1, T, K): the keys each query sees (core.models.cache.masks_for); None:
-        causal without a past, every key with one."""
+        causal without a past, every key with one. A layer that reuses another's keys and
+        values keeps that layer's (the same tensors, no copy)."""
         q, k, v = self._qkv(x, rope)
-        if past is not None:
+        if past is not None and self.source is None:
             k, v = torch.cat((past[0], k), dim=2), torch.cat((past[1], v), dim=2)
+        k, v = self._shared(k, v, side)
         return self._attend(q, k, v, causal=past is None and mask is None, mask=mask), (k, v)
 
 
@@ -447,34 +494,53 @@ class MLP(nn.Module):
 class Block(nn.Module):
     def __init__(self, c: GPTConfig, layer: int = 0):
         super().__init__()
+        c = layer_shape(c, layer)  # Gemma 4: a layer's own head size, kv heads, MLP width
+        self.layer = layer
         self.ln1 = make_norm(c)
         self.attn = SelfAttention(c, layer)
         self.ln2 = make_norm(c)
-        self.mlp = MoE(c, MLP) if is_sparse(c, layer) else MLP(c)
+        self.mlp = MoE(c, MLP, make_norm) if is_sparse(c, layer) else MLP(c)
+        self.routes_stream = is_sparse(c, layer) and self.mlp.options["parallel_dense"]
         self.post_norms = c.post_norms
         if c.post_norms:  # Gemma 2/3: each sub-layer's output normed before the add
             self.ln1_post = make_norm(c)
             self.ln2_post = make_norm(c)
+        if c.per_layer_dim:  # Gemma 4: the layer's per-layer input, gated and added
+            self.per_layer = PerLayerGate(c, make_norm)
+        if c.layer_scalar:  # Gemma 4: set by its weights
+            self.register_buffer("scalar", torch.ones(1))
 
-    def forward(self, x, rope=None, mask=None, remake: Remake | None = None):
+    def forward(self, x, rope=None, mask=None, remake: Remake | None = None, side=None):
         if self.post_norms:
-            x = x + self.ln1_post(self.attn(self._norm(self.ln1, x, remake), rope, mask))
-            return x + self.ln2_post(self.mlp(self._norm(self.ln2, x, remake), remake))
-        x = x + self.attn(self._norm(self.ln1, x, remake), rope, mask)
-        return x + self.mlp(self._norm(self.ln2, x, remake), remake)
+            x = x + self.ln1_post(self.attn(self._norm(self.ln1, x, remake), rope, mask, side))
+            return self._last(x + self.ln2_post(self._mlp(x, remake)), side)
+        x = x + self.attn(self._norm(self.ln1, x, remake), rope, mask, side)
+        return self._last(x + self._mlp(x, remake), side)
+
+    def _mlp(self, x, remake: Remake | None = None):
+        h = self._norm(self.ln2, x, remake)
+        if self.routes_stream:  # Gemma 4's experts: routed on the stream before ln2
+            return self.mlp(h, remake, stream=x)
+        return self.mlp(h, remake)
+
+    def _last(self, x, side):
+        """Gemma 4's end of a layer: its per-layer input added, then the layer scalar."""
+        if hasattr(self, "per_layer"):
+            x = self.per_layer(x, side.layer_input(self.layer))
+        return x * self.scalar if hasattr(self, "scalar") else x
 
     @staticmethod
     def _norm(norm, x, remake: Remake | None):
         out = norm(x)
         return out if remake is None else remake.register(out, lambda: norm(x))
 
-    def cached(self, x, past, rope=None, mask=None):
-        y, kv = self.attn.cached(self.ln1(x), past, rope, mask)
+    def cached(self, x, past, rope=None, mask=None, side=None):
+        y, kv = self.attn.cached(self.ln1(x), past, rope, mask, side)
         if self.post_norms:
             x = x + self.ln1_post(y)
-            return x + self.ln2_post(self.mlp(self.ln2(x))), kv
+            return self._last(x + self.ln2_post(self._mlp(x)), side), kv
         x = x + y
-        return x + self.mlp(self.ln2(x)), kv
+        return self._last(x + self._mlp(x), side), kv
 
 
 def packed(segments: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -517,6 +583,8 @@ class GPT(nn.Module):
             self.pos_emb = nn.Embedding(c.seq_len, c.hidden_dim)
         self.drop = nn.Dropout(c.dropout)
         self.blocks = nn.ModuleList(Block(c, i) for i in range(c.n_layers))
+        if c.per_layer_dim:  # Gemma 4 (core.models.per_layer)
+            self.per_layer_inputs = PerLayerInputs(c, make_norm)
         self.ln_f = make_norm(c)
         self.head = nn.Linear(c.hidden_dim, c.vocab_size, bias=False)
         if c.tie_embeddings:
@@ -565,7 +633,8 @@ class GPT(nn.Module):
         table = self._rope_cache.get(long)
         if table is None or table[0].shape[0] < end or table[0].device != device:
             n = max(end, 256)
-            inv = rope_frequencies(c, long).to(device)
+            full = dataclasses.replace(c, head_dim=c.full_head_dim) if c.full_head_dim else c
+            inv = rope_frequencies(full, long).to(device)
             table = self._rope_table(inv, n, device, rope_attention_factor(c))
             if c.rope_local_theta is not None:  # sliding layers' own base, no scaling
                 local = dataclasses.replace(c, rope_theta=c.rope_local_theta, rope_scaling=None)
@@ -643,18 +712,19 @@ class GPT(nn.Module):
         loss_mask is 0, under the logits divided by temperature (GRPO)."""
         positions, mask = packed(segments) if segments is not None else (None, None)
         x, rope = self._embed(idx, positions)
+        side = self._side(idx, x)
         x = self.drop(x)
         if self.config.grad_checkpointing and self.training:
             for block in self.blocks:
-                x = checkpoint(block, x, rope, mask, use_reentrant=False)
+                x = checkpoint(block, x, rope, mask, None, side, use_reentrant=False)
         elif self._remakes():
             remake = Remake()  # the adapters' inputs are remade in backward, not kept
             with remake.hooks():
                 for block in self.blocks:
-                    x = block(x, rope, mask, remake)
+                    x = block(x, rope, mask, remake, side)
         else:
             for block in self.blocks:
-                x = block(x, rope, mask)
+                x = block(x, rope, mask, None, side)
         aux = self.router_aux_loss()
         if aux is not None and self.training and torch.is_grad_enabled():
             self.moe_meter.add([self.blocks[i].mlp for i in self.moe_layers], aux)
@@ -670,6 +740,12 @@ class GPT(nn.Module):
         if coef and self.training:  # training only: the validation loss stays comparable
             loss = loss + coef * aux
         return None, loss
+
+    def _side(self, idx, x) -> Side:
+        """What the blocks take beside the stream (Gemma 4's per-layer inputs, from the ids
+        and their scaled embeddings x, and its shared keys and values)."""
+        inputs = self.per_layer_inputs(idx, x) if hasattr(self, "per_layer_inputs") else None
+        return Side(inputs)
 
     def router_aux_loss(self):
         """The load-balancing loss of the last forward, unscaled, pooled over the MoE
@@ -728,12 +804,13 @@ class GPT(nn.Module):
             k_pos, k_valid, ids = positions, valid, idx
         long = self._long(k_valid.sum(1))
         x, rope = self._embed_rows(idx, positions, long)
+        side = self._side(idx, x)
         windows = {block.attn.window for block in self.blocks}
         masks = masks_for(windows, positions, k_pos, k_valid, first=cache is None)
         layers = []
         for i, block in enumerate(self.blocks):
             past = None if cache is None else cache.layers[i]
-            x, kv = block.cached(x, past, rope, masks[block.attn.window])
+            x, kv = block.cached(x, past, rope, masks[block.attn.window], side)
             layers.append(kv)
         if last:  # each row's last token
             end = valid.shape[1] - 1 - valid.flip(1).long().argmax(1)

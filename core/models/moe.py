@@ -5,6 +5,11 @@ The experts are stacked tensors in transformers 5.x's fused layout: `gate_up` [E
 gate's rows first, then the up rows) and `down` [E, H, I]. Other layouts (per-expert
 checkpoints, gpt-oss's interleaved [E, H, 2I]) are converted by the family weight maps.
 
+Gemma 4's form (router "rms_softmax_topk", parallel_dense): the router reads the stream
+RMS-normed without scale, times a learned scale and hidden^-0.5, renormalizes its top-k and
+scales each by its expert's own factor; a dense MLP runs beside the experts, each with norms
+of its own, and their outputs are summed.
+
 The compute never loops over tokens: the token-expert assignments are sorted by expert and
 run through one grouped matrix product (`torch.nn.functional.grouped_mm`), or, where this
 torch has none for the device and dtype, one matrix product per expert over its contiguous
@@ -21,7 +26,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-ROUTERS = ("softmax_topk", "topk_softmax")
+from core.models.per_layer import unit_rms
+
+ROUTERS = ("softmax_topk", "topk_softmax", "rms_softmax_topk")
+ACTIVATIONS = ("silu", "gelu_tanh")  # the experts' gate
 DEFAULTS = {
     "norm_topk": False,
     "router": "softmax_topk",
@@ -32,6 +40,8 @@ DEFAULTS = {
     "swiglu_limit": None,
     "swiglu_alpha": None,
     "aux_coef": 0.0,
+    "activation": "silu",
+    "parallel_dense": False,  # Gemma 4: the dense MLP beside the experts, outputs summed
 }
 REQUIRED = ("n_experts", "top_k", "expert_dim")
 
@@ -51,6 +61,10 @@ def options(moe: dict) -> dict:
         )
     if o["router"] not in ROUTERS:
         raise ValueError(f"moe.router: expected one of {', '.join(ROUTERS)}, got {o['router']!r}")
+    if o["activation"] not in ACTIVATIONS:
+        raise ValueError(
+            f"moe.activation: expected one of {', '.join(ACTIVATIONS)}, got {o['activation']!r}"
+        )
     return o
 
 
@@ -71,9 +85,10 @@ class Route(NamedTuple):
 
 
 class MoE(nn.Module):
-    def __init__(self, c, mlp: type[nn.Module]):
+    def __init__(self, c, mlp: type[nn.Module], norm=None):
         """c: the model's GPTConfig (core.models.model imports this module, so it is not
-        named here); mlp: the dense MLP class, for Qwen2-MoE's shared expert."""
+        named here); mlp: the dense MLP class, for Qwen2-MoE's shared expert and Gemma 4's
+        dense MLP; norm: the model's norm maker (make_norm), for Gemma 4's."""
         super().__init__()
         o = options(c.moe)
         e, i, h = o["n_experts"], o["expert_dim"], c.hidden_dim
@@ -90,14 +105,26 @@ class MoE(nn.Module):
             )
             self.shared = mlp(shared)
             self.shared_gate = nn.Linear(h, 1, bias=False)
+        if o["router"] == "rms_softmax_topk":
+            self.router_scale = nn.Parameter(torch.ones(h))
+            self.expert_scale = nn.Parameter(torch.ones(e))
+            self.eps, self.root = c.norm_eps, h**-0.5
+        if o["parallel_dense"]:  # its own width and kind: c's ffn_dim and mlp
+            self.dense = mlp(c)
+            self.dense_norm = norm(c)  # after the dense MLP
+            self.in_norm = norm(c)  # before the experts
+            self.out_norm = norm(c)  # after them
         self.drop = nn.Dropout(c.dropout)
         self.last_stats: tuple | None = None
         self.last_route: Route | None = None
 
-    def forward(self, x, remake=None):
+    def forward(self, x, remake=None, stream=None):
+        """x (..., H): the normed stream; stream: the stream before that norm, which Gemma
+        4's router and experts read (its dense MLP reads x)."""
         shape = x.shape
         x = x.reshape(-1, shape[-1])
-        logits = self.router(x)
+        src = x if stream is None else stream.reshape(-1, shape[-1])
+        logits = self.router(self._router_input(src))
         probs = F.softmax(logits, dim=-1, dtype=torch.float32)
         if self.options["router"] == "topk_softmax":  # gpt-oss
             top, index = logits.topk(self.top_k, dim=-1)
@@ -106,11 +133,22 @@ class MoE(nn.Module):
             weights, index = probs.topk(self.top_k, dim=-1)
             if self.options["norm_topk"]:
                 weights = weights / weights.sum(dim=-1, keepdim=True)
-        out = self._experts(x, index, weights.to(x.dtype))
+            if hasattr(self, "expert_scale"):
+                weights = weights * self.expert_scale[index]
+        if self.options["parallel_dense"]:
+            out = self.out_norm(self._experts(self.in_norm(src), index, weights.to(x.dtype)))
+            out = self.dense_norm(self.dense(x, remake)) + out
+        else:
+            out = self._experts(src, index, weights.to(x.dtype))
         if hasattr(self, "shared"):
             out = out + torch.sigmoid(self.shared_gate(x)) * self.shared(x)
         self._keep_stats(probs, index)
         return self.drop(out).view(shape)
+
+    def _router_input(self, x):
+        if not hasattr(self, "router_scale"):
+            return x
+        return unit_rms(x, self.eps) * self.router_scale * self.root
 
     def _experts(self, x, index, weights):
         """sum_k weights[t, k] * expert_{index[t, k]}(x[t]) for every token t."""
@@ -138,6 +176,8 @@ class MoE(nn.Module):
     def _activate(self, h):
         gate, up = h.chunk(2, dim=-1)
         limit, alpha = self.options["swiglu_limit"], self.options["swiglu_alpha"]
+        if self.options["activation"] == "gelu_tanh":  # Gemma 4
+            return F.gelu(gate, approximate="tanh") * up
         if limit is None:
             return F.silu(gate) * up
         # gpt-oss: clamped, sigmoid(alpha * gate) and (up + 1)

@@ -22,6 +22,7 @@ from core.models.params import (
     shape_key,
     shape_params,
 )
+from core.models.per_layer import kv_source, layer_shape, table_params, varies
 from core.models.tiling import ATTN_CHUNK_QUERIES, MLP_TILE_TOKENS
 from core.platform.device import pick_precision
 from core.training import objectives
@@ -90,8 +91,10 @@ def flops_per_token(cfg: TrainConfig, c: GPTConfig | None = None) -> int:
     """Training FLOPs per token (forward + backward): 6N + 12 L d T, as in nanoGPT/PaLM; N
     counts the parameters a token passes through (an MoE model's active ones)."""
     c = c or model_shape(cfg)
-    n = active_params(c) - _position_params(c)
-    return 6 * n + 12 * c.n_layers * c.n_heads * c.head_dim * cfg.seq_len
+    n = active_params(c) - _position_params(c) - table_params(c)  # lookups, not products
+    heads = sum(layer_shape(c, i).head_dim for i in range(c.n_layers)) if varies(c) else None
+    heads = heads or c.n_layers * c.head_dim  # Gemma 4: full layers' heads are wider
+    return 6 * n + 12 * c.n_heads * heads * cfg.seq_len
 
 
 def _token_ffn(c: GPTConfig) -> int:
@@ -102,6 +105,7 @@ def _token_ffn(c: GPTConfig) -> int:
     m = c.moe
     sparse = sum(is_sparse(c, i) for i in range(c.n_layers))
     moe_width = m["top_k"] * m["expert_dim"] + (m.get("shared_expert_dim") or 0)
+    moe_width += c.ffn_dim if m.get("parallel_dense") else 0  # Gemma 4: a dense MLP beside
     return (sparse * moe_width + (c.n_layers - sparse) * c.ffn_dim) // c.n_layers
 
 
@@ -117,6 +121,26 @@ def _saved_bytes_per_token_layer(
     lora: str = "",
     tiled: bool = False,
 ) -> float:
+    """_layer_bytes of a block, or their mean over the layers where those differ in shape
+    (Gemma 4: full layers' own head size, layers that reuse keys and values keep none)."""
+    if not varies(c):
+        return _layer_bytes(c, dropout, precision, fused, lora, tiled)
+    total = 0.0
+    for i in range(c.n_layers):
+        s, own = layer_shape(c, i), kv_source(c, i) is None
+        total += _layer_bytes(s, dropout, precision, fused, lora, tiled, own)
+    return total / c.n_layers
+
+
+def _layer_bytes(
+    c: GPTConfig,
+    dropout: float,
+    precision: str,
+    fused: bool = False,
+    lora: str = "",
+    tiled: bool = False,
+    own_kv: bool = True,
+) -> float:
     """Bytes autograd keeps per token per block for the backward pass. fused: a fine-tune's
     model (core.models.fused), which remakes the norms' and SwiGLU's outputs in backward;
     lora: its LoRA targets, whose inputs the adapters keep for their gradients; tiled: the
@@ -125,9 +149,12 @@ def _saved_bytes_per_token_layer(
     q, kv, ffn = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, _token_ffn(c)
     fp32_residual = 2 * 4 * d  # norm inputs: the residual stream stays fp32 under autocast
     matmul_inputs = e * (d + q + ffn)  # qkv, attn proj and mlp fc inputs
+    kv *= own_kv  # a layer reusing another's keys and values keeps none of its own
     attention = e * (q + 2 * kv + q)  # q, k, v and the attention output (flash: no T x T)
     if c.qk_norm:
         attention += e * (q + kv)
+    if c.per_layer_dim:  # Gemma 4's per-layer input: gate input, its gelu, product, norm
+        attention += e * (2 * d + 3 * c.per_layer_dim)
     # GELU: its input and the projection's input; SwiGLU: gate and up, silu(gate), product
     mlp = e * (2 * ffn if c.mlp != "swiglu" else 4 * ffn)
     if fused:  # the linears' inputs are remade or kept as attention's output already
@@ -291,6 +318,8 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
     # first step's runtime counted apart (docs/performance.md).
     extra = 0 if on_gpu else CPU_EXTRA_BLOCK * (bool(cfg.grad_checkpointing) + fused)
     activations += 3 * 4 * d * tokens + (1 + extra) * grad_layer
+    if c.per_layer_dim:  # Gemma 4's per-layer inputs, every layer's at once: looked up,
+        activations += 3 * 4 * c.n_layers * c.per_layer_dim * tokens  # projected, mixed
     activations += _score_bytes(cfg, c, rows, on_gpu)
     e = _act_bytes(precision)
     # LinearCrossEntropy (one fp32 block, in place) serves a plain head; Gemma 2's

@@ -16,6 +16,7 @@ pytest.importorskip("transformers")
 from helpers import StopAfter, tiny_config  # noqa: E402
 from hf_models import TEXT, make_model  # noqa: E402
 
+from core.models.per_layer import table_params  # noqa: E402
 from core.runs.folder import read_metrics  # noqa: E402
 from core.training.trainer import Trainer  # noqa: E402
 from core.use.common import ExportError  # noqa: E402
@@ -283,12 +284,45 @@ GEMMA3_4B = {
 }
 
 
+# Gemma 4 E2B's language model (google/gemma-4-E2B's text_config, the fields read)
+GEMMA4_E2B = {
+    "architectures": ["Gemma4ForCausalLM"],
+    "model_type": "gemma4_text",
+    "hidden_size": 1536,
+    "intermediate_size": 6144,
+    "num_hidden_layers": 35,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 1,
+    "head_dim": 256,
+    "global_head_dim": 512,
+    "vocab_size": 262144,
+    "vocab_size_per_layer_input": 262144,
+    "hidden_size_per_layer_input": 256,
+    "num_kv_shared_layers": 20,
+    "use_double_wide_mlp": True,
+    "sliding_window": 512,
+    "final_logit_softcapping": 30.0,
+    "max_position_embeddings": 131072,
+    "layer_types": (["sliding_attention"] * 4 + ["full_attention"]) * 7,
+    "rope_parameters": {
+        "full_attention": {
+            "partial_rotary_factor": 0.25,
+            "rope_theta": 1000000.0,
+            "rope_type": "proportional",
+        },
+        "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"},
+    },
+}
+
+
 @pytest.mark.parametrize(
-    "config, low, high", [(GEMMA2_2B, 2.60e9, 2.62e9), (GEMMA3_4B, 3.87e9, 3.89e9)]
+    "config, low, high",
+    [(GEMMA2_2B, 2.60e9, 2.62e9), (GEMMA3_4B, 3.87e9, 3.89e9), (GEMMA4_E2B, 4.6e9, 4.7e9)],
 )
 def test_the_fit_ladder_answers_for_gemma_from_config_json_alone(tmp_path, config, low, high):
-    """Gemma 2 2B has 2.61B parameters, Gemma 3 4B's language model 3.88B; their 256k
-    vocabularies' logits are counted a chunk at a time, not for every position."""
+    """Gemma 2 2B has 2.61B parameters, Gemma 3 4B's language model 3.88B, Gemma 4 E2B's
+    4.6B, 2.35B of them its per-layer table (a lookup: no FLOPs); their 256k vocabularies'
+    logits are counted a chunk at a time, not for every position."""
     from core.config.spec import TrainConfig, validate
     from core.training.estimate import GB, estimate, fit_pretrained
     from core.weights.loader import apply_pretrained, config_only
@@ -303,6 +337,8 @@ def test_the_fit_ladder_answers_for_gemma_from_config_json_alone(tmp_path, confi
     assert vocab >= 256_000 and est.logits < 0.5 * GB < 8 * 2048 * vocab * 4
     fitted, why = fit_pretrained(cfg, 12 * GB)
     assert fitted is not None and estimate(fitted).device_total <= 0.9 * 12 * GB, why
+    table = table_params(pre.config)
+    assert est.flops_per_token < 6 * (est.n_params - table) + 12 * 2048 * 35 * 8 * 512
 
 
 @pytest.mark.parametrize("family", NEW)

@@ -2,7 +2,8 @@
 model's own cached forward, so greedy completions of a batch of prompts of different lengths
 equal core.generate's and transformers' greedy tokens for each prompt alone (Gemma's sliding
 windows, soft-caps and embedding scale, Gemma 3's local RoPE, Phi-3's LongRoPE switching
-factors mid-batch), left- or right-padded; and two steps of training move the weights."""
+factors mid-batch, Gemma 4's per-layer inputs and reused keys and values), left- or
+right-padded; and two steps of training move the weights."""
 
 from __future__ import annotations
 
@@ -84,7 +85,7 @@ def grpo_run(folder, tmp_path, **kw):
     return tmp_path / "run"
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", [*FAMILIES, "gemma4"])  # gemma4: shared keys and values
 def test_grpo_samples_greedily_as_generate_and_transformers_and_trains(tmp_path, family):
     hf, tok = make_model(tmp_path / "model", family)
     model = load(tmp_path / "model").model

@@ -13,7 +13,7 @@ from helpers import llama_greedy, tiny_config
 llama_cpp = pytest.importorskip("llama_cpp")
 pytest.importorskip("transformers")
 
-from hf_models import FAMILIES, TEXT, make_model  # noqa: E402
+from hf_models import FAMILIES, GPT_OSS_CONFIG, TEXT, make_model  # noqa: E402
 
 from core.training.trainer import Trainer  # noqa: E402
 from core.use.export import export  # noqa: E402
@@ -91,6 +91,55 @@ def test_yarn_rope_scaling_gguf_runs_in_llama_cpp(tmp_path, family):
     prompt = "def add(a, b): hello world 12 The quick brown fox"
     llm = llama_cpp_agrees(tmp_path / "model", tmp_path / "gguf", prompt)
     assert llm.metadata["general.architecture"] == family
+
+
+# Each MoE family's tiny model in the shape its llama.cpp architecture runs: experts in every
+# layer (llama.cpp's qwen2moe and qwen3moe have no dense layers), OLMoE without GQA or
+# clip_qkv, gpt-oss's SwiGLU clamped where llama.cpp clamps it; the export refuses the rest.
+MOE_AS_LLAMA_CPP = {
+    "qwen3_moe": {"mlp_only_layers": []},
+    "qwen2_moe": {"decoder_sparse_step": 1},
+    "mixtral": {},
+    "olmoe": {"num_key_value_heads": 4, "clip_qkv": None},  # as llama.cpp's olmoe runs
+    "gpt_oss": {
+        "swiglu_limit": 7.0,
+        # llama.cpp's YaRN rounds its ramp's ends (truncate), which gpt-oss's config turns off
+        "rope_parameters": {**GPT_OSS_CONFIG["rope_parameters"], "truncate": True},
+    },
+}
+
+
+def log_likelihoods(logits: np.ndarray, ids: list[int]) -> np.ndarray:
+    """log p(ids[t + 1] | ids[:t + 1]) from each position's logits."""
+    x = np.asarray(logits[: len(ids) - 1], dtype=np.float64)
+    top = x.max(1, keepdims=True)
+    logp = x - top - np.log(np.exp(x - top).sum(1, keepdims=True))
+    return logp[np.arange(len(ids) - 1), ids[1:]]
+
+
+@pytest.mark.parametrize("family", list(MOE_AS_LLAMA_CPP))
+def test_moe_gguf_log_likelihoods_match_transformers(tmp_path, family):
+    """llama.cpp's stacked experts (ffn_gate_inp, ffn_{gate,up,down}_exps, shared expert,
+    biases, sinks) as TrainDeck writes them score a text as transformers does."""
+    hf, tok = make_model(tmp_path / "model", family, **MOE_AS_LLAMA_CPP[family])
+    export(tmp_path / "model", "gguf", tmp_path / "gguf", quant="f32")
+    ids = tok("def add(a, b): hello world 12 The quick brown fox")["input_ids"]
+    with torch.no_grad():
+        theirs = hf(torch.tensor([ids])).logits[0].numpy()
+    llm = llama_cpp.Llama(
+        str(tmp_path / "gguf" / "model.gguf"),
+        n_ctx=64,
+        logits_all=True,
+        n_threads=1,
+        type_k=0,  # an f32 KV cache: llama.cpp's default f16 one alone moves them ~1e-3
+        type_v=0,
+        verbose=False,
+    )
+    llm.eval(ids)
+    ours = log_likelihoods(np.array(llm.scores[: len(ids)]), ids)
+    diff = np.abs(ours - log_likelihoods(theirs, ids)).max()
+    assert diff < 2e-3, diff
+    assert llm.metadata[f"{llm.metadata['general.architecture']}.expert_count"]
 
 
 # -- quantized exports against llama.cpp's own quantizer ----------------------------------

@@ -16,11 +16,13 @@ from functools import partial
 import torch
 
 from core.models.model import GPTConfig
+from core.models.per_layer import attn_sizes, layer_shape
 from core.weights import mxfp4
 from core.weights.composite import class_name, is_composite, note, text_config, text_name
 from core.weights.families import (
     gemma2,
     gemma3,
+    gemma4,
     gpt2,
     gpt_oss,
     llama,
@@ -48,6 +50,7 @@ FAMILIES: dict[str, Family] = {
         qwen3,
         gemma2,
         gemma3,
+        gemma4,
         phi3,
         smollm3,
         qwen3_moe,
@@ -164,8 +167,9 @@ def split_rows(name: str, c: GPTConfig, tensor: torch.Tensor, n_parts: int) -> l
         return [tensor]
     if is_expert(name):  # [E, 2I, H] -> gate 0, up 0, gate 1, ...; [E, H, I] -> down 0, ...
         return list(tensor.reshape(-1, *tensor.shape[2:]).chunk(n_parts))
-    if ".attn.qkv." in name:
-        sizes = [c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.n_kv_heads * c.head_dim]
+    if ".attn.qkv." in name:  # the layer's own q, k, v widths (Gemma 4's differ by layer)
+        layer = int(name.split(".")[1])
+        sizes = list(attn_sizes(layer_shape(c, layer), layer))
     else:  # gate and up: equal halves (a dense MLP's ffn_dim, a shared expert's own)
         return list(tensor.chunk(n_parts, dim=0))
     return list(tensor.split(sizes, dim=0))

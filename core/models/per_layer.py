@@ -1,0 +1,151 @@
+"""Gemma 4's per-layer options of the model (core.models.model), each off by default:
+
+- per-layer input embeddings: a second table gives each token a small vector for every layer
+  (vocab x layers*dim, one table), mixed with a projection of its main embedding; each layer
+  gates its vector with the stream and adds the result back (PerLayerInputs, PerLayerGate);
+- full-attention layers with a head size and kv-head count of their own (layer_shape);
+- KV sharing: the last kv_shared_layers layers project no keys or values and reuse those of
+  the last earlier layer of their kind (kv_source); with wide_shared_mlp their MLP is twice
+  as wide;
+- k_eq_v: a full-attention layer's values are its keys' projection (attn_sizes).
+
+As transformers 5.24's models/gemma4 computes them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+SLIDING = "sliding_attention"
+
+
+def is_full(c, layer: int) -> bool:
+    """Whether layer `layer` is a full-attention layer (every layer without layer_types)."""
+    return not (c.layer_types and c.layer_types[layer] == SLIDING)
+
+
+def kv_source(c, layer: int) -> int | None:
+    """The layer whose keys and values layer `layer` reuses (None: its own): the last layer
+    before the shared ones of the same kind. ValueError when there is none."""
+    first = c.n_layers - c.kv_shared_layers
+    if not c.kv_shared_layers or layer < first:
+        return None
+    full = is_full(c, layer)
+    for j in range(first - 1, -1, -1):
+        if is_full(c, j) == full:
+            return j
+    kind = "full-attention" if full else "sliding"
+    raise ValueError(
+        f"layer {layer} is {kind} but no earlier layer of that kind makes keys and values to share"
+    )
+
+
+def kv_sources(c) -> set[int]:
+    """The layers whose keys and values later layers reuse."""
+    return {s for i in range(c.n_layers) if (s := kv_source(c, i)) is not None}
+
+
+def layer_shape(c, layer: int):
+    """c with layer `layer`'s own head size, kv heads and MLP width (c itself if none)."""
+    changes = {}
+    if is_full(c, layer):
+        if c.full_head_dim:
+            changes["head_dim"] = c.full_head_dim
+        if c.full_kv_heads:
+            changes["n_kv_heads"] = c.full_kv_heads
+    if c.wide_shared_mlp and kv_source(c, layer) is not None:
+        changes["ffn_dim"] = 2 * c.ffn_dim
+    return dataclasses.replace(c, **changes) if changes else c
+
+
+def attn_sizes(c, layer: int) -> tuple[int, ...]:
+    """The output widths of layer `layer`'s fused q/k/v Linear (c: layer_shape's): q only on a
+    layer that reuses keys and values, q and k where values are the keys (k_eq_v)."""
+    q, kv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+    if kv_source(c, layer) is not None:
+        return (q,)
+    if c.k_eq_v and is_full(c, layer):
+        return (q, kv)
+    return (q, kv, kv)
+
+
+def unit_rms(x, eps: float):
+    """RMSNorm without a scale, in fp32 (Gemma 4's v_norm and router norm)."""
+    h = x.float()
+    return (h * torch.pow(h.pow(2).mean(-1, keepdim=True) + eps, -0.5)).to(x.dtype)
+
+
+class PerLayerInputs(nn.Module):
+    """Each token's input to every layer (B, T, layers, dim): its row of the per-layer table
+    scaled by sqrt(dim), plus its main embedding projected and normed per layer, over sqrt 2.
+    norm: the model's norm maker (core.models.model.make_norm)."""
+
+    def __init__(self, c, norm):
+        super().__init__()
+        self.layers, self.dim = c.n_layers, c.per_layer_dim
+        self.table = nn.Embedding(c.per_layer_vocab or c.vocab_size, self.layers * self.dim)
+        self.proj = nn.Linear(c.hidden_dim, self.layers * self.dim, bias=False)
+        self.norm = norm(c, self.dim)
+        self.proj_scale = c.hidden_dim**-0.5
+
+    def forward(self, idx, x):
+        shape = (*idx.shape, self.layers, self.dim)
+        own = self.table(idx)
+        own = own * torch.tensor(self.dim**0.5, dtype=own.dtype)
+        mixed = self.norm((self.proj(x) * self.proj_scale).reshape(shape))
+        return (mixed + own.reshape(shape)) * 2.0**-0.5
+
+
+class PerLayerGate(nn.Module):
+    """A layer's use of its input: x + norm(proj(gelu(gate(x)) * input))."""
+
+    def __init__(self, c, norm):
+        super().__init__()
+        self.gate = nn.Linear(c.hidden_dim, c.per_layer_dim, bias=False)
+        self.up = nn.Linear(c.per_layer_dim, c.hidden_dim, bias=False)
+        self.norm = norm(c)
+
+    def forward(self, x, inputs):
+        h = F.gelu(self.gate(x), approximate="tanh") * inputs
+        return x + self.norm(self.up(h))
+
+
+@dataclasses.dataclass
+class Side:
+    """What a forward pass hands its blocks beside the stream: the per-layer inputs (B, T,
+    layers, dim) or None, and the keys and values of the layers others reuse, by layer."""
+
+    inputs: torch.Tensor | None = None
+    kv: dict = dataclasses.field(default_factory=dict)
+
+    def layer_input(self, layer: int):
+        return None if self.inputs is None else self.inputs[:, :, layer]
+
+
+def varies(c) -> bool:
+    """Whether c's layers differ in shape (any of this module's options on)."""
+    return bool(
+        c.full_head_dim or c.full_kv_heads or c.kv_shared_layers or c.per_layer_dim or c.k_eq_v
+    )
+
+
+def table_params(c) -> int:
+    """The per-layer input table's weights: looked up, never multiplied (0 without one)."""
+    if not c.per_layer_dim:
+        return 0
+    return (c.per_layer_vocab or c.vocab_size) * c.n_layers * c.per_layer_dim
+
+
+def cache_width(c) -> int:
+    """Numbers a token keeps in the KV cache over all layers, keys and values: a layer that
+    reuses another's keys and values keeps none of its own."""
+    total = 0
+    for i in range(c.n_layers):
+        if kv_source(c, i) is None:
+            s = layer_shape(c, i)
+            total += 2 * s.n_kv_heads * s.head_dim
+    return total
