@@ -11,7 +11,7 @@ import re
 from contextvars import ContextVar
 from datetime import datetime
 
-from core.errors import UserError
+from core.errors import ConfigError, UserError
 
 
 class TemplateError(UserError):
@@ -145,9 +145,35 @@ def generation_spans(
 
 
 def special_tokens(tokenizer) -> dict:
-    """The token texts a template may use, as transformers passes them."""
+    """The token texts a template may use, as transformers passes them, and the run's
+    enable_thinking where it set one (core.data.chat.set_thinking)."""
     meta = tokenizer.meta
-    return {"bos_token": meta.get("bos_token") or "", "eos_token": meta.get("eos_token") or ""}
+    tokens = {"bos_token": meta.get("bos_token") or "", "eos_token": meta.get("eos_token") or ""}
+    if "enable_thinking" in meta:
+        tokens["enable_thinking"] = bool(meta["enable_thinking"])
+    return tokens
+
+
+def thinking_vars(template: str | None, thinking: str) -> dict:
+    """The template variables of a thinking setting ("default", "on", "off"): {} for default,
+    else enable_thinking, which only a template that reads it can take."""
+    if thinking == "default":
+        return {}
+    if "enable_thinking" not in (template or ""):
+        raise ConfigError(
+            f"thinking: {thinking} needs a chat template with a thinking switch "
+            "(enable_thinking, as Qwen3's, Qwen3.5's and Gemma 4's); this model's template has "
+            "none: leave thinking at default",
+            field="thinking",
+        )
+    return {"enable_thinking": thinking == "on"}
+
+
+def set_thinking(tokenizer, thinking: str) -> None:
+    """Make the tokenizer carry the thinking setting: it is saved with the run's data and
+    checkpoints, so chat data, generation and evaluation all render the template so."""
+    tokenizer.meta.pop("enable_thinking", None)
+    tokenizer.meta.update(thinking_vars(template_of(tokenizer), thinking))
 
 
 def template_of(tokenizer) -> str:
