@@ -680,6 +680,7 @@ class ConfigForm(QWidget):
             cfg.seq_len,
             cfg.drop_long,
             cfg.train_on_prompts,
+            cfg.thinking,
             pretrained and pretrained.name,
             cfg.method,
             tuple(tables.columns_of(cfg).items()),

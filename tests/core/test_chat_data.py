@@ -15,7 +15,7 @@ import torch
 from helpers import StopAfter, tiny_config
 
 from core.cli.train import main as train_main
-from core.data.chat import DEFAULT_TEMPLATE, special_tokens, template_of
+from core.data.chat import DEFAULT_TEMPLATE, set_thinking, special_tokens, template_of
 from core.data.chatdata import Packer, encode_example, is_chat, parse_example, read_examples
 from core.data.describe import describe_data
 from core.data.prepare import data_spec, examples_line, prepare
@@ -470,6 +470,9 @@ def test_thinking_renders_data_and_prompts_as_transformers_and_sticks_to_the_run
     assert train_main(thinking_args(data, other, cache, tmp_path / "base")) == 0
     assert first_row(other)[0][: len(hf_ids(whole, False))] == hf_ids(whole, False)
     assert prompt_of(other) == hf_ids(asked, True)
+    tok = load(str(other), "latest", "cpu").tokenizer  # core.generate --thinking, per call
+    set_thinking(tok, thinking)
+    assert start_ids(tok, "Say hi", True)[0] == hf_ids(asked, True, **flag)
 
 
 def test_thinking_without_a_switch_in_the_template_is_one_line_exit_2(tmp_path, capsys):
