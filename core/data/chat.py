@@ -145,13 +145,18 @@ def generation_spans(
 
 
 def special_tokens(tokenizer) -> dict:
-    """The token texts a template may use, as transformers passes them, and the run's
-    enable_thinking where it set one (core.data.chat.set_thinking)."""
+    """The token texts a template may use, as transformers passes them."""
     meta = tokenizer.meta
-    tokens = {"bos_token": meta.get("bos_token") or "", "eos_token": meta.get("eos_token") or ""}
-    if "enable_thinking" in meta:
-        tokens["enable_thinking"] = bool(meta["enable_thinking"])
-    return tokens
+    return {"bos_token": meta.get("bos_token") or "", "eos_token": meta.get("eos_token") or ""}
+
+
+def render_vars(tokenizer) -> dict:
+    """What every render of a run's template gets: the special token texts, and the run's
+    enable_thinking where it set one (set_thinking), so chat data, prompts, generation and
+    evaluation render alike."""
+    if "enable_thinking" not in tokenizer.meta:
+        return special_tokens(tokenizer)
+    return {**special_tokens(tokenizer), "enable_thinking": bool(tokenizer.meta["enable_thinking"])}
 
 
 def thinking_vars(template: str | None, thinking: str) -> dict:
@@ -344,6 +349,6 @@ def chat_ids(tokenizer, messages: list[dict], add_generation_prompt: bool = True
             "fine-tune it on chat data (which gives it one)"
         )
     text = render(
-        tokenizer.chat_template, messages, add_generation_prompt, **special_tokens(tokenizer)
+        tokenizer.chat_template, messages, add_generation_prompt, **render_vars(tokenizer)
     )
     return tokenizer.encode(text)

@@ -93,7 +93,7 @@ def modelfile(
 
 def layout_of(tokenizer) -> Layout:
     """The layout of the template a core.data.tokenizer.Tokenizer's model chats with."""
-    return layout(tokenizer.chat_template, add_bos=tokenizer.add_bos, **_texts(tokenizer))
+    return layout(tokenizer.chat_template, add_bos=tokenizer.add_bos, **special_tokens(tokenizer))
 
 
 def modelfile_of(tokenizer, gguf_name: str = "model.gguf", system: str | None = None) -> str:
@@ -107,16 +107,8 @@ def modelfile_of(tokenizer, gguf_name: str = "model.gguf", system: str | None = 
         stops,
         system,
         add_bos=tokenizer.add_bos,
-        **_texts(tokenizer),
+        **special_tokens(tokenizer),
     )
-
-
-def _texts(tokenizer) -> dict:
-    """The special token texts alone: the run's thinking setting is not the Modelfile's, as
-    the TEMPLATE renders both forms and each request's think picks one (unset: the
-    template's own default)."""
-    tokens = special_tokens(tokenizer)
-    return {"bos_token": tokens["bos_token"], "eos_token": tokens["eos_token"]}
 
 
 def create_command(name: str, folder) -> list[str]:
