@@ -390,27 +390,6 @@ def test_exported_template_gives_transformers_the_trained_ids(tmp_path, family):
         assert bytes(field.parts[field.data[0]]).decode() == loaded.tokenizer.chat_template
 
 
-def test_generation_stops_at_a_stop_string_and_hides_it():
-    tok = bytes_tokenizer()
-    ids = tok.encode("fine, thanks<|im_end|>\n<|im_start|>user")
-    pieces = list(stream_text(tok, iter(ids), until=["<|im_end|>"]))
-    assert "".join(pieces) == "fine, thanks"
-    text = "".join(stream_text(tok, iter(tok.encode("a <|im_e b")), until=["<|im_end|>"]))
-    assert text == "a <|im_e b"  # a partial mark that never completes is shown in the end
-
-
-def test_chat_data_trains_with_loss_on_answers(tmp_path):
-    data = skill_data(tmp_path, n=120)
-    cfg = tiny_config(data=str(data), seq_len=64, max_steps=10, eval_every=5)
-    run = tmp_path / "run"
-    Trainer(cfg, run, data_cache=tmp_path / "c").run()
-    train, evals = read_metrics(run / "metrics.jsonl")
-    assert evals[-1]["val_loss"] < evals[0]["val_loss"]
-    assert all(torch.isfinite(torch.tensor(r["loss"])) for r in train)
-    log = (run / "train.log").read_text()
-    assert "chat data: " in log and "loss on answers only" in log
-
-
 def thinking_base(folder, template: str):
     """A tiny Qwen3 whose tokenizer chats in a real template (tests/fixtures/chat_templates)."""
     from hf_models import make_model
@@ -491,3 +470,24 @@ def test_thinking_without_a_switch_in_the_template_is_one_line_exit_2(tmp_path, 
     assert train_main([*new_model, "--max-steps", "1"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: thinking: off needs a pretrained model") and "\n" not in err
+
+
+def test_generation_stops_at_a_stop_string_and_hides_it():
+    tok = bytes_tokenizer()
+    ids = tok.encode("fine, thanks<|im_end|>\n<|im_start|>user")
+    pieces = list(stream_text(tok, iter(ids), until=["<|im_end|>"]))
+    assert "".join(pieces) == "fine, thanks"
+    text = "".join(stream_text(tok, iter(tok.encode("a <|im_e b")), until=["<|im_end|>"]))
+    assert text == "a <|im_e b"  # a partial mark that never completes is shown in the end
+
+
+def test_chat_data_trains_with_loss_on_answers(tmp_path):
+    data = skill_data(tmp_path, n=120)
+    cfg = tiny_config(data=str(data), seq_len=64, max_steps=10, eval_every=5)
+    run = tmp_path / "run"
+    Trainer(cfg, run, data_cache=tmp_path / "c").run()
+    train, evals = read_metrics(run / "metrics.jsonl")
+    assert evals[-1]["val_loss"] < evals[0]["val_loss"]
+    assert all(torch.isfinite(torch.tensor(r["loss"])) for r in train)
+    log = (run / "train.log").read_text()
+    assert "chat data: " in log and "loss on answers only" in log
