@@ -438,6 +438,7 @@ def test_thinking_renders_data_and_prompts_as_transformers_and_sticks_to_the_run
     args = thinking_args(data, run, cache, tmp_path / "base", "--thinking", thinking)
     assert train_main(args) == 0
     row, _ = first_row(run)
+    assert f"chat: thinking {thinking}: " in (run / "train.log").read_text()
     assert row[: len(hf_ids(whole, False, **flag))] == hf_ids(whole, False, **flag)
     assert prompt_of(run) == hf_ids(asked, True, **flag) != hf_ids(asked, True)
     # Resumed, the run keeps its setting; another one is refused as another data stream.
