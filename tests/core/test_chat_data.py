@@ -14,6 +14,7 @@ import pytest
 import torch
 from helpers import StopAfter, tiny_config
 
+from core.cli.generate import main as generate_main
 from core.cli.train import main as train_main
 from core.data.chat import DEFAULT_TEMPLATE, set_thinking, special_tokens, template_of
 from core.data.chatdata import Packer, encode_example, is_chat, parse_example, read_examples
@@ -471,6 +472,9 @@ def test_thinking_without_a_switch_in_the_template_is_one_line_exit_2(tmp_path, 
     assert train_main([*new_model, "--max-steps", "1"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: thinking: off needs a pretrained model") and "\n" not in err
+    chat = [str(tmp_path / "base"), "--chat", "--thinking", "off", "--prompt", "q"]
+    assert generate_main(chat) == 2  # core.generate's per-call choice, refused alike
+    assert capsys.readouterr().err.strip().startswith("error: thinking: off needs a chat")
 
 
 def test_generation_stops_at_a_stop_string_and_hides_it():
