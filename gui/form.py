@@ -42,6 +42,7 @@ from core.config.spec import (
     validate,
 )
 from core.data import preference, tables
+from core.data.chat import thinking_vars
 from core.data.describe import data_line, preview_data
 from core.data.sources import find_sources
 from core.errors import ConfigError, UserError
@@ -637,6 +638,7 @@ class ConfigForm(QWidget):
         cfg = self.config()
         if self._pretrained is not None:  # a context past the model's is named
             cfg = apply_pretrained(cfg, self._pretrained, explicit={"seq_len"})
+            thinking_vars(self._pretrained.tokenizer.chat_template, cfg.thinking)
         cfg = validate(cfg)
         if methods.owns(cfg, "reward"):  # a reward file imports and has its function
             check_reward_files(cfg)
@@ -678,6 +680,7 @@ class ConfigForm(QWidget):
             cfg.seq_len,
             cfg.drop_long,
             cfg.train_on_prompts,
+            cfg.thinking,
             pretrained and pretrained.name,
             cfg.method,
             tuple(tables.columns_of(cfg).items()),

@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from core.data.chat import set_thinking
 from core.errors import UserError
 from core.platform.device import inference_device
 from core.runs.folder import list_runs
@@ -52,6 +53,15 @@ def fill_run_combo(combo, runs_root: Path, current: str | Path | None = None) ->
         combo.setCurrentText(keep)
 
 
+# The Playground's thinking choices: (shown, core.data.chat.set_thinking's value or None).
+THINKING_CHOICES = (
+    ("as trained", None),
+    ("on", "on"),
+    ("off", "off"),
+    ("template's own", "default"),
+)
+
+
 class GenerateThread(QThread):
     """Loads the checkpoint and streams the continuation of a prompt."""
 
@@ -68,11 +78,13 @@ class GenerateThread(QThread):
         options: dict,
         chat=False,
         history=(),
+        thinking=None,
     ):
         super().__init__()
         self.target, self.which, self.device = target, which, device
         self.prompt, self.options, self.chat = prompt, options, chat
         self.history = list(history)  # chat: the conversation before this prompt
+        self.thinking = thinking  # chat: None keeps the run's setting (core.data.chat)
         self.answer = ""  # the text generated, as shown
         self._stop = threading.Event()
 
@@ -91,6 +103,8 @@ class GenerateThread(QThread):
                 f"parameters, {model.tokenizer.kind} tokenizer, on {self.device}"
             )
             tok = model.tokenizer
+            if self.chat and self.thinking:
+                set_thinking(tok, self.thinking)
             ids, stops, until = start_ids(tok, self.prompt, self.chat, history=self.history)
             new = generate_ids(
                 model.model, ids, should_stop=self._stop.is_set, stop_ids=stops, **self.options
@@ -176,6 +190,13 @@ class Playground(QWidget):
         self.history: list[dict] = []  # the chat so far: user and assistant messages
         self._chat_epoch = 0  # counts New chat presses: an answer joins only its own chat
         self.run_combo.currentTextChanged.connect(self.new_chat)
+        self.thinking = QComboBox()
+        for text, value in THINKING_CHOICES:
+            self.thinking.addItem(text, value)
+        self.thinking.setToolTip(
+            "Chat: the template's thinking switch (enable_thinking); as trained: the run's "
+            "Thinking setting; template's own: what the template does unasked"
+        )
 
     def _lay_out(self, browse: QPushButton) -> None:
         top = QHBoxLayout()
@@ -198,6 +219,8 @@ class Playground(QWidget):
             knobs.addWidget(w, 1, col)
         knobs.addWidget(self.chat, 0, 5)
         knobs.addWidget(self.new_chat_button, 0, 6)
+        knobs.addWidget(QLabel("Thinking"), 0, 7)
+        knobs.addWidget(self.thinking, 1, 7)
         knobs.addWidget(self.generate_button, 1, 5)
         knobs.addWidget(self.stop_button, 1, 6)
         layout = QVBoxLayout(self)
@@ -265,7 +288,14 @@ class Playground(QWidget):
             self.output.setPlainText(prompt)
         which = self.which.currentText()
         thread = GenerateThread(
-            self.target(), which, self.device(), prompt, options, chat, self.history
+            self.target(),
+            which,
+            self.device(),
+            prompt,
+            options,
+            chat,
+            self.history,
+            self.thinking.currentData(),
         )
         thread.epoch = self._chat_epoch
         thread.loaded.connect(lambda line: self.status.setText(f"Generating with {line}…"))

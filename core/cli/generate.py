@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 
 from core.cli.base import Parser, UsageError, non_negative, run_main
+from core.config.fields import THINKING
+from core.data.chat import set_thinking
 from core.errors import EXIT_OK
 from core.platform.device import resolve_device
 from core.use.generate import generate_ids, start_ids, stream_text
@@ -30,6 +32,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="the prompt is a user message: apply the model's chat template, stop at end of turn",
     )
     p.add_argument("--system", help="with --chat: a system message first")
+    p.add_argument(
+        "--thinking",
+        choices=THINKING,
+        help="with --chat: the template's thinking switch (enable_thinking) on or off, or "
+        "default: the template's own (without the flag: the run's thinking setting)",
+    )
     p.add_argument("--prompt", default=None, help="text to continue (default: a newline)")
     p.add_argument("--prompt-file", help="read the prompt from this file")
     p.add_argument("--max-new-tokens", type=non_negative(int), default=200, metavar="N")
@@ -70,6 +78,8 @@ def run_cli(argv=None) -> int:
     prompt = read_prompt(args)
     loaded = load(args.target, args.checkpoint, device)
     tok = loaded.tokenizer
+    if args.thinking and args.chat:
+        set_thinking(tok, args.thinking)
     out = sys.stdout
     ids, stops, until = start_ids(tok, prompt, args.chat, args.system)
     if not args.chat:

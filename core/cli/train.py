@@ -197,6 +197,10 @@ def build_config(args) -> tuple[TrainConfig, Path, Path | None]:
             pre = open_pretrained(cfg.init_from)
             print(f"Pretrained model: {pre.name}: {info_line(pre.info())}")
         cfg = apply_pretrained(cfg, pre, explicit=set(overrides))
+        if not args.estimate:  # a template without a thinking switch: refused before a run
+            from core.data.chat import set_thinking
+
+            set_thinking(pre.tokenizer, cfg.thinking)
     cfg = validate(cfg)
     run_dir = Path(args.out) if args.out else new_run_dir(root, cfg.preset)
     return cfg, run_dir, None
@@ -333,9 +337,11 @@ def prepare_only(cfg: TrainConfig, cache_dir: str | None) -> int:
 
     tokenizer = None
     if cfg.init_from:
+        from core.data.chat import set_thinking
         from core.weights.loader import open_pretrained
 
         tokenizer = open_pretrained(cfg.init_from).tokenizer
+        set_thinking(tokenizer, cfg.thinking)
     events = CliEvents()
     cache = Path(cache_dir) if cache_dir else None
     sources = mix.sources_of(cfg)

@@ -24,6 +24,7 @@ BASE_BITS = ("auto", "4", "8", "16", "32")  # as strings: as written on the comm
 OPTIMIZERS = ("auto", "adamw", "adamw8bit", "muon")  # auto: muon new, adamw fine-tune
 SCHEDULES = ("cosine", "wsd")
 DECAY_SHAPES = ("linear", "sqrt")  # sqrt: 1 - sqrt(progress)
+THINKING = ("default", "on", "off")  # a chat template's enable_thinking (core.data.chat)
 
 
 @dataclass
@@ -435,6 +436,16 @@ class ReadingFields:
         "chat data: skip and count malformed lines (default: stop at the first, naming it)",
         label="Skip bad lines",
         group=ADVANCED,
+        stream=True,
+    )
+    thinking: str = spec(
+        "default",
+        "chat: the template's thinking switch (enable_thinking) for the chat data, prompts, "
+        "generation and evaluation of the run; on or off need a template that has one (Qwen3, "
+        "Qwen3.5, SmolLM3, Gemma 4); default: the template's own (Qwen3 thinks, Gemma 4 not)",
+        label="Thinking",
+        group=ADVANCED,
+        choices=THINKING,
         stream=True,
     )
     text_column: str | None = spec(

@@ -192,6 +192,12 @@ def validate(cfg: TrainConfig) -> TrainConfig:
             "lora_alpha: set only with lora_rank > 0 (rank 0 is full fine-tuning)",
             field="lora_alpha",
         )
+    if values["thinking"] != "default" and values["init_from"] is None:
+        raise ConfigError(
+            f"thinking: {values['thinking']} needs a pretrained model whose chat template has a "
+            "thinking switch (init_from); a new model's default (ChatML) template has none",
+            field="thinking",
+        )
     if (values["tokenizer"] == "model") != (values["init_from"] is not None):
         raise ConfigError(
             "tokenizer: 'model' is the pretrained model's own tokenizer and goes with init_from "

@@ -18,7 +18,7 @@ from core.data.chat import (
     DEFAULT_TEMPLATE,
     TemplateError,
     render,
-    special_tokens,
+    render_vars,
     template_of,
 )
 from core.data.tokenizer import Tokenizer, bytes_tokenizer, train_bpe
@@ -79,7 +79,7 @@ def _build_pairs(spec: DataSpec, listing, target: Path, tokenizer, progress_cb, 
         log(f"data: skipped {examples.bad_lines} bad line(s); the first: {examples.first_bad}")
     pairs = examples.conversations
     tokenizer = _chat_tokenizer(spec, tokenizer, [p + c for p, c, _ in pairs], log)
-    template, tokens = template_of(tokenizer), special_tokens(tokenizer)
+    template, tokens = template_of(tokenizer), render_vars(tokenizer)
     held = held_out_split(len(pairs), spec.val_fraction, spec.sources.description)
     pad = tokenizer.eos_id if tokenizer.eos_id is not None else 0
     out = {s: preference.PairRows(chat.seq_len + 1, pad) for s in ("train", "val")}
@@ -141,7 +141,7 @@ def build_chat(spec: DataSpec, listing, target: Path, tokenizer, progress_cb, ca
         log(f"data: skipped {examples.bad_lines} bad line(s); the first: {examples.first_bad}")
     conversations = examples.conversations
     tokenizer = _chat_tokenizer(spec, tokenizer, conversations, log)
-    template, tokens = template_of(tokenizer), special_tokens(tokenizer)
+    template, tokens = template_of(tokenizer), render_vars(tokenizer)
     held = held_out_split(len(conversations), spec.val_fraction, spec.sources.description)
     row = chat.seq_len + 1
     pad = tokenizer.eos_id if tokenizer.eos_id is not None else 0

@@ -51,7 +51,11 @@ class DataSpec:
     columns: dict = field(default_factory=dict)  # a table's column mapping (core.data.tables)
     table: bool = False  # plain text from the text column of table files, a document a row
 
-    def key(self, listing: list[dict], template: str | None = None) -> str:
+    def key(
+        self, listing: list[dict], template: str | None = None, thinking: bool | None = None
+    ) -> str:
+        """thinking: the tokenizer's enable_thinking, where the run sets one: the rows and the
+        manifest's tokenizer (which generation and evaluation read) depend on it."""
         body = {
             "format": CACHE_FORMAT,
             "files": listing,
@@ -64,6 +68,8 @@ class DataSpec:
             body["chat"] = {**vars(self.chat), "template": template}
         if self.table:
             body["table"] = True
+        if thinking is not None:
+            body["enable_thinking"] = thinking
         if self.columns:  # which column is the text or the answer decides the tokens
             body["columns"] = self.columns
         return hashlib.blake2b(json.dumps(body).encode(), digest_size=12).hexdigest()

@@ -11,7 +11,7 @@ import re
 from contextvars import ContextVar
 from datetime import datetime
 
-from core.errors import UserError
+from core.errors import ConfigError, UserError
 
 
 class TemplateError(UserError):
@@ -148,6 +148,37 @@ def special_tokens(tokenizer) -> dict:
     """The token texts a template may use, as transformers passes them."""
     meta = tokenizer.meta
     return {"bos_token": meta.get("bos_token") or "", "eos_token": meta.get("eos_token") or ""}
+
+
+def render_vars(tokenizer) -> dict:
+    """What every render of a run's template gets: the special token texts, and the run's
+    enable_thinking where it set one (set_thinking), so chat data, prompts, generation and
+    evaluation render alike."""
+    if "enable_thinking" not in tokenizer.meta:
+        return special_tokens(tokenizer)
+    return {**special_tokens(tokenizer), "enable_thinking": bool(tokenizer.meta["enable_thinking"])}
+
+
+def thinking_vars(template: str | None, thinking: str) -> dict:
+    """The template variables of a thinking setting ("default", "on", "off"): {} for default,
+    else enable_thinking, which only a template that reads it can take."""
+    if thinking == "default":
+        return {}
+    if "enable_thinking" not in (template or ""):
+        raise ConfigError(
+            f"thinking: {thinking} needs a chat template with a thinking switch "
+            "(enable_thinking, as Qwen3's, Qwen3.5's and Gemma 4's); this model's template has "
+            "none: leave thinking at default",
+            field="thinking",
+        )
+    return {"enable_thinking": thinking == "on"}
+
+
+def set_thinking(tokenizer, thinking: str) -> None:
+    """Make the tokenizer carry the thinking setting: it is saved with the run's data and
+    checkpoints, so chat data, generation and evaluation all render the template so."""
+    tokenizer.meta.pop("enable_thinking", None)
+    tokenizer.meta.update(thinking_vars(template_of(tokenizer), thinking))
 
 
 def template_of(tokenizer) -> str:
@@ -318,6 +349,6 @@ def chat_ids(tokenizer, messages: list[dict], add_generation_prompt: bool = True
             "fine-tune it on chat data (which gives it one)"
         )
     text = render(
-        tokenizer.chat_template, messages, add_generation_prompt, **special_tokens(tokenizer)
+        tokenizer.chat_template, messages, add_generation_prompt, **render_vars(tokenizer)
     )
     return tokenizer.encode(text)

@@ -17,7 +17,7 @@ from core.errors import UserError
 def describe_chat(cfg: TrainConfig, tokenizer=None) -> str:
     """Chat data's shapes, examples and those longer than the context, in the tokenizer the
     run will use (bytes until a BPE is learned: an upper bound)."""
-    from core.data.chat import special_tokens, template_of
+    from core.data.chat import render_vars, template_of, thinking_vars
     from core.data.chatdata import summary
     from core.data.sources import find_sources
     from core.data.tokenizer import bytes_tokenizer
@@ -28,7 +28,8 @@ def describe_chat(cfg: TrainConfig, tokenizer=None) -> str:
     if preference.holds_pairs(files, columns):
         line = preference.summary(files, columns)
         return line[0].upper() + line[1:]
-    template, tokens = template_of(tokenizer), special_tokens(tokenizer)
+    template = template_of(tokenizer)
+    tokens = {**render_vars(tokenizer), **thinking_vars(template, cfg.thinking)}
     columns = tables.columns_of(cfg)
     line = summary(files, cfg.seq_len, tokenizer, template, tokens, cfg.drop_long, columns)
     note = "" if cfg.train_on_prompts else "; loss on answers only"

@@ -152,7 +152,8 @@ def prepare(
     template = None
     if spec.chat is not None:  # the template is part of what the rows are
         template = template_of(tokenizer) if tokenizer is not None else DEFAULT_TEMPLATE
-    key = spec.key(listing, template)
+    thinking = tokenizer.meta.get("enable_thinking") if tokenizer is not None else None
+    key = spec.key(listing, template, thinking)
     if tokenizer is not None and tokenizer.kind != "bytes":
         key = (
             f"{key}-{tokenizer.fingerprint()}"  # the run's own BPE or the model's, not a fresh one

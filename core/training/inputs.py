@@ -66,6 +66,7 @@ def prepare_data(
         log(f"resume: data changed ({changes_text(changes)}); going on as allowed")
     for part in parts:
         log_data_notes(part, log)
+    log_thinking(parts[0].tokenizer, log)
     if len(parts) > 1:
         log(data.shares_line())
     return data
@@ -91,6 +92,7 @@ def prepare_prompts(
                 "them, or pass --allow-data-change to go on with the new prompts"
             )
         log(f"resume: prompts changed ({data.source}); going on as allowed")
+    log_thinking(tokenizer, log)
     columns = f"; columns for the rewards: {', '.join(data.columns)}" if data.columns else ""
     kind = "conversational" if data.conversational else "text"
     log(
@@ -112,6 +114,16 @@ def data_changed(changes: list[str]) -> CheckpointError:
         f"resume: the data changed since the checkpoint ({changes_text(changes)}); restore it, "
         "or pass --allow-data-change to go on with the new data"
     )
+
+
+def log_thinking(tokenizer: Tokenizer, log) -> None:
+    """The run's thinking setting (core.data.chat.set_thinking), where it set one."""
+    if "enable_thinking" in tokenizer.meta:
+        on = tokenizer.meta["enable_thinking"]
+        log(
+            f"chat: thinking {'on' if on else 'off'}: the template renders with "
+            f"enable_thinking={on} (data, prompts, generation, evaluation)"
+        )
 
 
 def log_data_notes(data: TokenData, log) -> None:

@@ -17,6 +17,7 @@ import torch
 
 from core.config import recipe
 from core.config.spec import TrainConfig, parse_duration, validate
+from core.data.chat import set_thinking
 from core.data.prepare import PrepareCancelled
 from core.errors import DiskFullError, StepStopped, TrainingError, UserError
 from core.models import lora
@@ -75,6 +76,7 @@ class Trainer:
         if cfg.init_from:
             self.pretrained = open_pretrained(cfg.init_from)
             cfg = apply_pretrained(cfg, self.pretrained)
+            set_thinking(self.pretrained.tokenizer, cfg.thinking)  # saved with data and run
         self.cfg = validate(cfg)
         self.spill = SpillWatch(self.cfg)  # dedicated VRAM overflowing into shared memory
         self.world = World.from_env()

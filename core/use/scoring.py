@@ -209,7 +209,7 @@ def render_chat(loaded: Loaded, messages: list[dict]) -> str:
     if not tok.chat_template:
         raise DataError("--chat: this model has no chat template")
     try:
-        return chat.render(tok.chat_template, messages, True, **chat.special_tokens(tok))
+        return chat.render(tok.chat_template, messages, True, **chat.render_vars(tok))
     except chat.TemplateError:
         rest = [m for m in messages if m["role"] != "system"]
-        return chat.render(tok.chat_template, rest, True, **chat.special_tokens(tok))
+        return chat.render(tok.chat_template, rest, True, **chat.render_vars(tok))

@@ -14,8 +14,9 @@ import pytest
 import torch
 from helpers import StopAfter, tiny_config
 
+from core.cli.generate import main as generate_main
 from core.cli.train import main as train_main
-from core.data.chat import DEFAULT_TEMPLATE, special_tokens, template_of
+from core.data.chat import DEFAULT_TEMPLATE, set_thinking, special_tokens, template_of
 from core.data.chatdata import Packer, encode_example, is_chat, parse_example, read_examples
 from core.data.describe import describe_data
 from core.data.prepare import data_spec, examples_line, prepare
@@ -406,6 +407,92 @@ def test_exported_template_gives_transformers_the_trained_ids(tmp_path, family):
         reader = gguf.GGUFReader(str(next(path.glob("*.gguf")) if path.is_dir() else path))
         field = reader.fields["tokenizer.chat_template"]
         assert bytes(field.parts[field.data[0]]).decode() == loaded.tokenizer.chat_template
+
+
+def thinking_base(folder, template: str):
+    """A tiny Qwen3 whose tokenizer chats in a real template (tests/fixtures/chat_templates)."""
+    from hf_models import make_model
+
+    _, hf_tok = make_model(folder, "qwen3", max_position_embeddings=256)
+    fixture = Path(__file__).parents[1] / "fixtures" / "chat_templates" / f"{template}.jinja"
+    hf_tok.chat_template = fixture.read_text(encoding="utf-8")
+    hf_tok.save_pretrained(folder)
+    return hf_tok
+
+
+def thinking_args(data, run, cache, base, *extra):
+    return [
+        *("--data", str(data), "--out", str(run), "--data-cache", str(cache)),
+        *("--init-from", str(base), "--device", "cpu", "--precision", "fp32"),
+        *("--max-steps", "2", "--seq-len", "192", "--batch-size", "2", "--grad-accum", "1"),
+        *("--sample-tokens", "0", "--eval-every", "2", "--ckpt-every", "1"),
+        *extra,
+    ]
+
+
+# Each setting flips its template's default: Qwen3 thinks unless told not to (its generation
+# prompt then holds an empty think block); Gemma 4 thinks only when asked (<|think|> first).
+@pytest.mark.parametrize(
+    "template, thinking", [("Qwen-Qwen3-0.6B", "off"), ("google-gemma-4-E2B-it", "on")]
+)
+def test_thinking_renders_data_and_prompts_as_transformers_and_sticks_to_the_run(
+    tmp_path, template, thinking
+):
+    pytest.importorskip("transformers")
+    hf_tok = thinking_base(tmp_path / "base", template)
+    example = {"prompt": "Say hi", "completion": "Hi there."}
+    data = write_jsonl(tmp_path / "d.jsonl", [example] * 20)
+    flag = {"enable_thinking": thinking == "on"}
+
+    def hf_ids(messages, prompt, **kw):
+        ids = hf_tok.apply_chat_template(messages, add_generation_prompt=prompt, **kw)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+    whole, asked = parse_example(example), [{"role": "user", "content": "Say hi"}]
+
+    def prompt_of(run):
+        return start_ids(load(str(run), "latest", "cpu").tokenizer, "Say hi", True)[0]
+
+    run, cache = tmp_path / "run", tmp_path / "cache"
+    args = thinking_args(data, run, cache, tmp_path / "base", "--thinking", thinking)
+    assert train_main(args) == 0
+    row, _ = first_row(run)
+    assert f"chat: thinking {thinking}: " in (run / "train.log").read_text()
+    assert row[: len(hf_ids(whole, False, **flag))] == hf_ids(whole, False, **flag)
+    assert prompt_of(run) == hf_ids(asked, True, **flag) != hf_ids(asked, True)
+    # Resumed, the run keeps its setting; another one is refused as another data stream.
+    resume = ["--resume", str(run), "--max-steps", "3", "--data-cache", str(cache)]
+    assert train_main([*resume, "--thinking", "default"]) == 2
+    assert train_main(resume) == 0 and prompt_of(run) == hf_ids(asked, True, **flag)
+    # The template's default, over the same data cache: not the rows or tokenizer above.
+    other = tmp_path / "other"
+    assert train_main(thinking_args(data, other, cache, tmp_path / "base")) == 0
+    assert first_row(other)[0][: len(hf_ids(whole, False))] == hf_ids(whole, False)
+    assert prompt_of(other) == hf_ids(asked, True)
+    tok = load(str(other), "latest", "cpu").tokenizer  # core.generate --thinking, per call
+    set_thinking(tok, thinking)
+    assert start_ids(tok, "Say hi", True)[0] == hf_ids(asked, True, **flag)
+
+
+def test_thinking_without_a_switch_in_the_template_is_one_line_exit_2(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    from hf_models import make_model
+
+    make_model(tmp_path / "base", "qwen2", max_position_embeddings=256)  # ChatML: no switch
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "q", "completion": "a"}] * 20)
+    capsys.readouterr()
+    args = thinking_args(data, tmp_path / "run", tmp_path / "c", tmp_path / "base")
+    assert train_main([*args, "--thinking", "on"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: thinking: on needs a chat template with a thinking switch")
+    assert "\n" not in err and not (tmp_path / "run").exists()
+    new_model = ["--data", str(data), "--out", str(tmp_path / "new"), "--thinking", "off"]
+    assert train_main([*new_model, "--max-steps", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: thinking: off needs a pretrained model") and "\n" not in err
+    chat = [str(tmp_path / "base"), "--chat", "--thinking", "off", "--prompt", "q"]
+    assert generate_main(chat) == 2  # core.generate's per-call choice, refused alike
+    assert capsys.readouterr().err.strip().startswith("error: thinking: off needs a chat")
 
 
 def test_generation_stops_at_a_stop_string_and_hides_it():

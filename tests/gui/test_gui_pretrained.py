@@ -61,6 +61,14 @@ def test_pretrained_start_shows_the_model_and_fixes_its_shape(make_window, llama
     assert "longer than" in form.field_error("seq_len")  # flagged by the error's field
     assert not window.start_button.isEnabled()
     form.set_values(seq_len=32)
+    # thinking: a choice of the form, refused for this template, which has no switch
+    form.widgets["thinking"].setCurrentText("on")
+    assert form.config().thinking == "on" and not window.start_button.isEnabled()
+    assert "thinking: on needs a chat template with a thinking switch" in form.field_error(
+        "thinking"
+    )
+    form.set_values(thinking="default")
+    assert form.widgets["thinking"].currentText() == "default" and window.start_button.isEnabled()
 
 
 @pytest.mark.parametrize("family, shown", [("gemma2", "Gemma 2"), ("phi3", "Phi-3")])
@@ -106,7 +114,7 @@ def test_a_folder_that_is_not_a_model_is_refused_in_the_box(make_window, tmp_pat
     assert window.form.validated().init_from is None
 
 
-def test_playground_chat_keeps_a_multi_turn_conversation(make_window, llama_folder, qtbot):
+def test_playground_chat_keeps_a_multi_turn_conversation(make_window, llama_folder, qtbot, dialogs):
     from core.data.chat import chat_ids
     from core.use.generate import generate_ids, stream_text
     from core.weights.loader import load
@@ -135,6 +143,13 @@ def test_playground_chat_keeps_a_multi_turn_conversation(make_window, llama_fold
     assert pg.history == messages and pg.status.text().startswith("Done")
     pg.new_chat_button.click()
     assert pg.history == [] and pg.output.toPlainText() == ""
+    # a thinking choice for this chat: refused, as Llama's template has no switch
+    pg.thinking.setCurrentText("on")
+    pg.prompt.setPlainText("hello")
+    with qtbot.waitSignal(pg.generation_done, timeout=30_000):
+        assert pg.generate()
+    assert "thinking: on needs a chat template with a thinking switch" in pg.status.text()
+    assert dialogs.named("critical")
 
 
 def test_lora_run_from_the_window_shows_trainable_of_total(
