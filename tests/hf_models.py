@@ -89,6 +89,30 @@ MOE_CONFIGS = {
         "pad_token_id": None,
     },
 }
+# The hybrid families' tiny models (Qwen3.5): three DeltaNet layers and one attention layer,
+# grouped value heads (4 v heads on 2 k heads), a quarter of each head rotary, room for 80+
+# tokens (past a chunk of 64); the MoE one with a shared expert.
+HYBRID_FAMILIES = ("qwen3_5", "qwen3_5_moe")
+HYBRID = {
+    "initializer_range": 0.05,  # 0.3 makes the delta rule's solve amplify fp32 rounding
+    "num_hidden_layers": 4,
+    "head_dim": 16,
+    "max_position_embeddings": 128,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 8,
+    "linear_value_head_dim": 8,
+}
+HYBRID_CONFIGS = {
+    "qwen3_5": HYBRID,
+    "qwen3_5_moe": {
+        **HYBRID,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 16,
+        "shared_expert_intermediate_size": 24,
+    },
+}
 # gpt-oss's tiny model: 4 layers, sliding (window 4) and full alternating, 4 experts top-2,
 # gpt-oss-20b's YaRN, head_dim 8 apart from the width; an init wide enough that the clamped
 # SwiGLU clamps.
@@ -238,6 +262,8 @@ def make_config(family: str, vocab: int, **extra):
         extra = {**MOE_CONFIGS[family], **extra}
     if family == "gpt_oss":
         extra = {**GPT_OSS_CONFIG, **extra}
+    if family in HYBRID_CONFIGS:
+        extra = {**HYBRID_CONFIGS[family], **extra}
     shape = {**shape, **{k: extra.pop(k) for k in list(extra) if k in shape}}
     if family == "llama2":
         return t.LlamaConfig(**shape, **common, **extra)
@@ -257,6 +283,9 @@ def make_config(family: str, vocab: int, **extra):
         return t.Qwen2Config(**shape, tie_word_embeddings=True, **common, **extra)
     if family == "gpt_oss":
         return t.GptOssConfig(**shape, **common, **extra)
+    if family in HYBRID_CONFIGS:
+        kind = t.Qwen3_5MoeTextConfig if family == "qwen3_5_moe" else t.Qwen3_5TextConfig
+        return kind(**shape, **{**common, **extra})
     if family in MOE_CONFIGS:
         kind = {
             "qwen3_moe": t.Qwen3MoeConfig,
