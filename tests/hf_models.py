@@ -59,7 +59,7 @@ NEW_FAMILY_CONFIGS = {
 }
 # The MoE families' tiny models: few experts, top-k over 1, dense and sparse layers mixed
 # (Qwen3-MoE's mlp_only_layers), norm_topk_prob both ways, OLMoE's clip_qkv biting.
-MOE_FAMILIES = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
+MOE_FAMILIES = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "qwen3_5_moe")
 MOE_CONFIGS = {
     "qwen3_moe": {
         "num_hidden_layers": 3,

@@ -187,7 +187,7 @@ class GatedDeltaNet(nn.Module):
         beta = beta.sigmoid()
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
         if lengths is not None:  # padding: no decay, no update
-            on = torch.arange(t, device=x.device)[None, :] < lengths[:, None]
+            on = (torch.arange(t, device=x.device)[None, :] < lengths[:, None])[..., None]
             g, beta = g * on, beta * on
         state = None if past is None else past[1]
         out, state = self.rule(q, k, v, g, beta, state)

@@ -130,7 +130,7 @@ QLORA_SHAPE = {
 }
 
 
-@pytest.mark.parametrize("family", NEW)
+@pytest.mark.parametrize("family", [*NEW, "qwen3_5"])  # Qwen3.5: its DeltaNet's projections
 def test_lora_on_a_4_bit_base_resumes_bitwise_and_peft_equals_the_merged_export(tmp_path, family):
     pytest.importorskip("bitsandbytes")
     from peft import PeftModel

@@ -51,6 +51,7 @@ VARIANTS = {
     "mixtral-3-of-5": ("mixtral", {"num_local_experts": 5, "num_experts_per_tok": 3}),
     "olmoe": ("olmoe", {}),
     "olmoe-norm-topk": ("olmoe", {"norm_topk_prob": True, "clip_qkv": None}),
+    "qwen3_5_moe": ("qwen3_5_moe", {}),
 }
 
 
