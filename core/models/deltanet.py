@@ -50,6 +50,31 @@ def in_sizes(linear: dict) -> list[int]:
     return [2 * k_dim + v_dim, v_dim, heads, heads]
 
 
+def saved_bytes(linear: dict, act_bytes: int) -> int:
+    """Bytes a DeltaNet layer keeps a token for the backward pass (the estimate's): the
+    projections and conv in the activations' type; in fp32 q and k (repeated to the v
+    heads, before and after their norm), v, the solve's parts, a chunk's three C x C
+    matrices (C a token) and the state kept each chunk; the gated norm's inputs."""
+    heads, dk, dv = linear["n_v_heads"], linear["k_head_dim"], linear["v_head_dim"]
+    channels, v_dim = in_sizes(linear)[:2]
+    typed = act_bytes * (3 * channels + 3 * v_dim)
+    rule = 4 * heads * (8 * dk + 5 * dv + 3 * CHUNK + dk * dv // CHUNK)
+    return typed + rule
+
+
+def state_bytes(linear: dict, act_bytes: int) -> int:
+    """A row's generation state in one layer: the fp32 recurrent state and the conv's."""
+    heads, dk, dv = linear["n_v_heads"], linear["k_head_dim"], linear["v_head_dim"]
+    return 4 * heads * dk * dv + act_bytes * in_sizes(linear)[0] * (linear["conv_kernel"] - 1)
+
+
+def kernel_line(c, device: torch.device) -> str | None:
+    """The one line a model with DeltaNet layers gets on CUDA without fla (else None)."""
+    if not c.linear_attn or device.type not in KERNEL_DEVICES or fla_kernels(device):
+        return None
+    return FLA_MISSING
+
+
 def fla_kernels(device: torch.device):
     """fla's (chunk, fused_recurrent) gated delta rule where they run, else None."""
     if device.type not in KERNEL_DEVICES:

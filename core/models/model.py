@@ -25,7 +25,7 @@ from torch.utils.checkpoint import checkpoint
 
 from core.config.spec import TrainConfig, from_known
 from core.models.cache import KVCache, masks_for, row_positions
-from core.models.deltanet import GatedDeltaNet, in_sizes
+from core.models.deltanet import GatedDeltaNet, in_sizes, state_bytes
 from core.models.fused import Remake, rms_norm, signed_sin, swiglu
 from core.models.fused import rope as fused_rope
 from core.models.loss import lm_loss, sequence_logps, token_logps
@@ -422,6 +422,19 @@ def fused_sizes(c: GPTConfig, layer: int) -> list[int]:
 
 def is_linear(c: GPTConfig, layer: int) -> bool:
     return bool(c.layer_types) and c.layer_types[layer] == LINEAR
+
+
+def linear_layers(c: GPTConfig) -> int:
+    """How many of c's layers are linear attention (Gated DeltaNet)."""
+    return list(c.layer_types or ()).count(LINEAR)
+
+
+def cache_bytes(c: GPTConfig, rows: int, tokens: int, act_bytes: int) -> int:
+    """What forward_cached holds for rows of tokens: the attention layers' keys and values,
+    a DeltaNet layer's states (whatever the length)."""
+    linear = linear_layers(c)
+    kv = 2 * (c.n_layers - linear) * rows * tokens * c.n_kv_heads * c.head_dim * act_bytes
+    return kv + (linear * rows * state_bytes(c.linear_attn, act_bytes) if linear else 0)
 
 
 def window_mask(t: int, window: int, device, mask=None) -> torch.Tensor:

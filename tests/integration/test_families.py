@@ -377,10 +377,11 @@ def test_gguf_logs_where_llama_cpp_runs_phi3_otherwise(tmp_path, capsys):
     assert (tmp_path / "gguf" / "model.gguf").is_file()
 
 
-@pytest.mark.parametrize("family", ["phi3", "gemma2"])
+@pytest.mark.parametrize("family", ["phi3", "gemma2", "qwen3_5"])
 def test_packed_examples_score_as_they_would_alone(tmp_path, family):
     """Chat data packs examples into one window: each counts positions from 0, so LongRoPE
-    keeps its short factors for short examples and a sliding window stays inside each."""
+    keeps its short factors for short examples, a sliding window stays inside each, and a
+    DeltaNet layer starts each from a fresh state."""
     _, tok = make_model(tmp_path, family)
     model = load(tmp_path).model
     a, b = tok("def add(a")["input_ids"], tok("hello world 12 fox")["input_ids"]

@@ -81,12 +81,6 @@ def table(c: GPTConfig) -> list:
     return rows + deltanet_rows(c)
 
 
-def counts(c: GPTConfig) -> str:
-    """'hybrid: 18 linear-attention + 6 attention layers'."""
-    linear = sum(is_linear(c, i) for i in range(c.n_layers))
-    return f"hybrid: {linear} linear-attention + {c.n_layers - linear} attention layers"
-
-
 def gguf_check(c: GPTConfig) -> str | None:
     return "the GGUF export does not write Qwen3.5's linear-attention layers yet (qwen35)"
 
