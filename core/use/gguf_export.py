@@ -122,8 +122,16 @@ def _rope_heads(hf_name: str, c, family) -> int | None:
     return c.n_heads if ".q_proj." in hf_name else c.n_kv_heads if ".k_proj." in hf_name else None
 
 
-def _llama_name(names, hf_name: str) -> str:
-    name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+def _renamed(hf_name: str, family) -> str:
+    """hf_name as llama.cpp's converter renames it before gguf's map (Qwen3.5's dt_bias)."""
+    for end, new in family.gguf_renames:
+        if hf_name.endswith(end):
+            return hf_name[: -len(end)] + new
+    return hf_name
+
+
+def _llama_name(names, hf_name: str, family) -> str:
+    name = names.get_name(_renamed(hf_name, family), try_suffixes=(".weight", ".bias"))
     if name is None:
         raise ExportError(f"gguf: no llama.cpp name for {hf_name}")
     return name
@@ -133,7 +141,7 @@ def _llama_part(make, ours: str, c, n: int, k: int, heads: int | None, name: str
     def part():
         piece = families.split_rows(ours, c, make(), n)[k]
         piece = piece.contiguous() if heads is None else _permute_rope(piece, heads)
-        return piece if hook is None else hook(name, piece)
+        return piece if hook is None else hook(name, piece, c)
 
     return part
 
@@ -155,10 +163,12 @@ def _table_tensors(loaded: Loaded) -> dict[str, Lazy]:
         parts = families.split_rows(ours, c, meta, len(hf_names))
         for k, (hf_name, piece) in enumerate(zip(hf_names, parts, strict=True)):
             heads = _rope_heads(hf_name, c, family)
-            name = _llama_name(names, hf_name)
+            name = _llama_name(names, hf_name, family)
             make = _llama_part(
                 src[ours], ours, c, len(hf_names), k, heads, name, family.gguf_tensor
             )
+            if family.gguf_tensor is not None:  # a hook may reshape (Qwen3.5's conv kernel)
+                piece = family.gguf_tensor(name, piece, c)
             out[name] = Lazy(piece.shape, make)
     scaling = c.rope_scaling or {}
     if scaling.get("rope_type", scaling.get("type")) == "llama3":
@@ -362,7 +372,7 @@ def gguf_origins(loaded: Loaded) -> dict[str, tuple[str, str, int | None]]:
     origins = {}
     for _, hf_names, _ in families.table(loaded.family, c):
         for hf in hf_names:  # the table may name tensors this model does not have
-            name = names.get_name(hf, try_suffixes=(".weight", ".bias"))
+            name = names.get_name(_renamed(hf, family), try_suffixes=(".weight", ".bias"))
             if name is not None:
                 origins[name] = ("hf", hf, _rope_heads(hf, c, family))
     return origins
@@ -371,7 +381,7 @@ def gguf_origins(loaded: Loaded) -> dict[str, tuple[str, str, int | None]]:
 def gguf_back(loaded: Loaded, name: str, tensor: torch.Tensor) -> torch.Tensor:
     """A GGUF file's tensor as the model holds it (the family's tensor hook undone)."""
     hook = families.get(loaded.family).gguf_tensor
-    return tensor if hook is None else hook(name, tensor, back=True)
+    return tensor if hook is None else hook(name, tensor, loaded.model.config, back=True)
 
 
 def gguf_tensors(loaded: Loaded) -> dict[str, Lazy]:
@@ -519,7 +529,7 @@ def _adapter_tensors(loaded: Loaded) -> dict[str, torch.Tensor]:
         parts = families.split_rows(ours, c, state[f"{prefix}.lora_B"], len(hf_names))
         for hf_name, b in zip(hf_names, parts, strict=True):
             heads = _rope_heads(hf_name, c, family)
-            name = _llama_name(names, hf_name)
+            name = _llama_name(names, hf_name, family)
             out[name + ".lora_a"] = state[f"{prefix}.lora_A"]
             out[name + ".lora_b"] = b if heads is None else _permute_rope(b, heads)
     return out

@@ -20,6 +20,9 @@ from hf_models import TEXT, make_model  # noqa: E402
 from core.errors import UserError  # noqa: E402
 from core.models import deltanet  # noqa: E402
 from core.models.params import shape_params  # noqa: E402
+from core.use.common import ExportError  # noqa: E402
+from core.use.export import export  # noqa: E402
+from core.use.generate import generate_ids  # noqa: E402
 from core.weights import families  # noqa: E402
 from core.weights.loader import info_line, load, open_pretrained  # noqa: E402
 
@@ -158,3 +161,42 @@ def test_a_layer_type_it_cannot_build_is_one_line(qwen35):
     bad = {**hf, "layer_types": ["linear_attention", "mamba", "linear_attention", "full_attention"]}
     with pytest.raises(UserError, match=r"layer_types\[1\]: 'mamba' is not built; allowed: full"):
         families.model_config(bad, "config.json")
+
+
+def log_likelihoods(logits, ids: list[int]):
+    logp = torch.as_tensor(logits, dtype=torch.float64).log_softmax(-1)
+    return logp[torch.arange(len(ids) - 1), torch.tensor(ids[1:])]
+
+
+def test_the_f32_gguf_runs_in_llama_cpp_within_2e_3_of_transformers(qwen35, tmp_path):
+    """llama.cpp's qwen35 (its own delta rule, v heads tiled, A as -exp(A_log), 1 + w
+    norms, interleaved M-RoPE sections) scores 80 tokens as transformers does."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from helpers import llama_greedy
+
+    folder, hf_model, tok = qwen35
+    export(folder, "gguf", tmp_path / "gguf", quant="f32")
+    ids = tok(TEXT)["input_ids"][:80]
+    llm = llama_cpp.Llama(
+        str(tmp_path / "gguf" / "model.gguf"),
+        n_ctx=128,
+        logits_all=True,
+        n_threads=1,
+        verbose=False,
+    )
+    assert llm.metadata["general.architecture"] == "qwen35"
+    llm.eval(ids)
+    with torch.no_grad():
+        want = log_likelihoods(hf_model(torch.tensor([ids])).logits[0], ids)
+    got = log_likelihoods(llm.scores[: len(ids)], ids)
+    assert (got - want).abs().max() < 2e-3
+    model = load(folder).model
+    assert llama_greedy(llm, ids[:30], 8) == list(generate_ids(model, ids[:30], 8, 0))
+
+
+def test_gguf_refuses_what_llama_cpp_would_build_otherwise(tmp_path):
+    kinds = ["linear_attention", "full_attention", "linear_attention", "linear_attention"]
+    make_model(tmp_path / "m", "qwen3_5", layer_types=kinds)  # no one interval
+    with pytest.raises(ExportError, match="gguf: llama.cpp's qwen35 takes every n-th layer"):
+        export(tmp_path / "m", "gguf", tmp_path / "gguf", quant="f32")
+    assert not (tmp_path / "gguf").exists()

@@ -47,7 +47,10 @@ FAMILY = Family(
     table=table,
     fused_table=lambda c: qwen3_5.table(c) + fused_expert_rows(c) + shared_rows(c),
     gguf_arch="qwen35moe",
-    gguf_check=no_gguf_experts,
+    gguf_check=lambda c: no_gguf_experts(c) or qwen3_5.gguf_check(c),
+    gguf_hparams=qwen3_5.gguf_hparams,
+    gguf_tensor=qwen3_5.gguf_tensor,
+    gguf_renames=qwen3_5.FAMILY.gguf_renames,
     chat_format="qwen3_5",
     stops=("<|im_end|>",),
 )
