@@ -530,8 +530,11 @@ def _adapter_tensors(loaded: Loaded) -> dict[str, torch.Tensor]:
         for hf_name, b in zip(hf_names, parts, strict=True):
             heads = _rope_heads(hf_name, c, family)
             name = _llama_name(names, hf_name, family)
-            out[name + ".lora_a"] = state[f"{prefix}.lora_A"]
-            out[name + ".lora_b"] = b if heads is None else _permute_rope(b, heads)
+            a = state[f"{prefix}.lora_A"]
+            b = b if heads is None else _permute_rope(b, heads)
+            if family.gguf_adapter is not None:  # rows or columns in llama.cpp's order
+                a, b = family.gguf_adapter(name, a, b, c)
+            out[name + ".lora_a"], out[name + ".lora_b"] = a, b
     return out
 
 

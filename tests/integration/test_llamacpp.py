@@ -177,7 +177,8 @@ def test_quantized_gguf_matches_llama_cpps_own_quantizer(quant_run, quant, tmp_p
 # -- a LoRA adapter alone, loaded by llama.cpp on its base -------------------------------
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2", "gemma3", "phi3"])
+# qwen3_5: its DeltaNet's projections, v heads in llama.cpp's tiled order
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2", "gemma3", "phi3", "qwen3_5"])
 def test_gguf_lora_adapter_on_its_base_equals_the_merged_model(tmp_path, family):
     """llama.cpp with the base GGUF and the adapter GGUF (--lora) computes the logits of the
     merged model: the adapter's names, shapes, row order and alpha are llama.cpp's."""

@@ -39,6 +39,7 @@ class Family:
     gguf_tensor: Callable | None = None  # (llama.cpp name, fp32 tensor, c) -> what it reads
     # (a Hugging Face name's end, the end llama.cpp's converter gives it before gguf's map)
     gguf_renames: tuple = ()
+    gguf_adapter: Callable | None = None  # (llama.cpp name, A, B, c) -> (A, B) in its order
     gguf_hparams: Callable | None = None  # (gguf writer, c) -> its own metadata keys
     gguf_check: Callable | None = None  # c -> why llama.cpp would run it otherwise, or None
     gguf_extra: Callable | None = None  # c -> {llama.cpp name: tensor} it adds (rope factors)

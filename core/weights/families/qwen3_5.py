@@ -130,6 +130,13 @@ def gguf_tensor(name: str, tensor, c: GPTConfig, back: bool = False):
     return _tiled_v(name, tensor, c, back)
 
 
+def gguf_adapter(name: str, a, b, c: GPTConfig):
+    """A LoRA pair's rows (B) or columns (A, of ssm_out) in the tiled v head order."""
+    if name.endswith("ssm_out.weight"):
+        return _tiled_v(name, a, c, False), b
+    return a, _tiled_v(name, b, c, False)
+
+
 def _tiled_v(name: str, tensor, c: GPTConfig, back: bool):
     o = c.linear_attn
     n_k, n_v = o["n_k_heads"], o["n_v_heads"]
@@ -168,6 +175,7 @@ FAMILY = Family(
     gguf_check=gguf_check,
     gguf_hparams=gguf_hparams,
     gguf_tensor=gguf_tensor,
+    gguf_adapter=gguf_adapter,
     gguf_renames=((".dt_bias", ".dt_proj.bias"),),
     chat_format="qwen3_5",
     stops=("<|im_end|>",),

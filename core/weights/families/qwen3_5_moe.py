@@ -50,6 +50,7 @@ FAMILY = Family(
     gguf_check=lambda c: no_gguf_experts(c) or qwen3_5.gguf_check(c),
     gguf_hparams=qwen3_5.gguf_hparams,
     gguf_tensor=qwen3_5.gguf_tensor,
+    gguf_adapter=qwen3_5.gguf_adapter,
     gguf_renames=qwen3_5.FAMILY.gguf_renames,
     chat_format="qwen3_5",
     stops=("<|im_end|>",),
