@@ -541,9 +541,12 @@ def export_gguf(
     tensors = gguf_tensors(loaded)
     types, counters, layers = {}, {}, loaded.model.config.n_layers
     tied = "output.weight" not in tensors  # the embedding is also the output
+    experts = (loaded.model.config.moe or {}).get("n_experts", 0)
     for tensor_name, data in tensors.items():
         shape = tuple(data.shape)
-        qtype, note = gq.tensor_type(tensor_name, shape, quant, layers, counters, tied=tied)
+        qtype, note = gq.tensor_type(
+            tensor_name, shape, quant, layers, counters, tied=tied, n_experts=experts
+        )
         if note:
             log(f"gguf: {note}")
         types[tensor_name] = qtype

@@ -223,6 +223,40 @@ def test_quantized_gguf_matches_llama_cpps_own_quantizer(quant_run, quant, tmp_p
     assert len(llm.tokenize(text.encode(), add_bos=False)) >= 1  # it loads and generates
 
 
+# Tiny MoE models wide enough for K-quant blocks (256 columns, experts included): Mixtral with
+# 8 experts (llama.cpp's 8-expert rule for attention), Qwen2-MoE with its shared expert.
+MOE_WIDE = {"hidden_size": 256, "num_attention_heads": 4, "head_dim": 64, "intermediate_size": 256}
+MOE_QUANT = {
+    "mixtral": {"num_local_experts": 8},
+    "qwen2_moe": {
+        "num_hidden_layers": 2,
+        "decoder_sparse_step": 1,
+        "moe_intermediate_size": 256,
+        "shared_expert_intermediate_size": 256,
+    },
+}
+
+
+@pytest.mark.parametrize("family", list(MOE_QUANT))
+def test_moe_q4_k_m_matches_llama_cpps_own_quantizer(tmp_path, family):
+    """Our q4_k_m of an MoE model against llama-quantize's on our f32 file: the same type
+    for every tensor (experts, router, shared expert), the perplexity within 2%."""
+    _, tok = make_model(
+        tmp_path / "model", family, initializer_range=0.02, **MOE_WIDE, **MOE_QUANT[family]
+    )
+    f32 = export(tmp_path / "model", "gguf", tmp_path / "f32", quant="f32") / "model.gguf"
+    ours = export(tmp_path / "model", "gguf", tmp_path / "ours", quant="q4_k_m") / "model.gguf"
+    theirs = tmp_path / "theirs.gguf"
+    llama_quantize(f32, theirs, "q4_k_m")
+    types = tensor_types(ours)
+    assert types == tensor_types(theirs)
+    assert types["blk.1.ffn_down_exps.weight"] == "Q6_K"  # llama.cpp's more-bits layers
+    ids = tok(TEXT)["input_ids"]
+    windows = [ids[i : i + 64] for i in range(0, len(ids) - 64, 64)][:4]
+    ppl_ours, ppl_theirs = (llama_cpp_perplexity(p, windows) for p in (ours, theirs))
+    assert abs(ppl_ours / ppl_theirs - 1) < 0.02, (ppl_ours, ppl_theirs)
+
+
 # -- a LoRA adapter alone, loaded by llama.cpp on its base -------------------------------
 
 
