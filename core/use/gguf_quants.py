@@ -110,7 +110,8 @@ def tensor_type(
     has no output.weight (token_embd.weight is the output), which gets the output's type.
     n_experts: an MoE model's expert count (llama.cpp gives 8-expert models more bits in
     attention). counters (optional dict) collects {type name: tensors, "fallback": tensors}
-    for a summary line; it also numbers attn_v / ffn_down tensors whose name has no "blk.N." (llama.cpp's counters).
+    for a summary line; it also numbers attn_v / ffn_down tensors whose name has no "blk.N."
+    (llama.cpp's counters).
     """
     if quant not in DEFAULT_TYPE:
         raise ValueError(f"unknown quant {quant!r}; one of {', '.join(QUANTS)}")
