@@ -492,6 +492,7 @@ def _file_types() -> dict:
         "q5_k_m": F.MOSTLY_Q5_K_M,
         "q4_k_m": F.MOSTLY_Q4_K_M,
         "q4_0": F.MOSTLY_Q4_0,
+        "mxfp4": F.MOSTLY_MXFP4_MOE,
     }
 
 
@@ -512,6 +513,8 @@ def export_gguf(
     import numpy as np
 
     check_llama_cpp(loaded)
+    if quant in gq.EXPERT_TYPE and not loaded.model.config.moe:
+        raise ExportError(f"quant: {quant} is for mixture-of-experts models; this one has none")
     family = families.get(loaded.family)
     for note in family.gguf_notes(loaded.model.config) if family.gguf_notes else ():
         log(f"gguf: {note}")  # where llama.cpp runs the model otherwise, and when

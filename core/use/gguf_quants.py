@@ -25,7 +25,7 @@ from gguf import quants as gguf_quants
 
 T = GGMLQuantizationType
 QK_K = 256
-QUANTS = ("f32", "f16", "bf16", "q8_0", "q6_k", "q5_k_m", "q4_k_m", "q4_0")
+QUANTS = ("f32", "f16", "bf16", "q8_0", "q6_k", "q5_k_m", "q4_k_m", "q4_0", "mxfp4")
 DEFAULT_TYPE = {
     "f32": T.F32,
     "f16": T.F16,
@@ -35,7 +35,9 @@ DEFAULT_TYPE = {
     "q5_k_m": T.Q5_K,
     "q4_k_m": T.Q4_K,
     "q4_0": T.Q4_0,
+    "mxfp4": T.Q8_0,  # llama.cpp's MXFP4_MOE: the experts in MXFP4, other matrices Q8_0
 }
+EXPERT_TYPE = {"mxfp4": T.MXFP4}  # a mix's type for stacked experts, where it has its own
 # llama.cpp's tensor_type_fallback for a row length the type's blocks do not divide. It has none
 # for Q4_0 / Q5_0 / Q5_1 / Q8_0 (llama-quantize stops there); we store those tensors as F16.
 FALLBACK = {T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0}
@@ -130,7 +132,7 @@ def _choose(name, shape, quant, n_layers, counters, tied):
     # F32, as convert_hf_to_gguf.py writes them and llama-quantize keeps them
     if len(shape) < 2 or quant == "f32" or all(d == 1 for d in shape[:-1]):
         return T.F32, None
-    if "ffn_gate_inp" in name:
+    if "ffn_gate_inp" in name or not name.endswith("weight"):  # biases too, as convert's
         return T.F32, None
     new = DEFAULT_TYPE[quant]
     if new in (T.F16, T.BF16):
@@ -138,6 +140,8 @@ def _choose(name, shape, quant, n_layers, counters, tied):
     if not _quantizable(name):
         # llama-quantize copies these from its (usually F16) input unchanged
         return T.F16, None
+    if quant in EXPERT_TYPE:
+        return _fit(name, EXPERT_TYPE[quant] if len(shape) == 3 else new, shape[-1])
     cols = shape[-1]
     cat = _category(name)
     if cat == "output" or (tied and cat == "token_embd"):
@@ -154,6 +158,11 @@ def _choose(name, shape, quant, n_layers, counters, tied):
                 counters["i_" + cat] = i_layer + 1
         if _use_more_bits(i_layer, n_layers):
             new = T.Q6_K
+    return _fit(name, new, cols)
+
+
+def _fit(name, new, cols):
+    """new, or llama.cpp's fallback where its blocks do not divide the rows."""
     block = GGML_QUANT_SIZES[new][0]
     if cols % block == 0:
         return new, None

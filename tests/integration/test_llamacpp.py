@@ -18,6 +18,7 @@ from hf_models import FAMILIES, GPT_OSS_CONFIG, TEXT, make_model  # noqa: E402
 from core.training.trainer import Trainer  # noqa: E402
 from core.use.export import export  # noqa: E402
 from core.use.generate import generate_ids, prompt_ids  # noqa: E402
+from core.use.gguf_quality import dequantized_model  # noqa: E402
 from core.weights.loader import load  # noqa: E402
 
 
@@ -255,6 +256,44 @@ def test_moe_q4_k_m_matches_llama_cpps_own_quantizer(tmp_path, family):
     windows = [ids[i : i + 64] for i in range(0, len(ids) - 64, 64)][:4]
     ppl_ours, ppl_theirs = (llama_cpp_perplexity(p, windows) for p in (ours, theirs))
     assert abs(ppl_ours / ppl_theirs - 1) < 0.02, (ppl_ours, ppl_theirs)
+
+
+def test_gpt_oss_mxfp4_experts_are_llama_cpps_bytes(tmp_path):
+    """--quant mxfp4: gpt-oss's experts in MXFP4 and the other matrices in Q8_0, as
+    llama-quantize's MXFP4_MOE makes them from our f32 file, byte for byte; llama.cpp scores
+    the file as TrainDeck scores the model holding the file's dequantized weights."""
+    import gguf
+
+    rope = {**GPT_OSS_CONFIG["rope_parameters"], "truncate": True}
+    options = {"hidden_size": 64, "intermediate_size": 64, "initializer_range": 0.02}
+    _, tok = make_model(
+        tmp_path / "model", "gpt_oss", swiglu_limit=7.0, rope_parameters=rope, **options
+    )
+    f32 = export(tmp_path / "model", "gguf", tmp_path / "f32", quant="f32") / "model.gguf"
+    ours = export(tmp_path / "model", "gguf", tmp_path / "ours", quant="mxfp4") / "model.gguf"
+    theirs = tmp_path / "theirs.gguf"
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype, params.nthread = llama_cpp.LLAMA_FTYPE_MOSTLY_MXFP4_MOE, 1
+    assert llama_cpp.llama_model_quantize(str(f32).encode(), str(theirs).encode(), params) == 0
+    mine = {t.name: t for t in gguf.GGUFReader(str(ours)).tensors}
+    for t in gguf.GGUFReader(str(theirs)).tensors:
+        assert mine[t.name].tensor_type == t.tensor_type, t.name
+        assert np.array_equal(np.asarray(mine[t.name].data), np.asarray(t.data)), t.name
+    assert mine["blk.0.ffn_down_exps.weight"].tensor_type.name == "MXFP4"
+    ids = tok("def add(a, b): hello world 12 The quick brown fox")["input_ids"]
+    loaded = load(tmp_path / "model")
+    with torch.no_grad():
+        dequantized = dequantized_model(loaded, ours)(torch.tensor([ids]))[0][0].numpy()
+        plain = loaded.model(torch.tensor([ids]))[0][0].numpy()
+    llm = llama_cpp.Llama(
+        str(ours), n_ctx=64, logits_all=True, n_threads=1, type_k=0, type_v=0, verbose=False
+    )
+    llm.eval(ids)
+    scored = log_likelihoods(np.array(llm.scores[: len(ids)]), ids)
+    # llama.cpp's Q8_0 products round the activations too: close, and far closer than to
+    # the unquantized model's
+    to_file = np.abs(scored - log_likelihoods(dequantized, ids)).max()
+    assert to_file < 1e-2 and to_file < 0.2 * np.abs(scored - log_likelihoods(plain, ids)).max()
 
 
 # -- a LoRA adapter alone, loaded by llama.cpp on its base -------------------------------
