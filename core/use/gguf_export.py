@@ -41,7 +41,8 @@ class Lazy:
 
 def sources(model) -> dict[str, object]:
     """Our state-dict names (adapters left out) -> () -> that weight in fp32, a LoRA layer's
-    adapters merged in (W + scale B A) without touching the model. A memory-mapped model's
+    adapters merged in (W + scale B A; stacked experts: each expert's own) without touching
+    the model. A memory-mapped model's
     joined weights (model.weight_sources) are joined here, one at a time."""
     from core.models.lora import LoRALinear, is_adapter
 
@@ -57,10 +58,13 @@ def sources(model) -> dict[str, object]:
             base = lambda p=p: p.detach().float()  # noqa: E731
         prefix, _, leaf = name.rpartition(".")
         m = modules.get(prefix)
+        experts = modules.get(name + "_lora")  # stacked experts' own adapters (--lora-experts)
         if leaf == "weight" and isinstance(m, LoRALinear):
             out[name] = lambda m=m, base=base: (
                 base() + m.scale * (m.lora_B.detach().float() @ m.lora_A.detach().float())
             )
+        elif experts is not None and hasattr(experts, "delta"):
+            out[name] = lambda e=experts, base=base: base() + e.delta().detach()
         else:
             out[name] = base
     return out
@@ -613,6 +617,11 @@ def export_gguf_lora(loaded: Loaded, folder: Path, log=print) -> dict:
     cfg = loaded.config
     if cfg is None or not cfg.lora_rank:
         raise ExportError("format: gguf-lora needs a LoRA run (trained with --lora-rank R)")
+    if any(".lora_A" in k and "_lora." in k for k in loaded.model.state_dict()):
+        raise ExportError(
+            "gguf-lora: adapters on the experts (--lora-experts) are not written as a GGUF "
+            "adapter; export --format gguf, which merges them"
+        )
     tensors = _adapter_tensors(loaded)
     path = folder / "adapter.gguf"
     writer = gguf.GGUFWriter(str(path), families.get(loaded.family).gguf_arch)
