@@ -294,6 +294,18 @@ def test_gpt_oss_mxfp4_experts_are_llama_cpps_bytes(tmp_path):
     # the unquantized model's
     to_file = np.abs(scored - log_likelihoods(dequantized, ids)).max()
     assert to_file < 1e-2 and to_file < 0.2 * np.abs(scored - log_likelihoods(plain, ids)).max()
+    # A released-style MXFP4 checkpoint's experts, dequantized at load, are e2m1 values on
+    # power-of-two scales: written back in MXFP4 they come back exactly
+    from test_gpt_oss import mxfp4_folder
+
+    mxfp4_folder(tmp_path / "model", tmp_path / "packed")
+    again = export(tmp_path / "packed", "gguf", tmp_path / "again", quant="mxfp4") / "model.gguf"
+    packed = load(tmp_path / "packed")
+    back = dequantized_model(packed, again).state_dict()
+    experts = [k for k in back if k.endswith((".gate_up", ".down"))]
+    assert len(experts) == 2 * packed.model.config.n_layers
+    for name in experts:
+        assert torch.equal(back[name], packed.model.state_dict()[name]), name
 
 
 # -- a LoRA adapter alone, loaded by llama.cpp on its base -------------------------------
