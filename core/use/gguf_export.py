@@ -30,6 +30,9 @@ def _tensor_map(family, n_layers: int):
     return gguf.get_tensor_name_map(arch, n_layers)
 
 
+BARE = (".ssm_a",)  # llama.cpp's tensors without a suffix (Qwen3.5's A)
+
+
 class Lazy:
     """A tensor of the export made only when written: merged, converted and reordered then,
     so an export holds one converted tensor at a time beside the model."""
@@ -41,7 +44,8 @@ class Lazy:
 
 def sources(model) -> dict[str, object]:
     """Our state-dict names (adapters left out) -> () -> that weight in fp32, a LoRA layer's
-    adapters merged in (W + scale B A) without touching the model. A memory-mapped model's
+    adapters merged in (W + scale B A; stacked experts: each expert's own) without touching
+    the model. A memory-mapped model's
     joined weights (model.weight_sources) are joined here, one at a time."""
     from core.models.lora import LoRALinear, is_adapter
 
@@ -57,10 +61,13 @@ def sources(model) -> dict[str, object]:
             base = lambda p=p: p.detach().float()  # noqa: E731
         prefix, _, leaf = name.rpartition(".")
         m = modules.get(prefix)
+        experts = modules.get(name + "_lora")  # stacked experts' own adapters (--lora-experts)
         if leaf == "weight" and isinstance(m, LoRALinear):
             out[name] = lambda m=m, base=base: (
                 base() + m.scale * (m.lora_B.detach().float() @ m.lora_A.detach().float())
             )
+        elif experts is not None and hasattr(experts, "delta"):
+            out[name] = lambda e=experts, base=base: base() + e.delta().detach()
         else:
             out[name] = base
     return out
@@ -146,10 +153,59 @@ def _llama_part(make, ours: str, c, n: int, k: int, heads: int | None, name: str
     return part
 
 
+def expert_names(ours: str, family) -> list[tuple[str, slice | None]]:
+    """llama.cpp's names for one of our stacked expert tensors, each with the rows of our
+    [E, 2I, ...] it takes (None: all): gate and up apart (ffn_gate_exps, ffn_up_exps), or
+    together where the family's architecture reads them fused (ffn_gate_up_exps)."""
+    import gguf
+
+    T = gguf.MODEL_TENSOR
+    layer, leaf = int(ours.split(".")[1]), ours.rsplit(".", 1)[-1]
+    kind = "bias" if leaf.endswith("_bias") else "weight"
+
+    def name(tensor):
+        return gguf.TENSOR_NAMES[tensor].format(bid=layer) + "." + kind
+
+    if leaf.startswith("down"):
+        return [(name(T.FFN_DOWN_EXP), None)]
+    if family.gguf_fused_gate_up:
+        return [(name(T.FFN_GATE_UP_EXP), None)]
+    return [(name(T.FFN_GATE_EXP), slice(0, 1)), (name(T.FFN_UP_EXP), slice(1, 2))]
+
+
+def _expert_part(make, half: slice | None, name: str, hook, c):
+    def part():
+        tensor = make()
+        if half is not None:  # gate rows first, then up: one half of dim 1
+            tensor = tensor.chunk(2, dim=1)[half.start].contiguous()
+        return tensor if hook is None else hook(name, tensor, c)
+
+    return part
+
+
+def _expert_tensors(ours: str, make, shape: tuple, family, c) -> dict[str, Lazy]:
+    out = {}
+    for name, half in expert_names(ours, family):
+        part = shape if half is None else (shape[0], shape[1] // 2, *shape[2:])
+        out[name] = Lazy(part, _expert_part(make, half, name, family.gguf_tensor, c))
+    return out
+
+
+def _gguf_name(names, hf_name: str, family) -> str:
+    return _suffixed(_llama_name(names, hf_name, family))
+
+
+def _suffixed(name: str) -> str:
+    """A name gguf's map gives without a suffix (gpt-oss's attention sinks) is written as a
+    weight, as convert_hf_to_gguf.py does; but for the tensors llama.cpp reads bare (A)."""
+    return name if name.endswith((".weight", ".bias", *BARE)) else name + ".weight"
+
+
 def _table_tensors(loaded: Loaded) -> dict[str, Lazy]:
     """The family's tensors under llama.cpp's names, through gguf's own name map: our
     fused q/k/v and gate/up split by rows where llama.cpp keeps them apart, q and k in
-    llama.cpp's rotary row order where it rotates pairs, and the family's tensor hook."""
+    llama.cpp's rotary row order where it rotates pairs, stacked experts as llama.cpp's
+    3-D expert tensors, and the family's tensor hook."""
     import gguf
 
     c, model, family = loaded.model.config, loaded.model, families.get(loaded.family)
@@ -159,11 +215,14 @@ def _table_tensors(loaded: Loaded) -> dict[str, Lazy]:
     for ours, hf_names, _ in families.table(loaded.family, c):
         if ours not in src:
             continue
+        if families.is_expert(ours):  # our [E, ...] layout, whatever the checkpoint's
+            out.update(_expert_tensors(ours, src[ours], tuple(shapes[ours].shape), family, c))
+            continue
         meta = torch.empty(shapes[ours].shape, device="meta")
         parts = families.split_rows(ours, c, meta, len(hf_names))
         for k, (hf_name, piece) in enumerate(zip(hf_names, parts, strict=True)):
             heads = _rope_heads(hf_name, c, family)
-            name = _llama_name(names, hf_name, family)
+            name = _gguf_name(names, hf_name, family)
             make = _llama_part(
                 src[ours], ours, c, len(hf_names), k, heads, name, family.gguf_tensor
             )
@@ -357,23 +416,42 @@ def _hyperparameters(writer, loaded: Loaded) -> None:
         writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         writer.add_rope_scaling_factor(scaling["factor"])
         writer.add_rope_scaling_orig_ctx_len(scaling["original_max_position_embeddings"])
+    if c.moe:
+        _expert_hparams(writer, c)
     if family.gguf_hparams is not None:
         family.gguf_hparams(writer, c)
 
 
+def _expert_hparams(writer, c) -> None:
+    """The expert keys convert_hf_to_gguf.py writes for every MoE architecture. How the
+    top-k weights are normalized is each architecture's own rule in llama.cpp (no key): the
+    family's gguf_check refuses a model that differs from it."""
+    writer.add_expert_count(c.moe["n_experts"])
+    writer.add_expert_used_count(c.moe["top_k"])
+    writer.add_expert_feed_forward_length(c.moe["expert_dim"])
+    if c.moe.get("shared_expert_dim"):
+        writer.add_expert_shared_feed_forward_length(c.moe["shared_expert_dim"])
+
+
 def gguf_origins(loaded: Loaded) -> dict[str, tuple[str, str, int | None]]:
     """GGUF tensor name -> ("ours" or "hf", the name it came from, heads of its rope row
-    order or None): how to put a GGUF file's tensors back into the model (the family's
-    tensor hook undone with gguf_back)."""
+    order or None), or ("expert", our stacked name, which half of gate/up or None): how to
+    put a GGUF file's tensors back into the model (the family's tensor hook undone with
+    gguf_back)."""
     c, family = loaded.model.config, families.get(loaded.family)
     if family.gguf_names is not None:
         return {g: ("ours", ours, None) for g, ours in family.gguf_names(c).items()}
     names = _tensor_map(family, c.n_layers)
     origins = {}
-    for _, hf_names, _ in families.table(loaded.family, c):
+    for ours, hf_names, _ in families.table(loaded.family, c):
+        if families.is_expert(ours):  # ("expert", ours, 0 gate / 1 up / None whole)
+            for name, half in expert_names(ours, family):
+                origins[name] = ("expert", ours, None if half is None else half.start)
+            continue
         for hf in hf_names:  # the table may name tensors this model does not have
             name = names.get_name(_renamed(hf, family), try_suffixes=(".weight", ".bias"))
             if name is not None:
+                name = _suffixed(name)
                 origins[name] = ("hf", hf, _rope_heads(hf, c, family))
     return origins
 
@@ -433,6 +511,7 @@ def _file_types() -> dict:
         "q5_k_m": F.MOSTLY_Q5_K_M,
         "q4_k_m": F.MOSTLY_Q4_K_M,
         "q4_0": F.MOSTLY_Q4_0,
+        "mxfp4": F.MOSTLY_MXFP4_MOE,
     }
 
 
@@ -453,9 +532,16 @@ def export_gguf(
     import numpy as np
 
     check_llama_cpp(loaded)
+    if quant in gq.EXPERT_TYPE and not loaded.model.config.moe:
+        raise ExportError(f"quant: {quant} is for mixture-of-experts models; this one has none")
     family = families.get(loaded.family)
     for note in family.gguf_notes(loaded.model.config) if family.gguf_notes else ():
         log(f"gguf: {note}")  # where llama.cpp runs the model otherwise, and when
+    if (loaded.model.config.rope_scaling or {}).get("truncate") is False:  # gpt-oss's
+        log(
+            "gguf: llama.cpp's YaRN rounds the ends of its frequency ramp, which this model's "
+            "rope_scaling (truncate: false) does not: positions are encoded slightly otherwise"
+        )
     path = folder / name
     writer = gguf.GGUFWriter(str(path), families.get(loaded.family).gguf_arch)
     _hyperparameters(writer, loaded)
@@ -477,9 +563,12 @@ def export_gguf(
     tensors = gguf_tensors(loaded)
     types, counters, layers = {}, {}, loaded.model.config.n_layers
     tied = "output.weight" not in tensors  # the embedding is also the output
+    experts = (loaded.model.config.moe or {}).get("n_experts", 0)
     for tensor_name, data in tensors.items():
         shape = tuple(data.shape)
-        qtype, note = gq.tensor_type(tensor_name, shape, quant, layers, counters, tied=tied)
+        qtype, note = gq.tensor_type(
+            tensor_name, shape, quant, layers, counters, tied=tied, n_experts=experts
+        )
         if note:
             log(f"gguf: {note}")
         types[tensor_name] = qtype
@@ -546,6 +635,11 @@ def export_gguf_lora(loaded: Loaded, folder: Path, log=print) -> dict:
     cfg = loaded.config
     if cfg is None or not cfg.lora_rank:
         raise ExportError("format: gguf-lora needs a LoRA run (trained with --lora-rank R)")
+    if any(".lora_A" in k and "_lora." in k for k in loaded.model.state_dict()):
+        raise ExportError(
+            "gguf-lora: adapters on the experts (--lora-experts) are not written as a GGUF "
+            "adapter; export --format gguf, which merges them"
+        )
     tensors = _adapter_tensors(loaded)
     path = folder / "adapter.gguf"
     writer = gguf.GGUFWriter(str(path), families.get(loaded.family).gguf_arch)

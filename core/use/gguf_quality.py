@@ -53,20 +53,26 @@ def dequantized_model(loaded: Loaded, path: Path):
     reader = gguf.GGUFReader(str(path))
     origins = gguf_origins(loaded)
     c, family = loaded.model.config, loaded.family
-    ours, hf = {}, {}
+    ours, hf, experts = {}, {}, {}
     for t in reader.tensors:
         if t.name not in origins:  # derived tensors (zero biases, rope factors)
             continue
-        kind, name, heads = origins[t.name]
+        kind, name, detail = origins[t.name]
         shape = tuple(int(d) for d in reversed(t.shape))
         values = gguf.quants.dequantize(t.data, t.tensor_type).reshape(shape)
-        tensor = unpermute(torch.from_numpy(np.array(values, dtype=np.float32)), heads)
-        tensor = gguf_back(loaded, t.name, tensor)
+        tensor = torch.from_numpy(np.array(values, dtype=np.float32))
+        if kind == "expert":  # detail: its half of our gate/up (None: the whole tensor)
+            experts.setdefault(name, {})[detail] = gguf_back(loaded, t.name, tensor)
+            continue
+        tensor = gguf_back(loaded, t.name, unpermute(tensor, detail))
         (ours if kind == "ours" else hf)[name] = tensor
+    for name, parts in experts.items():
+        ours[name] = parts[None] if None in parts else torch.cat((parts[0], parts[1]), dim=1)
     model = fp32_model(loaded.model)
     lora.merge(model)  # the file's weights have the adapters in them
     if hf:
-        ours.update(families.import_weights(family, c, hf, set(model.state_dict())))
+        wanted = set(model.state_dict()) - set(ours)
+        ours.update(families.import_weights(family, c, hf, wanted))
     model.load_state_dict(ours, strict=False)
     return model
 
@@ -114,10 +120,11 @@ def predicted_bytes(shape, quant: str) -> int:
     total = 0
     for p in meta_model(shape).parameters():
         dims = tuple(p.shape)
-        if len(dims) != 2:
+        if len(dims) < 2:  # vectors; matrices and stacked experts ([E, rows, cols]) below
             total += 4 * p.numel()
             continue
-        for qtype in (main, gq.FALLBACK.get(main, main), gguf.GGMLQuantizationType.F16):
+        first = gq.EXPERT_TYPE.get(quant, main) if len(dims) == 3 else main
+        for qtype in (first, gq.FALLBACK.get(first, first), gguf.GGMLQuantizationType.F16):
             if dims[-1] % gguf.GGML_QUANT_SIZES[qtype][0] == 0:
                 total += gq.expected_bytes(dims, qtype)
                 break

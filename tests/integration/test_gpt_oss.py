@@ -182,7 +182,7 @@ def test_full_fine_tuning_trains_and_resumes_bit_for_bit(base, tmp_path):
     first = torch.load(latest, weights_only=True)
     assert any(k.endswith("attn.sinks") for k in first["model"])
     assert straight[0][0]["moe/layers"] == [0, 1, 2, 3]  # the experts' load is recorded
-    with pytest.raises(ExportError, match="gguf: .*mixture-of-experts"):
+    with pytest.raises(ExportError, match="gguf: llama.cpp's gpt-oss fixes swiglu_limit at 7.0"):
         export(tmp_path / "straight", "gguf", tmp_path / "gguf", which="latest")
 
 

@@ -53,6 +53,8 @@ class Family:
     # tensor in the other layout, applied to stacked expert tensors after joining (import)
     # and before splitting (export)
     convert: Callable | None = None
+    # llama.cpp's architecture reads gate and up experts as one ffn_gate_up_exps tensor
+    gguf_fused_gate_up: bool = False
 
 
 def moe_options(hf: dict, source: str, n_experts: int, sparse: list[int], **extra) -> dict:
@@ -115,11 +117,25 @@ def fused_expert_rows(c: GPTConfig) -> list[Row]:
     return rows
 
 
-def no_gguf_experts(c: GPTConfig) -> str | None:
-    """An MoE family's gguf_check: the GGUF writer has no stacked expert tensors yet."""
-    if c.moe:
-        return "the GGUF export does not write mixture-of-experts layers yet (ffn_*_exps)"
-    return None
+def gguf_experts(arch: str, norm_topk: bool | None, shared: bool = False):
+    """An MoE family's gguf_check: what llama.cpp's arch assumes of the experts. It puts
+    them in every layer; norm_topk: whether it normalizes the top-k weights (None: the
+    family's router has no such choice); shared: a gated shared expert in every layer."""
+
+    def check(c: GPTConfig) -> str | None:
+        if not c.moe:
+            return f"llama.cpp's {arch} needs experts; this model has none"
+        if sparse_layers(c) != list(range(c.n_layers)):
+            return f"llama.cpp's {arch} has experts in every layer; this model has dense layers"
+        if norm_topk is not None and c.moe.get("norm_topk", False) != norm_topk:
+            how = "normalizes" if norm_topk else "does not normalize"
+            return f"llama.cpp's {arch} {how} the top-k expert weights (norm_topk_prob)"
+        if bool(c.moe.get("shared_expert_dim")) != shared:
+            need = "a shared expert" if shared else "no shared expert"
+            return f"llama.cpp's {arch} has {need} in every layer"
+        return None
+
+    return check
 
 
 def sparse_layers(c: GPTConfig) -> list[int]:

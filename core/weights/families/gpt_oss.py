@@ -16,11 +16,12 @@ from core.models.model import GPTConfig
 from core.weights.families.base import (
     Family,
     UnsupportedModel,
+    check_window_pattern,
+    gguf_experts,
     layer_types,
     llama_options,
     llama_table,
     moe_options,
-    no_gguf_experts,
     sparse_layers,
 )
 
@@ -113,6 +114,25 @@ def export_config(base: dict) -> dict:
     return {k: v for k, v in base.items() if k != "quantization_config"}
 
 
+# llama.cpp's gpt-oss clamps its SwiGLU with these, whatever the file says
+LLAMA_CPP_SWIGLU = {"swiglu_limit": 7.0, "swiglu_alpha": 1.702}
+
+
+def gguf_check(c: GPTConfig) -> str | None:
+    reason = gguf_experts("gpt-oss", norm_topk=None)(c)
+    if reason is None and c.sliding_window:
+        reason = check_window_pattern(c, 2, "gpt-oss")
+    for key, value in LLAMA_CPP_SWIGLU.items():
+        if reason is None and c.moe[key] != value:
+            reason = f"llama.cpp's gpt-oss fixes {key} at {value}; this model's is {c.moe[key]}"
+    return reason
+
+
+def gguf_hparams(writer, c: GPTConfig) -> None:
+    if c.sliding_window:
+        writer.add_sliding_window(c.sliding_window)
+
+
 FAMILY = Family(
     name="gpt_oss",
     display="gpt-oss",
@@ -125,5 +145,6 @@ FAMILY = Family(
     gguf_arch="gpt-oss",
     chat_format="harmony",
     stops=STOPS,
-    gguf_check=no_gguf_experts,
+    gguf_check=gguf_check,
+    gguf_hparams=gguf_hparams,
 )

@@ -11,10 +11,10 @@ from core.weights.families.base import (
     Family,
     expert_rows,
     fused_expert_rows,
+    gguf_experts,
     llama_options,
     llama_table,
     moe_options,
-    no_gguf_experts,
 )
 
 
@@ -41,7 +41,7 @@ FAMILY = Family(
     config=config,
     table=table,
     fused_table=lambda c: llama_table(c) + fused_expert_rows(c),
-    gguf_check=no_gguf_experts,
+    gguf_check=gguf_experts("llama", norm_topk=True),
     gguf_arch="llama",
     chat_format="mistral",
     stops=("</s>",),

@@ -13,10 +13,10 @@ from core.weights.families.base import (
     Family,
     expert_rows,
     fused_expert_rows,
+    gguf_experts,
     llama_options,
     llama_table,
     moe_options,
-    no_gguf_experts,
 )
 
 
@@ -40,6 +40,14 @@ def table(c: GPTConfig):
     return llama_table(c) + expert_rows(c, "model.layers.{i}.mlp.", names, "gate")
 
 
+def gguf_check(c: GPTConfig) -> str | None:
+    if c.n_kv_heads != c.n_heads:  # its k norm spans n_embd
+        return "llama.cpp's olmoe has no grouped-query attention (num_key_value_heads)"
+    if c.qkv_clip is not None:
+        return "llama.cpp's olmoe does not clamp q, k and v (clip_qkv)"
+    return gguf_experts("olmoe", norm_topk=False)(c)
+
+
 FAMILY = Family(
     name="olmoe",
     display="OLMoE",
@@ -47,7 +55,7 @@ FAMILY = Family(
     config=config,
     table=table,
     fused_table=lambda c: llama_table(c) + fused_expert_rows(c),
-    gguf_check=no_gguf_experts,
+    gguf_check=gguf_check,
     gguf_arch="olmoe",
     chat_format="plain",
     stops=("<|endoftext|>",),

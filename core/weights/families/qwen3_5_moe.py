@@ -12,10 +12,12 @@ from core.weights.families.base import (
     Family,
     expert_rows,
     fused_expert_rows,
+    gguf_experts,
     moe_options,
-    no_gguf_experts,
 )
 from core.weights.families.qwen2_moe import shared_rows
+
+GGUF_EXPERTS = gguf_experts("qwen35moe", norm_topk=True, shared=True)
 
 
 def config(hf: dict, source: str) -> GPTConfig:
@@ -47,7 +49,7 @@ FAMILY = Family(
     table=table,
     fused_table=lambda c: qwen3_5.table(c) + fused_expert_rows(c) + shared_rows(c),
     gguf_arch="qwen35moe",
-    gguf_check=lambda c: no_gguf_experts(c) or qwen3_5.gguf_check(c),
+    gguf_check=lambda c: GGUF_EXPERTS(c) or qwen3_5.gguf_check(c),
     gguf_hparams=qwen3_5.gguf_hparams,
     gguf_tensor=qwen3_5.gguf_tensor,
     gguf_adapter=qwen3_5.gguf_adapter,

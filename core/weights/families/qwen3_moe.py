@@ -12,9 +12,9 @@ from core.weights.families.base import (
     Family,
     expert_rows,
     fused_expert_rows,
+    gguf_experts,
     llama_table,
     moe_options,
-    no_gguf_experts,
     stepped_sparse_layers,
 )
 
@@ -38,7 +38,7 @@ FAMILY = Family(
     config=config,
     table=table,
     fused_table=lambda c: llama_table(c) + fused_expert_rows(c),
-    gguf_check=no_gguf_experts,
+    gguf_check=gguf_experts("qwen3moe", norm_topk=True),
     gguf_arch="qwen3moe",
     chat_format="chatml",
     stops=("<|im_end|>",),
