@@ -94,13 +94,15 @@ def parts(a) -> dict:
     import torch
 
     from core.models.loss import lm_loss
+    from core.models.model import rope_frequencies
 
     torch.set_num_threads(a.threads)
     a.mode, a.rank, a.alpha, a.side = "lora", 16, 32.0, "td"
     model, _, _ = finetune.traindeck_model(a)
     b, t, d = a.batch, a.seq, model.config.hidden_dim
     x = torch.randn(b, t, d, requires_grad=True)
-    _, rope = model._embed(torch.zeros(b, t, dtype=torch.long))
+    angles = torch.outer(torch.arange(t).float(), rope_frequencies(model.config))
+    rope = (torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin())
     linear = next(blk for blk in model.blocks if blk.linear)
     full = next(blk for blk in model.blocks if not blk.linear)
     net = linear.attn
