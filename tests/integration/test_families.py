@@ -328,10 +328,10 @@ def test_the_fit_ladder_answers_for_gemma_from_config_json_alone(tmp_path, confi
     assert fitted is not None and estimate(fitted).device_total <= 0.9 * 12 * GB, why
 
 
-@pytest.mark.parametrize("family", NEW)
+@pytest.mark.parametrize("family", [*NEW, "qwen3_5"])
 def test_dpo_starts_at_ln2_and_learns_the_preference(tmp_path, family):
     """DPO through a soft-capped head (Gemma 2), local and global RoPE (Gemma 3), fused
-    q/k/v with LongRoPE (Phi-3) and a NoPE layer (SmolLM3)."""
+    q/k/v with LongRoPE (Phi-3), a NoPE layer (SmolLM3) and DeltaNet layers (Qwen3.5)."""
     import math
 
     make_model(tmp_path / "model", family)
