@@ -28,7 +28,7 @@ from PySide6.QtWidgets import (
 from core.errors import UserError
 from core.use.export import FORMATS, QUANTIZED, export
 from core.use.gguf_quality import model_shape, predicted_bytes
-from core.use.gguf_quants import QUANTS
+from core.use.gguf_quants import EXPERT_TYPE, QUANTS
 
 FORMAT_HELP = {
     "hf": "transformers (safetensors, config, tokenizer)",
@@ -83,7 +83,8 @@ class ExportDialog(QDialog):
         self.format.setCurrentIndex(FORMATS.index("gguf"))
         self.format.currentIndexChanged.connect(self._format_changed)
         self.quant = QComboBox()
-        self.quant.addItems(QUANTS)
+        moe = self.shape is None or bool(self.shape.moe)  # mxfp4 holds experts only
+        self.quant.addItems([q for q in QUANTS if moe or q not in EXPERT_TYPE])
         self.quant.setCurrentText("q4_k_m")
         self.quant.currentTextChanged.connect(self._show_size)
         self.size = QLabel()

@@ -59,7 +59,7 @@ NEW_FAMILY_CONFIGS = {
 }
 # The MoE families' tiny models: few experts, top-k over 1, dense and sparse layers mixed
 # (Qwen3-MoE's mlp_only_layers), norm_topk_prob both ways, OLMoE's clip_qkv biting.
-MOE_FAMILIES = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
+MOE_FAMILIES = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "qwen3_5_moe")
 MOE_CONFIGS = {
     "qwen3_moe": {
         "num_hidden_layers": 3,
@@ -124,6 +124,30 @@ GEMMA4_CONFIGS = {
         "num_experts": 4,
         "top_k_experts": 2,
         "moe_intermediate_size": 16,
+    },
+}
+# The hybrid families' tiny models (Qwen3.5): three DeltaNet layers and one attention layer,
+# grouped value heads (4 v heads on 2 k heads), a quarter of each head rotary, room for 80+
+# tokens (past a chunk of 64); the MoE one with a shared expert.
+HYBRID_FAMILIES = ("qwen3_5", "qwen3_5_moe")
+HYBRID = {
+    "initializer_range": 0.05,  # 0.3 makes the delta rule's solve amplify fp32 rounding
+    "num_hidden_layers": 4,
+    "head_dim": 16,
+    "max_position_embeddings": 128,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 8,
+    "linear_value_head_dim": 8,
+}
+HYBRID_CONFIGS = {
+    "qwen3_5": HYBRID,
+    "qwen3_5_moe": {
+        **HYBRID,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 16,
+        "shared_expert_intermediate_size": 24,
     },
 }
 # gpt-oss's tiny model: 4 layers, sliding (window 4) and full alternating, 4 experts top-2,
@@ -277,6 +301,8 @@ def make_config(family: str, vocab: int, **extra):
         extra = {**GPT_OSS_CONFIG, **extra}
     if family in GEMMA4_CONFIGS:
         extra = {**GEMMA4_CONFIGS[family], **extra}
+    if family in HYBRID_CONFIGS:
+        extra = {**HYBRID_CONFIGS[family], **extra}
     shape = {**shape, **{k: extra.pop(k) for k in list(extra) if k in shape}}
     if family == "llama2":
         return t.LlamaConfig(**shape, **common, **extra)
@@ -300,6 +326,9 @@ def make_config(family: str, vocab: int, **extra):
         vocab = {"vocab_size_per_layer_input": common["vocab_size"], "bos_token_id": None}
         extra.setdefault("pad_token_id", extra.get("eos_token_id"))
         return t.Gemma4TextConfig(**shape, **common, **vocab, **extra)
+    if family in HYBRID_CONFIGS:
+        kind = t.Qwen3_5MoeTextConfig if family == "qwen3_5_moe" else t.Qwen3_5TextConfig
+        return kind(**shape, **{**common, **extra})
     if family in MOE_CONFIGS:
         kind = {
             "qwen3_moe": t.Qwen3MoeConfig,

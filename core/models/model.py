@@ -26,6 +26,7 @@ from torch.utils.checkpoint import checkpoint
 
 from core.config.spec import TrainConfig, from_known
 from core.models.cache import KVCache, masks_for, row_positions
+from core.models.deltanet import GatedDeltaNet, in_sizes, state_bytes
 from core.models.fused import Remake, rms_norm, signed_sin, swiglu
 from core.models.fused import rope as fused_rope
 from core.models.loss import lm_loss, sequence_logps, token_logps
@@ -35,6 +36,7 @@ from core.models.per_layer import (
     PerLayerInputs,
     Side,
     attn_sizes,
+    cache_width,
     kv_source,
     kv_sources,
     layer_shape,
@@ -48,6 +50,8 @@ POSITIONS = ("learned", "rope")
 MLPS = ("gelu", "gelu_tanh", "swiglu", "geglu")
 GATED = ("swiglu", "geglu")  # gate and up in one fused Linear
 SLIDING = "sliding_attention"  # a layer type (config.json's names), the other "full_attention"
+LINEAR = "linear_attention"  # Qwen3.5's Gated DeltaNet layers (core.models.deltanet)
+LAYER_TYPES = ("full_attention", SLIDING, LINEAR)
 
 
 # A new model with arch llama: Llama's choices, as SmolLM2 makes them (tied embeddings).
@@ -103,11 +107,14 @@ class GPTConfig:
     attn_softcap: float | None = None  # Gemma 2: scores -> cap * tanh(scores / cap)
     logit_softcap: float | None = None  # Gemma 2: the same on the output logits
     sliding_window: int | None = None  # keys a sliding layer sees, its own included
-    layer_types: list | None = None  # per layer "sliding_attention" / "full_attention"
+    layer_types: list | None = None  # per layer: one of LAYER_TYPES
     rope_local_theta: float | None = None  # Gemma 3: sliding layers' base, without scaling
     rope_dim: int | None = None  # rotary dimensions of a head (partial rotary); None: all
     nope_layers: list | None = None  # SmolLM3: layers without rotary positions
     attn_sinks: bool = False  # gpt-oss: a learned logit per head joins each softmax's sum
+    attn_output_gate: bool = False  # Qwen3.5: q_proj twice as wide, sigmoid(gate) * output
+    # Qwen3.5: the Gated DeltaNet's shape on "linear_attention" layers (deltanet.KEYS)
+    linear_attn: dict | None = None
     # Mixture of experts (core.models.moe: its keys and defaults); None: dense.
     moe: dict | None = None
     # Hand-written backward passes and the fused loss (core.models.fused, LinearCrossEntropy):
@@ -192,6 +199,19 @@ class RMSNorm(nn.Module):
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(x.dtype)
+
+
+def layer_types_problem(c: GPTConfig) -> str | None:
+    """Why c's layer_types cannot be built (one line), or None."""
+    types = list(c.layer_types or ())
+    if types and len(types) != c.n_layers:
+        return f"layer_types: {len(types)} entries for {c.n_layers} layers"
+    for i, kind in enumerate(types):
+        if kind not in LAYER_TYPES:
+            return f"layer_types[{i}]: {kind!r} is not built; allowed: {', '.join(LAYER_TYPES)}"
+        if kind == LINEAR and not c.linear_attn:
+            return f"layer_types[{i}]: linear_attention needs the linear_attn options"
+    return None
 
 
 def make_norm(c: GPTConfig, dim: int | None = None) -> nn.Module:
@@ -291,6 +311,7 @@ class SelfAttention(nn.Module):
         self.layer, self.source = layer, kv_source(c, layer)
         self.stores = layer in kv_sources(c)  # later layers reuse its keys and values
         self.v_norm, self.eps = c.v_norm, c.norm_eps
+        self.gated = c.attn_output_gate
         self.qkv = nn.Linear(c.hidden_dim, sum(self.sizes), bias=c.qkv_bias)
         self.proj = nn.Linear(c.n_heads * c.head_dim, c.hidden_dim, bias=c.out_bias)
         if c.qk_norm:
@@ -317,6 +338,10 @@ class SelfAttention(nn.Module):
         b, t, _ = x.shape
         q, *kv = self.qkv(x).split(self.sizes, dim=2)
         k, v = (kv[0], kv[-1]) if kv else (None, None)  # k_eq_v: the values are k's output
+        gate = None
+        if self.gated:  # each head's q, then its gate (Qwen3.5's q_proj)
+            q, gate = q.view(b, t, self.n_heads, 2 * self.hd).chunk(2, dim=-1)
+            q, gate = q.reshape(b, t, -1), gate.reshape(b, t, -1)
         if self.norm_whole:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.clip is not None:
@@ -339,7 +364,7 @@ class SelfAttention(nn.Module):
             cos, sin = (r.to(q.dtype) for r in rope)
             q = self._rotate(q, cos, sin)
             k = k if k is None else self._rotate(k, cos, sin)
-        return q, k, v
+        return q, k, v, gate
 
     def _rotate(self, x, cos, sin):
         if self.rope_dim:  # partial rotary: the first rope_dim dimensions turn
@@ -357,7 +382,7 @@ class SelfAttention(nn.Module):
             side.kv[self.layer] = (k, v)
         return k, v
 
-    def _attend(self, q, k, v, causal: bool, mask=None):
+    def _attend(self, q, k, v, causal: bool, mask=None, gate=None):
         gqa = self.n_kv != self.n_heads
         if gqa and (not self.fused or self.explicit):  # each k/v head serves several q heads
             k = k.repeat_interleave(self.n_heads // self.n_kv, dim=1)
@@ -380,7 +405,8 @@ class SelfAttention(nn.Module):
                 mask = window_mask(t, window, q.device, mask)
             y = self._scores(q, k, v, causal and mask is None, mask, drop, gqa)
         b, _, t, _ = y.shape
-        return self.proj(y.transpose(1, 2).reshape(b, t, self.n_heads * self.hd))
+        y = y.transpose(1, 2).reshape(b, t, self.n_heads * self.hd)
+        return self.proj(y if gate is None else y * torch.sigmoid(gate))
 
     def _holds_scores(self, mask, window, drop: float, device) -> bool:
         """Whether attention would hold T x T numbers, and so runs in chunks of queries:
@@ -411,20 +437,48 @@ class SelfAttention(nn.Module):
         )
 
     def forward(self, x, rope=None, mask=None, side: Side | None = None):
-        q, k, v = self._qkv(x, rope)
+        q, k, v, gate = self._qkv(x, rope)
         k, v = self._shared(k, v, side)
-        return self.resid_drop(self._attend(q, k, v, causal=True, mask=mask))
+        return self.resid_drop(self._attend(q, k, v, causal=True, mask=mask, gate=gate))
 
     def cached(self, x, past, rope=None, mask=None, side: Side | None = None):
         """forward() for generation: attends to past (k, v) too; returns (y, new (k, v)).
         mask (B, 1, T, K): the keys each query sees (core.models.cache.masks_for); None:
         causal without a past, every key with one. A layer that reuses another's keys and
         values keeps that layer's (the same tensors, no copy)."""
-        q, k, v = self._qkv(x, rope)
+        q, k, v, gate = self._qkv(x, rope)
         if past is not None and self.source is None:
             k, v = torch.cat((past[0], k), dim=2), torch.cat((past[1], v), dim=2)
         k, v = self._shared(k, v, side)
-        return self._attend(q, k, v, causal=past is None and mask is None, mask=mask), (k, v)
+        return self._attend(q, k, v, causal=past is None and mask is None, mask=mask, gate=gate), (
+            k,
+            v,
+        )
+
+
+def fused_sizes(c: GPTConfig, layer: int) -> list[int]:
+    """The parts of layer's fused input Linear (blocks.{layer}.attn.qkv): attention's q, k,
+    v or a DeltaNet's q k v, z, b, a."""
+    if is_linear(c, layer):
+        return in_sizes(c.linear_attn)
+    return list(attn_sizes(layer_shape(c, layer), layer))
+
+
+def is_linear(c: GPTConfig, layer: int) -> bool:
+    return bool(c.layer_types) and c.layer_types[layer] == LINEAR
+
+
+def linear_layers(c: GPTConfig) -> int:
+    """How many of c's layers are linear attention (Gated DeltaNet)."""
+    return list(c.layer_types or ()).count(LINEAR)
+
+
+def cache_bytes(c: GPTConfig, rows: int, tokens: int, act_bytes: int) -> int:
+    """What forward_cached holds for rows of tokens: the attention layers' keys and values,
+    a DeltaNet layer's states (whatever the length)."""
+    linear = linear_layers(c)
+    kv = rows * tokens * cache_width(c) * act_bytes  # Gemma 4's shared layers: none
+    return kv + (linear * rows * state_bytes(c.linear_attn, act_bytes) if linear else 0)
 
 
 def window_mask(t: int, window: int, device, mask=None) -> torch.Tensor:
@@ -497,7 +551,8 @@ class Block(nn.Module):
         c = layer_shape(c, layer)  # Gemma 4: a layer's own head size, kv heads, MLP width
         self.layer = layer
         self.ln1 = make_norm(c)
-        self.attn = SelfAttention(c, layer)
+        self.linear = is_linear(c, layer)  # its mixer: a DeltaNet, mask: where examples start
+        self.attn = GatedDeltaNet(c) if self.linear else SelfAttention(c, layer)
         self.ln2 = make_norm(c)
         self.mlp = MoE(c, MLP, make_norm) if is_sparse(c, layer) else MLP(c)
         self.routes_stream = is_sparse(c, layer) and self.mlp.options["parallel_dense"]
@@ -577,6 +632,8 @@ class GPT(nn.Module):
         ):
             if value not in allowed:
                 raise ValueError(f"{name}: expected one of {', '.join(allowed)}, got {value!r}")
+        if (problem := layer_types_problem(c)) is not None:
+            raise ValueError(problem)
         self.config = c
         self.tok_emb = nn.Embedding(c.vocab_size, c.hidden_dim)
         if c.positions == "learned":
@@ -711,20 +768,22 @@ class GPT(nn.Module):
         (each target's log-probability, each position's entropy)), both (B, T) and 0 where
         loss_mask is 0, under the logits divided by temperature (GRPO)."""
         positions, mask = packed(segments) if segments is not None else (None, None)
+        starts = None if positions is None else positions == 0  # a DeltaNet's "mask"
         x, rope = self._embed(idx, positions)
         side = self._side(idx, x)
         x = self.drop(x)
         if self.config.grad_checkpointing and self.training:
             for block in self.blocks:
-                x = checkpoint(block, x, rope, mask, None, side, use_reentrant=False)
+                m = starts if block.linear else mask
+                x = checkpoint(block, x, rope, m, None, side, use_reentrant=False)
         elif self._remakes():
             remake = Remake()  # the adapters' inputs are remade in backward, not kept
             with remake.hooks():
                 for block in self.blocks:
-                    x = block(x, rope, mask, remake, side)
+                    x = block(x, rope, starts if block.linear else mask, remake, side)
         else:
             for block in self.blocks:
-                x = block(x, rope, mask, None, side)
+                x = block(x, rope, starts if block.linear else mask, None, side)
         aux = self.router_aux_loss()
         if aux is not None and self.training and torch.is_grad_enabled():
             self.moe_meter.add([self.blocks[i].mlp for i in self.moe_layers], aux)
@@ -805,12 +864,13 @@ class GPT(nn.Module):
         long = self._long(k_valid.sum(1))
         x, rope = self._embed_rows(idx, positions, long)
         side = self._side(idx, x)
-        windows = {block.attn.window for block in self.blocks}
+        windows = {block.attn.window for block in self.blocks if not block.linear}
         masks = masks_for(windows, positions, k_pos, k_valid, first=cache is None)
         layers = []
         for i, block in enumerate(self.blocks):
             past = None if cache is None else cache.layers[i]
-            x, kv = block.cached(x, past, rope, masks[block.attn.window], side)
+            mask = valid if block.linear else masks[block.attn.window]  # a DeltaNet: its state
+            x, kv = block.cached(x, past, rope, mask, side)
             layers.append(kv)
         if last:  # each row's last token
             end = valid.shape[1] - 1 - valid.flip(1).long().argmax(1)

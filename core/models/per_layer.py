@@ -65,7 +65,8 @@ def layer_shape(c, layer: int):
 def attn_sizes(c, layer: int) -> tuple[int, ...]:
     """The output widths of layer `layer`'s fused q/k/v Linear (c: layer_shape's): q only on a
     layer that reuses keys and values, q and k where values are the keys (k_eq_v)."""
-    q, kv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+    gate = 2 if c.attn_output_gate else 1  # Qwen3.5: q with its output gate, twice as wide
+    q, kv = c.n_heads * c.head_dim * gate, c.n_kv_heads * c.head_dim
     if kv_source(c, layer) is not None:
         return (q,)
     if c.k_eq_v and is_full(c, layer):
@@ -144,8 +145,9 @@ def cache_width(c) -> int:
     """Numbers a token keeps in the KV cache over all layers, keys and values: a layer that
     reuses another's keys and values keeps none of its own."""
     total = 0
+    linear = [t == "linear_attention" for t in c.layer_types or [""] * c.n_layers]
     for i in range(c.n_layers):
-        if kv_source(c, i) is None:
+        if kv_source(c, i) is None and not linear[i]:  # a DeltaNet keeps a state instead
             s = layer_shape(c, i)
             total += 2 * s.n_kv_heads * s.head_dim
     return total

@@ -10,8 +10,9 @@ from dataclasses import dataclass
 
 from core.config import methods, recipe
 from core.config.spec import LIMITS, TrainConfig
+from core.models.deltanet import saved_bytes
 from core.models.loss import chunk_positions
-from core.models.model import GPTConfig
+from core.models.model import GPTConfig, linear_layers
 from core.models.moe import is_sparse
 from core.models.params import (
     active_params,
@@ -153,6 +154,9 @@ def _layer_bytes(
     attention = e * (q + 2 * kv + q)  # q, k, v and the attention output (flash: no T x T)
     if c.qk_norm:
         attention += e * (q + kv)
+    if linear := linear_layers(c):  # hybrid: the DeltaNet layers keep their own
+        full = c.n_layers - linear
+        attention = (full * attention + linear * saved_bytes(c.linear_attn, e)) / c.n_layers
     if c.per_layer_dim:  # Gemma 4's per-layer input: gate input, its gelu, product, norm
         attention += e * (2 * d + 3 * c.per_layer_dim)
     # GELU: its input and the projection's input; SwiGLU: gate and up, silu(gate), product

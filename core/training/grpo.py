@@ -31,7 +31,7 @@ from core.config.methods import grpo as declared
 from core.config.spec import TrainConfig
 from core.models import lora
 from core.models.loss import chunk_positions
-from core.models.per_layer import cache_width
+from core.models.model import cache_bytes
 from core.platform.device import is_oom
 from core.runs.folder import drop_records_past
 from core.training.objectives import Objective, StepSignals
@@ -304,7 +304,7 @@ class GRPO(Objective):
         the entropy, and in the backward the remade chunk and its gradient); beta > 0 in a
         full fine-tune keeps a frozen copy of the starting weights."""
         rows = cfg.batch_size * cfg.grad_accum * cfg.num_generations
-        kv = rows * cfg.seq_len * cache_width(c) * act_bytes  # Gemma 4's shared layers: none
+        kv = cache_bytes(c, rows, cfg.seq_len, act_bytes)  # a DeltaNet layer: its state
         generation = kv + rows * c.vocab_size * 4 * 3 + rows * cfg.seq_len**2  # + prefill mask
         positions = cfg.batch_size * cfg.num_generations * cfg.max_completion_tokens
         if act_bytes == 4 and not c.logit_softcap:  # LinearTokenLogps: two fp32 blocks

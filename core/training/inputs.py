@@ -20,7 +20,7 @@ from core.data.sources import data_changes, sure_changes
 from core.data.tokenizer import Tokenizer
 from core.data.windows import TokenData
 from core.errors import CheckpointError
-from core.models import lora, quant
+from core.models import deltanet, lora, quant
 from core.models.model import GPT, GPTConfig
 from core.platform import heap
 from core.weights.loader import Pretrained, drop_pages
@@ -170,6 +170,8 @@ def build_model(
     # full-precision model never exists at once.
     model = pretrained.load_model(shape, mapped=bits in (4, 8))
     log(f"starting from {pretrained.name} ({pretrained.family})")
+    if (line := deltanet.kernel_line(shape, device)) is not None:
+        log(line)  # CUDA without flash-linear-attention: the torch path, slower
     lora.apply_config(model, cfg)
     if bits in (4, 8):
         compute = torch.float32 if precision == "fp32" else torch.bfloat16

@@ -44,6 +44,9 @@ class _Names:
         return name
 
 
+BARE = (".ssm_a",)  # llama.cpp's tensors without a suffix (Qwen3.5's A)
+
+
 class Lazy:
     """A tensor of the export made only when written: merged, converted and reordered then,
     so an export holds one converted tensor at a time beside the model."""
@@ -55,7 +58,8 @@ class Lazy:
 
 def sources(model) -> dict[str, object]:
     """Our state-dict names (adapters left out) -> () -> that weight in fp32, a LoRA layer's
-    adapters merged in (W + scale B A) without touching the model. A memory-mapped model's
+    adapters merged in (W + scale B A; stacked experts: each expert's own) without touching
+    the model. A memory-mapped model's
     joined weights (model.weight_sources) are joined here, one at a time."""
     from core.models.lora import LoRALinear, is_adapter
 
@@ -71,10 +75,13 @@ def sources(model) -> dict[str, object]:
             base = lambda p=p: p.detach().float()  # noqa: E731
         prefix, _, leaf = name.rpartition(".")
         m = modules.get(prefix)
+        experts = modules.get(name + "_lora")  # stacked experts' own adapters (--lora-experts)
         if leaf == "weight" and isinstance(m, LoRALinear):
             out[name] = lambda m=m, base=base: (
                 base() + m.scale * (m.lora_B.detach().float() @ m.lora_A.detach().float())
             )
+        elif experts is not None and hasattr(experts, "delta"):
+            out[name] = lambda e=experts, base=base: base() + e.delta().detach()
         else:
             out[name] = base
     return out
@@ -136,7 +143,7 @@ def _rope_heads(hf_name: str, c, family) -> int | None:
     return c.n_heads if ".q_proj." in hf_name else c.n_kv_heads if ".k_proj." in hf_name else None
 
 
-def _llama_name(names, hf_name: str) -> str:
+def _llama_name(names, hf_name: str, family) -> str:
     name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
     if name is None:
         raise ExportError(f"gguf: no llama.cpp name for {hf_name}")
@@ -147,7 +154,7 @@ def _llama_part(make, ours: str, c, n: int, k: int, heads: int | None, name: str
     def part():
         piece = families.split_rows(ours, c, make(), n)[k]
         piece = piece.contiguous() if heads is None else _permute_rope(piece, heads)
-        return piece if hook is None else hook(name, piece)
+        return piece if hook is None else hook(name, piece, c)
 
     return part
 
@@ -172,29 +179,32 @@ def expert_names(ours: str, family) -> list[tuple[str, slice | None]]:
     return [(name(T.FFN_GATE_EXP), slice(0, 1)), (name(T.FFN_UP_EXP), slice(1, 2))]
 
 
-def _expert_part(make, half: slice | None, name: str, hook):
+def _expert_part(make, half: slice | None, name: str, hook, c):
     def part():
         tensor = make()
         if half is not None:  # gate rows first, then up: one half of dim 1
             tensor = tensor.chunk(2, dim=1)[half.start].contiguous()
-        return tensor if hook is None else hook(name, tensor)
+        return tensor if hook is None else hook(name, tensor, c)
 
     return part
 
 
-def _expert_tensors(ours: str, make, shape: tuple, family) -> dict[str, Lazy]:
+def _expert_tensors(ours: str, make, shape: tuple, family, c) -> dict[str, Lazy]:
     out = {}
     for name, half in expert_names(ours, family):
         part = shape if half is None else (shape[0], shape[1] // 2, *shape[2:])
-        out[name] = Lazy(part, _expert_part(make, half, name, family.gguf_tensor))
+        out[name] = Lazy(part, _expert_part(make, half, name, family.gguf_tensor, c))
     return out
 
 
-def _gguf_name(names, hf_name: str) -> str:
-    """llama.cpp's name; one gguf's map gives without a suffix (gpt-oss's attention sinks)
-    is written as a weight, as convert_hf_to_gguf.py does."""
-    name = _llama_name(names, hf_name)
-    return name if name.endswith(SUFFIXES) else name + ".weight"
+def _gguf_name(names, hf_name: str, family) -> str:
+    return _suffixed(_llama_name(names, hf_name, family))
+
+
+def _suffixed(name: str) -> str:
+    """A name gguf's map gives without a suffix (gpt-oss's attention sinks) is written as a
+    weight, as convert_hf_to_gguf.py does; but for the tensors llama.cpp reads bare (A)."""
+    return name if name.endswith((*SUFFIXES, *BARE)) else name + ".weight"
 
 
 def _table_tensors(loaded: Loaded) -> dict[str, Lazy]:
@@ -212,16 +222,18 @@ def _table_tensors(loaded: Loaded) -> dict[str, Lazy]:
         if ours not in src:
             continue
         if families.is_expert(ours):  # our [E, ...] layout, whatever the checkpoint's
-            out.update(_expert_tensors(ours, src[ours], tuple(shapes[ours].shape), family))
+            out.update(_expert_tensors(ours, src[ours], tuple(shapes[ours].shape), family, c))
             continue
         meta = torch.empty(shapes[ours].shape, device="meta")
         parts = families.split_rows(ours, c, meta, len(hf_names))
         for k, (hf_name, piece) in enumerate(zip(hf_names, parts, strict=True)):
             heads = _rope_heads(hf_name, c, family)
-            name = _gguf_name(names, hf_name)
+            name = _gguf_name(names, hf_name, family)
             make = _llama_part(
                 src[ours], ours, c, len(hf_names), k, heads, name, family.gguf_tensor
             )
+            if family.gguf_tensor is not None:  # a hook may reshape (Qwen3.5's conv kernel)
+                piece = family.gguf_tensor(name, piece, c)
             out[name] = Lazy(piece.shape, make)
     scaling = c.rope_scaling or {}
     if scaling.get("rope_type", scaling.get("type")) == "llama3":
@@ -445,8 +457,7 @@ def gguf_origins(loaded: Loaded) -> dict[str, tuple[str, str, int | None]]:
         for hf in hf_names:  # the table may name tensors this model does not have
             name = names.get_name(hf, try_suffixes=(".weight", ".bias"))
             if name is not None:
-                if not name.endswith(SUFFIXES):
-                    name += ".weight"
+                name = _suffixed(name)
                 origins[name] = ("hf", hf, _rope_heads(hf, c, family))
     return origins
 
@@ -454,7 +465,7 @@ def gguf_origins(loaded: Loaded) -> dict[str, tuple[str, str, int | None]]:
 def gguf_back(loaded: Loaded, name: str, tensor: torch.Tensor) -> torch.Tensor:
     """A GGUF file's tensor as the model holds it (the family's tensor hook undone)."""
     hook = families.get(loaded.family).gguf_tensor
-    return tensor if hook is None else hook(name, tensor, back=True)
+    return tensor if hook is None else hook(name, tensor, loaded.model.config, back=True)
 
 
 def gguf_tensors(loaded: Loaded) -> dict[str, Lazy]:
@@ -506,6 +517,7 @@ def _file_types() -> dict:
         "q5_k_m": F.MOSTLY_Q5_K_M,
         "q4_k_m": F.MOSTLY_Q4_K_M,
         "q4_0": F.MOSTLY_Q4_0,
+        "mxfp4": F.MOSTLY_MXFP4_MOE,
     }
 
 
@@ -526,6 +538,8 @@ def export_gguf(
     import numpy as np
 
     check_llama_cpp(loaded)
+    if quant in gq.EXPERT_TYPE and not loaded.model.config.moe:
+        raise ExportError(f"quant: {quant} is for mixture-of-experts models; this one has none")
     family = families.get(loaded.family)
     for note in family.gguf_notes(loaded.model.config) if family.gguf_notes else ():
         log(f"gguf: {note}")  # where llama.cpp runs the model otherwise, and when
@@ -555,9 +569,12 @@ def export_gguf(
     tensors = gguf_tensors(loaded)
     types, counters, layers = {}, {}, loaded.model.config.n_layers
     tied = "output.weight" not in tensors  # the embedding is also the output
+    experts = (loaded.model.config.moe or {}).get("n_experts", 0)
     for tensor_name, data in tensors.items():
         shape = tuple(data.shape)
-        qtype, note = gq.tensor_type(tensor_name, shape, quant, layers, counters, tied=tied)
+        qtype, note = gq.tensor_type(
+            tensor_name, shape, quant, layers, counters, tied=tied, n_experts=experts
+        )
         if note:
             log(f"gguf: {note}")
         types[tensor_name] = qtype
@@ -607,9 +624,12 @@ def _adapter_tensors(loaded: Loaded) -> dict[str, torch.Tensor]:
         parts = families.split_rows(ours, c, state[f"{prefix}.lora_B"], len(hf_names))
         for hf_name, b in zip(hf_names, parts, strict=True):
             heads = _rope_heads(hf_name, c, family)
-            name = _llama_name(names, hf_name)
-            out[name + ".lora_a"] = state[f"{prefix}.lora_A"]
-            out[name + ".lora_b"] = b if heads is None else _permute_rope(b, heads)
+            name = _llama_name(names, hf_name, family)
+            a = state[f"{prefix}.lora_A"]
+            b = b if heads is None else _permute_rope(b, heads)
+            if family.gguf_adapter is not None:  # rows or columns in llama.cpp's order
+                a, b = family.gguf_adapter(name, a, b, c)
+            out[name + ".lora_a"], out[name + ".lora_b"] = a, b
     return out
 
 
@@ -621,6 +641,11 @@ def export_gguf_lora(loaded: Loaded, folder: Path, log=print) -> dict:
     cfg = loaded.config
     if cfg is None or not cfg.lora_rank:
         raise ExportError("format: gguf-lora needs a LoRA run (trained with --lora-rank R)")
+    if any(".lora_A" in k and "_lora." in k for k in loaded.model.state_dict()):
+        raise ExportError(
+            "gguf-lora: adapters on the experts (--lora-experts) are not written as a GGUF "
+            "adapter; export --format gguf, which merges them"
+        )
     tensors = _adapter_tensors(loaded)
     path = folder / "adapter.gguf"
     writer = gguf.GGUFWriter(str(path), families.get(loaded.family).gguf_arch)

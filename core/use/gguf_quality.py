@@ -123,7 +123,8 @@ def predicted_bytes(shape, quant: str) -> int:
         if len(dims) < 2:  # vectors; matrices and stacked experts ([E, rows, cols]) below
             total += 4 * p.numel()
             continue
-        for qtype in (main, gq.FALLBACK.get(main, main), gguf.GGMLQuantizationType.F16):
+        first = gq.EXPERT_TYPE.get(quant, main) if len(dims) == 3 else main
+        for qtype in (first, gq.FALLBACK.get(first, first), gguf.GGMLQuantizationType.F16):
             if dims[-1] % gguf.GGML_QUANT_SIZES[qtype][0] == 0:
                 total += gq.expected_bytes(dims, qtype)
                 break

@@ -25,7 +25,7 @@ from gguf import quants as gguf_quants
 
 T = GGMLQuantizationType
 QK_K = 256
-QUANTS = ("f32", "f16", "bf16", "q8_0", "q6_k", "q5_k_m", "q4_k_m", "q4_0")
+QUANTS = ("f32", "f16", "bf16", "q8_0", "q6_k", "q5_k_m", "q4_k_m", "q4_0", "mxfp4")
 DEFAULT_TYPE = {
     "f32": T.F32,
     "f16": T.F16,
@@ -35,7 +35,9 @@ DEFAULT_TYPE = {
     "q5_k_m": T.Q5_K,
     "q4_k_m": T.Q4_K,
     "q4_0": T.Q4_0,
+    "mxfp4": T.Q8_0,  # llama.cpp's MXFP4_MOE: the experts in MXFP4, other matrices Q8_0
 }
+EXPERT_TYPE = {"mxfp4": T.MXFP4}  # a mix's type for stacked experts, where it has its own
 # llama.cpp's tensor_type_fallback for a row length the type's blocks do not divide. It has none
 # for Q4_0 / Q5_0 / Q5_1 / Q8_0 (llama-quantize stops there); we store those tensors as F16.
 FALLBACK = {T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0}
@@ -102,17 +104,22 @@ def tensor_type(
     counters: dict | None = None,
     *,
     tied: bool = False,
+    n_experts: int = 0,
 ) -> tuple[GGMLQuantizationType, str | None]:
     """The ggml type of one tensor in a `quant` export, and a note when its shape forced a fallback.
 
     shape is numpy's (rows, cols): cols (shape[-1]) must fit the type's blocks. tied: the model
     has no output.weight (token_embd.weight is the output), which gets the output's type.
-    counters (optional dict) collects {type name: tensors, "fallback": tensors} for a summary line;
-    it also numbers attn_v / ffn_down tensors whose name has no "blk.N." (llama.cpp's counters).
+    n_experts: an MoE model's expert count (llama.cpp gives 8-expert models more bits in
+    attention). counters (optional dict) collects {type name: tensors, "fallback": tensors}
+    for a summary line; it also numbers attn_v / ffn_down tensors whose name has no "blk.N."
+    (llama.cpp's counters).
     """
     if quant not in DEFAULT_TYPE:
         raise ValueError(f"unknown quant {quant!r}; one of {', '.join(QUANTS)}")
     qtype, note = _choose(name, tuple(shape), quant, n_layers, counters, tied)
+    if n_experts == 8 and qtype not in (T.F32, T.F16, T.BF16):
+        qtype, note = _eight_experts(name, shape, quant, qtype, note)
     if counters is not None:
         counters[qtype.name] = counters.get(qtype.name, 0) + 1
         if note:
@@ -121,8 +128,11 @@ def tensor_type(
 
 
 def _choose(name, shape, quant, n_layers, counters, tied):
-    # 1-D tensors (norms, biases) stay F32, as convert_hf_to_gguf.py writes them
-    if len(shape) < 2 or quant == "f32":
+    # 1-D tensors (norms, biases; ggml counts a single row as one) and the MoE router stay
+    # F32, as convert_hf_to_gguf.py writes them and llama-quantize keeps them
+    if len(shape) < 2 or quant == "f32" or all(d == 1 for d in shape[:-1]):
+        return T.F32, None
+    if "ffn_gate_inp" in name or not name.endswith("weight"):  # biases too, as convert's
         return T.F32, None
     new = DEFAULT_TYPE[quant]
     if new in (T.F16, T.BF16):
@@ -130,6 +140,8 @@ def _choose(name, shape, quant, n_layers, counters, tied):
     if not _quantizable(name):
         # llama-quantize copies these from its (usually F16) input unchanged
         return T.F16, None
+    if quant in EXPERT_TYPE:
+        return _fit(name, EXPERT_TYPE[quant] if len(shape) == 3 else new, shape[-1])
     cols = shape[-1]
     cat = _category(name)
     if cat == "output" or (tied and cat == "token_embd"):
@@ -146,6 +158,11 @@ def _choose(name, shape, quant, n_layers, counters, tied):
                 counters["i_" + cat] = i_layer + 1
         if _use_more_bits(i_layer, n_layers):
             new = T.Q6_K
+    return _fit(name, new, cols)
+
+
+def _fit(name, new, cols):
+    """new, or llama.cpp's fallback where its blocks do not divide the rows."""
     block = GGML_QUANT_SIZES[new][0]
     if cols % block == 0:
         return new, None
@@ -153,6 +170,19 @@ def _choose(name, shape, quant, n_layers, counters, tied):
     if cols % GGML_QUANT_SIZES[back][0]:
         back = T.F16
     return back, f"{name}: {cols} columns do not fit {new.name} blocks of {block}; {back.name}"
+
+
+def _eight_experts(name, shape, quant, qtype, note):
+    """llama.cpp's rule for 8-expert models (Mixtral 8x7B): attention's k and v in Q8_0 and,
+    in the 4-bit K mix, its output in Q5_K; they cost little beside the experts."""
+    cat, new = _category(name), None
+    if cat in ("attn_k", "attn_v"):
+        new = T.Q8_0
+    elif cat == "attn_output" and quant == "q4_k_m":
+        new = T.Q5_K
+    if new is None or shape[-1] % GGML_QUANT_SIZES[new][0]:
+        return qtype, note
+    return new, None
 
 
 # ---------------------------------------------------------------- quantization

@@ -21,7 +21,7 @@ from core.config.spec import TrainConfig, from_dict, validate
 from core.data.tokenizer import Tokenizer, bytes_tokenizer, pretrained_tokenizer
 from core.errors import CheckpointError, ConfigError, UserError
 from core.models import lora
-from core.models.model import GPT, GPTConfig
+from core.models.model import GPT, GPTConfig, linear_layers
 from core.models.params import active_params, shape_params
 from core.runs import checkpoint as ckpt
 from core.weights import composite, families, mxfp4
@@ -250,6 +250,7 @@ class Pretrained:
             "active": active_params(c) if c.moe else None,  # MoE: what a token goes through
             "experts": (c.moe["n_experts"], c.moe["top_k"]) if c.moe else None,
             "layers": c.n_layers,
+            "linear_layers": linear_layers(c),  # hybrid: Gated DeltaNet layers
             "width": c.hidden_dim,
             "heads": c.n_heads,
             "kv_heads": c.n_kv_heads,
@@ -301,6 +302,10 @@ class Pretrained:
 
 def info_line(info: dict) -> str:
     family = f"{families.get(info['family']).display} ({info['family']})"
+    if info.get("linear_layers"):
+        n = info["linear_layers"]
+        kinds = f"hybrid: {n} linear-attention + {info['layers'] - n} attention layers"
+        family = f"{families.get(info['family']).display} ({kinds})"
     size = f"{info['parameters'] / 1e6:,.1f}M parameters"
     if info.get("active"):  # as MoE model cards say it: "30.5B total, 3.3B active"
         size = f"{_size(info['parameters'])} total, {_size(info['active'])} active parameters"

@@ -152,3 +152,29 @@ def test_single_type_mixes(quant, qtype):
         got, note = tensor_type(name, shape, quant, 32)
         assert note is None
         assert got == (T.F32 if len(shape) == 1 else qtype), name
+
+
+def test_moe_tensors_get_llama_quantizes_types():
+    """Stacked experts ([E, rows, cols]) as llama-quantize types them (test_llamacpp checks
+    against it): ffn_down_exps takes the _m mix's Q6_K on the more-bits layers, the router,
+    single-row tensors and expert biases stay F32, an 8-expert model's attention gets more
+    bits, and mxfp4 puts only the experts in MXFP4."""
+    exps = (8, 512, 1024)
+
+    def pick(name, shape, quant, n_experts=8):
+        return tensor_type(name, shape, quant, 32, n_experts=n_experts)[0]
+
+    downs = [pick(f"blk.{i}.ffn_down_exps.weight", exps, "q4_k_m") for i in (0, 4, 6)]
+    assert downs == [T.Q6_K, T.Q4_K, T.Q6_K]  # MORE_BITS has 0 and 6, not 4
+    assert pick("blk.4.ffn_gate_exps.weight", exps, "q4_k_m") == T.Q4_K
+    for quant in ("f16", "q4_k_m"):
+        assert pick("blk.4.ffn_gate_inp.weight", (8, 512), quant) == T.F32
+    assert pick("blk.4.ffn_gate_inp_shexp.weight", (1, 512), "q8_0") == T.F32
+    assert pick("blk.4.ffn_down_exps.bias", (8, 512), "q4_k_m") == T.F32
+    assert pick("blk.4.attn_k.weight", (128, 512), "q4_k_m") == T.Q8_0
+    assert pick("blk.4.attn_k.weight", (128, 512), "q4_k_m", n_experts=4) == T.Q4_K
+    assert pick("blk.4.attn_output.weight", (512, 512), "q4_k_m") == T.Q5_K
+    assert pick("blk.4.attn_output.weight", (512, 512), "q5_k_m") == T.Q5_K
+    assert pick("blk.4.ffn_up_exps.weight", exps, "mxfp4") == T.MXFP4
+    assert pick("blk.4.attn_q.weight", (512, 512), "mxfp4") == T.Q8_0
+    assert pick("output.weight", (1000, 512), "mxfp4") == T.Q8_0

@@ -388,6 +388,34 @@ def test_ollama_export_of_a_family_template_logs_what_differs(tmp_path, name):
     assert "differs from the model's template: Ollama merges consecutive messages" in log
 
 
+@needs_go
+def test_an_moe_models_ollama_export_carries_harmony_and_its_experts(tmp_path):
+    """gpt-oss end to end: its MXFP4 experts in the GGUF, the harmony TEMPLATE under Go
+    rendering what transformers renders, the answer's and the tool call's ends as stops."""
+    gguf = pytest.importorskip("gguf")
+    from hf_models import make_model
+    from test_ollama import parse_modelfile
+
+    from core.use.export import export
+
+    model = REAL["gpt-oss"]
+    make_model(tmp_path / "base", "gpt_oss", swiglu_limit=7.0)  # as llama.cpp clamps it
+    _with_template(tmp_path / "base", model.template)
+    lines = []
+    out = export(tmp_path / "base", "ollama", tmp_path / "o", quant="mxfp4", log=lines.append)
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(out / "model.gguf")).tensors}
+    assert types["blk.0.ffn_gate_exps.weight"] == "MXFP4"
+    commands = parse_modelfile((out / "Modelfile").read_text(encoding="utf-8"))
+    stops = [value for key, value in commands if key == "stop"]
+    assert stops[:2] == ["<|return|>", "<|call|>"] and "<|end|>" not in stops
+    assert any("Modelfile with the gpt-oss harmony template" in line for line in lines)
+    shapes = list(shapes_for(model).values())
+    template = dict(commands)["template"]
+    outs = go_prompts([{"template": template, "messages": msgs} for msgs in shapes])
+    for msgs, got in zip(shapes, outs, strict=True):
+        assert not got["error"] and got["prompt"] == wanted(model, msgs)
+
+
 def test_a_template_without_a_system_turn_refuses_a_modelfile_system():
     model = REAL["gemma2"]
     with pytest.raises(ollama.OllamaError, match="no place for a system prompt"):

@@ -77,6 +77,7 @@ def test_export_dialog_quantizes_gguf_with_progress_and_predicted_size(
     pg.refresh_runs(trained)
     dialog = pg.export_clicked()
     assert dialog.chosen_format() == "gguf" and dialog.quant.currentText() == "q4_k_m"
+    assert dialog.quant.findText("mxfp4") == -1  # a dense model: no experts for MXFP4
     small = dialog.size.text()
     dialog.quant.setCurrentText("f32")
     assert small.startswith("about ") and dialog.size.text() != small  # f32 predicts more

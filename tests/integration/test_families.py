@@ -131,7 +131,7 @@ QLORA_SHAPE = {
 }
 
 
-@pytest.mark.parametrize("family", NEW)
+@pytest.mark.parametrize("family", [*NEW, "qwen3_5"])  # Qwen3.5: its DeltaNet's projections
 def test_lora_on_a_4_bit_base_resumes_bitwise_and_peft_equals_the_merged_export(tmp_path, family):
     pytest.importorskip("bitsandbytes")
     from peft import PeftModel
@@ -341,10 +341,10 @@ def test_the_fit_ladder_answers_for_gemma_from_config_json_alone(tmp_path, confi
     assert est.flops_per_token < 6 * (est.n_params - table) + 12 * 2048 * 35 * 8 * 512
 
 
-@pytest.mark.parametrize("family", NEW)
+@pytest.mark.parametrize("family", [*NEW, "qwen3_5"])
 def test_dpo_starts_at_ln2_and_learns_the_preference(tmp_path, family):
     """DPO through a soft-capped head (Gemma 2), local and global RoPE (Gemma 3), fused
-    q/k/v with LongRoPE (Phi-3) and a NoPE layer (SmolLM3)."""
+    q/k/v with LongRoPE (Phi-3), a NoPE layer (SmolLM3) and DeltaNet layers (Qwen3.5)."""
     import math
 
     make_model(tmp_path / "model", family)
@@ -390,10 +390,11 @@ def test_gguf_logs_where_llama_cpp_runs_phi3_otherwise(tmp_path, capsys):
     assert (tmp_path / "gguf" / "model.gguf").is_file()
 
 
-@pytest.mark.parametrize("family", ["phi3", "gemma2"])
+@pytest.mark.parametrize("family", ["phi3", "gemma2", "qwen3_5"])
 def test_packed_examples_score_as_they_would_alone(tmp_path, family):
     """Chat data packs examples into one window: each counts positions from 0, so LongRoPE
-    keeps its short factors for short examples and a sliding window stays inside each."""
+    keeps its short factors for short examples, a sliding window stays inside each, and a
+    DeltaNet layer starts each from a fresh state."""
     _, tok = make_model(tmp_path, family)
     model = load(tmp_path).model
     a, b = tok("def add(a")["input_ids"], tok("hello world 12 fox")["input_ids"]

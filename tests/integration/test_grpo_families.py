@@ -15,7 +15,7 @@ import torch
 pytest.importorskip("transformers")
 
 from helpers import tiny_config  # noqa: E402
-from hf_models import FAMILIES, TEXT, make_model  # noqa: E402
+from hf_models import FAMILIES, HYBRID_FAMILIES, TEXT, make_model  # noqa: E402
 
 from core.errors import ConfigError  # noqa: E402
 from core.training import grpo  # noqa: E402
@@ -85,7 +85,7 @@ def grpo_run(folder, tmp_path, **kw):
     return tmp_path / "run"
 
 
-@pytest.mark.parametrize("family", [*FAMILIES, "gemma4"])  # gemma4: shared keys and values
+@pytest.mark.parametrize("family", [*FAMILIES, "gemma4", *HYBRID_FAMILIES])  # gemma4: shared kv
 def test_grpo_samples_greedily_as_generate_and_transformers_and_trains(tmp_path, family):
     hf, tok = make_model(tmp_path / "model", family)
     model = load(tmp_path / "model").model

@@ -18,6 +18,7 @@ from hf_models import FAMILIES, GPT_OSS_CONFIG, TEXT, make_model  # noqa: E402
 from core.training.trainer import Trainer  # noqa: E402
 from core.use.export import export  # noqa: E402
 from core.use.generate import generate_ids, prompt_ids  # noqa: E402
+from core.use.gguf_quality import dequantized_model  # noqa: E402
 from core.weights.loader import load  # noqa: E402
 
 
@@ -101,6 +102,7 @@ MOE_AS_LLAMA_CPP = {
     "qwen2_moe": {"decoder_sparse_step": 1},
     "mixtral": {},
     "olmoe": {"num_key_value_heads": 4, "clip_qkv": None},  # as llama.cpp's olmoe runs
+    "qwen3_5_moe": {},  # hybrid layers too: qwen35moe
     "gpt_oss": {
         "swiglu_limit": 7.0,
         # llama.cpp's YaRN rounds its ramp's ends (truncate), which gpt-oss's config turns off
@@ -223,10 +225,97 @@ def test_quantized_gguf_matches_llama_cpps_own_quantizer(quant_run, quant, tmp_p
     assert len(llm.tokenize(text.encode(), add_bos=False)) >= 1  # it loads and generates
 
 
+# Tiny MoE models wide enough for K-quant blocks (256 columns): Mixtral with 8 experts
+# (llama.cpp's 8-expert rule for attention); Qwen2-MoE with its shared expert, and experts 288
+# wide, as Qwen1.5-MoE's 1408 are no multiple of 256: their ffn_down_exps falls back.
+MOE_WIDE = {"hidden_size": 256, "num_attention_heads": 4, "head_dim": 64, "intermediate_size": 256}
+MOE_QUANT = {
+    "mixtral": {"num_local_experts": 8},
+    "qwen2_moe": {
+        "num_hidden_layers": 2,
+        "decoder_sparse_step": 1,
+        "moe_intermediate_size": 288,
+        "shared_expert_intermediate_size": 256,
+    },
+}
+MORE_BITS_DOWN = {"mixtral": "Q6_K", "qwen2_moe": "Q8_0"}  # Q6_K, or its fallback
+
+
+@pytest.mark.parametrize("family", list(MOE_QUANT))
+def test_moe_q4_k_m_matches_llama_cpps_own_quantizer(tmp_path, family):
+    """Our q4_k_m of an MoE model against llama-quantize's on our f32 file: the same type
+    for every tensor (experts, router, shared expert), the perplexity within 2%."""
+    _, tok = make_model(
+        tmp_path / "model", family, initializer_range=0.02, **MOE_WIDE, **MOE_QUANT[family]
+    )
+    f32 = export(tmp_path / "model", "gguf", tmp_path / "f32", quant="f32") / "model.gguf"
+    ours = export(tmp_path / "model", "gguf", tmp_path / "ours", quant="q4_k_m") / "model.gguf"
+    theirs = tmp_path / "theirs.gguf"
+    llama_quantize(f32, theirs, "q4_k_m")
+    types = tensor_types(ours)
+    assert types == tensor_types(theirs)
+    assert types["blk.1.ffn_down_exps.weight"] == MORE_BITS_DOWN[family]  # a more-bits layer
+    ids = tok(TEXT)["input_ids"]
+    windows = [ids[i : i + 64] for i in range(0, len(ids) - 64, 64)][:4]
+    ppl_ours, ppl_theirs = (llama_cpp_perplexity(p, windows) for p in (ours, theirs))
+    assert abs(ppl_ours / ppl_theirs - 1) < 0.02, (ppl_ours, ppl_theirs)
+
+
+def test_gpt_oss_mxfp4_experts_are_llama_cpps_bytes(tmp_path):
+    """--quant mxfp4: gpt-oss's experts in MXFP4 and the other matrices in Q8_0, as
+    llama-quantize's MXFP4_MOE makes them from our f32 file, byte for byte; llama.cpp scores
+    the file as TrainDeck scores the model holding the file's dequantized weights."""
+    import gguf
+
+    rope = {**GPT_OSS_CONFIG["rope_parameters"], "truncate": True}
+    options = {"hidden_size": 64, "intermediate_size": 64, "initializer_range": 0.02}
+    _, tok = make_model(
+        tmp_path / "model", "gpt_oss", swiglu_limit=7.0, rope_parameters=rope, **options
+    )
+    f32 = export(tmp_path / "model", "gguf", tmp_path / "f32", quant="f32") / "model.gguf"
+    ours = export(tmp_path / "model", "gguf", tmp_path / "ours", quant="mxfp4") / "model.gguf"
+    theirs = tmp_path / "theirs.gguf"
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype, params.nthread = llama_cpp.LLAMA_FTYPE_MOSTLY_MXFP4_MOE, 1
+    assert llama_cpp.llama_model_quantize(str(f32).encode(), str(theirs).encode(), params) == 0
+    mine = {t.name: t for t in gguf.GGUFReader(str(ours)).tensors}
+    for t in gguf.GGUFReader(str(theirs)).tensors:
+        assert mine[t.name].tensor_type == t.tensor_type, t.name
+        assert np.array_equal(np.asarray(mine[t.name].data), np.asarray(t.data)), t.name
+    assert mine["blk.0.ffn_down_exps.weight"].tensor_type.name == "MXFP4"
+    ids = tok("def add(a, b): hello world 12 The quick brown fox")["input_ids"]
+    loaded = load(tmp_path / "model")
+    with torch.no_grad():
+        dequantized = dequantized_model(loaded, ours)(torch.tensor([ids]))[0][0].numpy()
+        plain = loaded.model(torch.tensor([ids]))[0][0].numpy()
+    llm = llama_cpp.Llama(
+        str(ours), n_ctx=64, logits_all=True, n_threads=1, type_k=0, type_v=0, verbose=False
+    )
+    llm.eval(ids)
+    scored = log_likelihoods(np.array(llm.scores[: len(ids)]), ids)
+    # llama.cpp's Q8_0 products round the activations too: close, and far closer than to
+    # the unquantized model's
+    to_file = np.abs(scored - log_likelihoods(dequantized, ids)).max()
+    assert to_file < 1e-2 and to_file < 0.2 * np.abs(scored - log_likelihoods(plain, ids)).max()
+    # A released-style MXFP4 checkpoint's experts, dequantized at load, are e2m1 values on
+    # power-of-two scales: written back in MXFP4 they come back exactly
+    from test_gpt_oss import mxfp4_folder
+
+    mxfp4_folder(tmp_path / "model", tmp_path / "packed")
+    again = export(tmp_path / "packed", "gguf", tmp_path / "again", quant="mxfp4") / "model.gguf"
+    packed = load(tmp_path / "packed")
+    back = dequantized_model(packed, again).state_dict()
+    experts = [k for k in back if k.endswith((".gate_up", ".down"))]
+    assert len(experts) == 2 * packed.model.config.n_layers
+    for name in experts:
+        assert torch.equal(back[name], packed.model.state_dict()[name]), name
+
+
 # -- a LoRA adapter alone, loaded by llama.cpp on its base -------------------------------
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2", "gemma3", "phi3"])
+# qwen3_5: its DeltaNet's projections, v heads in llama.cpp's tiled order
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2", "gemma3", "phi3", "qwen3_5"])
 def test_gguf_lora_adapter_on_its_base_equals_the_merged_model(tmp_path, family):
     """llama.cpp with the base GGUF and the adapter GGUF (--lora) computes the logits of the
     merged model: the adapter's names, shapes, row order and alpha are llama.cpp's."""

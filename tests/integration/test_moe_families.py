@@ -51,6 +51,7 @@ VARIANTS = {
     "mixtral-3-of-5": ("mixtral", {"num_local_experts": 5, "num_experts_per_tok": 3}),
     "olmoe": ("olmoe", {}),
     "olmoe-norm-topk": ("olmoe", {"norm_topk_prob": True, "clip_qkv": None}),
+    "qwen3_5_moe": ("qwen3_5_moe", {}),
 }
 
 
@@ -195,9 +196,18 @@ def test_full_fine_tuning_resumes_bitwise_and_exports_what_transformers_loads(tm
     if refused is None:
         import gguf
 
-        path = export(tmp_path / "straight", "gguf", tmp_path / "gguf", which="latest")
-        names = {t.name for t in gguf.GGUFReader(str(path / "model.gguf")).tensors}
+        lines = []
+        path = export(
+            tmp_path / "straight", "gguf", tmp_path / "gguf", "latest", "f32", log=lines.append
+        )
+        reader = gguf.GGUFReader(str(path / "model.gguf"))
+        names = {t.name for t in reader.tensors}
         assert {"blk.0.ffn_gate_inp.weight", "blk.0.ffn_up_exps.weight"} <= names
+        arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+        experts = load(tmp_path / "model").model.config.moe["n_experts"]
+        assert reader.fields[f"{arch}.expert_count"].parts[-1][0] == experts
+        # read back into the model (experts joined again), the file scores as the run does
+        assert any(", +0.00%)" in line for line in lines if line.startswith("gguf f32:"))
         return
     with pytest.raises(ExportError, match=f"gguf: llama.cpp's .*{refused}"):
         export(tmp_path / "straight", "gguf", tmp_path / "gguf", which="latest")

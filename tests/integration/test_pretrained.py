@@ -15,6 +15,8 @@ pytest.importorskip("transformers")
 
 from hf_models import FAMILIES, TEXT, make_model  # noqa: E402
 
+ALL = (*FAMILIES, "qwen3_5")  # Qwen3.5-MoE: test_moe_families
+
 from core.cli.generate import main as generate_main  # noqa: E402
 from core.cli.train import main as train_main  # noqa: E402
 from core.data.chat import chat_ids  # noqa: E402
@@ -28,7 +30,7 @@ def models(tmp_path_factory):
     """family -> (folder, transformers model, transformers tokenizer)"""
     root = tmp_path_factory.mktemp("hf")
     out = {}
-    for family in FAMILIES:
+    for family in ALL:
         model, tok = make_model(root / family, family)
         out[family] = (root / family, model, tok)
     return out
@@ -47,7 +49,7 @@ def hf_greedy(model, ids: list[int], n: int) -> list[int]:
     return out[0, len(ids) :].tolist()
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", ALL)
 def test_logits_and_greedy_text_equal_transformers(models, family):
     folder, hf_model, tok = models[family]
     loaded = load(folder)
@@ -105,7 +107,7 @@ def val_losses(run):
     return [r["val_loss"] for r in map(json.loads, lines) if "val_loss" in r]
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", ALL)
 def test_fine_tune_lowers_val_loss_and_hf_export_matches(models, data_file, tmp_path, family):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -15,8 +15,7 @@ from functools import partial
 
 import torch
 
-from core.models.model import GPTConfig
-from core.models.per_layer import attn_sizes, layer_shape
+from core.models.model import GPTConfig, fused_sizes
 from core.weights import mxfp4
 from core.weights.composite import class_name, is_composite, note, text_config, text_name
 from core.weights.families import (
@@ -33,6 +32,8 @@ from core.weights.families import (
     qwen2,
     qwen2_moe,
     qwen3,
+    qwen3_5,
+    qwen3_5_moe,
     qwen3_moe,
     smollm3,
 )
@@ -58,6 +59,8 @@ FAMILIES: dict[str, Family] = {
         mixtral,
         olmoe,
         gpt_oss,
+        qwen3_5,
+        qwen3_5_moe,
     )
 }
 SUPPORTED = tuple(FAMILIES)
@@ -167,9 +170,8 @@ def split_rows(name: str, c: GPTConfig, tensor: torch.Tensor, n_parts: int) -> l
         return [tensor]
     if is_expert(name):  # [E, 2I, H] -> gate 0, up 0, gate 1, ...; [E, H, I] -> down 0, ...
         return list(tensor.reshape(-1, *tensor.shape[2:]).chunk(n_parts))
-    if ".attn.qkv." in name:  # the layer's own q, k, v widths (Gemma 4's differ by layer)
-        layer = int(name.split(".")[1])
-        sizes = list(attn_sizes(layer_shape(c, layer), layer))
+    if ".attn.qkv." in name:  # q k v, or a DeltaNet's four projections
+        sizes = fused_sizes(c, int(name.split(".")[1]))
     else:  # gate and up: equal halves (a dense MLP's ffn_dim, a shared expert's own)
         return list(tensor.chunk(n_parts, dim=0))
     return list(tensor.split(sizes, dim=0))

@@ -36,7 +36,9 @@ class Family:
     export_zero_biases: bool = False  # GPT-2: a bias-free model exports zero biases
     gguf_names: Callable | None = None  # c -> {llama.cpp name: ours}, instead of gguf's map
     gguf_permute: bool = False  # llama.cpp's llama rotates interleaved pairs: q/k reordered
-    gguf_tensor: Callable | None = None  # (llama.cpp name, fp32 tensor) -> what it reads
+    gguf_tensor: Callable | None = None  # (llama.cpp name, fp32 tensor, c) -> what it reads
+    # (a Hugging Face name's end, the end llama.cpp's converter gives it before gguf's map)
+    gguf_adapter: Callable | None = None  # (llama.cpp name, A, B, c) -> (A, B) in its order
     gguf_hparams: Callable | None = None  # (gguf writer, c) -> its own metadata keys
     gguf_check: Callable | None = None  # c -> why llama.cpp would run it otherwise, or None
     gguf_extra: Callable | None = None  # c -> {llama.cpp name: tensor} it adds (rope factors)
@@ -253,7 +255,7 @@ def llama_table(c: GPTConfig, post_norms: bool = False) -> list[Row]:
     return rows
 
 
-def add_one_to_norms(name: str, tensor, back: bool = False):
+def add_one_to_norms(name: str, tensor, c=None, back: bool = False):
     """llama.cpp's Gemma norms scale by their weight: Gemma's 1 + w is written as such, as
     convert_hf_to_gguf.py does (back: read from a GGUF file)."""
     if not name.endswith("norm.weight"):
