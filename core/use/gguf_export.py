@@ -42,8 +42,8 @@ class Lazy:
 def sources(model) -> dict[str, object]:
     """Our state-dict names (adapters left out) -> () -> that weight in fp32, a LoRA layer's
     adapters merged in (W + scale B A; stacked experts: each expert's own) without touching
-    the model. A memory-mapped model's
-    joined weights (model.weight_sources) are joined here, one at a time."""
+    the model. A memory-mapped model's joined weights (model.weight_sources) are joined here,
+    one at a time."""
     from core.models.lora import LoRALinear, is_adapter
 
     lazy = getattr(model, "weight_sources", {})
@@ -180,10 +180,9 @@ def _expert_tensors(ours: str, make, shape: tuple, family) -> dict[str, Lazy]:
     return out
 
 
-def _gguf_name(names, hf_name: str) -> str:
-    """llama.cpp's name; one gguf's map gives without a suffix (gpt-oss's attention sinks)
-    is written as a weight, as convert_hf_to_gguf.py does."""
-    name = _llama_name(names, hf_name)
+def _suffixed(name: str) -> str:
+    """A name gguf's map gives without .weight or .bias (gpt-oss's attention sinks) is a
+    weight, as convert_hf_to_gguf.py writes it."""
     return name if name.endswith((".weight", ".bias")) else name + ".weight"
 
 
@@ -208,7 +207,7 @@ def _table_tensors(loaded: Loaded) -> dict[str, Lazy]:
         parts = families.split_rows(ours, c, meta, len(hf_names))
         for k, (hf_name, piece) in enumerate(zip(hf_names, parts, strict=True)):
             heads = _rope_heads(hf_name, c, family)
-            name = _gguf_name(names, hf_name)
+            name = _suffixed(_llama_name(names, hf_name))
             make = _llama_part(
                 src[ours], ours, c, len(hf_names), k, heads, name, family.gguf_tensor
             )
@@ -435,9 +434,7 @@ def gguf_origins(loaded: Loaded) -> dict[str, tuple[str, str, int | None]]:
         for hf in hf_names:  # the table may name tensors this model does not have
             name = names.get_name(hf, try_suffixes=(".weight", ".bias"))
             if name is not None:
-                if not name.endswith((".weight", ".bias")):
-                    name += ".weight"
-                origins[name] = ("hf", hf, _rope_heads(hf, c, family))
+                origins[_suffixed(name)] = ("hf", hf, _rope_heads(hf, c, family))
     return origins
 
 
