@@ -58,8 +58,7 @@ class Lazy:
 
 def sources(model) -> dict[str, object]:
     """Our state-dict names (adapters left out) -> () -> that weight in fp32, a LoRA layer's
-    adapters merged in (W + scale B A; stacked experts: each expert's own) without touching
-    the model. A memory-mapped model's
+    adapters merged in (W + scale B A) without touching the model. A memory-mapped model's
     joined weights (model.weight_sources) are joined here, one at a time."""
     from core.models.lora import LoRALinear, is_adapter
 
@@ -75,13 +74,10 @@ def sources(model) -> dict[str, object]:
             base = lambda p=p: p.detach().float()  # noqa: E731
         prefix, _, leaf = name.rpartition(".")
         m = modules.get(prefix)
-        experts = modules.get(name + "_lora")  # stacked experts' own adapters (--lora-experts)
         if leaf == "weight" and isinstance(m, LoRALinear):
             out[name] = lambda m=m, base=base: (
                 base() + m.scale * (m.lora_B.detach().float() @ m.lora_A.detach().float())
             )
-        elif experts is not None and hasattr(experts, "delta"):
-            out[name] = lambda e=experts, base=base: base() + e.delta().detach()
         else:
             out[name] = base
     return out
