@@ -200,3 +200,18 @@ def test_gguf_refuses_what_llama_cpp_would_build_otherwise(tmp_path):
     with pytest.raises(ExportError, match="gguf: llama.cpp's qwen35 takes every n-th layer"):
         export(tmp_path / "m", "gguf", tmp_path / "gguf", quant="f32")
     assert not (tmp_path / "gguf").exists()
+
+
+def test_the_estimate_counts_the_deltanet_weights_and_a_state_that_does_not_grow(qwen35):
+    from helpers import tiny_config
+
+    from core.models.model import cache_bytes
+    from core.training.estimate import estimate
+
+    folder, hf_model, _ = qwen35
+    cfg = tiny_config(init_from=str(folder), tokenizer="model", lora_rank=4, seq_len=64)
+    assert estimate(cfg, on_gpu=False).n_params == hf_model.num_parameters()
+    c = load(folder).model.config
+    per_token = 2 * c.n_kv_heads * c.head_dim * 2  # one attention layer's keys and values
+    assert cache_bytes(c, 1, 2000, 2) - cache_bytes(c, 1, 1000, 2) == 1000 * per_token
+    assert cache_bytes(c, 1, 1000, 2) > 1000 * per_token  # and the 3 DeltaNet states
