@@ -23,7 +23,6 @@ from core.weights.loader import info_line, load, open_pretrained  # noqa: E402
 
 # The families whose text GGUF is written: their projector test goes through the ollama export
 # (where the family is there; Qwen3.5's text GGUF is not written yet).
-EXPORTED = ("gemma3", "gemma4")
 PROMPT = "def add(a, b): hello world 12 The quick brown fox jumps over the lazy dog."
 
 
@@ -141,32 +140,20 @@ def mtmd_embeddings(text_gguf, mmproj, media) -> list:
 def test_the_projector_file_loads_in_llama_cpp_mtmd_and_embeds_an_image(tmp_path, family):
     """The mmproj as llama.cpp's converter writes it: mtmd loads it beside the text GGUF and
     embeds an image (and a clip of audio where the class has an audio tower). The image goes in
-    at a size llama.cpp keeps: its embedding equals transformers' image features. A
-    family whose text GGUF is not written here: its projector beside a text model as wide
-    (mtmd needs no more)."""
+    at a size llama.cpp keeps: its embedding equals transformers' image features."""
     import numpy as np
 
     pytest.importorskip("llama_cpp")
     from core.use import mmproj
-    from core.weights.loader import read_weights
 
     model, _ = COMPOSITES[family](tmp_path / "base")
     hf = json.loads((tmp_path / "base" / "config.json").read_text())
-    if family in EXPORTED and family in families.FAMILIES:  # text GGUF, mmproj, Modelfile
-        said = []
-        export(tmp_path / "base", "ollama", tmp_path / "out", quant="f32", log=said.append)
-        assert f"llama-server -m model.gguf --mmproj {mmproj.NAME}" in "\n".join(said)
-        text, proj = tmp_path / "out" / "model.gguf", tmp_path / "out" / mmproj.NAME
-        lines = (tmp_path / "out" / "Modelfile").read_text().splitlines()
-        assert lines[:2] == ["FROM ./model.gguf", f"FROM ./{mmproj.NAME}"]
-    else:
-        from hf_models import make_model
-
-        make_model(tmp_path / "text", "llama")  # as wide as the composites' text (32)
-        export(tmp_path / "text", "gguf", tmp_path / "t", quant="f32")
-        text, proj = tmp_path / "t" / "model.gguf", tmp_path / mmproj.NAME
-        pre = json.loads((tmp_path / "base" / "preprocessor_config.json").read_text())
-        mmproj.write(proj, hf, pre, read_weights(tmp_path / "base"), "f32")
+    said = []  # the ollama export: text GGUF, mmproj and a Modelfile naming both
+    export(tmp_path / "base", "ollama", tmp_path / "out", quant="f32", log=said.append)
+    assert f"llama-server -m model.gguf --mmproj {mmproj.NAME}" in "\n".join(said)
+    text, proj = tmp_path / "out" / "model.gguf", tmp_path / "out" / mmproj.NAME
+    lines = (tmp_path / "out" / "Modelfile").read_text().splitlines()
+    assert lines[:2] == ["FROM ./model.gguf", f"FROM ./{mmproj.NAME}"]
     size = IMAGE_SIZE.get(family, 56)
     image = np.random.default_rng(0).integers(0, 256, (size, size, 3), dtype=np.uint8)
     media = [image]
