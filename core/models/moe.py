@@ -121,11 +121,11 @@ class MoE(nn.Module):
         counts = torch.zeros(self.n_experts, dtype=torch.long, device=x.device)
         counts.scatter_add_(0, flat, torch.ones_like(flat))
         bias = hasattr(self, "gate_up_bias")
-        h = expert_matmul(x[token], self.gate_up, counts)
+        h = self._project("gate_up", x[token], counts)
         if bias:
             h = h + self.gate_up_bias[expert].to(h.dtype)
         h = self._activate(h)
-        y = expert_matmul(h, self.down, counts)
+        y = self._project("down", h, counts)
         if bias:
             y = y + self.down_bias[expert].to(y.dtype)
         # back to (token, k) order and summed over k: a gather, deterministic on CUDA too
@@ -134,6 +134,17 @@ class MoE(nn.Module):
         back[order] = torch.arange(order.numel(), device=order.device)
         y = y[back].view(*index.shape, -1) * weights.unsqueeze(-1)
         return y.sum(dim=1).to(x.dtype)
+
+    def _project(self, leaf: str, x, counts):
+        """One stacked projection (gate_up or down) of the grouped tokens: from its 4-bit
+        copy where the base is quantized, plus its experts' adapters under LoRA."""
+        quantized = getattr(self, f"{leaf}_nf4", None)  # core.models.quant.NF4Experts
+        if quantized is not None:
+            y = quantized(x, counts)
+        else:
+            y = expert_matmul(x, getattr(self, leaf), counts)
+        adapter = getattr(self, f"{leaf}_lora", None)  # core.models.lora.ExpertLoRA
+        return y if adapter is None else adapter(x, y, counts)
 
     def _activate(self, h):
         gate, up = h.chunk(2, dim=-1)
@@ -184,6 +195,12 @@ def torch_at_least(major: int, minor: int) -> bool:
     return (int(version[0]), int(version[1])) >= (major, minor)
 
 
+def aligned(w: torch.Tensor, dtype: torch.dtype) -> bool:
+    """grouped_mm wants rows of 16 bytes: a LoRA rank of 2 in bf16 (4 bytes) takes the loop."""
+    size = torch.empty(0, dtype=dtype).element_size()
+    return all(n * size % 16 == 0 for n in w.shape[1:])
+
+
 FORCE_LOOP = False  # tests compare the per-expert fallback with the grouped product
 
 
@@ -192,7 +209,7 @@ def expert_matmul(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> tor
     device = x.device.type
     autocast = torch.is_autocast_enabled(device)
     dtype = torch.get_autocast_dtype(device) if autocast else w.dtype
-    if not FORCE_LOOP and grouped_ok(x.device, dtype):
+    if not FORCE_LOOP and grouped_ok(x.device, dtype) and aligned(w, dtype):
         offs = counts.cumsum(0).to(torch.int32)
         return F.grouped_mm(x.to(dtype), w.to(dtype).transpose(-2, -1), offs=offs)
     outs = [
