@@ -135,7 +135,8 @@ class NF4Experts(nn.Module):
         total = 0
         for q, state in zip(self.packed, self.states, strict=True):
             total += q.numel() * q.element_size()
-            for t in (state.absmax, state.code, state.state2.absmax if state.nested else None):
+            # the NF4 code book is one constant shared by all: not counted per expert
+            for t in (state.absmax, state.state2.absmax if state.nested else None):
                 total += t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
         return total
 
