@@ -67,7 +67,7 @@ class Route(NamedTuple):
 
     counts: torch.Tensor  # [E] float: top-k assignments per expert
     probs: torch.Tensor  # [E] the router's probabilities summed over tokens (with its graph)
-    rows: int  # tokens routed
+    rows: torch.Tensor  # tokens routed (not padding)
 
 
 class MoE(nn.Module):
@@ -93,6 +93,7 @@ class MoE(nn.Module):
         self.drop = nn.Dropout(c.dropout)
         self.last_stats: tuple | None = None
         self.last_route: Route | None = None
+        self.real: torch.Tensor | None = None  # [tokens] 1 where a token is not padding
 
     def forward(self, x, remake=None):
         shape = x.shape
@@ -157,22 +158,28 @@ class MoE(nn.Module):
         return (up + 1) * (gate * torch.sigmoid(gate * (alpha or 1.0)))
 
     def _keep_stats(self, probs, index):
+        """The routing's statistics over the tokens in use: padding is left out of the load,
+        the entropy and the aux loss, as transformers' attention_mask leaves it out."""
+        real = self.real
+        if real is None or real.shape[0] != probs.shape[0]:  # a forward without the mask
+            real = torch.ones(probs.shape[0], dtype=torch.float32, device=probs.device)
         counts = torch.zeros(self.n_experts, dtype=torch.float32, device=probs.device)
-        counts.scatter_add_(
-            0, index.reshape(-1), torch.ones_like(index.reshape(-1), dtype=counts.dtype)
-        )
-        route = Route(counts, probs.sum(dim=0), probs.shape[0])
+        weights = real[:, None].expand(index.shape).reshape(-1)
+        counts.scatter_add_(0, index.reshape(-1), weights)
+        route = Route(counts, (probs * real[:, None]).sum(dim=0), real.sum())
         self.last_route = route
         with torch.no_grad():
-            entropy = -(probs * probs.clamp_min(1e-30).log()).sum(dim=-1).mean()
+            each = -(probs * probs.clamp_min(1e-30).log()).sum(dim=-1)
+            entropy = (each * real).sum() / real.sum().clamp_min(1)
         self.last_stats = (counts.detach().long(), entropy, aux_loss([route], self.n_experts))
 
 
 def aux_loss(routes: list[Route], n_experts: int) -> torch.Tensor:
     """transformers' load_balancing_loss_func (models/mixtral, 5.24): the top-k assignment
     shares and the mean router probabilities, each pooled over the layers' tokens, then
-    n_experts * sum(share * probability). Every token counts (no padding mask)."""
-    rows = sum(r.rows for r in routes)
+    n_experts * sum(share * probability), over the tokens that are not padding (its
+    attention_mask)."""
+    rows = torch.stack([r.rows for r in routes]).sum().clamp_min(1)
     counts = torch.stack([r.counts for r in routes]).sum(0) / rows
     probs = torch.stack([r.probs for r in routes]).sum(0) / rows
     return (counts * probs).sum() * n_experts

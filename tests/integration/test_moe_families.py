@@ -123,6 +123,18 @@ def test_aux_loss_equals_transformers_output_router_logits(tmp_path, family):
         _, loss = model(x, targets, mask)
     torch.testing.assert_close(model.router_aux_loss(), want.aux_loss, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(loss, want.loss, atol=1e-5, rtol=1e-5)
+    # A padded batch (DPO's pairs, GRPO's rows): padding counts neither in transformers'
+    # loss with an attention_mask nor in ours
+    rows = torch.cat([x, x.roll(3, 1)])
+    real = torch.ones_like(rows)
+    real[1, -5:] = 0
+    with torch.no_grad():
+        want = hf_model(rows, attention_mask=real).aux_loss
+        model(rows, torch.roll(rows, -1, 1), real.float(), real=real)
+        padded = model.router_aux_loss()
+        model(rows, torch.roll(rows, -1, 1), real.float())
+    torch.testing.assert_close(padded, want, atol=1e-6, rtol=1e-6)
+    assert (model.router_aux_loss() - want).abs() > 1e-4  # the padding counted otherwise
 
 
 def test_top_k_over_the_expert_count_and_unbuilt_designs_are_one_line(tmp_path):
