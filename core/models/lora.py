@@ -182,6 +182,9 @@ def apply_config(model, cfg) -> None:
         experts = cfg.lora_experts
         apply_lora(model, cfg.lora_rank, alpha, cfg.lora_dropout, cfg.lora_targets, experts)
     set_router(model, cfg.train_router)
+    if cfg.lora_rank and cfg.train_router:  # the base's routers, for adapters_disabled
+        for m in moe_blocks(model):
+            m.router_start = [p.detach().clone() for p in m.router.parameters()]
 
 
 @contextlib.contextmanager
@@ -189,13 +192,26 @@ def adapters_disabled(model):
     """The base model alone while inside: with LoRA, the reference of preference tuning
     needs no second copy of the model."""
     layers = [m for m in model.modules() if isinstance(m, (LoRALinear, ExpertLoRA))]
+    routers = [m for m in moe_blocks(model) if hasattr(m, "router_start")]
     for m in layers:
         m.adapters_off = True
+    trained = [swap_router(m, m.router_start) for m in routers]  # --train-router's
     try:
         yield model
     finally:
         for m in layers:
             m.adapters_off = False
+        for m, values in zip(routers, trained, strict=True):
+            swap_router(m, values)
+
+
+def swap_router(m: MoE, values: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Put values in m's router parameters in place; what they held before."""
+    before = [p.detach().clone() for p in m.router.parameters()]
+    with torch.no_grad():
+        for p, v in zip(m.router.parameters(), values, strict=True):
+            p.copy_(v)
+    return before
 
 
 def is_adapter(name: str) -> bool:

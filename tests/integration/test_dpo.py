@@ -409,8 +409,9 @@ def test_an_epoch_is_one_pass_over_the_pairs(setup, tmp_path):
 
 
 def test_dpo_on_a_mixture_of_experts_adds_its_aux_loss_and_resumes_bitwise(setup, tmp_path):
-    """As on a dense model, with each expert's adapters and the load-balancing loss joined:
-    step 1's loss is ln 2 (policy = reference) plus coefficient x the logged aux loss."""
+    """As on a dense model, with each expert's adapters, the router trained and the
+    load-balancing loss joined: step 1's loss is ln 2 (policy = reference) plus coefficient
+    x the logged aux loss."""
     _, cfg = setup
     make_model(tmp_path / "moe", "qwen3_moe")
     changes = {
@@ -421,6 +422,7 @@ def test_dpo_on_a_mixture_of_experts_adds_its_aux_loss_and_resumes_bitwise(setup
         "ckpt_every": 1,
         "router_aux_loss": 0.05,
         "lora_experts": True,
+        "train_router": True,
     }
     moe_cfg = tiny_config(**{**_fields(cfg), **changes})
     Trainer(moe_cfg, tmp_path / "straight").run()
@@ -433,3 +435,12 @@ def test_dpo_on_a_mixture_of_experts_adds_its_aux_loss_and_resumes_bitwise(setup
     first = straight[0]
     assert first["moe/aux_loss"] > 0.5
     assert first["loss"] == pytest.approx(math.log(2) + 0.05 * first["moe/aux_loss"], abs=1e-6)
+    # the reference (adapters off) is the starting model, its router too, not the trained one
+    tuned, start = load(tmp_path / "straight").model, load(tmp_path / "moe").model
+    x = torch.arange(3, 40)[None]
+    router = tuned.blocks[0].mlp.router.weight
+    assert not torch.equal(router, start.blocks[0].mlp.router.weight)
+    with torch.no_grad(), lora.adapters_disabled(tuned):
+        assert torch.equal(tuned(x)[0], start(x)[0])
+    assert not torch.equal(tuned(x)[0], start(x)[0])
+    assert not torch.equal(router, start.blocks[0].mlp.router.weight)  # put back
