@@ -282,3 +282,30 @@ def test_a_4bit_estimate_holds_the_experts_in_nf4(tmp_path):
     both = estimate(dataclasses.replace(cfg, lora_experts=True, train_router=True), "bf16")
     assert both.trained == estimate(cfg, "bf16").trained + expert_adapters + routers
     assert expert_adapters == 4 * 2 * 8 * ((64 + 64) + (32 + 64))
+
+
+def test_expert_adapters_merge_into_each_expert_for_every_export():
+    """--lora-experts: each expert's pair changes only its own expert; merged (hf export) the
+    model computes as with the adapters apart, and the GGUF writer's merged tensors agree."""
+    import copy
+
+    from core.models import lora
+    from core.use.gguf_export import sources
+
+    torch.manual_seed(5)
+    model = GPT(config())
+    lora.apply_lora(model, 4, 8.0, 0.0, "attn", experts=True)
+    m = lora.moe_blocks(model)[0]
+    assert m.gate_up_lora.lora_A.shape == (E, 4, H) and m.down_lora.lora_B.shape == (E, H, 4)
+    with torch.no_grad():
+        m.down_lora.lora_B[2].normal_(std=0.1)  # expert 2's adapter alone
+    merged = copy.deepcopy(model)
+    lora.merge(merged)
+    moved = (lora.moe_blocks(merged)[0].down - m.down).abs().amax(dim=(1, 2))
+    assert moved[2] > 0 and moved.count_nonzero() == 1
+    idx = torch.randint(0, 256, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(merged(idx)[0], model(idx)[0], atol=1e-5, rtol=1e-5)
+    state = merged.state_dict()
+    for name, make in sources(model).items():
+        torch.testing.assert_close(make(), state[name].float(), atol=1e-6, rtol=1e-6)
