@@ -17,8 +17,9 @@ target_parameters) in a fresh process per side, so each peak RSS is its own:
 CPU, fp32, the same token batches on every side, warm-up steps excluded, medians. Prints
 tokens/s (wall and per CPU second: the CPU time moves less when other jobs share the
 machine), peak RSS, and for TrainDeck the share of the step in the experts' grouped products
-(forward and backward) and in the routing (router, softmax, top-k, sorting the tokens by
-expert and the statistics: the MoE blocks' forward outside the expert products).
+(aten::_grouped_mm's time, forward and backward, base and adapters) and in the routing
+(router, softmax, top-k, sorting the tokens by expert and the statistics: the MoE blocks'
+forward outside _experts).
 """
 
 from __future__ import annotations
@@ -203,7 +204,8 @@ def shares(step, x, y) -> dict:
         moe.MoE.forward, moe.MoE._experts = forward, experts
     events = prof.key_averages()
     total = sum(e.self_cpu_time_total for e in events)
-    grouped = sum(e.self_cpu_time_total for e in events if "grouped_mm" in e.key.lower())
+    # on the CPU aten::_grouped_mm runs one aten::mm per group: its total, not its self time
+    grouped = sum(e.cpu_time_total for e in events if e.key == "aten::_grouped_mm")
     scope = {e.key: e.cpu_time_total for e in events if e.key.startswith("moe_")}
     routing = scope.get("moe_block", 0) - scope.get("moe_experts", 0)
     return {"expert_products_share": grouped / total, "routing_share": routing / total}

@@ -95,8 +95,11 @@ class ExpertLoRA(nn.Module):
         a, b = self.lora_A, self.lora_B
         if self.lora_dropout.p:
             x = self.lora_dropout(x)
-        delta = expert_matmul(expert_matmul(x.to(a.dtype), a, counts), b, counts)
-        return base + (delta * self.scale).to(base.dtype)
+        # scale on the rank-wide A x, not the wide output; base takes the delta in place (no
+        # product's backward needs its own output): two passes over [N, out] fewer
+        low = expert_matmul(x.to(a.dtype), a, counts).mul_(self.scale)
+        delta = expert_matmul(low, b, counts)
+        return base.add_(delta) if delta.dtype == base.dtype else base + delta.to(base.dtype)
 
     def delta(self) -> torch.Tensor:
         """scale * B A per expert, fp32 [E, out, in]."""
