@@ -17,9 +17,9 @@ target_parameters) in a fresh process per side, so each peak RSS is its own:
 CPU, fp32, the same token batches on every side, warm-up steps excluded, medians. Prints
 tokens/s (wall and per CPU second: the CPU time moves less when other jobs share the
 machine), peak RSS, and for TrainDeck the share of the step in the experts' grouped products
-(aten::_grouped_mm's time, forward and backward, base and adapters) and in the routing
-(router, softmax, top-k, sorting the tokens by expert and the statistics: the MoE blocks'
-forward outside _experts).
+(forward and backward, base and adapters) and in the routing (the MoE blocks' forward
+outside the products: router, softmax, top-k, sorting, gathering, statistics, activation
+and the weighted sum).
 """
 
 from __future__ import annotations
@@ -178,37 +178,42 @@ def peft_side(a):
 
 
 def shares(step, x, y) -> dict:
-    """TrainDeck's step under the profiler: the experts' grouped products (self time of every
-    grouped_mm event, forward and backward) and the routing (the MoE blocks' forward outside
-    _experts) as shares of the step's CPU time."""
+    """TrainDeck's step under the profiler, as shares of its CPU time: the experts' grouped
+    products (aten::_grouped_mm's total: on the CPU one aten::mm per group; forward and
+    backward, base and adapters), and the rest of the MoE blocks' forward (the routing:
+    router, softmax, top-k, sorting and gathering the tokens by expert, the statistics; and
+    the activation and the weighted sum of the top-k outputs)."""
     from torch.autograd.profiler import record_function
     from torch.profiler import ProfilerActivity, profile
 
-    from core.models import moe
+    from core.models import lora, moe
 
-    forward, experts = moe.MoE.forward, moe.MoE._experts
+    forward, matmul = moe.MoE.forward, moe.expert_matmul
 
     def timed_forward(self, *args, **kw):
         with record_function("moe_block"):
             return forward(self, *args, **kw)
 
-    def timed_experts(self, *args, **kw):
-        with record_function("moe_experts"):
-            return experts(self, *args, **kw)
+    def timed_matmul(*args, **kw):
+        with record_function("moe_products"):
+            return matmul(*args, **kw)
 
-    moe.MoE.forward, moe.MoE._experts = timed_forward, timed_experts
+    moe.MoE.forward, moe.expert_matmul, lora.expert_matmul = (
+        timed_forward,
+        timed_matmul,
+        timed_matmul,
+    )
     try:
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             step(x, y)
     finally:
-        moe.MoE.forward, moe.MoE._experts = forward, experts
+        moe.MoE.forward, moe.expert_matmul, lora.expert_matmul = forward, matmul, matmul
     events = prof.key_averages()
     total = sum(e.self_cpu_time_total for e in events)
-    # on the CPU aten::_grouped_mm runs one aten::mm per group: its total, not its self time
     grouped = sum(e.cpu_time_total for e in events if e.key == "aten::_grouped_mm")
     scope = {e.key: e.cpu_time_total for e in events if e.key.startswith("moe_")}
-    routing = scope.get("moe_block", 0) - scope.get("moe_experts", 0)
-    return {"expert_products_share": grouped / total, "routing_share": routing / total}
+    rest = scope.get("moe_block", 0) - scope.get("moe_products", 0)
+    return {"expert_products_share": grouped / total, "routing_share": rest / total}
 
 
 def one_side(a) -> dict:
@@ -301,7 +306,7 @@ def main() -> None:
         if "expert_products_share" in r:
             print(
                 f"          step time: expert products {r['expert_products_share']:.0%}, "
-                f"routing {r['routing_share']:.0%}"
+                f"routing and the rest of the MoE forward {r['routing_share']:.0%}"
             )
     print(json.dumps(results))
 
