@@ -252,13 +252,20 @@ def merge(model) -> None:
 
 
 def freeze_to(model, dtype: torch.dtype) -> None:
-    """Keep the frozen Linear weights of the blocks in dtype (bf16/fp16 on a GPU: half the
-    memory); norms, embeddings and the adapters stay fp32."""
+    """Keep the frozen Linear weights of the blocks, and a mixture's experts, in dtype
+    (bf16/fp16 on a GPU: half the memory); norms, embeddings, the adapters and a trained
+    router stay fp32."""
     for name, m in model.named_modules():
-        if name.startswith("blocks.") and isinstance(m, nn.Linear):
+        frozen = isinstance(m, nn.Linear) and not m.weight.requires_grad
+        if name.startswith("blocks.") and frozen:
             m.weight.data = m.weight.data.to(dtype)
             if m.bias is not None:
                 m.bias.data = m.bias.data.to(dtype)
+    for m in moe_blocks(model):
+        for leaf in ("gate_up", "down", "gate_up_bias", "down_bias"):
+            p = getattr(m, leaf, None)
+            if p is not None and not p.requires_grad:
+                p.data = p.data.to(dtype)
 
 
 def adapter_params(model) -> int:

@@ -309,3 +309,8 @@ def test_expert_adapters_merge_into_each_expert_for_every_export():
     state = merged.state_dict()
     for name, make in sources(model).items():
         torch.testing.assert_close(make(), state[name].float(), atol=1e-6, rtol=1e-6)
+    # a 16-bit base (a GPU's): the experts too, not the adapters nor a trained router
+    lora.set_router(model, True)
+    lora.freeze_to(model, torch.bfloat16)
+    assert m.gate_up.dtype == m.down.dtype == torch.bfloat16
+    assert m.gate_up_lora.lora_A.dtype == m.router.weight.dtype == torch.float32
