@@ -110,8 +110,17 @@ def moe_blocks(model) -> list[MoE]:
     return [m for m in model.modules() if isinstance(m, MoE)]
 
 
-def check_rank(model, rank: int, targets: str) -> None:
-    smallest = min(min(m.in_features, m.out_features) for _, m in adapted_linears(model, targets))
+def check_rank(model, rank: int, targets: str, experts: bool = False) -> None:
+    """One line for a rank past an adapted layer's width, or targets that adapt nothing (a
+    mixture whose every MLP is experts, with mlp: its experts adapt with experts=True)."""
+    sizes = [min(m.in_features, m.out_features) for _, m in adapted_linears(model, targets)]
+    if not sizes and not experts:
+        raise ConfigError(
+            f"lora_targets: {targets} adapts no layer of this model (its MLPs are experts: "
+            "add lora_experts, or use attn or all)",
+            field="lora_targets",
+        )
+    smallest = min(sizes, default=rank)
     if rank > smallest:
         raise ConfigError(
             f"lora_rank: {rank} is larger than the smallest adapted dimension ({smallest})",
@@ -134,7 +143,7 @@ def apply_lora(
 ) -> None:
     """Freeze every parameter, then give the target layers trainable adapters (experts:
     each MoE block's experts too)."""
-    check_rank(model, rank, targets)
+    check_rank(model, rank, targets, experts)
     blocks = moe_blocks(model)
     if experts:
         check_experts(blocks, rank)

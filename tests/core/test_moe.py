@@ -309,6 +309,12 @@ def test_expert_adapters_merge_into_each_expert_for_every_export():
     state = merged.state_dict()
     for name, make in sources(model).items():
         torch.testing.assert_close(make(), state[name].float(), atol=1e-6, rtol=1e-6)
+    # every MLP here is experts: LoRA on "mlp" alone adapts nothing, one line; with experts
+    from core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="lora_targets: mlp adapts no layer"):
+        lora.apply_lora(GPT(config()), 4, 8.0, 0.0, "mlp")
+    lora.apply_lora(GPT(config()), 4, 8.0, 0.0, "mlp", experts=True)
     # a 16-bit base (a GPU's): the experts too, not the adapters nor a trained router
     lora.set_router(model, True)
     lora.freeze_to(model, torch.bfloat16)
