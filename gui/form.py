@@ -604,7 +604,10 @@ class ConfigForm(QWidget):
             tokenizer = "bytes" if cfg.tokenizer == "model" else cfg.tokenizer
             cfg = dataclasses.replace(cfg, init_from=None, tokenizer=tokenizer)
         else:
-            cfg = apply_pretrained(dataclasses.replace(cfg, init_from=pre.name), pre)
+            cfg = dataclasses.replace(cfg, init_from=pre.name)
+            if not pre.config.moe:  # the expert switches mean nothing to a dense model
+                cfg = dataclasses.replace(cfg, lora_experts=False, train_router=False)
+            cfg = apply_pretrained(cfg, pre)
             if not cfg.eval_data:  # offered: a fine-tune's plot then shows forgetting
                 cfg = dataclasses.replace(cfg, eval_data="embedded")
         self.set_config(cfg)

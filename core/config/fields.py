@@ -128,10 +128,29 @@ class ModelFields:
         choices=LORA_TARGETS,
         arch=True,
     )
+    lora_experts: bool = spec(
+        False,
+        "mixture-of-experts models: each expert's projections get their own LoRA adapter "
+        "pair too (PEFT's target_parameters on mlp.experts.gate_up_proj / down_proj); "
+        "needs lora_rank > 0 and a model with experts",
+        label="LoRA on experts",
+        group=ADVANCED,
+        arch=True,
+    )
+    train_router: bool = spec(
+        False,
+        "mixture-of-experts models: the router (which experts each token goes to) trains "
+        "too; default: frozen under every method (under LoRA its own weights train, saved "
+        "in checkpoints and exports)",
+        label="Train router",
+        group=ADVANCED,
+        state=True,
+    )
     base_bits: str = spec(
         "auto",
         "the frozen base's precision under LoRA: 4 (NF4 with double quantization: QLoRA, "
-        "through bitsandbytes), 8 (int8), 16, 32; auto: 16 on a GPU in 16-bit precision, "
+        "through bitsandbytes; a mixture of experts' experts too, per expert), 8 (int8), "
+        "16, 32; auto: 16 on a GPU in 16-bit precision, "
         "else 32",
         label="Base precision",
         group=ADVANCED,

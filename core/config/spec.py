@@ -187,6 +187,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         values["max_time"] = format_duration(parse_duration(values["max_time"]))
     _check_base_bits(values)
     _check_method(values)
+    _check_experts(values)
     if values["lora_rank"] == 0 and values["lora_alpha"] is not None:
         raise ConfigError(
             "lora_alpha: set only with lora_rank > 0 (rank 0 is full fine-tuning)",
@@ -223,6 +224,23 @@ def _check_base_bits(values: dict) -> None:
             "fine-tuning needs base_bits 16, 32 or auto",
             field="base_bits",
         )
+
+
+def _check_experts(values: dict) -> None:
+    """The MoE switches need experts, which only a pretrained start has (the model's own
+    check, core.weights.loader.apply_pretrained, says when it has none)."""
+    if values["lora_experts"] and not values["lora_rank"]:
+        raise ConfigError(
+            "lora_experts: adapters on the experts need LoRA (lora_rank > 0)",
+            field="lora_experts",
+        )
+    for name in ("lora_experts", "train_router"):
+        if values[name] and values["init_from"] is None:
+            raise ConfigError(
+                f"{name}: needs a pretrained mixture-of-experts model (init_from); a new "
+                "model has no experts",
+                field=name,
+            )
 
 
 def _check_method(values: dict) -> None:

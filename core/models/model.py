@@ -758,6 +758,7 @@ class GPT(nn.Module):
         per_sequence=False,
         per_token=False,
         temperature: float = 1.0,
+        real=None,
     ):
         """(logits, None) without targets; (None, loss) with them: the mean cross-entropy
         over targets where loss_mask is non-zero, computed in chunks (core.models.loss) so
@@ -766,7 +767,10 @@ class GPT(nn.Module):
         it would alone. per_sequence: (None, each sequence's summed log-probability of
         its masked targets) instead of the mean loss (preference tuning). per_token: (None,
         (each target's log-probability, each position's entropy)), both (B, T) and 0 where
-        loss_mask is 0, under the logits divided by temperature (GRPO)."""
+        loss_mask is 0, under the logits divided by temperature (GRPO). real (B, T): 1
+        where a token is not padding, for the MoE routing statistics and aux loss (None:
+        every token)."""
+        self._mark_real(real)
         positions, mask = packed(segments) if segments is not None else (None, None)
         starts = None if positions is None else positions == 0  # a DeltaNet's "mask"
         x, rope = self._embed(idx, positions)
@@ -795,10 +799,21 @@ class GPT(nn.Module):
         if per_token:
             return None, token_logps(head, self.ln_f(x), targets, loss_mask, temperature)
         loss = lm_loss(head, self.ln_f(x), targets, loss_mask, fused=self.config.fused)
+        penalty = self.aux_penalty()
+        return None, loss if penalty is None else loss + penalty
+
+    def _mark_real(self, real) -> None:
+        for i in self.moe_layers:
+            self.blocks[i].mlp.real = None if real is None else real.reshape(-1).float()
+
+    def aux_penalty(self):
+        """coefficient x the last forward's load-balancing loss, which every objective adds
+        to its loss in training (None: off, a dense model, or evaluating: the validation
+        loss stays comparable)."""
         coef = self.config.moe.get("aux_coef", 0.0) if self.moe_layers else 0.0
-        if coef and self.training:  # training only: the validation loss stays comparable
-            loss = loss + coef * aux
-        return None, loss
+        if not (coef and self.training):
+            return None
+        return coef * self.router_aux_loss()
 
     def _side(self, idx, x) -> Side:
         """What the blocks take beside the stream (Gemma 4's per-layer inputs, from the ids
@@ -862,6 +877,7 @@ class GPT(nn.Module):
         else:
             k_pos, k_valid, ids = positions, valid, idx
         long = self._long(k_valid.sum(1))
+        self._mark_real(valid)  # sampling's routing statistics leave its padding out too
         x, rope = self._embed_rows(idx, positions, long)
         side = self._side(idx, x)
         windows = {block.attn.window for block in self.blocks if not block.linear}

@@ -81,7 +81,7 @@ class Route(NamedTuple):
 
     counts: torch.Tensor  # [E] float: top-k assignments per expert
     probs: torch.Tensor  # [E] the router's probabilities summed over tokens (with its graph)
-    rows: int  # tokens routed
+    rows: torch.Tensor  # tokens routed (not padding)
 
 
 class MoE(nn.Module):
@@ -117,6 +117,7 @@ class MoE(nn.Module):
         self.drop = nn.Dropout(c.dropout)
         self.last_stats: tuple | None = None
         self.last_route: Route | None = None
+        self.real: torch.Tensor | None = None  # [tokens] 1 where a token is not padding
 
     def forward(self, x, remake=None, stream=None):
         """x (..., H): the normed stream; stream: the stream before that norm, which Gemma
@@ -159,11 +160,11 @@ class MoE(nn.Module):
         counts = torch.zeros(self.n_experts, dtype=torch.long, device=x.device)
         counts.scatter_add_(0, flat, torch.ones_like(flat))
         bias = hasattr(self, "gate_up_bias")
-        h = expert_matmul(x[token], self.gate_up, counts)
+        h = self._project("gate_up", x[token], counts)
         if bias:
             h = h + self.gate_up_bias[expert].to(h.dtype)
         h = self._activate(h)
-        y = expert_matmul(h, self.down, counts)
+        y = self._project("down", h, counts)
         if bias:
             y = y + self.down_bias[expert].to(y.dtype)
         # back to (token, k) order and summed over k: a gather, deterministic on CUDA too
@@ -172,6 +173,17 @@ class MoE(nn.Module):
         back[order] = torch.arange(order.numel(), device=order.device)
         y = y[back].view(*index.shape, -1) * weights.unsqueeze(-1)
         return y.sum(dim=1).to(x.dtype)
+
+    def _project(self, leaf: str, x, counts):
+        """One stacked projection (gate_up or down) of the grouped tokens: from its 4-bit
+        copy where the base is quantized, plus its experts' adapters under LoRA."""
+        quantized = getattr(self, f"{leaf}_nf4", None)  # core.models.quant.NF4Experts
+        if quantized is not None:
+            y = quantized(x, counts)
+        else:
+            y = expert_matmul(x, getattr(self, leaf), counts)
+        adapter = getattr(self, f"{leaf}_lora", None)  # core.models.lora.ExpertLoRA
+        return y if adapter is None else adapter(x, y, counts)
 
     def _activate(self, h):
         gate, up = h.chunk(2, dim=-1)
@@ -186,22 +198,28 @@ class MoE(nn.Module):
         return (up + 1) * (gate * torch.sigmoid(gate * (alpha or 1.0)))
 
     def _keep_stats(self, probs, index):
+        """The routing's statistics over the tokens in use: padding is left out of the load,
+        the entropy and the aux loss, as transformers' attention_mask leaves it out."""
+        real = self.real
+        if real is None or real.shape[0] != probs.shape[0]:  # a forward without the mask
+            real = torch.ones(probs.shape[0], dtype=torch.float32, device=probs.device)
         counts = torch.zeros(self.n_experts, dtype=torch.float32, device=probs.device)
-        counts.scatter_add_(
-            0, index.reshape(-1), torch.ones_like(index.reshape(-1), dtype=counts.dtype)
-        )
-        route = Route(counts, probs.sum(dim=0), probs.shape[0])
+        weights = real[:, None].expand(index.shape).reshape(-1)
+        counts.scatter_add_(0, index.reshape(-1), weights)
+        route = Route(counts, (probs * real[:, None]).sum(dim=0), real.sum())
         self.last_route = route
         with torch.no_grad():
-            entropy = -(probs * probs.clamp_min(1e-30).log()).sum(dim=-1).mean()
+            each = -(probs * probs.clamp_min(1e-30).log()).sum(dim=-1)
+            entropy = (each * real).sum() / real.sum().clamp_min(1)
         self.last_stats = (counts.detach().long(), entropy, aux_loss([route], self.n_experts))
 
 
 def aux_loss(routes: list[Route], n_experts: int) -> torch.Tensor:
     """transformers' load_balancing_loss_func (models/mixtral, 5.24): the top-k assignment
     shares and the mean router probabilities, each pooled over the layers' tokens, then
-    n_experts * sum(share * probability). Every token counts (no padding mask)."""
-    rows = sum(r.rows for r in routes)
+    n_experts * sum(share * probability), over the tokens that are not padding (its
+    attention_mask)."""
+    rows = torch.stack([r.rows for r in routes]).sum().clamp_min(1)
     counts = torch.stack([r.counts for r in routes]).sum(0) / rows
     probs = torch.stack([r.probs for r in routes]).sum(0) / rows
     return (counts * probs).sum() * n_experts
@@ -224,6 +242,12 @@ def torch_at_least(major: int, minor: int) -> bool:
     return (int(version[0]), int(version[1])) >= (major, minor)
 
 
+def aligned(w: torch.Tensor, dtype: torch.dtype) -> bool:
+    """grouped_mm wants rows of 16 bytes: a LoRA rank of 2 in bf16 (4 bytes) takes the loop."""
+    size = torch.empty(0, dtype=dtype).element_size()
+    return all(n * size % 16 == 0 for n in w.shape[1:])
+
+
 FORCE_LOOP = False  # tests compare the per-expert fallback with the grouped product
 
 
@@ -232,7 +256,7 @@ def expert_matmul(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> tor
     device = x.device.type
     autocast = torch.is_autocast_enabled(device)
     dtype = torch.get_autocast_dtype(device) if autocast else w.dtype
-    if not FORCE_LOOP and grouped_ok(x.device, dtype):
+    if not FORCE_LOOP and grouped_ok(x.device, dtype) and aligned(w, dtype):
         offs = counts.cumsum(0).to(torch.int32)
         return F.grouped_mm(x.to(dtype), w.to(dtype).transpose(-2, -1), offs=offs)
     outs = [

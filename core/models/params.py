@@ -81,6 +81,30 @@ def adapted_weights(c: GPTConfig, targets: str) -> int:
     return counted(shape_key(c, "adapted", targets), count)
 
 
+def expert_params(c: GPTConfig, rank: int = 0) -> tuple[int, int, int]:
+    """An MoE model's (expert matrices gate_up and down: what a 4-bit base holds in NF4,
+    router weights, expert adapters of this rank: --lora-experts); zeros for a dense one."""
+    if not c.moe:
+        return 0, 0, 0
+
+    def count():
+        from core.models.moe import MoE
+
+        matrices = routers = adapters = 0
+        for m in meta_model(c).modules():
+            if isinstance(m, MoE):
+                matrices += m.gate_up.numel() + m.down.numel()
+                routers += sum(p.numel() for p in m.router.parameters())
+                for w in (m.gate_up, m.down):
+                    adapters += rank * w.shape[0] * (w.shape[1] + w.shape[2])
+        return matrices, routers, adapters
+
+    key = shape_key(c, "experts", rank)
+    if key not in COUNTS:
+        COUNTS[key] = count()
+    return COUNTS[key]
+
+
 def inactive_params(c: GPTConfig) -> int:
     """An MoE model's expert weights a token does not pass through: (n_experts - top_k) of
     each sparse layer's experts (0 for a dense model)."""

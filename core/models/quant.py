@@ -1,7 +1,11 @@
 """A frozen base in 4 or 8 bits under LoRA (QLoRA): each adapted layer's base weight becomes a
 bitsandbytes module (NF4 with double quantization, or int8), while the adapters, norms,
 embeddings and head stay as they are. bitsandbytes runs 4-bit on the CPU too, so the same
-path is tested everywhere; it is imported only when a run asks for it."""
+path is tested everywhere; it is imported only when a run asks for it.
+
+A mixture of experts' stacked experts, where most of its weights are, go to NF4 too in a
+4-bit base (bitsandbytes' Linear4bit has no 3-D form): each expert's matrix is quantized
+apart, and dequantized per expert at each use, outside the grouped product (NF4Experts)."""
 
 from __future__ import annotations
 
@@ -11,7 +15,8 @@ import torch
 import torch.nn as nn
 
 from core.errors import ConfigError
-from core.models.lora import LoRALinear
+from core.models.lora import LoRALinear, moe_blocks
+from core.models.moe import expert_matmul
 
 
 def bitsandbytes():
@@ -80,7 +85,79 @@ def quantize_base(model: nn.Module, bits: int, compute_dtype: torch.dtype, devic
         del m.weight  # the full-precision base is gone: only the quantized copy remains
         m.register_parameter("weight", None)
         held += quantized_bytes(m.base_quantized)
+    if bits == 4:
+        held += quantize_experts(model, sources, device)
     return held
+
+
+def quantize_experts(model: nn.Module, sources: dict, device) -> int:
+    """Every MoE block's gate_up and down in NF4, one layer at a time; the bytes they hold."""
+    held = 0
+    names = {id(m): n for n, m in model.named_modules()}
+    for m in moe_blocks(model):
+        for leaf in ("gate_up", "down"):
+            source = sources.pop(f"{names[id(m)]}.{leaf}", None)
+            weight = source() if source is not None else getattr(m, leaf)
+            setattr(m, f"{leaf}_nf4", NF4Experts(weight, device))
+            delattr(m, leaf)
+            m.register_parameter(leaf, None)
+            held += getattr(m, f"{leaf}_nf4").nbytes()
+    return held
+
+
+class NF4Experts(nn.Module):
+    """A stacked expert projection [E, out, in] in NF4 with double quantization, each
+    expert's matrix quantized apart. Used by core.models.moe.MoE in place of the tensor."""
+
+    def __init__(self, weight: torch.Tensor, device):
+        super().__init__()
+        bnb = bitsandbytes()
+        half = torch.float16 if device.type != "cpu" else torch.float32  # as _quantized's
+        self.packed, self.states = [], []
+        for w in weight.detach():
+            q, state = bnb.functional.quantize_4bit(
+                w.to(device, half).contiguous(), quant_type="nf4", compress_statistics=True
+            )
+            self.packed.append(q)
+            self.states.append(state)
+
+    def weight(self, dtype: torch.dtype) -> torch.Tensor:
+        """The experts dequantized, [E, out, in]: a transient tensor, one layer's worth."""
+        dequantize = bitsandbytes().functional.dequantize_4bit
+        return torch.stack(
+            [dequantize(q, s).to(dtype) for q, s in zip(self.packed, self.states, strict=True)]
+        )
+
+    def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        return _Dequantized.apply(x, counts, self)
+
+    def nbytes(self) -> int:
+        total = 0
+        for q, state in zip(self.packed, self.states, strict=True):
+            total += q.numel() * q.element_size()
+            # the NF4 code book is one constant shared by all: not counted per expert
+            for t in (state.absmax, state.state2.absmax if state.nested else None):
+                total += t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+        return total
+
+
+class _Dequantized(torch.autograd.Function):
+    """The grouped product with dequantized experts, which are made again for the backward
+    rather than kept: the frozen base's memory stays 4-bit between forward and backward."""
+
+    @staticmethod
+    def forward(ctx, x, counts, experts: NF4Experts):
+        device = x.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+        ctx.experts, ctx.dtype = experts, x.dtype
+        ctx.save_for_backward(counts)
+        return expert_matmul(x, experts.weight(dtype), counts)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (counts,) = ctx.saved_tensors
+        w = ctx.experts.weight(grad.dtype).transpose(1, 2)  # [E, in, out]: x = grad w
+        return expert_matmul(grad, w, counts).to(ctx.dtype), None, None
 
 
 def quantized_bytes(module: nn.Module) -> int:

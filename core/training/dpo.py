@@ -90,6 +90,14 @@ def reference_logps(model, x, y, mask, precision: str):
     return _split(logps.float())
 
 
+def in_use(mask: torch.Tensor) -> torch.Tensor:
+    """(B, T) a pair row's tokens before its padding: an answer's targets run to the row's
+    last real token, which is the input one position after the last target."""
+    pos = torch.arange(mask.shape[1], device=mask.device)
+    last = torch.where(mask > 0, pos, -1).max(dim=1).values
+    return pos <= last[:, None] + 1
+
+
 def _pair_losses(run: RunState, cfg: TrainConfig, reference, model, starts, val: bool = False):
     """(per-pair losses, chosen rewards, rejected rewards) of the pairs at starts, through
     model (the model as it trains, or as it evaluates)."""
@@ -97,7 +105,7 @@ def _pair_losses(run: RunState, cfg: TrainConfig, reference, model, starts, val:
     x, y, mask = (to_device(v, run.device) for v in (x, y, mask))
     ref_c, ref_r = reference(x, y, mask, pair_ids, run.precision)
     with autocast(run.device, run.precision):
-        _, logps = model(x, y, mask, per_sequence=True)
+        _, logps = model(x, y, mask, per_sequence=True, real=in_use(mask))
     chosen, rejected = _split(logps.float())
     return dpo_loss(chosen, rejected, ref_c, ref_r, cfg.dpo_beta, cfg.dpo_label_smoothing)
 
@@ -117,7 +125,9 @@ class DPO(Objective):
     def micro_loss(self, run: RunState, cfg: TrainConfig, starts):
         """The DPO loss of one micro-batch of pairs and its signal sums."""
         losses, rc, rr = _pair_losses(run, cfg, self.reference, run.train_model, starts)
-        return losses.mean(), signal_sums(rc, rr)
+        penalty = run.model.aux_penalty()  # an MoE's load-balancing loss, where enabled
+        loss = losses.mean() if penalty is None else losses.mean() + penalty
+        return loss, signal_sums(rc, rr)
 
     def records(self, steps: list[StepSignals], cfg: TrainConfig, world) -> list[dict]:
         """The signals of each pending step, read in the same sync as the losses."""

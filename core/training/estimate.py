@@ -19,6 +19,7 @@ from core.models.params import (
     adapted_weights,
     adapter_count,
     counted,
+    expert_params,
     meta_model,
     shape_key,
     shape_params,
@@ -281,10 +282,11 @@ QUANT_BYTES = {4: 0.5 + 1 / 64 + 4 / (64 * 256), 8: 1.0}
 
 def _base_bytes(cfg: TrainConfig, c: GPTConfig, n: int, sixteen: bool) -> int:
     """The frozen base under LoRA (recipe.base_bits); a 4- or 8-bit base quantizes the adapted
-    layers only, the rest stays in 16 or 32 bits."""
+    layers only (4 bits: a mixture of experts' experts too), the rest stays in 16 or 32 bits."""
     bits = recipe.base_bits(cfg, sixteen)
     if bits in QUANT_BYTES:
         q = adapted_weights(_counting_shape(c), cfg.lora_targets)
+        q += expert_params(_counting_shape(c))[0] if bits == 4 else 0
         return int(q * QUANT_BYTES[bits]) + (2 if sixteen else 4) * (n - q)
     return bits // 8 * n
 
@@ -337,6 +339,8 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
     trained, weights = n, 4 * n
     if cfg.lora_rank:  # a frozen base + fp32 adapters
         trained = adapter_count(_counting_shape(c), cfg.lora_rank, cfg.lora_targets)
+        _, routers, experts = expert_params(_counting_shape(c), cfg.lora_rank)
+        trained += experts * cfg.lora_experts + routers * cfg.train_router
         weights = _base_bytes(cfg, c, n, mixed and on_gpu) + 4 * trained
         weight_casts = 0  # the base is kept as it is; the adapters' casts are negligible
     # AdamW: two fp32 moments; 8-bit AdamW: two 8-bit moments (and a scale per 256)

@@ -504,6 +504,8 @@ class GRPO(Objective):
         loss, kl, ratio = policy_loss(
             logps, logps.detach(), ref, roll.advantages, roll.completion_mask, cfg, roll.n_items
         )
+        penalty = run.model.aux_penalty()  # an MoE's load-balancing loss, where enabled
+        loss = loss if penalty is None else loss + penalty
         m = roll.completion_mask.float()
         a = roll.advantages[:, None]
         low = ((ratio < 1 - cfg.epsilon) & (a < 0)).float()
@@ -535,6 +537,8 @@ class GRPO(Objective):
         every[:, width - 1 : -1] = targets
         mask = torch.zeros_like(roll.ids, dtype=torch.bool)
         mask[:, width - 1 : -1] = roll.completion_mask
+        real = roll.segments != 0  # not the prompt's left padding, nor past the stop
+        real[:, width:] &= roll.completion_mask
         with autocast(run.device, run.precision), _adapters_off(run.model, no_adapters):
             _, (logps, entropy) = (run.model if no_adapters else model)(
                 roll.ids,
@@ -543,6 +547,7 @@ class GRPO(Objective):
                 segments=roll.segments,
                 per_token=True,
                 temperature=cfg.temperature or 1.0,
+                real=real,
             )
         return logps[:, width - 1 : -1], entropy[:, width - 1 : -1]
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from core.models.labels import LABEL, labelled
+from core.models.quant import NF4Experts
 
 MB = 1024**2
 BASELINE = "Python and torch"
@@ -75,6 +76,7 @@ def classify(scopes: list[str], phase: str) -> str:
 def static_bytes(model, optimizer) -> dict[str, float]:
     """What exists before a step: frozen weights; trainable weights and optimizer states."""
     frozen = sum(p.numel() * p.element_size() for p in model.parameters() if not p.requires_grad)
+    frozen += sum(m.nbytes() for m in model.modules() if isinstance(m, NF4Experts))
     trained = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     states = sum(
         t.numel() * t.element_size()

@@ -166,6 +166,57 @@ def peft_weights(loaded: Loaded) -> tuple[dict[str, torch.Tensor], list[str]]:
     return out, modules
 
 
+# PEFT (0.21) nests one ParamWrapper per targeted parameter of mlp.experts, in the module's
+# own order: gate_up_proj's is the inner one (its keys under base_layer.), down_proj's outer.
+EXPERT_KEYS = {"gate_up": ".base_layer", "down": ""}
+
+
+def peft_expert_weights(loaded: Loaded) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """The experts' adapters (--lora-experts) under PEFT's target_parameters layout, and the
+    parameter names: A [E, r, in] -> lora_A [E r, in]; B [E, out, r] -> lora_B [out, r E]."""
+    c, family = loaded.model.config, loaded.family
+    state, out, targets = weights(loaded.model), {}, []
+    for ours, hf_names, _ in in_memory_table(family, c):
+        leaf = ours.rsplit(".", 1)[-1]
+        if leaf not in EXPERT_KEYS or f"{ours}_lora.lora_A" not in state:
+            continue
+        a, b = state[f"{ours}_lora.lora_A"], hf_rows(family, ours, state[f"{ours}_lora.lora_B"])
+        module = hf_names[0].rpartition(".")[0]  # model.layers.{i}.mlp.experts
+        key = f"base_model.model.{module}{EXPERT_KEYS[leaf]}"
+        out[f"{key}.lora_A.weight"] = a.reshape(-1, a.shape[-1]).contiguous()
+        out[f"{key}.lora_B.weight"] = b.permute(1, 2, 0).reshape(b.shape[1], -1).contiguous()
+        targets.append(hf_names[0])
+    return out, targets
+
+
+def in_memory_table(family: str, c) -> list:
+    """The names of transformers' modules, which PEFT adapts (5.x fuses the experts)."""
+    fused = families.get(family).fused_table
+    return fused(c) if fused else families.table(family, c)
+
+
+def hf_rows(family: str, ours: str, b: torch.Tensor) -> torch.Tensor:
+    """An expert adapter's B with its rows in the Hugging Face tensor's order: gpt-oss
+    interleaves gate and up, for the weight as for its bias (the family's convert)."""
+    convert = families.get(family).convert
+    if convert is None or not ours.endswith(".gate_up"):
+        return b
+    return convert(ours + "_bias", b, True)
+
+
+def peft_router_weights(loaded: Loaded) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """Routers trained with --train-router, as PEFT's modules_to_save (whole modules)."""
+    if not loaded.config.train_router:
+        return {}, []
+    state, out, modules = weights(loaded.model), {}, []
+    for ours, hf_names, _ in in_memory_table(loaded.family, loaded.model.config):
+        if lora.is_router(ours) and ours in state:
+            out[f"base_model.model.{hf_names[0]}"] = state[ours].clone().contiguous()
+            module = hf_names[0].rpartition(".")[0]
+            modules += [] if module in modules else [module]
+    return out, modules
+
+
 def export_peft(loaded: Loaded, folder: Path) -> None:
     from safetensors.torch import save_file
 
@@ -173,6 +224,9 @@ def export_peft(loaded: Loaded, folder: Path) -> None:
     if cfg is None or not cfg.lora_rank:
         raise ExportError("format: peft needs a LoRA run (trained with --lora-rank R)")
     tensors, modules = peft_weights(loaded)
+    experts, targets = peft_expert_weights(loaded)
+    routers, saved = peft_router_weights(loaded)
+    tensors.update(experts | routers)
     # GPT-2's Conv1D keeps weights transposed (its table's rows say so)
     fan_in_fan_out = any(t for _, _, t in families.table(loaded.family, loaded.model.config))
     save_file(tensors, str(folder / "adapter_model.safetensors"), {"format": "pt"})
@@ -182,14 +236,16 @@ def export_peft(loaded: Loaded, folder: Path) -> None:
         "base_model_name_or_path": loaded.base["init_from"] if loaded.base else None,
         "r": cfg.lora_rank,
         "lora_alpha": cfg.lora_scale_alpha,
-        "lora_dropout": cfg.lora_dropout,
+        # PEFT's parameter adapters refuse dropout; it only ever acted in training
+        "lora_dropout": 0.0 if targets else cfg.lora_dropout,
         "target_modules": modules,  # full names: exactly these modules, no others
+        "target_parameters": targets or None,
         "bias": "none",
         "fan_in_fan_out": fan_in_fan_out,
         "inference_mode": True,
         "init_lora_weights": True,
         "use_rslora": False,
-        "modules_to_save": None,
+        "modules_to_save": saved or None,
     }
     (folder / "adapter_config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
     write_tokenizer_files(loaded, folder)

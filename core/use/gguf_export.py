@@ -58,7 +58,8 @@ class Lazy:
 
 def sources(model) -> dict[str, object]:
     """Our state-dict names (adapters left out) -> () -> that weight in fp32, a LoRA layer's
-    adapters merged in (W + scale B A) without touching the model. A memory-mapped model's
+    adapters merged in (W + scale B A; each expert's own for stacked experts) without
+    touching the model. A memory-mapped model's
     joined weights (model.weight_sources) are joined here, one at a time."""
     from core.models.lora import LoRALinear, is_adapter
 
@@ -74,10 +75,13 @@ def sources(model) -> dict[str, object]:
             base = lambda p=p: p.detach().float()  # noqa: E731
         prefix, _, leaf = name.rpartition(".")
         m = modules.get(prefix)
+        adapter = getattr(m, f"{leaf}_lora", None)  # an MoE's experts (--lora-experts)
         if leaf == "weight" and isinstance(m, LoRALinear):
             out[name] = lambda m=m, base=base: (
                 base() + m.scale * (m.lora_B.detach().float() @ m.lora_A.detach().float())
             )
+        elif adapter is not None:
+            out[name] = lambda a=adapter, base=base: base() + a.delta().detach()
         else:
             out[name] = base
     return out

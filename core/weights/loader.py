@@ -393,6 +393,13 @@ def apply_pretrained(cfg: TrainConfig, pre: Pretrained, explicit=()) -> TrainCon
             f"({c.vocab_size} tokens); leave it out with init_from",
             field="vocab_size",
         )
+    for name in ("lora_experts", "train_router"):
+        if getattr(cfg, name) and not c.moe:
+            raise ModelSourceError(
+                f"{name}: {pre.name} is a dense model (no experts); it applies to "
+                "mixture-of-experts models only",
+                field=name,
+            )
     seq_len = min(cfg.seq_len, c.seq_len)
     if "seq_len" in explicit:
         if cfg.seq_len > c.seq_len:

@@ -196,3 +196,127 @@ def test_active_parameters_leave_out_the_experts_a_token_skips():
     cfg = tiny_config(seq_len=16)
     attention = 12 * c.n_layers * c.n_heads * c.head_dim * 16
     assert flops_per_token(cfg, c) == 6 * active_params(c) + attention
+
+
+def test_nf4_experts_compute_with_their_dequantized_weights():
+    """A 4-bit base holds each expert in NF4 and dequantizes it per step: forward and
+    backward (the input's and the expert adapters' gradients) equal the same block whose
+    experts are the dequantized tensors, and the estimate counts them at NF4's bytes."""
+    pytest.importorskip("bitsandbytes")
+    from core.models import lora, quant
+
+    torch.manual_seed(4)
+    c = config(norm_topk=True)
+    model = GPT(c)
+    lora.apply_lora(model, 4, 8.0, 0.0, "attn", experts=True)
+    for m in lora.moe_blocks(model):
+        torch.nn.init.normal_(m.gate_up_lora.lora_B, std=0.1)
+    twin = GPT(c)
+    lora.apply_lora(twin, 4, 8.0, 0.0, "attn", experts=True)
+    twin.load_state_dict(model.state_dict())
+    held = quant.quantize_base(model, 4, torch.float32, torch.device("cpu"))
+    for m, t in zip(lora.moe_blocks(model), lora.moe_blocks(twin), strict=True):
+        assert m.gate_up is None and m.down is None  # the full-precision experts are gone
+        t.gate_up.data = m.gate_up_nf4.weight(torch.float32)
+        t.down.data = m.down_nf4.weight(torch.float32)
+        assert (t.gate_up.data - lora.moe_blocks(GPT(c))[0].gate_up).abs().max() > 0
+    for name, m in model.named_modules():  # attention's 4-bit base too
+        if isinstance(m, lora.LoRALinear):
+            twin.get_submodule(name).weight.data = quant.dequantized_weight(m)
+    experts = sum(m.gate_up_nf4.nbytes() + m.down_nf4.nbytes() for m in lora.moe_blocks(model))
+    n_expert = 3 * (3 * H * INNER * E)  # three sparse layers of E experts
+    assert experts < 0.6 * n_expert and held > experts  # ~0.52 bytes a weight, and attention
+    idx = torch.randint(0, 256, (2, 9))
+    for m in (model, twin):
+        m.train()
+        m(idx, idx)[1].backward()
+    trained = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    assert any("gate_up_lora" in n for n, _ in trained)
+    for name, a in trained:
+        b = twin.get_parameter(name).grad
+        torch.testing.assert_close(a.grad, b, atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_a_4bit_estimate_holds_the_experts_in_nf4(tmp_path):
+    import dataclasses
+    import json
+
+    from helpers import tiny_config
+
+    from core.models.params import adapted_weights, expert_params
+    from core.training.estimate import QUANT_BYTES, _counting_shape, estimate, model_shape
+
+    hf = {
+        "model_type": "qwen3_moe",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "moe_intermediate_size": 32,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "vocab_size": 1000,
+        "max_position_embeddings": 256,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    cfg = tiny_config(
+        init_from=str(tmp_path),
+        tokenizer="model",
+        hidden_dim=64,
+        n_heads=4,
+        n_layers=2,
+        bias=False,
+        lora_rank=4,
+        lora_targets="attn",
+        seq_len=32,
+    )
+    sixteen = estimate(dataclasses.replace(cfg, base_bits="16"), "bf16", on_gpu=True)
+    four = estimate(dataclasses.replace(cfg, base_bits="4"), "bf16", on_gpu=True)
+    c = _counting_shape(model_shape(cfg))
+    experts, routers, expert_adapters = expert_params(c, 4)
+    assert experts == 2 * 8 * 3 * 64 * 32 and routers == 2 * 8 * 64
+    quantized = adapted_weights(c, "attn") + experts
+    assert abs(sixteen.weights - four.weights - quantized * (2 - QUANT_BYTES[4])) <= 1
+    both = estimate(dataclasses.replace(cfg, lora_experts=True, train_router=True), "bf16")
+    assert both.trained == estimate(cfg, "bf16").trained + expert_adapters + routers
+    assert expert_adapters == 4 * 2 * 8 * ((64 + 64) + (32 + 64))
+
+
+def test_expert_adapters_merge_into_each_expert_for_every_export():
+    """--lora-experts: each expert's pair changes only its own expert; merged (hf export) the
+    model computes as with the adapters apart, and the GGUF writer's merged tensors agree."""
+    import copy
+
+    from core.models import lora
+    from core.use.gguf_export import sources
+
+    torch.manual_seed(5)
+    model = GPT(config())
+    lora.apply_lora(model, 4, 8.0, 0.0, "attn", experts=True)
+    m = lora.moe_blocks(model)[0]
+    assert m.gate_up_lora.lora_A.shape == (E, 4, H) and m.down_lora.lora_B.shape == (E, H, 4)
+    with torch.no_grad():
+        m.down_lora.lora_B[2].normal_(std=0.1)  # expert 2's adapter alone
+    merged = copy.deepcopy(model)
+    lora.merge(merged)
+    moved = (lora.moe_blocks(merged)[0].down - m.down).abs().amax(dim=(1, 2))
+    assert moved[2] > 0 and moved.count_nonzero() == 1
+    idx = torch.randint(0, 256, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(merged(idx)[0], model(idx)[0], atol=1e-5, rtol=1e-5)
+    state = merged.state_dict()
+    for name, make in sources(model).items():
+        torch.testing.assert_close(make(), state[name].float(), atol=1e-6, rtol=1e-6)
+    # every MLP here is experts: LoRA on "mlp" alone adapts nothing, one line; with experts
+    from core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="lora_targets: mlp adapts no layer"):
+        lora.apply_lora(GPT(config()), 4, 8.0, 0.0, "mlp")
+    lora.apply_lora(GPT(config()), 4, 8.0, 0.0, "mlp", experts=True)
+    # a 16-bit base (a GPU's): the experts too, not the adapters nor a trained router
+    lora.set_router(model, True)
+    lora.freeze_to(model, torch.bfloat16)
+    assert m.gate_up.dtype == m.down.dtype == torch.bfloat16
+    assert m.gate_up_lora.lora_A.dtype == m.router.weight.dtype == torch.float32

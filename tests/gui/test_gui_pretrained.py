@@ -69,6 +69,15 @@ def test_pretrained_start_shows_the_model_and_fixes_its_shape(make_window, llama
     )
     form.set_values(thinking="default")
     assert form.widgets["thinking"].currentText() == "default" and window.start_button.isEnabled()
+    # the MoE switches (Advanced) on a dense model: one line naming the field, Start waits;
+    # picking the model again clears them
+    form.set_values(lora_rank=8, lora_experts=True)
+    assert "lora_experts:" in (form.error or "") and "dense model" in form.error
+    assert not window.start_button.isEnabled()
+    form.set_values(train_router=True)
+    box.set_source(str(llama_folder))
+    assert not form.widgets["lora_experts"].isChecked()
+    assert not form.widgets["train_router"].isChecked() and window.start_button.isEnabled()
 
 
 @pytest.mark.parametrize("family, shown", [("gemma2", "Gemma 2"), ("phi3", "Phi-3")])

@@ -406,3 +406,41 @@ def test_an_epoch_is_one_pass_over_the_pairs(setup, tmp_path):
     trainer.run()
     pairs = trainer.data.manifest["examples"]["train"]
     assert trainer.step == pytest.approx(pairs / 4, abs=1)
+
+
+def test_dpo_on_a_mixture_of_experts_adds_its_aux_loss_and_resumes_bitwise(setup, tmp_path):
+    """As on a dense model, with each expert's adapters, the router trained and the
+    load-balancing loss joined: step 1's loss is ln 2 (policy = reference) plus coefficient
+    x the logged aux loss."""
+    _, cfg = setup
+    make_model(tmp_path / "moe", "qwen3_moe")
+    changes = {
+        "init_from": str(tmp_path / "moe"),
+        "max_steps": 2,
+        "log_every": 1,
+        "eval_every": 2,
+        "ckpt_every": 1,
+        "router_aux_loss": 0.05,
+        "lora_experts": True,
+        "train_router": True,
+    }
+    moe_cfg = tiny_config(**{**_fields(cfg), **changes})
+    Trainer(moe_cfg, tmp_path / "straight").run()
+    Trainer(moe_cfg, tmp_path / "split").run(None, StopAfter(1))
+    latest = tmp_path / "split" / "checkpoints" / "latest.pt"
+    Trainer(moe_cfg, tmp_path / "split", resume_from=latest).run()
+    straight = read_metrics(tmp_path / "straight" / "metrics.jsonl")[0]
+    split = read_metrics(tmp_path / "split" / "metrics.jsonl")[0]
+    assert [r["loss"] for r in split] == [r["loss"] for r in straight]
+    first = straight[0]
+    assert first["moe/aux_loss"] > 0.5
+    assert first["loss"] == pytest.approx(math.log(2) + 0.05 * first["moe/aux_loss"], abs=1e-6)
+    # the reference (adapters off) is the starting model, its router too, not the trained one
+    tuned, start = load(tmp_path / "straight").model, load(tmp_path / "moe").model
+    x = torch.arange(3, 40)[None]
+    router = tuned.blocks[0].mlp.router.weight
+    assert not torch.equal(router, start.blocks[0].mlp.router.weight)
+    with torch.no_grad(), lora.adapters_disabled(tuned):
+        assert torch.equal(tuned(x)[0], start(x)[0])
+    assert not torch.equal(tuned(x)[0], start(x)[0])
+    assert not torch.equal(router, start.blocks[0].mlp.router.weight)  # put back

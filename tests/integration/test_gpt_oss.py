@@ -187,7 +187,7 @@ def test_full_fine_tuning_trains_and_resumes_bit_for_bit(base, tmp_path):
 
 
 @pytest.mark.slow  # three short runs and two exports
-def test_lora_on_attention_exports_to_transformers_and_peft(base, tmp_path):
+def test_lora_on_attention_and_experts_exports_to_transformers_and_peft(base, tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
@@ -209,6 +209,8 @@ def test_lora_on_attention_exports_to_transformers_and_peft(base, tmp_path):
         lora_rank=4,
         lora_targets="attn",
         lora_alpha=64.0,
+        lora_experts=True,  # its interleaved [E, H, 2I] experts in PEFT's layout
+        train_router=True,  # its router's weight and bias as modules_to_save
     )
     Trainer(cfg, tmp_path / "run").run()
     export(tmp_path / "run", "hf", tmp_path / "merged", which="latest")

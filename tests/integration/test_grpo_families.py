@@ -3,7 +3,8 @@ model's own cached forward, so greedy completions of a batch of prompts of diffe
 equal core.generate's and transformers' greedy tokens for each prompt alone (Gemma's sliding
 windows, soft-caps and embedding scale, Gemma 3's local RoPE, Phi-3's LongRoPE switching
 factors mid-batch, Gemma 4's per-layer inputs and reused keys and values), left- or
-right-padded; and two steps of training move the weights."""
+right-padded; and two steps of training move the weights (a mixture of experts too, its
+load-balancing loss joined)."""
 
 from __future__ import annotations
 
@@ -85,7 +86,7 @@ def grpo_run(folder, tmp_path, **kw):
     return tmp_path / "run"
 
 
-@pytest.mark.parametrize("family", [*FAMILIES, "gemma4", *HYBRID_FAMILIES])  # gemma4: shared kv
+@pytest.mark.parametrize("family", [*FAMILIES, "gemma4", *HYBRID_FAMILIES, "qwen3_moe"])
 def test_grpo_samples_greedily_as_generate_and_transformers_and_trains(tmp_path, family):
     hf, tok = make_model(tmp_path / "model", family)
     model = load(tmp_path / "model").model
@@ -99,10 +100,12 @@ def test_grpo_samples_greedily_as_generate_and_transformers_and_trains(tmp_path,
     assert drawn.completions.tolist() == ours  # left-padded, as GRPO batches its prompts
     assert right_padded_greedy(model, prompts, N_NEW) == ours
 
-    run = grpo_run(tmp_path / "model", tmp_path)
+    moe = bool(model.moe_layers)  # a mixture of experts: its aux loss joins GRPO's loss
+    run = grpo_run(tmp_path / "model", tmp_path, **({"router_aux_loss": 0.05} if moe else {}))
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "loss" in r]
     assert [r["step"] for r in steps] == [1, 2]
+    assert all(r["moe/aux_loss"] > 0 for r in steps) if moe else "moe/aux_loss" not in steps[0]
     assert all(r["frac_reward_zero_std"] < 1 for r in steps)  # something to learn from
     start = load(tmp_path / "model").model.state_dict()
     trained = load(run).model.state_dict()

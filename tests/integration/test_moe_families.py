@@ -18,6 +18,7 @@ from helpers import StopAfter, tiny_config  # noqa: E402
 from hf_models import MOE_FAMILIES, TEXT, make_model  # noqa: E402
 
 from core.errors import UserError  # noqa: E402
+from core.models import lora  # noqa: E402
 from core.runs.folder import read_metrics  # noqa: E402
 from core.training.trainer import Trainer  # noqa: E402
 from core.use.common import ExportError  # noqa: E402
@@ -123,6 +124,18 @@ def test_aux_loss_equals_transformers_output_router_logits(tmp_path, family):
         _, loss = model(x, targets, mask)
     torch.testing.assert_close(model.router_aux_loss(), want.aux_loss, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(loss, want.loss, atol=1e-5, rtol=1e-5)
+    # A padded batch (DPO's pairs, GRPO's rows): padding counts neither in transformers'
+    # loss with an attention_mask nor in ours
+    rows = torch.cat([x, x.roll(3, 1)])
+    real = torch.ones_like(rows)
+    real[1, -5:] = 0
+    with torch.no_grad():
+        want = hf_model(rows, attention_mask=real).aux_loss
+        model(rows, torch.roll(rows, -1, 1), real.float(), real=real)
+        padded = model.router_aux_loss()
+        model(rows, torch.roll(rows, -1, 1), real.float())
+    torch.testing.assert_close(padded, want, atol=1e-6, rtol=1e-6)
+    assert (model.router_aux_loss() - want).abs() > 1e-4  # the padding counted otherwise
 
 
 def test_top_k_over_the_expert_count_and_unbuilt_designs_are_one_line(tmp_path):
@@ -168,12 +181,25 @@ def straight_and_resumed(tmp_path, cfg):
     return straight
 
 
+def routers_moved(base, trained) -> bool:
+    """Whether the trained model's routers differ from its base's (transformers models)."""
+    before, after = base.state_dict(), trained.state_dict()
+    routers = [k for k in before if k.endswith(("mlp.gate.weight", "mlp.router.weight"))]
+    assert routers
+    return any(not torch.equal(before[k], after[k]) for k in routers)
+
+
+# The router is frozen unless --train-router: one family trains it, the others check it stays.
+TRAIN_ROUTER = {"qwen3_moe": True}
+
+
 @pytest.mark.parametrize("family", MOE_FAMILIES)
 def test_full_fine_tuning_resumes_bitwise_and_exports_what_transformers_loads(tmp_path, family):
     from transformers import AutoModelForCausalLM
 
-    _, tok = make_model(tmp_path / "model", family)
-    cfg = run_config(tmp_path, router_aux_loss=0.01)
+    base, tok = make_model(tmp_path / "model", family)
+    router = TRAIN_ROUTER.get(family, False)
+    cfg = run_config(tmp_path, router_aux_loss=0.01, train_router=router)
     records = straight_and_resumed(tmp_path, cfg)
     layers = load(tmp_path / "model").model.moe_layers
     for r in records:
@@ -189,6 +215,7 @@ def test_full_fine_tuning_resumes_bitwise_and_exports_what_transformers_loads(tm
     assert any(".experts.0." in name for name in names)  # the released per-expert layout
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").float().eval()
     assert type(exported).__name__ == families.get(family).hf_arch
+    assert routers_moved(base, exported) == router
     assert_logits_equal(load(tmp_path / "straight").model, exported, tok(PROMPT)["input_ids"])
     # GGUF: the stacked experts where llama.cpp's architecture runs this shape (test_llamacpp
     # proves them there); one line naming what it lacks, and no file, where it does not
@@ -222,26 +249,58 @@ GGUF_REFUSED = {
 }
 
 
+def experts_moved(base, merged) -> bool:
+    """Whether every expert's weights in the merged export differ from the base's (each
+    expert's own adapter pair trained), or none do."""
+    from safetensors.torch import load_file
+
+    before = load_file(base / "model.safetensors")
+    after = load_file(merged / "model.safetensors")
+    moved = [not torch.equal(before[k], after[k]) for k in before if ".experts." in k]
+    assert moved and (all(moved) or not any(moved))
+    return all(moved)
+
+
+# One LoRA form per family, so each runs once: on attention alone; with each expert's own
+# adapters (--lora-experts); with the router trained too; on a 4-bit (NF4) base, experts
+# included, whose export merges the adapters into the original weights.
+LORA_RUNS = {
+    "qwen3_moe": {"lora_experts": True, "train_router": True},
+    "qwen2_moe": {},
+    "mixtral": {"lora_experts": True},
+    "olmoe": {"lora_experts": True, "base_bits": "4"},
+    "qwen3_5_moe": {"lora_experts": True},  # the DeltaNet layers adapted too
+}
+
+
 @pytest.mark.parametrize("family", MOE_FAMILIES)
-def test_lora_on_attention_resumes_bitwise_and_exports_to_transformers_and_peft(tmp_path, family):
+def test_lora_resumes_bitwise_and_exports_to_transformers_and_peft(tmp_path, family):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
     _, tok = make_model(tmp_path / "model", family)
-    cfg = run_config(tmp_path, lora_rank=4, lora_targets="attn", lora_alpha=64.0)
+    extra = LORA_RUNS[family]
+    cfg = run_config(tmp_path, lora_rank=4, lora_targets="attn", lora_alpha=64.0, **extra)
     straight_and_resumed(tmp_path, cfg)
     export(tmp_path / "straight", "hf", tmp_path / "merged", which="latest")
     export(tmp_path / "straight", "peft", tmp_path / "peft", which="latest")
+    adapter = json.loads((tmp_path / "peft" / "adapter_config.json").read_text())
+    assert bool(adapter["target_parameters"]) == bool(extra.get("lora_experts"))
+    assert bool(adapter["modules_to_save"]) == bool(extra.get("train_router"))
+    assert experts_moved(tmp_path / "model", tmp_path / "merged") == bool(extra.get("lora_experts"))
     ids = torch.tensor([tok(PROMPT)["input_ids"]])
     base = AutoModelForCausalLM.from_pretrained(tmp_path / "model").float().eval()
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").float().eval()
+    assert routers_moved(base, merged) == bool(extra.get("train_router"))
     with torch.no_grad():
         want = merged(ids).logits
         assert (base(ids).logits - want).abs().max() > 1e-4  # the adapters changed it
+        ours = load(tmp_path / "straight").model
+        assert (ours(ids)[0] - want).abs().max() < 1e-4  # adapters apart: another sum order
+        lora.merge(ours)  # the same weights as the export: equal to transformers at 1e-5
+        assert (ours(ids)[0] - want).abs().max() < 1e-5
         adapted = PeftModel.from_pretrained(base, tmp_path / "peft").eval()
         assert (adapted(ids).logits - want).abs().max() < 1e-4
-        ours, _ = load(tmp_path / "straight").model(ids)
-    assert (ours - want).abs().max() < 1e-4
 
 
 def test_the_info_line_counts_total_and_active_parameters(tmp_path):

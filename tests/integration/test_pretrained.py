@@ -204,6 +204,8 @@ def _bad_folder(tmp_path, models, config_change):
         ("hub_offline", "cannot be reached (offline); connect once"),
         ("shape", "hidden_dim: 64 contradicts the pretrained model"),
         ("seq_len", "seq_len: 128 is longer than the pretrained model's context (64)"),
+        ("lora_experts", "is a dense model (no experts); it applies to mixture-of-experts"),
+        ("train_router", "is a dense model (no experts); it applies to mixture-of-experts"),
     ],
 )
 def test_bad_pretrained_input_is_one_line_exit_2(
@@ -225,6 +227,8 @@ def test_bad_pretrained_input_is_one_line_exit_2(
         target = "nobody/not-cached-model"
     elif case == "shape":
         extra = ["--hidden-dim", "64"]
+    elif case in ("lora_experts", "train_router"):
+        extra = ["--lora-rank", "4", "--" + case.replace("_", "-")]
     else:
         extra = ["--seq-len", "128"]
     out = tmp_path / "run"
@@ -232,6 +236,7 @@ def test_bad_pretrained_input_is_one_line_exit_2(
     assert train_main([*args, *extra]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("error:") and needle in err, err
+    assert case not in ("lora_experts", "train_router") or err.startswith(f"error: {case}: ")
     assert not out.exists()
 
 
