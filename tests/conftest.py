@@ -2,11 +2,28 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")  # before anything imports Qt
+# pytest-xdist's workers share the cores: torch's threads in each (and in the processes tests
+# start) would otherwise oversubscribe them. Set before anything imports torch.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
 
 import pytest  # noqa: E402
+
+# setuptools' distutils before any test imports the standard library's: in a worker that ran
+# another file first, torch's cpp_extension would otherwise fail to import
+if importlib.util.find_spec("setuptools"):
+    import setuptools  # noqa: F401
+
+
+def pytest_xdist_auto_num_workers(config):
+    """-n auto (pyproject's addopts): a worker a core, at most 4 (each holds torch,
+    transformers and a Qt application)."""
+    return max(1, min(os.cpu_count() or 1, 4))
 
 
 @pytest.fixture(autouse=True, scope="session")
