@@ -116,6 +116,7 @@ def _saved_bytes_per_token_layer(
     fused: bool = False,
     lora: str = "",
     tiled: bool = False,
+    on_gpu: bool = True,
 ) -> float:
     """Bytes autograd keeps per token per block for the backward pass. fused: a fine-tune's
     model (core.models.fused), which remakes the norms' and SwiGLU's outputs in backward;
@@ -130,6 +131,13 @@ def _saved_bytes_per_token_layer(
         attention += e * (q + kv)
     # GELU: its input and the projection's input; SwiGLU: gate and up, silu(gate), product
     mlp = e * (2 * ffn if c.mlp != "swiglu" else 4 * ffn)
+    if not fused and not on_gpu:  # as the CPU's profile shows what the plain block keeps
+        # each norm keeps its normalised fp32 input too; qkv's whole output stays alive under
+        # v (a view of it) beside RoPE's new q and k; proj's input is attention's output and
+        # fc2's input the MLP's product, both counted already: the norms' outputs remain
+        fp32_residual += 2 * 4 * d
+        attention += e * (q + kv)
+        matmul_inputs = e * 2 * d
     if fused:  # the linears' inputs are remade or kept as attention's output already
         matmul_inputs, mlp = 0, e * 2 * ffn  # gate and up; GELU: its input and output
         # ... except where LoRA adapts a linear: its A keeps the input (qkv's and fc's norm
@@ -137,7 +145,9 @@ def _saved_bytes_per_token_layer(
         # LoRA rows 7-15% under without it (docs/performance.md).
         attn_in, mlp_in = e * d, e * (d + ffn)
         matmul_inputs = {"attn": attn_in, "mlp": mlp_in, "all": attn_in + mlp_in}.get(lora, 0)
-    if tiled:  # the MLP's inputs and intermediates live one tile at a time (mlp_tile_bytes)
+    if tiled and not fused and not on_gpu:  # a tile keeps its input: ln2's output, counted
+        mlp = 0
+    elif tiled:  # the MLP's inputs and intermediates live one tile at a time (mlp_tile_bytes)
         matmul_inputs = e * (d + q) if not fused else min(matmul_inputs, e * d)
         mlp = e * d
     dropout_masks = 3 * d if dropout > 0 else 0  # one byte per element
@@ -170,6 +180,56 @@ def _score_bytes(cfg: TrainConfig, c: GPTConfig, rows: int, on_gpu: bool) -> int
         return int(rows * c.n_heads * ATTN_CHUNK_QUERIES * cfg.seq_len * score)
     held = 1 if cfg.grad_checkpointing else c.n_layers
     return int(held * rows * c.n_heads * cfg.seq_len**2 * score)
+
+
+def _measured_activations(
+    cfg,
+    c: GPTConfig,
+    precision: str,
+    per_layer: float,
+    tokens: int,
+    fused: bool,
+    on_gpu: bool,
+    tiled: bool,
+) -> float:
+    """What the blocks and the head hold at the peak: on a GPU, and for a fine-tune's fused
+    blocks on the CPU, as measured (docs/performance.md)."""
+    d = c.hidden_dim
+    # The backward's activation gradients and remade tensors are as large as the plain
+    # block's saved activations, whatever the forward kept.
+    grad_layer = _saved_bytes_per_token_layer(c, cfg.dropout, precision, tiled=tiled) * tokens
+    if tiled:
+        grad_layer += _mlp_tile_bytes(c, precision)
+    if cfg.grad_checkpointing:
+        # Only each block's fp32 input is kept; one block is recomputed at a time.
+        activations = c.n_layers * 4 * d * tokens + per_layer
+    else:
+        activations = c.n_layers * per_layer
+    # Embedding sum, ln_f input (fp32) and the head's input; backward needs about one
+    # more block's worth of activation gradients at a time. On the CPU one more under
+    # checkpointing (the recomputed block's forward beside them) and one more for a
+    # fine-tune's fused blocks (what they remake): measured from 256 to 16k tokens, the
+    # first step's runtime counted apart (docs/performance.md).
+    extra = 0 if on_gpu else CPU_EXTRA_BLOCK * (bool(cfg.grad_checkpointing) + fused)
+    activations += 3 * 4 * d * tokens + (1 + extra) * grad_layer
+    return activations
+
+
+def _cpu_activations(
+    cfg, c: GPTConfig, precision: str, per_layer: float, tokens: int, logits: int, tiled: bool
+) -> float:
+    """A new model's blocks on the CPU, as its profile by component shows them
+    (core.training.memory_profile): what the blocks keep, then the larger of the backward's two
+    phases. The loss's comes first: ln_f's input, normalised input and output (fp32) beside
+    the logits' working set (the `logits` row); its logits are freed before a block's
+    backward begins, which holds the recomputed block (checkpointing), the residual stream's
+    gradient in and out (fp32) and the MLP's gradients (one tile's where it runs in tiles)."""
+    d, e = c.hidden_dim, _act_bytes(precision)
+    ckpt = cfg.grad_checkpointing
+    held = c.n_layers * 4 * d * tokens if ckpt else c.n_layers * per_layer
+    mlp = _mlp_tile_bytes(c, precision) if tiled else e * 3 * _token_ffn(c) * tokens
+    block = (per_layer if ckpt else 0) + 2 * 4 * d * tokens + mlp
+    return held + max(3 * 4 * d * tokens, block - logits)
 
 
 @dataclass
@@ -268,30 +328,10 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
     # reference is the adapters-off model under no_grad (nothing kept) or cached log-probs.
     rows = cfg.batch_size * objectives.rows_per_example(cfg)
     tokens = rows * cfg.seq_len
-    d = c.hidden_dim
     fused = bool(cfg.init_from)  # a fine-tune's model (GPTConfig.from_train with a base)
     # LoRA's kept inputs: measured on the CPU; a GPU keeps its constants until measured
     lora = cfg.lora_targets if cfg.lora_rank and not on_gpu else ""
     tiled = mlp_tiled(cfg)
-    per_layer = _saved_bytes_per_token_layer(c, cfg.dropout, precision, fused, lora, tiled) * tokens
-    # The backward's activation gradients and remade tensors are as large as the plain
-    # block's saved activations, whatever the forward kept.
-    grad_layer = _saved_bytes_per_token_layer(c, cfg.dropout, precision, tiled=tiled) * tokens
-    if tiled:
-        grad_layer += _mlp_tile_bytes(c, precision)
-    if cfg.grad_checkpointing:
-        # Only each block's fp32 input is kept; one block is recomputed at a time.
-        activations = c.n_layers * 4 * d * tokens + per_layer
-    else:
-        activations = c.n_layers * per_layer
-    # Embedding sum, ln_f input (fp32) and the head's input; backward needs about one
-    # more block's worth of activation gradients at a time. On the CPU one more under
-    # checkpointing (the recomputed block's forward beside them) and one more for a
-    # fine-tune's fused blocks (what they remake): measured from 256 to 16k tokens, the
-    # first step's runtime counted apart (docs/performance.md).
-    extra = 0 if on_gpu else CPU_EXTRA_BLOCK * (bool(cfg.grad_checkpointing) + fused)
-    activations += 3 * 4 * d * tokens + (1 + extra) * grad_layer
-    activations += _score_bytes(cfg, c, rows, on_gpu)
     e = _act_bytes(precision)
     # LinearCrossEntropy (one fp32 block, in place) serves a plain head; Gemma 2's
     # soft-capped logits take the checkpointed chunks (core.models.loss.fusable).
@@ -299,6 +339,15 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
         logits = min(tokens, chunk_positions(c.vocab_size, fused=True)) * c.vocab_size * 4
     else:  # logits, their fp32 copy and its gradient, for one chunk of positions at a time
         logits = min(tokens, chunk_positions(c.vocab_size)) * c.vocab_size * (e + 4 + 4)
+    per_layer = _saved_bytes_per_token_layer(c, cfg.dropout, precision, fused, lora, tiled, on_gpu)
+    per_layer *= tokens
+    if not fused and not on_gpu:
+        activations = _cpu_activations(cfg, c, precision, per_layer, tokens, logits, tiled)
+    else:
+        activations = _measured_activations(
+            cfg, c, precision, per_layer, tokens, fused, on_gpu, tiled
+        )
+    activations += _score_bytes(cfg, c, rows, on_gpu)
     mixed = precision in ("bf16", "fp16")
     weight_casts = 2 * (n - _position_params(c)) if mixed else 0
     trained, weights = n, 4 * n
