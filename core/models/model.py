@@ -29,6 +29,7 @@ from core.models.fused import Remake, rms_norm, signed_sin, swiglu
 from core.models.fused import rope as fused_rope
 from core.models.loss import lm_loss, sequence_logps, token_logps
 from core.models.moe import LoadMeter, MoE, aux_loss, is_sparse, records
+from core.models.offload import run_blocks, streams_for
 from core.models.tiling import ATTN_CHUNK_QUERIES, MLP_TILE_TOKENS, chunked_causal, tiled, tiles
 
 VOCAB_SIZE = 256  # bytes: no tokenizer to download
@@ -67,6 +68,7 @@ class GPTConfig:
     dropout: float = 0.0
     vocab_size: int = VOCAB_SIZE
     grad_checkpointing: bool = False
+    offload_checkpoints: bool = False  # CUDA: checkpointed inputs wait in pinned RAM
     bias: bool = True  # the default for every bias below that is not set
     n_kv_heads: int | None = None  # grouped-query attention; None: n_heads
     head_dim: int | None = None  # None: hidden_dim // n_heads
@@ -121,6 +123,7 @@ class GPTConfig:
         run = {
             "dropout": cfg.dropout if training else 0.0,
             "grad_checkpointing": cfg.grad_checkpointing and training,
+            "offload_checkpoints": cfg.offload_checkpoints and training,
         }
         if base is not None:
             moe = base.moe
@@ -644,7 +647,10 @@ class GPT(nn.Module):
         positions, mask = packed(segments) if segments is not None else (None, None)
         x, rope = self._embed(idx, positions)
         x = self.drop(x)
-        if self.config.grad_checkpointing and self.training:
+        streams = self._offload_streams(x)
+        if streams is not None:
+            x = run_blocks(self.blocks, x, (rope, mask), streams)
+        elif self.config.grad_checkpointing and self.training:
             for block in self.blocks:
                 x = checkpoint(block, x, rope, mask, use_reentrant=False)
         elif self._remakes():
@@ -693,6 +699,15 @@ class GPT(nn.Module):
         """The head, or (Gemma 2) the head with its logits soft-capped."""
         cap = self.config.logit_softcap
         return self.head if not cap else SoftcappedHead(self.head, cap)
+
+    def _offload_streams(self, x):
+        """The side stream that offloads checkpoints (core.models.offload), where they are
+        on and this forward can use it: a CUDA training forward with gradients, eager."""
+        c = self.config
+        on = c.grad_checkpointing and c.offload_checkpoints and self.training
+        if not on or not torch.is_grad_enabled() or torch.compiler.is_compiling():
+            return None
+        return streams_for(x.device)
 
     def _remakes(self) -> bool:
         """A fine-tune's training forward, eager: under torch.compile the compiler chooses

@@ -202,7 +202,7 @@ def _measured_activations(
         grad_layer += _mlp_tile_bytes(c, precision)
     if cfg.grad_checkpointing:
         # Only each block's fp32 input is kept; one block is recomputed at a time.
-        activations = c.n_layers * 4 * d * tokens + per_layer
+        activations = _kept_inputs(cfg, c, on_gpu) * 4 * d * tokens + per_layer
     else:
         activations = c.n_layers * per_layer
     # Embedding sum, ln_f input (fp32) and the head's input; backward needs about one
@@ -213,6 +213,19 @@ def _measured_activations(
     extra = 0 if on_gpu else CPU_EXTRA_BLOCK * (bool(cfg.grad_checkpointing) + fused)
     activations += 3 * 4 * d * tokens + (1 + extra) * grad_layer
     return activations
+
+
+# Offloaded checkpoints (core.models.offload) leave on the card the last block's input, the one
+# being recomputed and the one on its way back.
+OFFLOAD_KEPT = 3
+
+
+def _kept_inputs(cfg: TrainConfig, c: GPTConfig, on_gpu: bool) -> int:
+    """Block inputs checkpointing keeps on the device: every block's, or (offloaded to RAM,
+    CUDA only) OFFLOAD_KEPT of them."""
+    if on_gpu and cfg.offload_checkpoints:
+        return min(c.n_layers, OFFLOAD_KEPT)
+    return c.n_layers
 
 
 def _cpu_activations(
@@ -475,7 +488,9 @@ def fine_tune_choices(cfg: TrainConfig) -> tuple[TrainConfig, TrainConfig]:
 def ladder(cfg: TrainConfig) -> list[tuple[str, TrainConfig]]:
     """The ways to fine-tune a pretrained model, from the most memory to the least: full
     with AdamW, full with 8-bit AdamW, LoRA on a 16-bit base, QLoRA (a 4-bit base); each
-    first as it is, then with activation checkpointing (a third more compute a step)."""
+    first as it is, then with activation checkpointing (a third more compute a step), and
+    LoRA's then with the checkpoints offloaded to pinned RAM (CUDA: the copies overlap
+    compute)."""
     import dataclasses
 
     full, low = fine_tune_choices(cfg)
@@ -495,13 +510,12 @@ def ladder(cfg: TrainConfig) -> list[tuple[str, TrainConfig]]:
     ]
     out = []
     for name, rung in methods:
-        out.append((name, dataclasses.replace(rung, grad_checkpointing=False)))
-        out.append(
-            (
-                f"{name} with activation checkpointing",
-                dataclasses.replace(rung, grad_checkpointing=True),
-            )
-        )
+        plain = dataclasses.replace(rung, grad_checkpointing=False, offload_checkpoints=False)
+        ckpt = dataclasses.replace(plain, grad_checkpointing=True)
+        out += [(name, plain), (f"{name} with activation checkpointing", ckpt)]
+        if rung.lora_rank:  # at long context the block inputs are what is left on the card
+            offloaded = dataclasses.replace(ckpt, offload_checkpoints=True)
+            out.append((f"{name} + checkpointing offloaded to RAM", offloaded))
     return out
 
 
@@ -587,7 +601,8 @@ def next_rung(cfg: TrainConfig) -> str | None:
 def _rung_key(cfg: TrainConfig) -> tuple:
     sixteen = cfg.base_bits in ("auto", "16", "32")
     opt = recipe.optimizer(cfg) if not cfg.lora_rank else "adamw"
-    return (bool(cfg.lora_rank), opt, sixteen, bool(cfg.grad_checkpointing))
+    ckpt, offloaded = bool(cfg.grad_checkpointing), bool(cfg.offload_checkpoints)
+    return (bool(cfg.lora_rank), opt, sixteen, ckpt, offloaded)
 
 
 # A card sold as T GB shows about T GiB; the driver, the desktop and other programs hold some
