@@ -30,7 +30,14 @@ from core.models.fused import rope as fused_rope
 from core.models.loss import lm_loss, sequence_logps, token_logps
 from core.models.moe import LoadMeter, MoE, aux_loss, is_sparse, records
 from core.models.offload import run_blocks, streams_for
-from core.models.tiling import ATTN_CHUNK_QUERIES, MLP_TILE_TOKENS, chunked_causal, tiled, tiles
+from core.models.tiling import (
+    ATTN_CHUNK_QUERIES,
+    MLP_TILE_TOKENS,
+    Segments,
+    chunked_causal,
+    tiled,
+    tiles,
+)
 
 VOCAB_SIZE = 256  # bytes: no tokenizer to download
 NORMS = ("layernorm", "rmsnorm")
@@ -480,17 +487,16 @@ class Block(nn.Module):
         return x + self.mlp(self.ln2(x)), kv
 
 
-def packed(segments: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Positions restarting at each example, and the attention mask (B, 1, T, T) that is
-    causal within an example and closed across examples."""
+def packed(segments: torch.Tensor) -> tuple[torch.Tensor, Segments]:
+    """Positions restarting at each example, and the examples for the attention mask, which
+    is causal within an example and closed across examples: made a chunk of queries at a time
+    (core.models.tiling.causal_rows), never T x T whole at long context."""
     t = segments.shape[1]
     index = torch.arange(t, device=segments.device).expand_as(segments)
     begins = torch.ones_like(segments, dtype=torch.bool)
     begins[:, 1:] = segments[:, 1:] != segments[:, :-1]
     first = torch.where(begins, index, torch.zeros_like(index)).cummax(dim=1).values
-    causal = torch.ones(t, t, dtype=torch.bool, device=segments.device).tril()
-    same = segments[:, :, None] == segments[:, None, :]
-    return index - first, (same & causal).unsqueeze(1)
+    return index - first, Segments(segments)
 
 
 class SoftcappedHead:
