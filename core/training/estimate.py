@@ -6,7 +6,7 @@ The activation model counts what autograd saves per token per layer for this GPT
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from core.config import methods, recipe
 from core.config.spec import LIMITS, TrainConfig
@@ -24,6 +24,7 @@ from core.models.params import (
 )
 from core.models.tiling import ATTN_CHUNK_QUERIES, MLP_TILE_TOKENS
 from core.platform.device import pick_precision
+from core.training import memory_profile as mp
 from core.training import objectives
 
 GB = 1024**3
@@ -191,28 +192,32 @@ def _measured_activations(
     fused: bool,
     on_gpu: bool,
     tiled: bool,
-) -> float:
-    """What the blocks and the head hold at the peak: on a GPU, and for a fine-tune's fused
-    blocks on the CPU, as measured (docs/performance.md)."""
+    logits: int,
+) -> dict[str, float]:
+    """What the blocks and the head hold at the peak, by component (logits included): on a
+    GPU, and for a fine-tune's fused blocks on the CPU, as measured (docs/performance.md)."""
     d = c.hidden_dim
     # The backward's activation gradients and remade tensors are as large as the plain
     # block's saved activations, whatever the forward kept.
     grad_layer = _saved_bytes_per_token_layer(c, cfg.dropout, precision, tiled=tiled) * tokens
     if tiled:
         grad_layer += _mlp_tile_bytes(c, precision)
+    parts = {}
     if cfg.grad_checkpointing:
         # Only each block's fp32 input is kept; one block is recomputed at a time.
-        activations = _kept_inputs(cfg, c, on_gpu) * 4 * d * tokens + per_layer
+        parts[mp.SAVED] = _kept_inputs(cfg, c, on_gpu) * 4 * d * tokens
+        parts[mp.RECOMPUTE] = per_layer
     else:
-        activations = c.n_layers * per_layer
+        parts[mp.SAVED] = c.n_layers * per_layer
     # Embedding sum, ln_f input (fp32) and the head's input; backward needs about one
     # more block's worth of activation gradients at a time. On the CPU one more under
     # checkpointing (the recomputed block's forward beside them) and one more for a
     # fine-tune's fused blocks (what they remake): measured from 256 to 16k tokens, the
     # first step's runtime counted apart (docs/performance.md).
     extra = 0 if on_gpu else CPU_EXTRA_BLOCK * (bool(cfg.grad_checkpointing) + fused)
-    activations += 3 * 4 * d * tokens + (1 + extra) * grad_layer
-    return activations
+    parts[mp.LOSS] = 3 * 4 * d * tokens + logits
+    parts[mp.GRADS] = (1 + extra) * grad_layer
+    return parts
 
 
 # Offloaded checkpoints (core.models.offload) leave on the card the last block's input, the one
@@ -230,7 +235,7 @@ def _kept_inputs(cfg: TrainConfig, c: GPTConfig, on_gpu: bool) -> int:
 
 def _cpu_activations(
     cfg, c: GPTConfig, precision: str, per_layer: float, tokens: int, logits: int, tiled: bool
-) -> float:
+) -> dict[str, float]:
     """A new model's blocks on the CPU, as its profile by component shows them
     (core.training.memory_profile): what the blocks keep, then the larger of the backward's two
     phases. The loss's comes first: ln_f's input, normalised input and output (fp32) beside
@@ -241,8 +246,13 @@ def _cpu_activations(
     ckpt = cfg.grad_checkpointing
     held = c.n_layers * 4 * d * tokens if ckpt else c.n_layers * per_layer
     mlp = _mlp_tile_bytes(c, precision) if tiled else e * 3 * _token_ffn(c) * tokens
-    block = (per_layer if ckpt else 0) + 2 * 4 * d * tokens + mlp
-    return held + max(3 * 4 * d * tokens, block - logits)
+    block = {
+        mp.RECOMPUTE: per_layer if ckpt else 0,
+        mp.MLP: mlp,
+        mp.GRADS: 2 * 4 * d * tokens,
+    }
+    loss = {mp.LOSS: 3 * 4 * d * tokens + logits}
+    return {mp.SAVED: held, **(block if sum(block.values()) > loss[mp.LOSS] else loss)}
 
 
 @dataclass
@@ -267,6 +277,8 @@ class Estimate:
     generation: int = 0
     generation_row: str = "sampling"
     runtime: int = 0  # the CPU: what torch's first step loads for good (CPU_RUNTIME_BYTES)
+    # activations and logits at the step's peak by component (memory_profile's names)
+    step_parts: dict = field(default_factory=dict)
 
     @property
     def allocator_peak(self) -> int:
@@ -295,6 +307,32 @@ class Estimate:
             ("CUDA context", self.cuda_context),
             *([("torch runtime (first step)", self.runtime)] if self.runtime else []),
         ]
+
+    def components(self) -> list[tuple[str, int]]:
+        """The peak by component, in the words of the measured profile
+        (core.training.memory_profile): what the details and benchmarks show side by side."""
+        step = self.activations + self.logits
+        moment = {k: v for k, v in self.step_parts.items() if v}
+        if max(self.snapshot, self.generation) > step:  # the step's peak is elsewhere
+            name = self.generation_row if self.generation > self.snapshot else "checkpoint copy"
+            moment = {name: max(self.snapshot, self.generation)}
+        parts = {
+            mp.BASELINE: self.runtime + self.cuda_context,
+            mp.WEIGHTS: self.weights + self.weight_casts,
+            mp.TRAINABLE: self.gradients + self.optimizer,
+            **moment,
+            mp.SLACK: self.fragmentation,
+        }
+        known = [name for name in mp.ORDER if parts.get(name)]
+        return [(n, parts[n]) for n in known] + [
+            (n, v) for n, v in parts.items() if n not in mp.ORDER and v
+        ]
+
+    def components_lines(self) -> list[str]:
+        rows = self.components()
+        total = sum(v for _, v in rows) or 1
+        lines = [f"{name:<24} {v / MB:>10.1f} MiB {100 * v / total:5.1f}%" for name, v in rows]
+        return [*lines, f"{'total':<24} {total / MB:>10.1f} MiB"]
 
     def report(self) -> str:
         lines = [f"{name:<26} {size / MB:>10.1f} MiB" for name, size in self.breakdown()]
@@ -355,12 +393,13 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
     per_layer = _saved_bytes_per_token_layer(c, cfg.dropout, precision, fused, lora, tiled, on_gpu)
     per_layer *= tokens
     if not fused and not on_gpu:
-        activations = _cpu_activations(cfg, c, precision, per_layer, tokens, logits, tiled)
+        parts = _cpu_activations(cfg, c, precision, per_layer, tokens, logits, tiled)
     else:
-        activations = _measured_activations(
-            cfg, c, precision, per_layer, tokens, fused, on_gpu, tiled
+        parts = _measured_activations(
+            cfg, c, precision, per_layer, tokens, fused, on_gpu, tiled, logits
         )
-    activations += _score_bytes(cfg, c, rows, on_gpu)
+    parts[mp.ATTENTION] = _score_bytes(cfg, c, rows, on_gpu)
+    activations = sum(parts.values()) - logits  # the logits are their own row
     mixed = precision in ("bf16", "fp16")
     weight_casts = 2 * (n - _position_params(c)) if mixed else 0
     trained, weights = n, 4 * n
@@ -393,6 +432,7 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
         snapshot=0 if on_gpu else 4 * (trained if cfg.lora_rank else n) + optimizer,
         generation=generation,
         generation_row=methods.of(cfg).sampling_row or "sampling",
+        step_parts={k: int(v) for k, v in parts.items() if v},
     )
 
 
