@@ -133,11 +133,12 @@ def _saved_bytes_per_token_layer(
     # GELU: its input and the projection's input; SwiGLU: gate and up, silu(gate), product
     mlp = e * (2 * ffn if c.mlp != "swiglu" else 4 * ffn)
     if not fused and not on_gpu:  # as the CPU's profile shows what the plain block keeps
-        # each norm keeps its normalised fp32 input too; qkv's whole output stays alive under
-        # v (a view of it) beside RoPE's new q and k; proj's input is attention's output and
-        # fc2's input the MLP's product, both counted already: the norms' outputs remain
-        fp32_residual += 2 * 4 * d
-        attention += e * (q + kv)
+        # RMSNorm keeps its normalised fp32 input too (LayerNorm: statistics only); qkv's
+        # whole output stays alive under v (a view of it) beside RoPE's new q and k; proj's
+        # input is attention's output and fc2's input the MLP's product, both counted
+        # already: the norms' outputs remain
+        fp32_residual += 2 * 4 * d if c.norm == "rmsnorm" else 0
+        attention += e * (q + kv) if c.positions == "rope" else 0
         matmul_inputs = e * 2 * d
     if fused:  # the linears' inputs are remade or kept as attention's output already
         matmul_inputs, mlp = 0, e * 2 * ffn  # gate and up; GELU: its input and output
