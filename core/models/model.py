@@ -711,6 +711,9 @@ class GPT(nn.Module):
         on and this forward can use it: a CUDA training forward with gradients, eager."""
         c = self.config
         on = c.grad_checkpointing and c.offload_checkpoints and self.training
+        # an MoE's router loss reads its forward's routes, which the offloaded forward
+        # (run without gradients) would leave without any: plain checkpointing there
+        on = on and not self.moe_layers
         if not on or not torch.is_grad_enabled() or torch.compiler.is_compiling():
             return None
         return streams_for(x.device)

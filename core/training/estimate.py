@@ -229,7 +229,7 @@ OFFLOAD_KEPT = 3
 def _kept_inputs(cfg: TrainConfig, c: GPTConfig, on_gpu: bool) -> int:
     """Block inputs checkpointing keeps on the device: every block's, or (offloaded to RAM,
     CUDA only) OFFLOAD_KEPT of them."""
-    if on_gpu and cfg.offload_checkpoints:
+    if on_gpu and cfg.offload_checkpoints and not c.moe:  # an MoE keeps them (GPT.forward)
         return min(c.n_layers, OFFLOAD_KEPT)
     return c.n_layers
 
@@ -549,12 +549,12 @@ def ladder(cfg: TrainConfig) -> list[tuple[str, TrainConfig]]:
         (f"LoRA rank {rank} (16-bit base)", sixteen),
         (f"QLoRA: LoRA rank {rank} on a 4-bit base", four),
     ]
-    out = []
+    out, dense = [], not model_shape(cfg).moe  # an MoE keeps its checkpoints (GPT.forward)
     for name, rung in methods:
         plain = dataclasses.replace(rung, grad_checkpointing=False, offload_checkpoints=False)
         ckpt = dataclasses.replace(plain, grad_checkpointing=True)
         out += [(name, plain), (f"{name} with activation checkpointing", ckpt)]
-        if rung.lora_rank:  # at long context the block inputs are what is left on the card
+        if rung.lora_rank and dense:  # at long context the block inputs are what is left
             offloaded = dataclasses.replace(ckpt, offload_checkpoints=True)
             out.append((f"{name} + checkpointing offloaded to RAM", offloaded))
     return out
