@@ -122,7 +122,9 @@ def _saved_bytes_per_token_layer(
     """Bytes autograd keeps per token per block for the backward pass. fused: a fine-tune's
     model (core.models.fused), which remakes the norms' and SwiGLU's outputs in backward;
     lora: its LoRA targets, whose inputs the adapters keep for their gradients; tiled: the
-    MLP runs in checkpointed tiles (core.models.tiling), which keep only their input."""
+    MLP runs in checkpointed tiles (core.models.tiling), which keep only their input; on_gpu
+    False: a new model's block counted as the CPU's profile shows it (a GPU keeps the
+    constants it was measured with until a GPU measures it again)."""
     d, e = c.hidden_dim, _act_bytes(precision)
     q, kv, ffn = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, _token_ffn(c)
     fp32_residual = 2 * 4 * d  # norm inputs: the residual stream stays fp32 under autocast
