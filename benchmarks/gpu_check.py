@@ -15,7 +15,8 @@ Sections, most important first (--only takes letters or names, comma separated):
   f nvml        utilization, temperature, power and memory land in metrics.jsonl
   g torchrun    torchrun --nproc_per_node 1 with NCCL trains
   h tiers       each tier preset trains under a memory fraction equal to its tier
-  i long        long context (skipped: that issue has not landed)
+  i long        long context: the estimate's longest context for a 0.5B and a 1.5B model in
+                16 and 24 GB, with and without offloaded checkpoints; two of them trained
 
 Each section predicts its GPU time from its FLOPs and bytes before it runs and is skipped,
 with a line, when that would not leave the later sections their predicted time. It writes
@@ -1174,12 +1175,131 @@ def run_tiers(ck, sec: Section) -> None:
         ck.report.save()
 
 
+# -- (i) long context --------------------------------------------------------------------------
+
+# Qwen2.5-1.5B's shape (1.54B parameters), for the long-context predictions only.
+ONE_HALF_B = dict(
+    HALF_B,
+    hidden_size=1536,
+    intermediate_size=8960,
+    num_hidden_layers=28,
+    num_attention_heads=12,
+)
+# Their own context is lifted to the field's limit (65,536), so the card decides.
+LONG_MODELS = {
+    "0.5B": dict(HALF_B, max_position_embeddings=65536),
+    "1.5B": dict(ONE_HALF_B, max_position_embeddings=65536),
+}
+LONG_CARDS = (16, 24)  # GB, as Unsloth's context-per-VRAM table
+# The two points trained: the 1.5B model at its longest predicted context in 16 GB, without
+# and with the checkpoints offloaded to RAM (a memory fraction makes the card 16 GB); the
+# 0.5B model reaches the field's limit there either way.
+LONG_VERIFIED = (("1.5B", 16, False), ("1.5B", 16, True))
+STARTS["long"] = ("qwen2", "Qwen2ForCausalLM", "Qwen2Config", LONG_MODELS["1.5B"], TOY_B)
+
+
+def long_folder(ck, name: str) -> Path:
+    folder = ck.work / f"long-{name}-config"
+    if not folder.exists():
+        folder.mkdir(parents=True)
+        _write(folder / "config.json", json.dumps(qwen_config_json(LONG_MODELS[name])))
+    return folder
+
+
+def long_cfg(ck, folder: Path, seq: int, offload: bool, steps: int = 2):
+    """LoRA r16 with activation checkpointing at batch 1 (bf16 on a GPU)."""
+    from core.config.spec import TrainConfig, validate
+    from core.weights.loader import apply_pretrained, config_only
+
+    cfg = TrainConfig(
+        init_from=str(folder),
+        seq_len=seq,
+        batch_size=1,
+        grad_accum=1,
+        tokenizer="model",
+        max_data_bytes=2_000_000,
+        grad_checkpointing=True,
+        offload_checkpoints=offload,
+        max_steps=steps,
+        **LORA,
+    )
+    return validate(apply_pretrained(validate(cfg), config_only(folder)))
+
+
+def long_predictions(ck) -> list[dict]:
+    """The longest context the estimate gives each model, card and offload setting."""
+    from core.training.estimate import longest_context, usable_bytes
+
+    rows = []
+    for name in LONG_MODELS:
+        for gb in LONG_CARDS:
+            for offload in (False, True):
+                cfg = long_cfg(ck, long_folder(ck, name), 2048, offload)
+                longest = longest_context(cfg, usable_bytes(gb * GiB), on_gpu=True)
+                rows.append({"model": name, "card GB": gb, "offload": offload, "longest": longest})
+    return rows
+
+
 def plan_long(ck, full: bool) -> list[Job]:
-    return []
+    jobs = [Job("build the 1.5B model", fixed_s=build_s(ck, full))]
+    if not (full or ck.cuda):  # the CPU trains the toy at a short context
+        return jobs + [Job(f"point {i}", fixed_s=ck.rates.setup_s) for i in (1, 2)]
+    preds = {(r["model"], r["card GB"], r["offload"]): r["longest"] for r in long_predictions(ck)}
+    for point in LONG_VERIFIED:
+        cfg = long_cfg(ck, long_folder(ck, point[0]), preds[point] or 1024, point[2])
+        jobs.append(Job(f"{point[0]} {point[1]} GB offload={point[2]}", cfg))
+    return jobs
 
 
 def run_long(ck, sec: Section) -> None:
-    sec.lines.append("skipped: the long-context issue has not landed")
+    from core.training.estimate import estimate
+
+    preds = long_predictions(ck)
+    sec.lines.append(
+        "predicted longest context, LoRA r16 + checkpointing, batch 1: "
+        + "; ".join(
+            f"{r['model']} {r['card GB']} GB{' offloaded' if r['offload'] else ''} {r['longest']:,}"
+            for r in preds
+        )
+    )
+    longest = {(r["model"], r["card GB"], r["offload"]): r["longest"] for r in preds}
+    total = torch.cuda.get_device_properties(0).total_memory if ck.cuda else 0
+    if not ck.cuda:
+        sec.lines.append("CPU: the two points train at 256 tokens, no memory fraction")
+    for name, gb, offload in LONG_VERIFIED:
+        label = f"{name} {gb} GB offload={offload}"
+        job = Job(label, fixed_s=build_s(ck, False))
+        if not sec.allows(ck, job):
+            continue
+        # the predicted point on a GPU; the toy at 256 tokens in a smoke run or on the CPU
+        seq = longest[(name, gb, offload)] if ck.cuda and not ck.smoke else 256
+        cfg = ck.base(long_cfg(ck, model_folder(ck, "long"), seq, offload), ck.steps(2))
+        cfg = dataclasses.replace(cfg, seq_len=seq, batch_size=1)
+        fraction = min(1.0, gb * GiB / total) if ck.cuda else None
+        if fraction:
+            torch.cuda.set_per_process_memory_fraction(fraction)
+        try:
+            run = train(ck, cfg, f"long-{name}-{gb}-{offload}")
+        finally:
+            if fraction:
+                torch.cuda.set_per_process_memory_fraction(1.0)
+        est = estimate(run.cfg, on_gpu=ck.cuda)
+        row = {
+            "point": label,
+            "seq": run.cfg.seq_len,
+            "status": run.result["status"],
+            "OOM recoveries": len(run.ooms),
+            "estimate device GiB": est.device_total / GiB,
+            "tokens/s": run.tokens_per_s(),
+        }
+        if ck.cuda:
+            row |= {
+                "max_allocated GiB": run.peak / GiB,
+                "error alloc": est.allocator_peak / run.peak - 1,
+                "reserved GiB": run.reserved / GiB,
+            }
+        sec.rows.append(row)
+        ck.report.save()
 
 
 PLANS = {

@@ -73,7 +73,7 @@ def one_side(a, profile: bool) -> dict:
     if a.side == "peft":
         step, _, _ = finetune.peft_side(a)
     else:
-        model, opt, _ = finetune.traindeck_model(a)
+        model, opt, cfg = finetune.traindeck_model(a)
         step = traindeck_step(model, opt)
     loaded = finetune.rss_mb() * MB
     data = finetune.batches(a.tokens, a.steps + (1 if profile else 0), 1, a.seq)
@@ -90,6 +90,10 @@ def one_side(a, profile: bool) -> dict:
         "peak_mb": finetune.rss_mb("VmHWM"),
         "tokens_per_s": a.seq / sorted(times)[len(times) // 2],
     }
+    if a.side != "peft":
+        from core.training.estimate import estimate
+
+        out["estimate"] = dict(estimate(cfg, on_gpu=False).components())
     if profile and a.side != "peft":
         out["profile"] = profile_parts(model, opt, step, data[-1], baseline, out["peak_mb"] * MB)
     return out
@@ -140,11 +144,17 @@ def run_side(folder, tokens, side, seq, steps, threads, profile) -> dict:
 
 
 def print_profile(r: dict) -> None:
+    """The measured peak by component beside the estimate's (core.training.estimate)."""
     from core.training.memory_profile import Profile
 
     p = Profile(parts=r["profile"]["parts"], peak_rss=r["peak_mb"] * MB)
+    est = r.get("estimate", {})
     print(f"TrainDeck at {r['seq']:,} tokens, peak {r['peak_mb']:,.0f} MB by component:")
-    print("\n".join(p.lines()))
+    print(f"  {'':<22} {'measured':>12} {'':>6} {'estimate':>9}")
+    for line in p.lines():
+        name = line[2:24].strip()
+        guess = sum(est.values()) if name == "total" else est.get(name, 0)
+        print(f"{line} {guess / MB:9,.0f} MB")
 
 
 def main() -> None:

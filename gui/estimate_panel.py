@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import html
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QGroupBox, QHBoxLayout, QLabel, QProgressBar, QPushButton, QVBoxLayout
@@ -30,6 +30,7 @@ class Fit:
     free: int | None  # bytes free on the device it runs on; None when unknown
     on_gpu: bool
     report: str
+    components: list[str] = field(default_factory=list)  # the peak by component, a line each
 
     @property
     def usable(self) -> int | None:
@@ -51,9 +52,11 @@ def judge(cfg: TrainConfig, info: HardwareInfo) -> Fit:
     gpu = info.gpu_for(cfg.device)
     if gpu is not None:
         est = estimate(cfg, on_gpu=True)
-        return Fit(est.device_total, gpu.get("free_bytes"), True, est.report())
-    est = estimate(cfg, on_gpu=False)  # core resolves "auto" to fp32 on the CPU
-    return Fit(est.device_total, info.cpu.get("ram_free_bytes"), False, est.report())
+        free, on_gpu = gpu.get("free_bytes"), True
+    else:
+        est = estimate(cfg, on_gpu=False)  # core resolves "auto" to fp32 on the CPU
+        free, on_gpu = info.cpu.get("ram_free_bytes"), False
+    return Fit(est.device_total, free, on_gpu, est.report(), est.components_lines())
 
 
 def context_hint(cfg: TrainConfig, info: HardwareInfo) -> tuple[str, bool]:
@@ -138,8 +141,17 @@ class EstimatePanel(QGroupBox):
         self.choice = QLabel()  # what "Fit to my GPU" chose for a pretrained start, and why
         self.choice.setWordWrap(True)
         self.choice.setVisible(False)
+        # the estimate's peak by component, as benchmarks/long_context.py measures it
+        self.details_button = QPushButton("Details")
+        self.details_button.setCheckable(True)
+        self.details = QLabel()
+        self.details.setTextFormat(Qt.TextFormat.RichText)
+        self.details.setVisible(False)
+        self.details_button.toggled.connect(self.details.setVisible)
         layout.addLayout(row)
         layout.addWidget(self.label)
+        layout.addWidget(self.details_button, 0, Qt.AlignmentFlag.AlignLeft)
+        layout.addWidget(self.details)
         layout.addWidget(self.choice)
         self.set_info(info)
 
@@ -171,6 +183,7 @@ class EstimatePanel(QGroupBox):
             self.bar.setValue(0)
             self.bar.setFormat("—")
             self.label.setText("Fix the flagged setting to see the estimate.")
+            self.details.setText("")
             return
         self.fit = judge(cfg, self.info)
         share = self.fit.need / self.fit.usable if self.fit.usable else 0.0
@@ -185,6 +198,8 @@ class EstimatePanel(QGroupBox):
             if line := base_line(cfg):
                 text += "\n" + line
         self.label.setText(text)
+        lines = html.escape("\n".join(["peak by component (estimate):", *self.fit.components]))
+        self.details.setText(f"<pre>{lines}</pre>")
         self.setToolTip(
             self.fit.report + f"\n\n{SAFETY_MARGIN:.0%} of free memory is kept as a margin."
         )

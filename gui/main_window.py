@@ -272,6 +272,7 @@ class MainWindow(QMainWindow):
             lora_rank=fitted.lora_rank,
             lora_alpha=fitted.lora_alpha,
             grad_checkpointing=fitted.grad_checkpointing,
+            offload_checkpoints=fitted.offload_checkpoints,
             optimizer=fitted.optimizer,
             base_bits=fitted.base_bits,
             batch_size=fitted.batch_size,

@@ -327,6 +327,13 @@ class ExecutionFields:
         label="Gradient checkpointing",
         group=EXECUTION,
     )
+    offload_checkpoints: bool = spec(
+        False,
+        "with gradient checkpointing on a CUDA GPU: keep each layer's saved input in pinned RAM "
+        "(fetched back a layer ahead) for longer contexts; no effect on the CPU",
+        label="Offload checkpoints to RAM",
+        group=EXECUTION,
+    )
     deterministic: bool = spec(
         False,
         "deterministic kernels, so CUDA runs repeat bit for bit (slower)",

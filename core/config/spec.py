@@ -188,6 +188,12 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     _check_base_bits(values)
     _check_method(values)
     _check_experts(values)
+    if values["offload_checkpoints"] and not values["grad_checkpointing"]:
+        raise ConfigError(
+            "offload_checkpoints: offloads gradient checkpointing's saved inputs; turn on "
+            "grad_checkpointing too",
+            field="offload_checkpoints",
+        )
     if values["lora_rank"] == 0 and values["lora_alpha"] is not None:
         raise ConfigError(
             "lora_alpha: set only with lora_rank > 0 (rank 0 is full fine-tuning)",

@@ -107,7 +107,11 @@ def _build_pairs(spec: DataSpec, listing, target: Path, tokenizer, progress_cb, 
         "unit": "pairs",
         "train": out["train"].pairs,
         "val": out["val"].pairs,
-        "truncated": out["train"].truncated + out["val"].truncated,
+        **{
+            k: getattr(out["train"], k) + getattr(out["val"], k)
+            for k in ("truncated", "cut_tokens")
+        },
+        "longest": max(out["train"].longest, out["val"].longest),
         "bad_lines": examples.bad_lines,
         "seq_len": chat.seq_len,
     }

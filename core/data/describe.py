@@ -25,11 +25,15 @@ def describe_chat(cfg: TrainConfig, tokenizer=None) -> str:
     tokenizer = tokenizer or bytes_tokenizer()
     files = find_sources(cfg.data, cfg.data_extensions, 0, chat=True).files
     columns = tables.columns_of(cfg)
-    if preference.holds_pairs(files, columns):
-        line = preference.summary(files, columns)
-        return line[0].upper() + line[1:]
     template = template_of(tokenizer)
     tokens = {**render_vars(tokenizer), **thinking_vars(template, cfg.thinking)}
+    if preference.holds_pairs(files, columns):
+
+        def render(prompt, answer):
+            return len(preference.encode_side(tokenizer, template, prompt, answer, tokens)[0])
+
+        line = preference.summary(files, columns, cfg.seq_len, render)
+        return line[0].upper() + line[1:]
     columns = tables.columns_of(cfg)
     line = summary(files, cfg.seq_len, tokenizer, template, tokens, cfg.drop_long, columns)
     note = "" if cfg.train_on_prompts else "; loss on answers only"

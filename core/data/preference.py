@@ -92,6 +92,8 @@ class PairRows:
     weights: list = field(default_factory=list)
     pairs: int = 0
     truncated: int = 0  # pairs with a side cut to the row
+    cut_tokens: int = 0  # tokens the cuts lost, both sides
+    longest: int = 0  # the longest side, in tokens, before a cut
 
     def add(self, chosen: tuple[np.ndarray, int], rejected: tuple[np.ndarray, int]) -> str:
         """Add one pair; what is wrong with it instead (nothing added) when the context
@@ -110,7 +112,23 @@ class PairRows:
             self.weights.append(weights)
         self.pairs += 1
         self.truncated += any(cut for _, _, cut in sides)
+        lengths = [len(ids) for ids, _ in (chosen, rejected)]
+        self.cut_tokens += sum(max(0, n - self.row) for n in lengths)
+        self.longest = max(self.longest, *lengths)
         return ""
+
+
+def long_line(long: int, total: int, seq_len: int, longest: int, cut: int) -> str:
+    """What happened to the pairs with a side longer than the context, in one sentence for
+    the log and the window (as chatdata.long_line says it of chat examples); empty for none.
+    A side keeps its prompt's end and its answer's beginning (fit)."""
+    if not long:
+        return ""
+    return (
+        f"{long:,} of {total:,} pairs had a side longer than seq_len {seq_len:,} and were cut "
+        f"(longest {longest:,} tokens; {cut:,} tokens lost): the prompt keeps its end, the "
+        "answer its beginning"
+    )
 
 
 def holds_pairs(files, columns: dict | None = None) -> bool:
@@ -128,13 +146,31 @@ def holds_pairs(files, columns: dict | None = None) -> bool:
     return False
 
 
-def summary(files, columns: dict | None = None) -> str:
-    """One line for the window: how many pairs, and which bad lines there are."""
-    from core.data.chatdata import read_examples
+def summary(files, columns: dict | None = None, seq_len: int = 0, render=None) -> str:
+    """One line for the window: how many pairs, how many have a side longer than seq_len
+    (render(prompt, answer) -> its tokens; a sample of a large set), and which bad lines
+    there are."""
+    from core.data.chatdata import SUMMARY_SAMPLE, read_examples
 
     found = read_examples(files, True, parse_pair, columns)
-    line = f"preference data: {len(found.conversations):,} pairs (prompt, chosen, rejected)"
+    n = len(found.conversations)
+    line = f"preference data: {n:,} pairs (prompt, chosen, rejected)"
     line += "; trained with DPO, the answers of each pair compared"
+    if render is not None and n:
+        step = max(1, n // SUMMARY_SAMPLE)
+        sample = found.conversations[::step]
+        lengths = [[render(p, a) for a in (c, r)] for p, c, r in sample]
+        long = [sides for sides in lengths if max(sides) > seq_len + 1]
+        if long and step == 1:
+            cut = sum(max(0, k - seq_len - 1) for sides in long for k in sides)
+            line += "; " + long_line(len(long), n, seq_len, max(map(max, long)), cut)
+        elif long:
+            line += (
+                f"; {len(long) / len(sample):.0%} of a sample of {len(sample):,} pairs have a "
+                f"side longer than seq_len {seq_len:,}, to be cut"
+            )
+        else:
+            line += f"; none longer than seq_len {seq_len:,}"
     if found.bad_lines:
         line += f"; {found.bad_lines:,} bad line(s), e.g. {found.first_bad.removeprefix('data: ')}"
     return line

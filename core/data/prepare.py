@@ -122,6 +122,11 @@ def examples_line(manifest: dict) -> str:
 
 def long_examples(ex: dict) -> str:
     """The manifest's examples longer than the context, in chatdata.long_line's sentence."""
+    if ex.get("unit") == "pairs":
+        total = ex["train"] + ex["val"]
+        return preference.long_line(
+            ex["truncated"], total, ex["seq_len"], ex["longest"], ex["cut_tokens"]
+        )
     drop = bool(ex.get("dropped"))
     total = ex["train"] + ex["val"] + ex.get("dropped", 0) + ex.get("no_answer", 0)
     long = ex.get("dropped", 0) if drop else ex.get("truncated", 0)

@@ -31,6 +31,7 @@ from core.models.fused import Remake, rms_norm, signed_sin, swiglu
 from core.models.fused import rope as fused_rope
 from core.models.loss import lm_loss, sequence_logps, token_logps
 from core.models.moe import LoadMeter, MoE, aux_loss, is_sparse, records
+from core.models.offload import run_blocks, streams_for
 from core.models.per_layer import (
     PerLayerGate,
     PerLayerInputs,
@@ -42,7 +43,14 @@ from core.models.per_layer import (
     layer_shape,
     unit_rms,
 )
-from core.models.tiling import ATTN_CHUNK_QUERIES, MLP_TILE_TOKENS, chunked_causal, tiled, tiles
+from core.models.tiling import (
+    ATTN_CHUNK_QUERIES,
+    MLP_TILE_TOKENS,
+    Segments,
+    chunked_causal,
+    tiled,
+    tiles,
+)
 
 VOCAB_SIZE = 256  # bytes: no tokenizer to download
 NORMS = ("layernorm", "rmsnorm")
@@ -82,6 +90,7 @@ class GPTConfig:
     dropout: float = 0.0
     vocab_size: int = VOCAB_SIZE
     grad_checkpointing: bool = False
+    offload_checkpoints: bool = False  # CUDA: checkpointed inputs wait in pinned RAM
     bias: bool = True  # the default for every bias below that is not set
     n_kv_heads: int | None = None  # grouped-query attention; None: n_heads
     head_dim: int | None = None  # None: hidden_dim // n_heads
@@ -149,6 +158,7 @@ class GPTConfig:
         run = {
             "dropout": cfg.dropout if training else 0.0,
             "grad_checkpointing": cfg.grad_checkpointing and training,
+            "offload_checkpoints": cfg.offload_checkpoints and training,
         }
         if base is not None:
             moe = base.moe
@@ -598,17 +608,16 @@ class Block(nn.Module):
         return self._last(x + self._mlp(x), side), kv
 
 
-def packed(segments: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Positions restarting at each example, and the attention mask (B, 1, T, T) that is
-    causal within an example and closed across examples."""
+def packed(segments: torch.Tensor) -> tuple[torch.Tensor, Segments]:
+    """Positions restarting at each example, and the examples for the attention mask, which
+    is causal within an example and closed across examples: made a chunk of queries at a time
+    (core.models.tiling.causal_rows), never T x T whole at long context."""
     t = segments.shape[1]
     index = torch.arange(t, device=segments.device).expand_as(segments)
     begins = torch.ones_like(segments, dtype=torch.bool)
     begins[:, 1:] = segments[:, 1:] != segments[:, :-1]
     first = torch.where(begins, index, torch.zeros_like(index)).cummax(dim=1).values
-    causal = torch.ones(t, t, dtype=torch.bool, device=segments.device).tril()
-    same = segments[:, :, None] == segments[:, None, :]
-    return index - first, (same & causal).unsqueeze(1)
+    return index - first, Segments(segments)
 
 
 class SoftcappedHead:
@@ -776,7 +785,10 @@ class GPT(nn.Module):
         x, rope = self._embed(idx, positions)
         side = self._side(idx, x)
         x = self.drop(x)
-        if self.config.grad_checkpointing and self.training:
+        streams = self._offload_streams(x)
+        if streams is not None:
+            x = run_blocks(self.blocks, x, (rope, mask), streams)
+        elif self.config.grad_checkpointing and self.training:
             for block in self.blocks:
                 m = starts if block.linear else mask
                 x = checkpoint(block, x, rope, m, None, side, use_reentrant=False)
@@ -843,6 +855,18 @@ class GPT(nn.Module):
         """The head, or (Gemma 2) the head with its logits soft-capped."""
         cap = self.config.logit_softcap
         return self.head if not cap else SoftcappedHead(self.head, cap)
+
+    def _offload_streams(self, x):
+        """The side stream that offloads checkpoints (core.models.offload), where they are
+        on and this forward can use it: a CUDA training forward with gradients, eager."""
+        c = self.config
+        on = c.grad_checkpointing and c.offload_checkpoints and self.training
+        # an MoE's router loss reads its forward's routes, which the offloaded forward
+        # (run without gradients) would leave without any: plain checkpointing there
+        on = on and not self.moe_layers
+        if not on or not torch.is_grad_enabled() or torch.compiler.is_compiling():
+            return None
+        return streams_for(x.device)
 
     def _remakes(self) -> bool:
         """A fine-tune's training forward, eager: under torch.compile the compiler chooses

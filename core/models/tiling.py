@@ -42,21 +42,36 @@ def query_chunks(t: int, chunk: int) -> list[tuple[int, int]]:
     return [(i, min(t, i + chunk)) for i in range(0, t, chunk)]
 
 
-def causal_rows(i: int, j: int, device, window: int | None = None, mask=None) -> torch.Tensor:
+class Segments:
+    """Packed examples (B, T), numbered: a query sees the keys of its own example. The mask is
+    made a block of query rows at a time, so a long packed row never holds T x T of it."""
+
+    def __init__(self, ids: torch.Tensor):
+        self.ids = ids
+
+    def rows(self, i: int, j: int) -> torch.Tensor:
+        """(B, 1, j - i, j): whether queries i..j-1 and keys 0..j-1 share an example."""
+        return (self.ids[:, i:j, None] == self.ids[:, None, :j]).unsqueeze(1)
+
+
+def causal_rows(
+    i: int, j: int, device, window: int | None = None, mask: Segments | None = None
+) -> torch.Tensor:
     """The keys 0..j-1 that queries i..j-1 see under causal attention (within the sliding
-    window where one is given, within mask's rows i..j-1, keys 0..j-1, where one is given)."""
+    window where one is given, within their own packed example where mask is given)."""
     r = torch.arange(i, j, device=device)[:, None]
     c = torch.arange(j, device=device)[None, :]
     rows = r >= c
     if window is not None:
         rows = rows & (r - c < window)
-    return rows if mask is None else mask[..., i:j, :j] & rows
+    return rows if mask is None else mask.rows(i, j) & rows
 
 
 def chunked_causal(attend, q, k, v, chunk: int, window: int | None = None, mask=None):
     """Causal attention of q (B, H, T, hd) over k, v (B, H|Hkv, T, hd) in chunks of queries:
     attend(q_rows, k_upto, v_upto, mask_rows) for each chunk, checkpointed; the chunk's mask
-    is made for it (causal, the window, mask's rows), never the whole T x T. Keys past a chunk's
+    is made for it (causal, the window, its rows of the packed examples), never the whole
+    T x T. Keys past a chunk's
     last query are left out: causal attention gives them no weight."""
     t = q.shape[2]
     if t <= chunk or not cutting():

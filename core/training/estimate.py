@@ -6,7 +6,7 @@ The activation model counts what autograd saves per token per layer for this GPT
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from core.config import methods, recipe
 from core.config.spec import LIMITS, TrainConfig
@@ -27,6 +27,7 @@ from core.models.params import (
 from core.models.per_layer import kv_source, layer_shape, table_params, varies
 from core.models.tiling import ATTN_CHUNK_QUERIES, MLP_TILE_TOKENS
 from core.platform.device import pick_precision
+from core.training import memory_profile as mp
 from core.training import objectives
 
 GB = 1024**3
@@ -122,6 +123,7 @@ def _saved_bytes_per_token_layer(
     fused: bool = False,
     lora: str = "",
     tiled: bool = False,
+    on_gpu: bool = True,
 ) -> float:
     """_layer_bytes of a block, or their mean over the layers where those differ in shape
     (Gemma 4: full layers' own head size, layers that reuse keys and values keep none)."""
@@ -141,12 +143,15 @@ def _layer_bytes(
     fused: bool = False,
     lora: str = "",
     tiled: bool = False,
+    on_gpu: bool = True,
     own_kv: bool = True,
 ) -> float:
     """Bytes autograd keeps per token per block for the backward pass. fused: a fine-tune's
     model (core.models.fused), which remakes the norms' and SwiGLU's outputs in backward;
     lora: its LoRA targets, whose inputs the adapters keep for their gradients; tiled: the
-    MLP runs in checkpointed tiles (core.models.tiling), which keep only their input."""
+    MLP runs in checkpointed tiles (core.models.tiling), which keep only their input; on_gpu
+    False: a new model's block counted as the CPU's profile shows it (a GPU keeps the
+    constants it was measured with until a GPU measures it again)."""
     d, e = c.hidden_dim, _act_bytes(precision)
     q, kv, ffn = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, _token_ffn(c)
     fp32_residual = 2 * 4 * d  # norm inputs: the residual stream stays fp32 under autocast
@@ -162,6 +167,14 @@ def _layer_bytes(
         attention += e * (2 * d + 3 * c.per_layer_dim)
     # GELU: its input and the projection's input; SwiGLU: gate and up, silu(gate), product
     mlp = e * (2 * ffn if c.mlp != "swiglu" else 4 * ffn)
+    if not fused and not on_gpu:  # as the CPU's profile shows what the plain block keeps
+        # RMSNorm keeps its normalised fp32 input too (LayerNorm: statistics only); qkv's
+        # whole output stays alive under v (a view of it) beside RoPE's new q and k; proj's
+        # input is attention's output and fc2's input the MLP's product, both counted
+        # already: the norms' outputs remain
+        fp32_residual += 2 * 4 * d if c.norm == "rmsnorm" else 0
+        attention += e * (q + kv) if c.positions == "rope" else 0
+        matmul_inputs = e * 2 * d
     if fused:  # the linears' inputs are remade or kept as attention's output already
         matmul_inputs, mlp = 0, e * 2 * ffn  # gate and up; GELU: its input and output
         # ... except where LoRA adapts a linear: its A keeps the input (qkv's and fc's norm
@@ -169,7 +182,9 @@ def _layer_bytes(
         # LoRA rows 7-15% under without it (docs/performance.md).
         attn_in, mlp_in = e * d, e * (d + ffn)
         matmul_inputs = {"attn": attn_in, "mlp": mlp_in, "all": attn_in + mlp_in}.get(lora, 0)
-    if tiled:  # the MLP's inputs and intermediates live one tile at a time (mlp_tile_bytes)
+    if tiled and not fused and not on_gpu:  # a tile keeps its input: ln2's output, counted
+        mlp = 0
+    elif tiled:  # the MLP's inputs and intermediates live one tile at a time (mlp_tile_bytes)
         matmul_inputs = e * (d + q) if not fused else min(matmul_inputs, e * d)
         mlp = e * d
     dropout_masks = 3 * d if dropout > 0 else 0  # one byte per element
@@ -204,6 +219,78 @@ def _score_bytes(cfg: TrainConfig, c: GPTConfig, rows: int, on_gpu: bool) -> int
     return int(held * rows * c.n_heads * cfg.seq_len**2 * score)
 
 
+def _measured_activations(
+    cfg,
+    c: GPTConfig,
+    precision: str,
+    per_layer: float,
+    tokens: int,
+    fused: bool,
+    on_gpu: bool,
+    tiled: bool,
+    logits: int,
+) -> dict[str, float]:
+    """What the blocks and the head hold at the peak, by component (logits included): on a
+    GPU, and for a fine-tune's fused blocks on the CPU, as measured (docs/performance.md)."""
+    d = c.hidden_dim
+    # The backward's activation gradients and remade tensors are as large as the plain
+    # block's saved activations, whatever the forward kept.
+    grad_layer = _saved_bytes_per_token_layer(c, cfg.dropout, precision, tiled=tiled) * tokens
+    if tiled:
+        grad_layer += _mlp_tile_bytes(c, precision)
+    parts = {}
+    if cfg.grad_checkpointing:
+        # Only each block's fp32 input is kept; one block is recomputed at a time.
+        parts[mp.SAVED] = _kept_inputs(cfg, c, on_gpu) * 4 * d * tokens
+        parts[mp.RECOMPUTE] = per_layer
+    else:
+        parts[mp.SAVED] = c.n_layers * per_layer
+    # Embedding sum, ln_f input (fp32) and the head's input; backward needs about one
+    # more block's worth of activation gradients at a time. On the CPU one more under
+    # checkpointing (the recomputed block's forward beside them) and one more for a
+    # fine-tune's fused blocks (what they remake): measured from 256 to 16k tokens, the
+    # first step's runtime counted apart (docs/performance.md).
+    extra = 0 if on_gpu else CPU_EXTRA_BLOCK * (bool(cfg.grad_checkpointing) + fused)
+    parts[mp.LOSS] = 3 * 4 * d * tokens + logits
+    parts[mp.GRADS] = (1 + extra) * grad_layer
+    return parts
+
+
+# Offloaded checkpoints (core.models.offload) leave on the card the last block's input, the one
+# being recomputed and the one on its way back.
+OFFLOAD_KEPT = 3
+
+
+def _kept_inputs(cfg: TrainConfig, c: GPTConfig, on_gpu: bool) -> int:
+    """Block inputs checkpointing keeps on the device: every block's, or (offloaded to RAM,
+    CUDA only) OFFLOAD_KEPT of them."""
+    if on_gpu and cfg.offload_checkpoints and not c.moe:  # an MoE keeps them (GPT.forward)
+        return min(c.n_layers, OFFLOAD_KEPT)
+    return c.n_layers
+
+
+def _cpu_activations(
+    cfg, c: GPTConfig, precision: str, per_layer: float, tokens: int, logits: int, tiled: bool
+) -> dict[str, float]:
+    """A new model's blocks on the CPU, as its profile by component shows them
+    (core.training.memory_profile): what the blocks keep, then the larger of the backward's two
+    phases. The loss's comes first: ln_f's input, normalised input and output (fp32) beside
+    the logits' working set (the `logits` row); its logits are freed before a block's
+    backward begins, which holds the recomputed block (checkpointing), the residual stream's
+    gradient in and out (fp32) and the MLP's gradients (one tile's where it runs in tiles)."""
+    d, e = c.hidden_dim, _act_bytes(precision)
+    ckpt = cfg.grad_checkpointing
+    held = c.n_layers * 4 * d * tokens if ckpt else c.n_layers * per_layer
+    mlp = _mlp_tile_bytes(c, precision) if tiled else e * 3 * _token_ffn(c) * tokens
+    block = {
+        mp.RECOMPUTE: per_layer if ckpt else 0,
+        mp.MLP: mlp,
+        mp.GRADS: 2 * 4 * d * tokens,
+    }
+    loss = {mp.LOSS: 3 * 4 * d * tokens + logits}
+    return {mp.SAVED: held, **(block if sum(block.values()) > loss[mp.LOSS] else loss)}
+
+
 @dataclass
 class Estimate:
     n_params: int
@@ -226,6 +313,8 @@ class Estimate:
     generation: int = 0
     generation_row: str = "sampling"
     runtime: int = 0  # the CPU: what torch's first step loads for good (CPU_RUNTIME_BYTES)
+    # activations and logits at the step's peak by component (memory_profile's names)
+    step_parts: dict = field(default_factory=dict)
 
     @property
     def allocator_peak(self) -> int:
@@ -254,6 +343,32 @@ class Estimate:
             ("CUDA context", self.cuda_context),
             *([("torch runtime (first step)", self.runtime)] if self.runtime else []),
         ]
+
+    def components(self) -> list[tuple[str, int]]:
+        """The peak by component, in the words of the measured profile
+        (core.training.memory_profile): what the details and benchmarks show side by side."""
+        step = self.activations + self.logits
+        moment = {k: v for k, v in self.step_parts.items() if v}
+        if max(self.snapshot, self.generation) > step:  # the step's peak is elsewhere
+            name = self.generation_row if self.generation > self.snapshot else "checkpoint copy"
+            moment = {name: max(self.snapshot, self.generation)}
+        parts = {
+            mp.BASELINE: self.runtime + self.cuda_context,
+            mp.WEIGHTS: self.weights + self.weight_casts,
+            mp.TRAINABLE: self.gradients + self.optimizer,
+            **moment,
+            mp.SLACK: self.fragmentation,
+        }
+        known = [name for name in mp.ORDER if parts.get(name)]
+        return [(n, parts[n]) for n in known] + [
+            (n, v) for n, v in parts.items() if n not in mp.ORDER and v
+        ]
+
+    def components_lines(self) -> list[str]:
+        rows = self.components()
+        total = sum(v for _, v in rows) or 1
+        lines = [f"{name:<24} {v / MB:>10.1f} MiB {100 * v / total:5.1f}%" for name, v in rows]
+        return [*lines, f"{'total':<24} {total / MB:>10.1f} MiB"]
 
     def report(self) -> str:
         lines = [f"{name:<26} {size / MB:>10.1f} MiB" for name, size in self.breakdown()]
@@ -301,32 +416,10 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
     # reference is the adapters-off model under no_grad (nothing kept) or cached log-probs.
     rows = cfg.batch_size * objectives.rows_per_example(cfg)
     tokens = rows * cfg.seq_len
-    d = c.hidden_dim
     fused = bool(cfg.init_from)  # a fine-tune's model (GPTConfig.from_train with a base)
     # LoRA's kept inputs: measured on the CPU; a GPU keeps its constants until measured
     lora = cfg.lora_targets if cfg.lora_rank and not on_gpu else ""
     tiled = mlp_tiled(cfg)
-    per_layer = _saved_bytes_per_token_layer(c, cfg.dropout, precision, fused, lora, tiled) * tokens
-    # The backward's activation gradients and remade tensors are as large as the plain
-    # block's saved activations, whatever the forward kept.
-    grad_layer = _saved_bytes_per_token_layer(c, cfg.dropout, precision, tiled=tiled) * tokens
-    if tiled:
-        grad_layer += _mlp_tile_bytes(c, precision)
-    if cfg.grad_checkpointing:
-        # Only each block's fp32 input is kept; one block is recomputed at a time.
-        activations = c.n_layers * 4 * d * tokens + per_layer
-    else:
-        activations = c.n_layers * per_layer
-    # Embedding sum, ln_f input (fp32) and the head's input; backward needs about one
-    # more block's worth of activation gradients at a time. On the CPU one more under
-    # checkpointing (the recomputed block's forward beside them) and one more for a
-    # fine-tune's fused blocks (what they remake): measured from 256 to 16k tokens, the
-    # first step's runtime counted apart (docs/performance.md).
-    extra = 0 if on_gpu else CPU_EXTRA_BLOCK * (bool(cfg.grad_checkpointing) + fused)
-    activations += 3 * 4 * d * tokens + (1 + extra) * grad_layer
-    if c.per_layer_dim:  # Gemma 4's per-layer inputs, every layer's at once: looked up,
-        activations += 3 * 4 * c.n_layers * c.per_layer_dim * tokens  # projected, mixed
-    activations += _score_bytes(cfg, c, rows, on_gpu)
     e = _act_bytes(precision)
     # LinearCrossEntropy (one fp32 block, in place) serves a plain head; Gemma 2's
     # soft-capped logits take the checkpointed chunks (core.models.loss.fusable).
@@ -334,6 +427,19 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
         logits = min(tokens, chunk_positions(c.vocab_size, fused=True)) * c.vocab_size * 4
     else:  # logits, their fp32 copy and its gradient, for one chunk of positions at a time
         logits = min(tokens, chunk_positions(c.vocab_size)) * c.vocab_size * (e + 4 + 4)
+    per_layer = _saved_bytes_per_token_layer(c, cfg.dropout, precision, fused, lora, tiled, on_gpu)
+    per_layer *= tokens
+    if not fused and not on_gpu:
+        parts = _cpu_activations(cfg, c, precision, per_layer, tokens, logits, tiled)
+    else:
+        parts = _measured_activations(
+            cfg, c, precision, per_layer, tokens, fused, on_gpu, tiled, logits
+        )
+    parts[mp.ATTENTION] = _score_bytes(cfg, c, rows, on_gpu)
+    if c.per_layer_dim:  # Gemma 4's per-layer inputs, every layer's at once (fp32): looked
+        # up, projected and mixed
+        parts[mp.SAVED] = parts.get(mp.SAVED, 0) + 12 * c.n_layers * c.per_layer_dim * tokens
+    activations = sum(parts.values()) - logits  # the logits are their own row
     mixed = precision in ("bf16", "fp16")
     weight_casts = 2 * (n - _position_params(c)) if mixed else 0
     trained, weights = n, 4 * n
@@ -368,6 +474,7 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
         snapshot=0 if on_gpu else 4 * (trained if cfg.lora_rank else n) + optimizer,
         generation=generation,
         generation_row=methods.of(cfg).sampling_row or "sampling",
+        step_parts={k: int(v) for k, v in parts.items() if v},
     )
 
 
@@ -463,7 +570,9 @@ def fine_tune_choices(cfg: TrainConfig) -> tuple[TrainConfig, TrainConfig]:
 def ladder(cfg: TrainConfig) -> list[tuple[str, TrainConfig]]:
     """The ways to fine-tune a pretrained model, from the most memory to the least: full
     with AdamW, full with 8-bit AdamW, LoRA on a 16-bit base, QLoRA (a 4-bit base); each
-    first as it is, then with activation checkpointing (a third more compute a step)."""
+    first as it is, then with activation checkpointing (a third more compute a step), and
+    LoRA's then with the checkpoints offloaded to pinned RAM (CUDA: the copies overlap
+    compute)."""
     import dataclasses
 
     full, low = fine_tune_choices(cfg)
@@ -481,15 +590,14 @@ def ladder(cfg: TrainConfig) -> list[tuple[str, TrainConfig]]:
         (f"LoRA rank {rank} (16-bit base)", sixteen),
         (f"QLoRA: LoRA rank {rank} on a 4-bit base", four),
     ]
-    out = []
+    out, dense = [], not model_shape(cfg).moe  # an MoE keeps its checkpoints (GPT.forward)
     for name, rung in methods:
-        out.append((name, dataclasses.replace(rung, grad_checkpointing=False)))
-        out.append(
-            (
-                f"{name} with activation checkpointing",
-                dataclasses.replace(rung, grad_checkpointing=True),
-            )
-        )
+        plain = dataclasses.replace(rung, grad_checkpointing=False, offload_checkpoints=False)
+        ckpt = dataclasses.replace(plain, grad_checkpointing=True)
+        out += [(name, plain), (f"{name} with activation checkpointing", ckpt)]
+        if rung.lora_rank and dense:  # at long context the block inputs are what is left
+            offloaded = dataclasses.replace(ckpt, offload_checkpoints=True)
+            out.append((f"{name} + checkpointing offloaded to RAM", offloaded))
     return out
 
 
@@ -575,7 +683,8 @@ def next_rung(cfg: TrainConfig) -> str | None:
 def _rung_key(cfg: TrainConfig) -> tuple:
     sixteen = cfg.base_bits in ("auto", "16", "32")
     opt = recipe.optimizer(cfg) if not cfg.lora_rank else "adamw"
-    return (bool(cfg.lora_rank), opt, sixteen, bool(cfg.grad_checkpointing))
+    ckpt, offloaded = bool(cfg.grad_checkpointing), bool(cfg.offload_checkpoints)
+    return (bool(cfg.lora_rank), opt, sixteen, ckpt, offloaded)
 
 
 # A card sold as T GB shows about T GiB; the driver, the desktop and other programs hold some

@@ -221,3 +221,45 @@ def attribute_snapshot(snapshot: dict) -> dict[str, float]:
             parts[frame_component(block.get("frames", []))] += block["size"]
         parts[SLACK] += segment["total_size"] - used
     return parts
+
+
+HISTORY_ENTRIES = 1_000_000  # allocator events kept: a long-context step makes ~10^4-10^5
+
+
+def profile_cuda_step(step, device: torch.device) -> dict[str, float]:
+    """Run step(phase) once with CUDA's allocator history on (stacks="python") and split the
+    step's peak by component (attribute_trace_cuda). phase is a no-op here: the frames that
+    allocated each block say where it belongs."""
+    import contextlib
+
+    memory = torch.cuda.memory
+    before = torch.cuda.memory_allocated(device)
+    memory._record_memory_history(max_entries=HISTORY_ENTRIES, stacks="python")
+    try:
+        step(lambda name: contextlib.nullcontext())
+        snapshot = memory._snapshot()
+    finally:
+        memory._record_memory_history(enabled=None)
+    return attribute_trace_cuda(snapshot, device.index or 0, before)
+
+
+def attribute_trace_cuda(snapshot: dict, device: int, before: float) -> dict[str, float]:
+    """The blocks live at the peak of a snapshot's device trace (its alloc and free events
+    replayed), each by its frames; what was allocated before the step (weights, adapters,
+    optimizer state) under weights; the segments' reserve beyond the peak as slack."""
+    live, at_peak, total, peak = {}, {}, 0, 0
+    for e in snapshot.get("device_traces", [[]])[device]:
+        if e["action"] == "alloc":
+            live[e["addr"]] = (e["size"], e.get("frames", []))
+            total += e["size"]
+        elif e["action"] == "free_completed" and e["addr"] in live:
+            total -= live.pop(e["addr"])[0]
+        if total > peak:
+            peak, at_peak = total, dict(live)
+    parts = dict.fromkeys(ORDER[1:], 0.0)
+    parts[WEIGHTS] = float(before)
+    for size, frames in at_peak.values():
+        parts[frame_component(frames)] += size
+    reserved = sum(s["total_size"] for s in snapshot.get("segments", []) if s["device"] == device)
+    parts[SLACK] = max(0.0, reserved - before - peak)
+    return parts

@@ -163,3 +163,22 @@ def test_a_fine_tunes_estimate_follows_what_it_keeps_and_the_cpus_checkpoint_cop
     assert estimate(tuned, on_gpu=True).snapshot == 0  # on a GPU the copy is in host RAM
     lora = estimate(dataclasses.replace(tuned, lora_rank=8), on_gpu=False)
     assert lora.snapshot == 4 * lora.trained + lora.optimizer  # adapters only
+
+
+def test_the_peak_by_component_adds_up_to_the_device_total():
+    """The window's Details and benchmarks/long_context.py show the estimate in the measured
+    profile's components; they are the same peak, split."""
+    from core.training import memory_profile as mp
+
+    for kw in (
+        dict(seq_len=4096, grad_checkpointing=True),  # CPU: a block's backward sets the peak
+        dict(seq_len=256),  # CPU: the loss's backward sets the peak
+        dict(seq_len=256, batch_size=8, dropout=0.1),
+    ):
+        c = cfg(hidden_dim=64, n_layers=4, n_heads=2, arch="llama", device="cpu", **kw)
+        for on_gpu in (False, True):
+            est = estimate(c, on_gpu=on_gpu)
+            parts = dict(est.components())
+            assert sum(parts.values()) == est.device_total, (kw, on_gpu)
+            assert set(parts) <= set(mp.ORDER)
+            assert parts[mp.WEIGHTS] == est.weights + est.weight_casts

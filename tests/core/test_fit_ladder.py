@@ -1,5 +1,6 @@
 """The fit ladder for a pretrained start (full AdamW -> full 8-bit AdamW -> LoRA -> QLoRA, each
-then with activation checkpointing), answered from a config.json alone, and 8-bit AdamW."""
+then with activation checkpointing, LoRA's then with the checkpoints offloaded to RAM), answered
+from a config.json alone, and 8-bit AdamW."""
 
 import dataclasses
 import json
@@ -79,11 +80,13 @@ def test_a_qwen3_8b_fits_12_gb_as_qlora_from_its_config_json_alone(qwen3_8b):
 
 def test_the_window_table_judges_every_rung_and_marks_one_chosen(qwen3_8b):
     rungs = walk_ladder(qwen3_8b, 12 * GB)
-    assert len(rungs) == 8 and sum(r.chosen for r in rungs) == 1
+    assert len(rungs) == 10 and sum(r.chosen for r in rungs) == 1
     needs = [r.need_at_one for r in rungs]
-    # each method needs less than the one above it; checkpointing saves within a method
-    assert needs[0] > needs[2] > needs[4] > needs[6]
-    assert all(needs[i] > needs[i + 1] for i in (0, 2, 4, 6))
+    # each method needs less than the one above it; checkpointing saves within a method, and
+    # offloading its inputs to RAM saves more (LoRA's rungs)
+    assert needs[0] > needs[2] > needs[4] > needs[7]
+    assert all(needs[i] > needs[i + 1] for i in (0, 2, 4, 5, 7, 8))
+    assert [r.config.offload_checkpoints for r in rungs] == [False] * 6 + [True, False, False, True]
     assert [r.config.optimizer for r in rungs[:4]] == ["adamw"] * 2 + ["adamw8bit"] * 2
     chosen = next(r for r in rungs if r.chosen)
     assert chosen.fitted.base_bits == "4" and chosen.need <= 0.9 * 12 * GB
@@ -94,18 +97,32 @@ def test_each_rung_names_the_longest_context_it_fits(qwen3_8b):
     rungs = walk_ladder(qwen3_8b, 24 * GB)
     longest = [r.longest for r in rungs]
     # full fine-tuning of 8B fits no context in 24 GB; QLoRA with checkpointing the longest
-    assert longest[:4] == [0, 0, 0, 0] and longest[7] == max(longest) > 8192
-    assert longest[6] < longest[7] and longest[4] < longest[5]  # checkpointing buys context
-    for r in rungs[4:]:  # at batch 1 it fits, one step longer does not
+    assert longest[:4] == [0, 0, 0, 0] and longest[9] == 40960 > longest[8] > 8192
+    assert longest[7] < longest[8] < longest[9]  # checkpointing buys context, offloading more
+    assert longest[4] < longest[5] < longest[6]
+    for r in rungs[4:9]:  # at batch 1 it fits, one step longer does not (9: the model's own)
         one = dataclasses.replace(r.config, batch_size=1, grad_accum=1)
         at = dataclasses.replace(one, seq_len=r.longest)
         past = dataclasses.replace(one, seq_len=r.longest + CONTEXT_STEP)
         assert estimate(at).device_total <= budget < estimate(past).device_total
     # a context none of them fits: the message names the longest one that would
     too_long = dataclasses.replace(qwen3_8b, seq_len=40960)
-    fitted, why = fit_pretrained(too_long, 24 * GB)
+    fitted, why = fit_pretrained(too_long, 12 * GB)
     assert fitted is None
-    assert f"lower seq_len to {longest[7]:,} or less (QLoRA" in why
+    offloaded = walk_ladder(qwen3_8b, 12 * GB)[9]
+    assert f"lower seq_len to {offloaded.longest:,} or less ({offloaded.name})" in why
+
+
+def test_offloading_the_checkpoints_is_chosen_where_that_makes_the_context_fit(qwen3_8b):
+    # 8k tokens in 12 GB: QLoRA with checkpointing fits 3.5k; its inputs in RAM, 11k
+    long = dataclasses.replace(qwen3_8b, seq_len=8192)
+    fitted, why = fit_pretrained(long, 12 * GB)
+    assert fitted.offload_checkpoints and fitted.grad_checkpointing and fitted.base_bits == "4"
+    assert why.startswith("QLoRA: LoRA rank 16 on a 4-bit base + checkpointing offloaded to RAM")
+    assert estimate(fitted).device_total <= usable_bytes(12 * GB)
+    kept = dataclasses.replace(fitted, offload_checkpoints=False)
+    cpu = estimate(fitted, on_gpu=False).activations
+    assert cpu == estimate(kept, on_gpu=False).activations  # on the CPU a no-op
 
 
 def test_the_context_line_stops_at_the_models_own_context(qwen3_8b):
@@ -138,7 +155,10 @@ def test_next_rung_names_what_to_try_when_memory_runs_short(qwen3_8b):
     eight = dataclasses.replace(full, optimizer="adamw8bit", grad_checkpointing=True)
     assert next_rung(eight) == "LoRA rank 16 (16-bit base)"
     qlora = dataclasses.replace(qwen3_8b, lora_rank=16, base_bits="4", grad_checkpointing=True)
-    assert next_rung(qlora) is None  # the last rung
+    assert (
+        next_rung(qlora) == "QLoRA: LoRA rank 16 on a 4-bit base + checkpointing offloaded to RAM"
+    )
+    assert next_rung(dataclasses.replace(qlora, offload_checkpoints=True)) is None  # the last
 
 
 def losses(run_dir):

@@ -97,3 +97,48 @@ def test_a_cuda_snapshot_is_attributed_by_its_frames():
     assert parts[mp.RECOMPUTE] == 400
     assert parts[mp.SLACK] == 10_000 - 5800
     assert sum(parts.values()) == 10_000
+
+
+def test_a_cuda_step_is_profiled_from_its_allocator_history(monkeypatch):
+    """The CUDA path on the CPU: torch.cuda.memory's history and snapshot stood in for; the
+    trace is replayed to its peak and the blocks live there are split by their frames."""
+    calls = []
+    model_py = "core/models/model.py"
+
+    def alloc(addr, size, *frames):
+        f = [{"name": n, "filename": p, "line": 1} for n, p in frames]
+        return {"action": "alloc", "addr": addr, "size": size, "frames": f}
+
+    def free(addr, size):
+        return {"action": "free_completed", "addr": addr, "size": size, "frames": []}
+
+    trace = [
+        alloc(1, 300, ("_scores", model_py)),
+        alloc(2, 200, ("inner", model_py)),
+        free(2, 200),
+        alloc(3, 400, ("lm_loss", "core/models/loss.py")),  # the peak: 1 and 3 live, 700
+        free(1, 300),
+        free(3, 400),
+        alloc(4, 100, ("step", "core/training/optim.py")),
+    ]
+    snapshot = {"device_traces": [trace], "segments": [{"device": 0, "total_size": 2000}]}
+    memory = torch.cuda.memory
+    monkeypatch.setattr(memory, "_record_memory_history", lambda **kw: calls.append(kw))
+    monkeypatch.setattr(memory, "_snapshot", lambda: calls.append("snapshot") or snapshot)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 1000)
+
+    def step(phase):
+        with phase("forward"):
+            calls.append("step")
+
+    parts = mp.profile_cuda_step(step, torch.device("cuda", 0))
+    assert calls == [
+        {"max_entries": mp.HISTORY_ENTRIES, "stacks": "python"},
+        "step",
+        "snapshot",
+        {"enabled": None},  # history off again
+    ]
+    assert parts[mp.ATTENTION] == 300 and parts[mp.LOSS] == 400
+    assert parts[mp.MLP] == 0 and parts[mp.TRAINABLE] == 0  # freed before, made after the peak
+    assert parts[mp.WEIGHTS] == 1000  # allocated before the step
+    assert parts[mp.SLACK] == 2000 - 1000 - 700

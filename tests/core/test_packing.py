@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from core.models.model import GPT, GPTConfig, packed
+from core.models.tiling import causal_rows
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])  # rotary and learned positions
@@ -42,9 +43,11 @@ def test_each_packed_example_gets_the_logits_it_gets_alone(arch):
 def test_positions_restart_and_the_mask_is_causal_within_each_example():
     positions, mask = packed(torch.tensor([[1, 1, 1, 2, 2, 3]]))
     assert positions.tolist() == [[0, 1, 2, 0, 1, 0]]
-    m = mask[0, 0]
+    m = causal_rows(0, 6, "cpu", mask=mask)[0, 0]
     assert m[4].tolist() == [False, False, False, True, True, False]
     assert m[2].tolist() == [True, True, True, False, False, False]
+    # a chunk of query rows (3..4) is made alone, keys up to its last query
+    assert causal_rows(3, 5, "cpu", mask=mask)[0, 0].tolist() == m[3:5, :5].tolist()
 
 
 def test_chat_data_windows_carry_their_segments(tmp_path):

@@ -146,21 +146,27 @@ def test_chunked_attention_equals_the_whole(kind, checkpointing, monkeypatch):
     assert_same(grads(model, idx, idx, segments), whole)
 
 
-def test_chunked_attention_holds_no_t_by_t_scores(monkeypatch):
+@pytest.mark.parametrize("kind", ["softcap", "sdpa-packed"])
+def test_chunked_attention_holds_no_t_by_t_scores_or_mask(kind, monkeypatch):
     torch.manual_seed(0)
-    c = config(attn_softcap=20.0, positions="rope", n_layers=1, n_kv_heads=4, seq_len=128)
-    model = GPT(c)
+    options = dict(positions="rope", n_layers=1, n_kv_heads=4, seq_len=128, ffn_dim=32)
+    if kind == "softcap":
+        options |= dict(attn_softcap=20.0)
+    model = GPT(config(**options))
     model.train()
     idx = torch.randint(0, 50, (1, 128))
+    segments = torch.tensor([[0] * 50 + [1] * 78]) if kind == "sdpa-packed" else None
     monkeypatch.setattr(model_module, "ATTN_CHUNK_QUERIES", 16)
     with Largest() as seen:
-        model(idx, idx)[1].backward()
-    # The largest tensors: the MLP's (128 x 128) or a chunk's scores (4 heads x 16 x 128)
-    assert seen.most <= max(4 * 16 * 128, 128 * 128)
+        model(idx, idx, segments=segments)[1].backward()
+    # a chunk's scores (4 heads x 16 x 128), its rows of the packed examples' mask, qkv's
+    # output (128 x 96): nothing T x T
+    assert seen.most < 128 * 128
     monkeypatch.setattr(model_module, "ATTN_CHUNK_QUERIES", 10_000)
     with Largest() as seen:
-        model(idx, idx)[1].backward()
-    assert seen.most >= 4 * 128 * 128  # the whole: what the chunks avoid
+        model(idx, idx, segments=segments)[1].backward()
+    # the whole: the scores (4 x 128 x 128), or SDPA's 128 x 128 mask; what the chunks avoid
+    assert seen.most >= (4 if kind == "softcap" else 1) * 128 * 128
 
 
 def test_causal_sdpa_without_a_mask_is_left_whole():

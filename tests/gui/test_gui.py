@@ -395,6 +395,14 @@ def test_cpu_machine_panel_and_disabled_fit_button(make_window, no_gpu):
     assert not window.estimate.fit_button.isEnabled()
     assert "No CUDA GPU" in window.estimate.fit_button.toolTip()
     assert "RAM" in window.estimate.label.text()
+    # the details: the estimate's peak by component, shown on request
+    panel = window.estimate
+    assert not panel.details.isVisibleTo(panel)
+    panel.details_button.click()
+    assert panel.details.isVisibleTo(panel)
+    est = estimate(window.form.validated(), on_gpu=False)
+    assert "saved activations" in panel.details.text()
+    assert f"{est.device_total / 1024**2:.1f} MiB" in panel.details.text()  # the total
 
 
 def test_simulated_8gb_gpu_estimate_warning_and_fit(make_window, fake_gpu, dialogs):

@@ -444,3 +444,37 @@ def test_dpo_on_a_mixture_of_experts_adds_its_aux_loss_and_resumes_bitwise(setup
         assert torch.equal(tuned(x)[0], start(x)[0])
     assert not torch.equal(tuned(x)[0], start(x)[0])
     assert not torch.equal(router, start.blocks[0].mlp.router.weight)  # put back
+
+
+def test_pairs_cut_to_the_context_are_counted_in_the_log_and_the_window(setup, tmp_path):
+    from core.data import preference
+    from core.data.chat import special_tokens, template_of
+    from core.data.describe import describe_data
+    from core.data.prepare import data_spec, examples_line, prepare
+    from core.weights.loader import open_pretrained
+
+    _, cfg = setup
+    rows = [pair(i) for i in range(10)]
+    for i in (4, 6, 8):  # long prompts: their sides pass seq_len 48
+        rows[i]["prompt"] = f"Add {i} and {i + 1}, " + "please " * (8 * i)
+    long_cfg = tiny_config(**{**_fields(cfg), "data": write_jsonl(tmp_path / "p.jsonl", rows)})
+    tokenizer = open_pretrained(cfg.init_from).tokenizer
+    template, tokens = template_of(tokenizer), special_tokens(tokenizer)
+
+    def side(r, key):  # a side's tokens as the template renders it, before any cut
+        prompt = [{"role": "user", "content": r["prompt"]}]
+        answer = [{"role": "assistant", "content": r[key]}]
+        return len(preference.encode_side(tokenizer, template, prompt, answer, tokens)[0])
+
+    lengths = [[side(r, "chosen"), side(r, "rejected")] for r in rows]
+    row = long_cfg.seq_len + 1
+    long = [sides for sides in lengths if max(sides) > row]
+    assert len(long) >= 2  # the long prompts pass the context, the others do not
+    cut = sum(max(0, n - row) for sides in long for n in sides)
+    said = (
+        f"{len(long)} of 10 pairs had a side longer than seq_len 48 and were cut (longest "
+        f"{max(map(max, lengths)):,} tokens; {cut:,} tokens lost)"
+    )
+    _, manifest = prepare(data_spec(long_cfg), tmp_path / "cache", tokenizer, log=lambda m: None)
+    assert said in examples_line(manifest)  # the run's log line
+    assert said in describe_data(long_cfg, tokenizer)  # the window's data line

@@ -53,6 +53,20 @@ def test_the_smoke_rows_hold_what_each_section_checks(smoke):
     assert [r["preset"] for r in s["tiers"]["rows"]] == list(gpu_check.TIER_PRESETS)
     assert all(r["OOM recoveries"] == 0 for r in s["tiers"]["rows"])
     assert len(data["curves"]) >= len(gpu_check.TIER_PRESETS)
+    # long context: 2 models x 2 cards x offload or not, predicted; offloading and a larger
+    # card buy context, a larger model costs it; the two points trained
+    line = s["long"]["lines"][0].split(": ", 1)[1]
+    longest = {
+        p.rsplit(" ", 1)[0]: int(p.rsplit(" ", 1)[1].replace(",", "")) for p in line.split("; ")
+    }
+    assert len(longest) == 8 and all(v > 0 for v in longest.values())
+    for model in ("0.5B", "1.5B"):
+        assert longest[f"{model} 16 GB offloaded"] >= longest[f"{model} 16 GB"]
+        assert longest[f"{model} 24 GB"] >= longest[f"{model} 16 GB"]
+    assert longest["1.5B 16 GB"] < longest["0.5B 16 GB"]
+    assert longest["1.5B 16 GB offloaded"] > longest["1.5B 16 GB"]  # where offloading decides
+    points = s["long"]["rows"]
+    assert [r["status"] for r in points] == ["finished"] * 2 and points[1]["point"].endswith("True")
 
 
 def test_cuda_only_parts_say_they_were_skipped(smoke):
@@ -62,7 +76,7 @@ def test_cuda_only_parts_say_they_were_skipped(smoke):
     assert any("fp16 with the GradScaler skipped" in line for line in s["precision"]["lines"])
     assert any("out-of-memory error is injected" in line for line in s["oom"]["lines"])
     assert any("transformers + peft side is left out" in line for line in s["vs_peft"]["lines"])
-    assert s["long"]["lines"] == ["skipped: the long-context issue has not landed"]
+    assert "CPU: the two points train at 256 tokens, no memory fraction" in s["long"]["lines"]
 
 
 def test_the_full_check_is_predicted_to_fit_its_budget_on_an_h100(smoke):

@@ -1,0 +1,99 @@
+"""Offloaded checkpoints (core.models.offload), on the CPU with a stand-in for the CUDA side
+stream that records each copy and wait: the last block's input stays, the others go out during
+forward, and each comes back one block ahead of the backward that waits for it. Gradients equal
+plain checkpointing's."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from core.models import offload
+from core.models.model import GPT, GPTConfig
+
+
+class FakeStreams:
+    """CudaStreams' calls, recorded; copies are clones."""
+
+    def __init__(self):
+        self.calls = []
+
+    def to_host(self, x):
+        self.calls.append(("out", x.sum().item()))
+        return x.clone()
+
+    def to_device(self, host, device):
+        self.calls.append(("in", host.sum().item()))
+        return host.clone(), ("done", host.sum().item())
+
+    def wait(self, done, x):
+        self.calls.append(("wait", done[1]))
+
+
+def test_inputs_go_out_in_forward_and_come_back_a_block_ahead(monkeypatch):
+    blocks = [lambda x, k=k: x * 2 + k for k in range(4)]  # input i sums to a known value
+    fake = FakeStreams()
+    x = torch.ones(3, requires_grad=True)
+    order = []
+    real_take = offload.Offload.take
+
+    def take(self, i):
+        order.append(("backward", i))
+        return real_take(self, i)
+
+    monkeypatch.setattr(offload.Offload, "take", take)
+    y = offload.run_blocks(blocks, x, (), fake)
+    sums = [3.0, 6.0, 15.0, 36.0]  # the inputs of blocks 0..3
+    assert fake.calls == [("out", s) for s in sums[:3]]  # the last block's input stays
+    fake.calls.clear()
+    y.sum().backward()
+    assert order == [("backward", i) for i in (3, 2, 1, 0)]
+    # block 3 (kept) starts block 2's fetch; each later backward waits for its own, then
+    # starts the next one down
+    assert fake.calls == [
+        ("in", 15.0),
+        ("wait", 15.0),
+        ("in", 6.0),
+        ("wait", 6.0),
+        ("in", 3.0),
+        ("wait", 3.0),
+    ]
+    assert torch.equal(x.grad, torch.full((3,), 16.0))
+
+
+def test_gradients_equal_plain_checkpointing_and_the_cpu_does_not_offload(monkeypatch):
+    torch.manual_seed(0)
+    c = GPTConfig(
+        hidden_dim=32,
+        n_layers=3,
+        n_heads=2,
+        seq_len=16,
+        vocab_size=64,
+        dropout=0.1,
+        grad_checkpointing=True,
+        norm="rmsnorm",
+        positions="rope",
+        mlp="swiglu",
+    )
+    plain = GPT(c)
+    off = GPT(dataclasses.replace(c, offload_checkpoints=True))
+    off.load_state_dict(plain.state_dict())
+    idx = torch.randint(0, 64, (2, 16))
+    grads = []
+    for model in (plain, off):
+        torch.manual_seed(1)  # the same dropout masks
+        _, loss = model(idx, idx)
+        loss.backward()
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+    assert offload.streams_for(idx.device) is None  # on the CPU: plain checkpointing
+    fake = FakeStreams()
+    monkeypatch.setattr("core.models.model.streams_for", lambda device: fake)
+    off.zero_grad()
+    torch.manual_seed(1)
+    _, loss = off(idx, idx)
+    loss.backward()
+    assert [k for k, _ in fake.calls].count("out") == c.n_layers - 1
+    for name, p in off.named_parameters():
+        assert torch.allclose(p.grad, grads[0][name], atol=1e-6), name
+        assert torch.equal(grads[1][name], grads[0][name]), name
