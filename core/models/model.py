@@ -787,7 +787,8 @@ class GPT(nn.Module):
         x = self.drop(x)
         streams = self._offload_streams(x)
         if streams is not None:
-            x = run_blocks(self.blocks, x, (rope, mask), streams)
+            extras = [(rope, starts if b.linear else mask) for b in self.blocks]
+            x = run_blocks(self.blocks, x, extras, streams)
         elif self.config.grad_checkpointing and self.training:
             for block in self.blocks:
                 m = starts if block.linear else mask
@@ -862,8 +863,10 @@ class GPT(nn.Module):
         c = self.config
         on = c.grad_checkpointing and c.offload_checkpoints and self.training
         # an MoE's router loss reads its forward's routes, which the offloaded forward
-        # (run without gradients) would leave without any: plain checkpointing there
-        on = on and not self.moe_layers
+        # (run without gradients) would leave without any; Gemma 4's per-layer inputs and
+        # shared keys and values cross blocks outside the offloaded blocks' inputs, so their
+        # gradients would be lost: plain checkpointing for both
+        on = on and not self.moe_layers and not c.per_layer_dim and not kv_sources(c)
         if not on or not torch.is_grad_enabled() or torch.compiler.is_compiling():
             return None
         return streams_for(x.device)

@@ -123,12 +123,13 @@ class _OffloadedBlock(torch.autograd.Function):
         return None, x.grad, None, None, None, None
 
 
-def run_blocks(blocks, x: torch.Tensor, extra: tuple, streams) -> torch.Tensor:
-    """x through blocks, each checkpointed with its input offloaded through streams."""
+def run_blocks(blocks, x: torch.Tensor, extras: list[tuple], streams) -> torch.Tensor:
+    """x through blocks, each checkpointed with its input offloaded through streams;
+    extras[i]: block i's other arguments (rope, its mask)."""
     offload = Offload(streams, len(blocks))
     anchor = torch.empty(0, requires_grad=True)  # a frozen base's input needs no gradient
     for i, block in enumerate(blocks):
-        x = _OffloadedBlock.apply(anchor, x, block, i, offload, extra)
+        x = _OffloadedBlock.apply(anchor, x, block, i, offload, extras[i])
     return x
 
 

@@ -43,7 +43,7 @@ def test_inputs_go_out_in_forward_and_come_back_a_block_ahead(monkeypatch):
         return real_take(self, i)
 
     monkeypatch.setattr(offload.Offload, "take", take)
-    y = offload.run_blocks(blocks, x, (), fake)
+    y = offload.run_blocks(blocks, x, [()] * len(blocks), fake)
     sums = [3.0, 6.0, 15.0, 36.0]  # the inputs of blocks 0..3
     assert fake.calls == [("out", s) for s in sums[:3]]  # the last block's input stays
     fake.calls.clear()
@@ -97,3 +97,27 @@ def test_gradients_equal_plain_checkpointing_and_the_cpu_does_not_offload(monkey
     for name, p in off.named_parameters():
         assert torch.allclose(p.grad, grads[0][name], atol=1e-6), name
         assert torch.equal(grads[1][name], grads[0][name]), name
+
+
+def test_a_hybrid_models_deltanet_layers_get_their_own_mask_when_offloaded(monkeypatch):
+    """Qwen3.5's DeltaNet layers take the examples' starts where attention takes its mask:
+    offloaded, packed rows give plain checkpointing's gradients."""
+    import pytest
+
+    pytest.importorskip("transformers")
+    from hf_models import make_config
+
+    from core.weights import families
+
+    _, c = families.model_config(make_config("qwen3_5", 64).to_dict())
+    c = dataclasses.replace(c, grad_checkpointing=True)
+    plain, off = GPT(c), GPT(dataclasses.replace(c, offload_checkpoints=True))
+    off.load_state_dict(plain.state_dict())
+    monkeypatch.setattr("core.models.model.streams_for", lambda device: FakeStreams())
+    idx = torch.randint(0, 64, (2, 24), generator=torch.Generator().manual_seed(0))
+    segments = torch.tensor([[0] * 10 + [1] * 14, [0] * 24])
+    for model in (plain, off):
+        _, loss = model(idx, idx, segments=segments)
+        loss.backward()
+    for (name, p), q in zip(plain.named_parameters(), off.parameters(), strict=True):
+        assert torch.allclose(p.grad, q.grad, atol=1e-6), name
