@@ -128,11 +128,11 @@ def _saved_bytes_per_token_layer(
     """_layer_bytes of a block, or their mean over the layers where those differ in shape
     (Gemma 4: full layers' own head size, layers that reuse keys and values keep none)."""
     if not varies(c):
-        return _layer_bytes(c, dropout, precision, fused, lora, tiled)
+        return _layer_bytes(c, dropout, precision, fused, lora, tiled, on_gpu)
     total = 0.0
     for i in range(c.n_layers):
         s, own = layer_shape(c, i), kv_source(c, i) is None
-        total += _layer_bytes(s, dropout, precision, fused, lora, tiled, own)
+        total += _layer_bytes(s, dropout, precision, fused, lora, tiled, on_gpu, own)
     return total / c.n_layers
 
 

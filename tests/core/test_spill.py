@@ -1,6 +1,7 @@
 """The VRAM spill warning, from mocked NVML readings (no GPU needed)."""
 
 import dataclasses
+import json
 
 import pytest
 from helpers import tiny_config
@@ -23,7 +24,10 @@ def test_full_dedicated_vram_is_a_spill_on_windows_only():
 
 def test_the_warning_comes_once_and_names_the_next_rung(tmp_path):
     folder = tmp_path / "model"
-    folder.mkdir()
+    folder.mkdir()  # a dense Llama's config is all the ladder reads of the model
+    llama = {"model_type": "llama", "hidden_size": 32, "num_hidden_layers": 2}
+    llama |= {"num_attention_heads": 2, "intermediate_size": 64, "vocab_size": 256}
+    (folder / "config.json").write_text(json.dumps(llama))
     cfg = tiny_config(init_from=str(folder), tokenizer="model", batch_size=4)
     watch = spill.SpillWatch(dataclasses.replace(cfg, optimizer="adamw8bit"), windows=True)
     assert watch.check(ROOMY) is None
