@@ -5,9 +5,11 @@ What is compared: a tiny Llama-shaped model (width 64, 2 layers, bytes tokenizer
 fp32, one thread) trains one step at each context in one subprocess, in ascending order. Before
 each, the token cache is prepared, freed memory goes back to the system (malloc_trim) and
 Linux's peak (VmHWM) restarts from the resident memory; the measured peak is VmHWM less that
-resident memory. A warm-up step at 256 tokens comes first, so what torch loads on its first
-step is in the baseline: the estimate's `runtime` row is that part, and it is left out of the
-comparison (device_total - runtime: weights, optimizer, activations, logits, the heap's slack).
+resident memory. Warm-up steps come first (256 tokens, then 2,560 tiled and chunked, with and
+without checkpointing: their first use loads code, 16 MiB in CI's fresh venv), so what torch
+loads on its first steps is in the baseline: the estimate's `runtime` row is that part, and it
+is left out of the comparison (device_total - runtime: weights, optimizer, activations, logits,
+the heap's slack).
 """
 
 from __future__ import annotations
@@ -36,8 +38,10 @@ from core.training.trainer import Trainer
 torch.set_num_threads(1)
 libc = ctypes.CDLL("libc.so.6")
 base, points = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+# tiled, chunked and checkpointed once before measuring: their first use loads code
+WARM_UP = [(256, {}), (2560, {}), (2560, {"grad_checkpointing": True})]
 out = []
-for seq, shape in [(256, {}), *points]:  # 256: the warm-up step
+for seq, shape in [*WARM_UP, *points]:
     cfg = validate(TrainConfig(seq_len=seq, **{**base, **shape}))
     with contextlib.redirect_stdout(io.StringIO()):
         prepare_only(cfg, None)
@@ -52,7 +56,7 @@ for seq, shape in [(256, {}), *points]:  # 256: the warm-up step
     peak = int(status.split("VmHWM:")[1].split()[0]) * 1024
     est = estimate(cfg, on_gpu=False)
     out.append({"seq": seq, "est": est.device_total - est.runtime, "measured": peak - before})
-print(json.dumps(out[1:]))
+print(json.dumps(out[len(WARM_UP):]))
 """
 
 SHAPE = dict(
