@@ -122,11 +122,51 @@ MOE_TOY = dict(
     vocab_size=512,
     tie_word_embeddings=True,
 )
-# kind -> (model_type, architecture, transformers config class, full shape, toy shape)
+# A Qwen3.5-shaped hybrid, about 0.45B: three Gated DeltaNet layers before each attention layer
+HYBRID_HALF_B = dict(
+    hidden_size=1024,
+    intermediate_size=3072,
+    num_hidden_layers=20,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    head_dim=128,
+    linear_num_key_heads=8,
+    linear_num_value_heads=16,
+    linear_key_head_dim=64,
+    linear_value_head_dim=64,
+    max_position_embeddings=32768,
+    vocab_size=151936,
+    tie_word_embeddings=True,
+)
+HYBRID_TOY = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=4,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=16,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=8,
+    linear_value_head_dim=8,
+    max_position_embeddings=256,
+    vocab_size=512,
+    tie_word_embeddings=True,
+)
+# kind -> (model_type, architecture, transformers config class, full shape, toy shape, label)
 STARTS = {
-    "qwen": ("qwen2", "Qwen2ForCausalLM", "Qwen2Config", HALF_B, TOY_B),
-    "moe": ("qwen3_moe", "Qwen3MoeForCausalLM", "Qwen3MoeConfig", MOE_HALF_B, MOE_TOY),
+    "qwen": ("qwen2", "Qwen2ForCausalLM", "Qwen2Config", HALF_B, TOY_B, ""),
+    "moe": ("qwen3_moe", "Qwen3MoeForCausalLM", "Qwen3MoeConfig", MOE_HALF_B, MOE_TOY, "MoE"),
+    "hybrid": (
+        "qwen3_5_text",
+        "Qwen3_5ForCausalLM",
+        "Qwen3_5TextConfig",
+        HYBRID_HALF_B,
+        HYBRID_TOY,
+        "Hybrid",
+    ),
 }
+EXTRA_STARTS = ("moe", "hybrid")  # the memory section's rows beyond the dense 0.5B
 LORA = dict(lora_rank=16, lora_alpha=32.0, lora_dropout=0.0, lora_targets="all")
 
 
@@ -669,12 +709,21 @@ def plan_memory(ck, full: bool) -> list[Job]:
     for mode in FT_MODES:
         cfg = finetune_cfg(ck, folder, mode, 20, full) if folder else None
         jobs.append(Job(f"0.5B {mode}", cfg, fixed_s=0.0 if cfg else ck.rates.setup_s))
-    if has_config_class("moe"):
-        moe = config_folder(ck, "moe") if full or not ck.smoke else None
-        jobs.append(Job("build the MoE 0.5B model", fixed_s=build_s(ck, full)))
-        cfg = finetune_cfg(ck, moe, "lora", 20, full) if moe else None
-        jobs.append(Job("MoE 0.5B lora", cfg, fixed_s=0.0 if cfg else ck.rates.setup_s))
+    for kind in filter(has_config_class, EXTRA_STARTS):
+        name = STARTS[kind][5]
+        extra = config_folder(ck, kind) if full or not ck.smoke else None
+        jobs.append(Job(f"build the {name} 0.5B model", fixed_s=build_s(ck, full)))
+        cfg = finetune_cfg(ck, extra, "lora", 20, full) if extra else None
+        jobs.append(Job(f"{name} 0.5B lora", cfg, fixed_s=0.0 if cfg else ck.rates.setup_s))
     return jobs
+
+
+def start_kind(label: str) -> str:
+    """Which STARTS model a memory job's label names."""
+    for kind in EXTRA_STARTS:
+        if label.startswith((STARTS[kind][5], f"build the {STARTS[kind][5]}")):
+            return kind
+    return "qwen"
 
 
 def memory_row(ck, label: str, run: Run) -> dict:
@@ -708,7 +757,7 @@ def run_memory(ck, sec: Section) -> None:
             continue
         if job.label == "CUDA start":
             continue
-        kind = "moe" if job.label.startswith(("MoE", "build the MoE")) else "qwen"
+        kind = start_kind(job.label)
         if job.cfg is None and job.label.startswith("build"):
             model_folder(ck, kind)
             continue
@@ -719,9 +768,10 @@ def run_memory(ck, sec: Section) -> None:
         sec.rows.append(memory_row(ck, job.label, run))
         curve(ck, job.label, run)
         ck.report.save()
-    if not has_config_class("moe"):
-        sec.lines.append("MoE row: skipped, this transformers has no Qwen3MoeConfig")
-    sec.lines.append("hybrid row: skipped, the hybrid families (Qwen3.5) are not built yet")
+    for kind in EXTRA_STARTS:
+        if not has_config_class(kind):
+            name, config_class = STARTS[kind][5], STARTS[kind][2]
+            sec.lines.append(f"{name} row: skipped, this transformers has no {config_class}")
 
 
 # -- (b) throughput ----------------------------------------------------------------------------
@@ -1195,7 +1245,7 @@ LONG_CARDS = (16, 24)  # GB, as Unsloth's context-per-VRAM table
 # and with the checkpoints offloaded to RAM (a memory fraction makes the card 16 GB); the
 # 0.5B model reaches the field's limit there either way.
 LONG_VERIFIED = (("1.5B", 16, False), ("1.5B", 16, True))
-STARTS["long"] = ("qwen2", "Qwen2ForCausalLM", "Qwen2Config", LONG_MODELS["1.5B"], TOY_B)
+STARTS["long"] = ("qwen2", "Qwen2ForCausalLM", "Qwen2Config", LONG_MODELS["1.5B"], TOY_B, "")
 
 
 def long_folder(ck, name: str) -> Path:

@@ -38,9 +38,9 @@ def test_the_smoke_rows_hold_what_each_section_checks(smoke):
     s = data["sections"]
     runs = [r["run"] for r in s["memory"]["rows"]]
     dense = [*gpu_check.TIER_PRESETS, "0.5B full", "0.5B lora", "0.5B lora+ckpt"]
-    assert runs == [*dense, "MoE 0.5B lora"]  # the MoE start: a Qwen3-MoE from its config
-    moe = s["memory"]["rows"][-1]
-    assert moe["estimate alloc MiB"] > 0
+    # the MoE and hybrid starts: a Qwen3-MoE and a Qwen3.5 from their configs
+    assert runs == [*dense, "MoE 0.5B lora", "Hybrid 0.5B lora"]
+    assert all(row["estimate alloc MiB"] > 0 for row in s["memory"]["rows"][-2:])
     assert [r["preset"] for r in s["throughput"]["rows"]][0] == "gpu-8gb eager"
     assert all(r["tokens/s"] > 0 for r in s["throughput"]["rows"])
     oom = s["oom"]["rows"][0]
