@@ -230,7 +230,6 @@ def traindeck_side(a) -> tuple:
 def peft_side(a) -> tuple:
     """transformers' model (+ peft adapters on every projection), fused AdamW, plain loss."""
     import torch
-    import torch.nn.functional as F
     from transformers import AutoModelForCausalLM
 
     kw = {"torch_dtype": torch.bfloat16 if a.mode == "lora16" else torch.float32}
@@ -269,6 +268,14 @@ def peft_side(a) -> tuple:
     ]
     opt = torch.optim.AdamW([g for g in groups if g["params"]], lr=1e-4, fused=True)
 
+    return hf_step(model, opt), sum(p.numel() for p in params), 0.1
+
+
+def hf_step(model, opt):
+    """One optimizer step of a transformers model on (x, y), loss in fp32: the peers' side
+    here and in moe.py."""
+    import torch.nn.functional as F
+
     def step(x, y):
         opt.zero_grad(set_to_none=True)
         logits = model(input_ids=x).logits
@@ -277,7 +284,7 @@ def peft_side(a) -> tuple:
         opt.step()
         return loss.item()
 
-    return step, sum(p.numel() for p in params), 0.1
+    return step
 
 
 def one_side(a) -> dict:

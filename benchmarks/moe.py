@@ -35,7 +35,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from finetune import rss_mb  # noqa: E402
+from finetune import (
+    hf_step,  # noqa: E402
+    rss_mb,  # noqa: E402
+)
 
 SHAPES = {
     # 32k x 1024 embeddings and head (66M), 8 layers of attention (25M) and 8 x 3 x 1024 x
@@ -145,7 +148,6 @@ def traindeck_side(a):
 
 def peft_side(a):
     import torch
-    import torch.nn.functional as F
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
@@ -166,15 +168,7 @@ def peft_side(a):
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.1)
 
-    def step(x, y):
-        opt.zero_grad(set_to_none=True)
-        logits = model(input_ids=x).logits
-        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1))
-        loss.backward()
-        opt.step()
-        return loss.item()
-
-    return step, sum(p.numel() for p in params)
+    return hf_step(model, opt), sum(p.numel() for p in params)
 
 
 def shares(step, x, y) -> dict:
