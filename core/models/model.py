@@ -37,7 +37,6 @@ from core.models.per_layer import (
     PerLayerInputs,
     Side,
     attn_sizes,
-    cache_width,
     kv_source,
     kv_sources,
     layer_shape,
@@ -481,6 +480,17 @@ def is_linear(c: GPTConfig, layer: int) -> bool:
 def linear_layers(c: GPTConfig) -> int:
     """How many of c's layers are linear attention (Gated DeltaNet)."""
     return list(c.layer_types or ()).count(LINEAR)
+
+
+def cache_width(c: GPTConfig) -> int:
+    """Numbers a token keeps in the KV cache over all layers, keys and values: a layer that
+    reuses another's keys and values keeps none of its own, a DeltaNet layer a state instead."""
+    total = 0
+    for i in range(c.n_layers):
+        if kv_source(c, i) is None and not is_linear(c, i):
+            s = layer_shape(c, i)
+            total += 2 * s.n_kv_heads * s.head_dim
+    return total
 
 
 def cache_bytes(c: GPTConfig, rows: int, tokens: int, act_bytes: int) -> int:

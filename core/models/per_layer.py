@@ -139,15 +139,3 @@ def table_params(c) -> int:
     if not c.per_layer_dim:
         return 0
     return (c.per_layer_vocab or c.vocab_size) * c.n_layers * c.per_layer_dim
-
-
-def cache_width(c) -> int:
-    """Numbers a token keeps in the KV cache over all layers, keys and values: a layer that
-    reuses another's keys and values keeps none of its own."""
-    total = 0
-    linear = [t == "linear_attention" for t in c.layer_types or [""] * c.n_layers]
-    for i in range(c.n_layers):
-        if kv_source(c, i) is None and not linear[i]:  # a DeltaNet keeps a state instead
-            s = layer_shape(c, i)
-            total += 2 * s.n_kv_heads * s.head_dim
-    return total
