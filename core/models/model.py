@@ -791,26 +791,25 @@ class GPT(nn.Module):
         every token)."""
         self._mark_real(real)
         positions, mask = packed(segments) if segments is not None else (None, None)
-        starts = None if positions is None else positions == 0  # a DeltaNet's "mask"
+        starts = None if positions is None else positions == 0
+        masks = [starts if b.linear else mask for b in self.blocks]  # a DeltaNet: its starts
         x, rope = self._embed(idx, positions)
         side = self._side(idx, x)
         x = self.drop(x)
         streams = self._offload_streams(x)
         if streams is not None:
-            extras = [(rope, starts if b.linear else mask) for b in self.blocks]
-            x = run_blocks(self.blocks, x, extras, streams)
+            x = run_blocks(self.blocks, x, [(rope, m) for m in masks], streams)
         elif self.config.grad_checkpointing and self.training:
-            for block in self.blocks:
-                m = starts if block.linear else mask
+            for block, m in zip(self.blocks, masks, strict=True):
                 x = checkpoint(block, x, rope, m, None, side, use_reentrant=False)
         elif self._remakes():
             remake = Remake()  # the adapters' inputs are remade in backward, not kept
             with remake.hooks():
-                for block in self.blocks:
-                    x = block(x, rope, starts if block.linear else mask, remake, side)
+                for block, m in zip(self.blocks, masks, strict=True):
+                    x = block(x, rope, m, remake, side)
         else:
-            for block in self.blocks:
-                x = block(x, rope, starts if block.linear else mask, None, side)
+            for block, m in zip(self.blocks, masks, strict=True):
+                x = block(x, rope, m, None, side)
         aux = self.router_aux_loss()
         if aux is not None and self.training and torch.is_grad_enabled():
             self.moe_meter.add([self.blocks[i].mlp for i in self.moe_layers], aux)
