@@ -368,7 +368,7 @@ def _cell(key: str, v) -> str:
     if isinstance(v, bool):
         return "yes" if v else "NO"
     if isinstance(v, float):
-        if key.startswith(("error", "MFU")):
+        if key.startswith(("error", "MFU", "of the")):
             return f"{v:+.1%}" if key.startswith("error") else f"{v:.1%}"
         return f"{v:,.4g}" if abs(v) < 100 else f"{v:,.0f}"
     if isinstance(v, int):
@@ -1212,12 +1212,18 @@ def run_tiers(ck, sec: Section) -> None:
         finally:
             if fraction:
                 torch.cuda.set_per_process_memory_fraction(1.0)
+        est = estimate(run.cfg, on_gpu=ck.cuda)
         sec.rows.append(
             {
                 "preset": job.label,
                 "memory fraction": fraction,
-                "estimate device GiB": estimate(run.cfg, on_gpu=ck.cuda).device_total / GiB,
+                "micro x accum": f"{run.cfg.batch_size} x {run.cfg.grad_accum}",
+                "estimate device GiB": est.device_total / GiB,
+                "max_allocated GiB": run.peak / GiB if ck.cuda else None,
+                "error alloc": est.allocator_peak / run.peak - 1 if ck.cuda else None,
                 "reserved GiB": run.reserved / GiB if ck.cuda else None,
+                "NVML used GiB": run.nvml_used / GiB if ck.cuda else None,
+                "of the tier": run.nvml_used / (tier * GiB) if ck.cuda else None,
                 "OOM recoveries": len(run.ooms),
                 "status": run.result["status"],
             }
@@ -1268,6 +1274,8 @@ def long_cfg(ck, folder: Path, seq: int, offload: bool, steps: int = 2):
         grad_accum=1,
         tokenizer="model",
         max_data_bytes=2_000_000,
+        # ~680k tokens: a 15% share holds a 65,536-token window (5% did not hold 40,448)
+        val_fraction=0.15,
         grad_checkpointing=True,
         offload_checkpoints=offload,
         max_steps=steps,

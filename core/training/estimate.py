@@ -13,7 +13,7 @@ from core.config.spec import LIMITS, TrainConfig
 from core.models.deltanet import saved_bytes
 from core.models.loss import chunk_positions
 from core.models.model import GPTConfig, linear_layers
-from core.models.moe import is_sparse
+from core.models.moe import is_sparse, options
 from core.models.params import (
     active_params,
     adapted_weights,
@@ -32,7 +32,10 @@ from core.training import objectives
 
 GB = 1024**3
 MB = 1024**2
-CUDA_CONTEXT_BYTES = 500 * MB  # CUDA context + cuBLAS/cuDNN workspaces, typical on recent cards
+# CUDA's context, cuBLAS/cuDNN workspaces and loaded kernels: NVML's used less the allocator's
+# reserved, 1,183-1,191 MiB over 11 runs on an H100 80GB HBM3 (132 SMs; driver 580.159, torch
+# 2.11 + CUDA 13.0; docs/gpu.md). A card with fewer SMs needs less: the estimate errs safe.
+CUDA_CONTEXT_BYTES = 1184 * MB
 FRAGMENTATION = 1.10  # caching-allocator slack on top of the live peak
 # glibc's heap on the CPU: freed blocks it keeps but cannot reuse for the next tensors
 # (measured over 20 shapes, new models and fine-tunes: docs/performance.md)
@@ -179,8 +182,11 @@ def _layer_bytes(
         matmul_inputs, mlp = 0, e * 2 * ffn  # gate and up; GELU: its input and output
         # ... except where LoRA adapts a linear: its A keeps the input (qkv's and fc's norm
         # outputs, proj's product; attention's output is kept already). Measured on the CPU:
-        # LoRA rows 7-15% under without it (docs/performance.md).
+        # LoRA rows 7-15% under without it (docs/performance.md); on an H100 the same (0.5B
+        # Qwen2 LoRA 28% under without it, 4.6% with it: docs/gpu.md).
         attn_in, mlp_in = e * d, e * (d + ffn)
+        if c.moe:
+            mlp, mlp_in = _moe_mlp_bytes(c, e, on_gpu)
         matmul_inputs = {"attn": attn_in, "mlp": mlp_in, "all": attn_in + mlp_in}.get(lora, 0)
     if tiled and not fused and not on_gpu:  # a tile keeps its input: ln2's output, counted
         mlp = 0
@@ -189,6 +195,25 @@ def _layer_bytes(
         mlp = e * d
     dropout_masks = 3 * d if dropout > 0 else 0  # one byte per element
     return fp32_residual + matmul_inputs + attention + mlp + dropout_masks
+
+
+def _moe_mlp_bytes(c: GPTConfig, e: int, on_gpu: bool) -> tuple[float, float]:
+    """A fine-tune's MLP bytes per token, mean over the layers, where some layers hold
+    experts: what the MLPs keep, and what LoRA's "mlp" adapters keep beside it. A sparse
+    layer keeps its k experts' gate/up product and the gate's activation, their outputs
+    (for the routing weights' gradient) and the router's fp32 probabilities; CUDA's grouped
+    product keeps its input too (an H100: the 0.5B Qwen3-MoE LoRA row 36% under without
+    these, docs/gpu.md). Its adapters sit on the shared expert or dense MLP only (experts'
+    own: --lora-experts, not counted)."""
+    m = options(c.moe)
+    k, i, d = m["top_k"], m["expert_dim"], c.hidden_dim
+    side = m["shared_expert_dim"] or (c.ffn_dim if m["parallel_dense"] else 0)
+    sparse = e * (3 * k * i + k * d * (2 if on_gpu else 1) + 2 * side) + 8 * m["n_experts"]
+    sparse_in = e * (d + side) if side else 0
+    n = sum(is_sparse(c, layer) for layer in range(c.n_layers))
+    dense, dense_in = e * 2 * c.ffn_dim, e * (d + c.ffn_dim)
+    mean = (n * sparse + (c.n_layers - n) * dense) / c.n_layers
+    return mean, (n * sparse_in + (c.n_layers - n) * dense_in) / c.n_layers
 
 
 def mlp_tiled(cfg: TrainConfig) -> bool:
@@ -418,7 +443,7 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
     tokens = rows * cfg.seq_len
     fused = bool(cfg.init_from)  # a fine-tune's model (GPTConfig.from_train with a base)
     # LoRA's kept inputs: measured on the CPU; a GPU keeps its constants until measured
-    lora = cfg.lora_targets if cfg.lora_rank and not on_gpu else ""
+    lora = cfg.lora_targets if cfg.lora_rank else ""
     tiled = mlp_tiled(cfg)
     e = _act_bytes(precision)
     # LinearCrossEntropy (one fp32 block, in place) serves a plain head; Gemma 2's

@@ -6,9 +6,9 @@ a grid of shapes (width a multiple of 64 up to 1536, 48 to 80 of width a layer, 
 the one whose tokens per parameter, D / N with D = C / FLOPs per token, come nearest
 Chinchilla's 20. The tokens per optimizer step follow DeepSeek LLM's fitted rule,
 B = 0.292 * C^0.3271 (2024, eq. 1), rounded to a power of two of sequences; the micro-batch
-is the largest power of two that divides it and keeps the estimate (bf16, on a GPU) at or
-under 80% of the tier, which leaves the CUDA context, the desktop and other programs their
-share. max_steps = D / B.
+is the largest multiple of 8 sequences, up to B, that keeps the estimate (bf16, on a GPU, CUDA
+context included) at or under 80% of the tier, which leaves the desktop and other programs
+their share; gradient accumulation brings the step nearest B. max_steps = D / the step.
 
 `python -m benchmarks.tier_presets` prints the table and rewrites the YAML files from this.
 """
@@ -29,6 +29,7 @@ TOKENS_PER_PARAM = 20.0  # Chinchilla (Hoffmann et al. 2022)
 VRAM_SHARE = 0.80  # of the tier, by the estimate's device total
 SEQ_LEN = 1024
 HEAD_DIM = 64
+MICRO_STEP = 4  # micro-batches in whole fours of sequences
 CORPUS_BYTES = 64_000_000  # the embedded corpus: all of it (its tokens repeat a few times)
 
 
@@ -95,14 +96,20 @@ def batch_tokens(flops: float) -> int:
 
 
 def micro_batch(cfg: TrainConfig, seqs: int, tier_gb: int) -> int | None:
-    """The largest power-of-two micro-batch dividing seqs within VRAM_SHARE of the tier."""
-    micro = seqs
-    while micro >= 1:
-        candidate = dataclasses.replace(cfg, batch_size=micro, grad_accum=seqs // micro)
+    """The largest micro-batch, a multiple of MICRO_STEP up to half again seqs, within
+    VRAM_SHARE of the tier (a power of two dividing seqs left a third of some tiers unused on an
+    H100: docs/gpu.md)."""
+    step = min(MICRO_STEP, seqs)
+    for micro in range(seqs * 3 // 2 // step * step, 0, -step):
+        candidate = dataclasses.replace(cfg, batch_size=micro, grad_accum=accum_for(seqs, micro))
         if estimate(candidate, "bf16").device_total <= VRAM_SHARE * tier_gb * GB:
             return micro
-        micro //= 2
     return None
+
+
+def accum_for(seqs: int, micro: int) -> int:
+    """Micro-batches a step: the effective batch nearest the rule's, never under one."""
+    return max(1, round(seqs / micro))
 
 
 def derive(tier: Tier) -> dict:
@@ -113,15 +120,16 @@ def derive(tier: Tier) -> dict:
     micro = micro_batch(shape, seqs, tier.gb)
     if micro is None:
         raise ValueError(f"tier {tier.gb} GB: not one sequence fits")
-    steps = max(1, round(tokens / (seqs * SEQ_LEN)))
-    cfg = dataclasses.replace(shape, batch_size=micro, grad_accum=seqs // micro, max_steps=steps)
+    accum = accum_for(seqs, micro)
+    steps = max(1, round(tokens / (micro * accum * SEQ_LEN)))
+    cfg = dataclasses.replace(shape, batch_size=micro, grad_accum=accum, max_steps=steps)
     est = estimate(cfg, "bf16")
     return {
         "tier": tier,
         "config": cfg,
         "flops": flops,
         "params": est.n_params,
-        "tokens": steps * seqs * SEQ_LEN,
+        "tokens": steps * micro * accum * SEQ_LEN,
         "device_total": est.device_total,
         "share": est.device_total / (tier.gb * GB),
     }
