@@ -925,7 +925,7 @@ OOM_PRESET = "gpu-24gb"
 
 def plan_oom(ck, full: bool) -> list[Job]:
     cfg = (ck.full_preset if full else ck.preset)(OOM_PRESET, 4, grad_accum=1)
-    cfg = dataclasses.replace(cfg, batch_size=cfg.batch_size * 2)  # 128 x 1: halves to 64 x 2
+    cfg = dataclasses.replace(cfg, batch_size=cfg.batch_size * 2)  # 152 x 1: halves to 76 x 2
     return [Job("shrunk card", cfg, cfg.max_steps + 1)]  # + the step that ran out
 
 

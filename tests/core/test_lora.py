@@ -232,8 +232,11 @@ def test_estimate_counts_the_frozen_base_and_the_adapters(big_config):
     assert low.weights == 2 * low.n_params + 4 * adapters  # 16-bit base, fp32 adapters
     assert low.gradients == 4 * adapters and low.optimizer == 8 * adapters
     # about 16 bytes a parameter for a full fine-tune (weights, gradients, AdamW, casts)
-    # against 2 for a 16-bit frozen base; activations are the same at the same batch
-    assert full.device_total - low.device_total > 14 * full.n_params
+    # against 2 for a 16-bit frozen base; the adapters keep their inputs beside the same
+    # activations (an H100 measured both: docs/gpu.md)
+    kept = low.activations - full.activations
+    assert 0 < kept < 0.5 * full.activations
+    assert full.device_total - low.device_total > 14 * full.n_params - 1.1 * kept
 
 
 def test_fit_walks_full_then_8_bit_adamw_then_lora_then_a_4_bit_base(big_config):
@@ -251,9 +254,9 @@ def test_fit_walks_full_then_8_bit_adamw_then_lora_then_a_4_bit_base(big_config)
     assert estimate(small).device_total <= 0.9 * 12 * GB
     assert why.startswith("LoRA rank 16 (16-bit base)")
     assert "full fine-tuning (8-bit AdamW)" in why and "do not fit" in why  # rungs above
-    tiny, why = fit_pretrained(big_config, int(3.2 * GB))
+    tiny, why = fit_pretrained(big_config, int(4.0 * GB))  # a 4 GB card, context included
     assert tiny.base_bits == "4" and tiny.grad_checkpointing and why.startswith("QLoRA")
-    assert estimate(tiny).device_total <= 0.9 * 3.2 * GB
+    assert estimate(tiny).device_total <= 0.9 * 4.0 * GB
     nothing, why = fit_pretrained(big_config, 1 * GB)
     assert nothing is None and "none fits" in why and "QLoRA" in why
 
