@@ -137,7 +137,8 @@ def cpu_table(steps: int, finetune: bool = False) -> None:
         shapes, modes = FINETUNE_SHAPES, ("full", "full-ckpt", "lora", "lora-ckpt")
         text = FINETUNE_HELPER % (FINETUNE_SHAPES, str(helper_dir))
     (helper_dir / "helpers_shape.py").write_text(text)
-    env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{helper_dir}"}
+    # the lean heap the CPU estimate describes (core.platform.heap)
+    env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{helper_dir}", "TRAINDECK_HEAP": "lean"}
     print(
         "| shape (width, layers, seq, batch) | checkpointing | estimate (fp32, CPU) "
         "| of it activations | measured peak RSS - start | error |"

@@ -168,11 +168,9 @@ def traindeck_model(a) -> tuple:
     import torch
 
     from core.config.spec import TrainConfig, validate
-    from core.platform import heap
-    from core.training import inputs, optim
+    from core.training import estimate, inputs, optim
     from core.weights.loader import apply_pretrained, open_pretrained
 
-    heap.return_large_frees()  # as a run's setup does (inputs.set_switches)
     lora = a.mode != "full"
     extra = (
         {"lora_rank": a.rank, "lora_alpha": a.alpha, "lora_dropout": 0.0, "lora_targets": "all"}
@@ -196,6 +194,8 @@ def traindeck_model(a) -> tuple:
     )
     pre = open_pretrained(a.model)
     cfg = validate(apply_pretrained(validate(cfg), pre))
+    # the heap, as a run's setup sets it
+    inputs.set_switches(cfg, torch.device("cpu"), estimate.lean_heap(cfg))
     torch.manual_seed(0)
     model = inputs.build_model(cfg, pre, torch.device("cpu"), "fp32", lambda m: None)
     model.train()
@@ -290,6 +290,10 @@ def hf_step(model, opt):
 def one_side(a) -> dict:
     import torch
 
+    if not a.side.startswith(("peft", "hf")):  # TrainDeck's process, as its CLI starts
+        from core.platform.device import flush_denormals
+
+        flush_denormals()
     torch.set_num_threads(a.threads)
     if a.side == "peft":
         import peft  # noqa: F401  (imports counted on its side, as a user's script has them)

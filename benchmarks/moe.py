@@ -108,11 +108,9 @@ def traindeck_side(a):
 
     from core.config.spec import TrainConfig, validate
     from core.models.lora import trainable_params
-    from core.platform import heap
-    from core.training import inputs, optim
+    from core.training import estimate, inputs, optim
     from core.weights.loader import apply_pretrained, open_pretrained
 
-    heap.return_large_frees()
     cfg = TrainConfig(
         init_from=a.model,
         batch_size=a.batch,
@@ -130,6 +128,8 @@ def traindeck_side(a):
     )
     pre = open_pretrained(a.model)
     cfg = validate(apply_pretrained(validate(cfg), pre))
+    # the heap, as a run's setup sets it
+    inputs.set_switches(cfg, torch.device("cpu"), estimate.lean_heap(cfg))
     torch.manual_seed(0)
     model = inputs.build_model(cfg, pre, torch.device("cpu"), "fp32", lambda m: None)
     model.train()
@@ -213,6 +213,10 @@ def shares(step, x, y) -> dict:
 def one_side(a) -> dict:
     import torch
 
+    if not a.side.startswith(("peft", "hf")):  # TrainDeck's process, as its CLI starts
+        from core.platform.device import flush_denormals
+
+        flush_denormals()
     torch.set_num_threads(a.threads)
     if a.side == "td":
         import core.training.trainer  # noqa: F401

@@ -26,7 +26,7 @@ from core.config.spec import (
     validate,
 )
 from core.errors import EXIT_INTERRUPTED, EXIT_OK
-from core.platform.device import gpu_index
+from core.platform.device import flush_denormals, gpu_index
 from core.platform.distributed import World
 from core.runs.events import FanOut, TensorBoardEvents, TrainControl, TrainEvents
 from core.runs.folder import (
@@ -461,6 +461,7 @@ def run_cli(argv: list[str] | None = None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    flush_denormals()  # before torch's threads start (core.platform.device)
     return run_main(run_cli, argv, crash_hint=" (details in the run's train.log)")
 
 

@@ -105,6 +105,19 @@ def l2norm(x, eps: float = 1e-6):
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
 
 
+# Decays under e^-20 (2e-9) are taken as exact zeros. Beside the chunk's own O(1) terms they
+# fall under fp32's rounding, and kept, their products sink to denormal floats, which x86's
+# matrix kernels (MKL's threads ignore torch.set_flush_denormal) run about 100x slower: a
+# Qwen3.5 DeltaNet layer's forward + backward took 157 ms with them, 85 without
+# (docs/performance.md). Three such factors still multiply to a normal float (8e-27).
+DECAY_FLOOR = -20.0
+
+
+def _decay(log_decay):
+    """exp of a log-decay (<= 0), with those under DECAY_FLOOR as exact zeros."""
+    return log_decay.masked_fill(log_decay < DECAY_FLOOR, float("-inf")).exp()
+
+
 def chunk_delta_rule(q, k, v, g, beta, state=None, chunk: int = CHUNK):
     """The gated delta rule over (B, H, T, .) fp32 q, k (normed, q scaled), v and the gates
     g (log decay), beta (B, H, T), in chunks: within a chunk the updates are one triangular
@@ -121,15 +134,15 @@ def chunk_delta_rule(q, k, v, g, beta, state=None, chunk: int = CHUNK):
     k_beta, v_beta = k * beta[..., None], v * beta[..., None]
     cum = g.cumsum(-1)
     upper = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).triu(1)
-    decay = (cum[..., :, None] - cum[..., None, :]).masked_fill(upper, float("-inf")).exp()
+    decay = _decay((cum[..., :, None] - cum[..., None, :]).masked_fill(upper, float("-inf")))
     system = (k_beta @ k.transpose(-1, -2)) * decay  # its diagonal is taken as 1
-    rhs = torch.cat((v_beta, k_beta * cum.exp()[..., None]), -1)
+    rhs = torch.cat((v_beta, k_beta * _decay(cum)[..., None]), -1)
     solved = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
     u, w = solved.split((dv, dk), -1)
     inner = (q @ k.transpose(-1, -2)) * decay
-    q_decayed = q * cum.exp()[..., None]
-    k_decayed = k * (cum[..., -1:] - cum).exp()[..., None]
-    last = cum[..., -1].exp()[..., None, None]
+    q_decayed = q * _decay(cum)[..., None]
+    k_decayed = k * _decay(cum[..., -1:] - cum)[..., None]
+    last = _decay(cum[..., -1])[..., None, None]
     s = q.new_zeros(b, h, dk, dv) if state is None else state.float()
     outs = []
     for i in range(n):

@@ -141,11 +141,13 @@ def child_main(
     import torch
 
     from core.errors import failure_kind, failure_message
+    from core.platform.device import flush_denormals
     from core.training.trainer import Trainer
 
     # Ctrl+C in the terminal reaches the whole process group; the parent decides (it asks
     # for a clean stop), so the child must not die of it half-way through a save.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    flush_denormals()  # before torch's threads start
     if threads:
         torch.set_num_threads(threads)
     control = TrainControl(*events3)  # stop, save, finish

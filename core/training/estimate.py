@@ -764,3 +764,17 @@ def recommendation_line(preset, free_bytes: int | None) -> str:
     if preset.for_gpu:
         return f"recommended: {preset.name}; {free} is under the smallest VRAM tier"
     return f"recommended: {preset.name} (no CUDA GPU)"
+
+
+def lean_heap(cfg: TrainConfig) -> bool:
+    """Whether a CPU run keeps glibc's heap lean (core.platform.heap.lean): by its estimated
+    peak against the memory free now."""
+    import psutil
+
+    from core.platform import heap
+
+    try:
+        peak = estimate(cfg, on_gpu=False).device_total
+    except (OSError, ValueError):  # a start the estimate cannot read: stay lean
+        peak = None
+    return heap.lean(peak, psutil.virtual_memory().available)

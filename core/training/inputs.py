@@ -213,9 +213,11 @@ def _materialize(model: GPT, dtype: torch.dtype) -> None:
         model.head.weight = model.tok_emb.weight
 
 
-def set_switches(cfg: TrainConfig, device: torch.device) -> None:
-    """Determinism, TF32, the C heap and the seeds, before the model is made."""
-    heap.return_large_frees()  # freed activations go back to the system (core.platform.heap)
+def set_switches(cfg: TrainConfig, device: torch.device, lean_heap: bool = True) -> None:
+    """Determinism, TF32, the C heap and the seeds, before the model is made. lean_heap: keep
+    glibc's heap lean on the CPU (core.training.estimate.lean_heap decides)."""
+    if device.type == "cpu" and lean_heap:
+        heap.return_large_frees()  # freed activations go back to the system (core.platform.heap)
     if cfg.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)

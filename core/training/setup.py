@@ -12,12 +12,14 @@ from torch.nn.parallel import DistributedDataParallel
 
 from core.data.windows import check_eval_data, text_windows
 from core.errors import CheckpointError
+from core.platform import heap
 from core.platform.atomic import is_disk_full
 from core.platform.compiling import compile_or_eager
 from core.platform.device import resolve_device, resolve_precision
 from core.runs import checkpoint as ckpt
 from core.runs.folder import check_out
 from core.training import inputs, objectives, optim, resume
+from core.training.estimate import lean_heap
 from core.training.schedule import max_steps_for, plan_for
 from core.training.state import Progress, RunInputs, RunState
 from core.training.time_budget import untimed_plan
@@ -39,6 +41,7 @@ def setup(given: RunInputs, progress: Progress, events, stop) -> RunState:
         folder.log(message)
         events.on_log(message)
 
+    heap.chosen_mode()  # a bad TRAINDECK_HEAP is refused before any work
     if world.main:  # a folder that is not ours is refused before any data is prepared
         check_out(folder.path, resuming=given.resume_from is not None)
     objective = objectives.make(cfg)
@@ -81,7 +84,7 @@ def setup(given: RunInputs, progress: Progress, events, stop) -> RunState:
     folder.write_data_info(data.summary(), data.tokenizer)
     for message in early:
         folder.log(message)
-    inputs.set_switches(cfg, device)
+    inputs.set_switches(cfg, device, lean_heap(cfg) if device.type == "cpu" else False)
     progress.plan = (
         untimed_plan() if given.timed else plan_for(cfg, max_steps_for(cfg, data.train_tokens))
     )

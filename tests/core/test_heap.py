@@ -41,3 +41,22 @@ def test_freed_large_tensors_go_back_to_the_system():
 
     assert held("default") > 150  # of the 200 MB freed
     assert held("fixed") < 20
+
+
+def test_a_run_keeps_the_lean_heap_only_where_memory_is_tight(monkeypatch):
+    """The fixed threshold costs a page fault per fresh page (30-45% of a CPU fine-tune's
+    step): taken where twice the estimated peak would not fit what is free, or when asked."""
+    from core.errors import ConfigError
+    from core.platform import heap
+
+    monkeypatch.delenv("TRAINDECK_HEAP", raising=False)
+    assert not heap.lean(3 * 2**30, 8 * 2**30)  # room: glibc's own (fast) heap
+    assert heap.lean(5 * 2**30, 8 * 2**30)  # twice the peak would not fit: lean
+    assert heap.lean(None, 8 * 2**30)  # no estimate: lean
+    monkeypatch.setenv("TRAINDECK_HEAP", "lean")
+    assert heap.lean(1, 8 * 2**30)
+    monkeypatch.setenv("TRAINDECK_HEAP", "fast")
+    assert not heap.lean(7 * 2**30, 8 * 2**30)
+    monkeypatch.setenv("TRAINDECK_HEAP", "small")
+    with pytest.raises(ConfigError, match="TRAINDECK_HEAP: expected one of auto, lean, fast"):
+        heap.lean(1, 2)
