@@ -50,7 +50,7 @@ PEFT_TARGETS = [
 ]
 
 
-def build(folder: Path, tokens: Path) -> int:
+def build(folder: Path, tokens: Path, shape: dict | None = None) -> int:
     import numpy as np
     import torch
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
@@ -59,9 +59,10 @@ def build(folder: Path, tokens: Path) -> int:
 
     make_tokenizer(folder, "qwen3_5")
     torch.manual_seed(0)
-    model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**SHAPE, initializer_range=0.02))
+    shape = shape or SHAPE
+    model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**shape, initializer_range=0.02))
     model.save_pretrained(folder)
-    ids = np.random.default_rng(0).integers(0, SHAPE["vocab_size"], 200_000)
+    ids = np.random.default_rng(0).integers(0, shape["vocab_size"], 200_000)
     np.save(tokens, ids.astype(np.int64))
     return model.num_parameters()
 
@@ -138,6 +139,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--vocab", type=int, default=SHAPE["vocab_size"], help="Qwen3.5's: 248320")
+    p.add_argument("--layers", type=int, default=SHAPE["num_hidden_layers"], help="a multiple of 4")
     p.add_argument("--one-side", help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
     p.add_argument("--tokens", help=argparse.SUPPRESS)
@@ -152,7 +155,7 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as tmp:
         folder, tokens = Path(tmp) / "qwen3_5", Path(tmp) / "tokens.npy"
-        n = build(folder, tokens)
+        n = build(folder, tokens, {**SHAPE, "vocab_size": a.vocab, "num_hidden_layers": a.layers})
         print(
             f"Qwen3.5 from a config: {n / 1e6:,.0f}M parameters; LoRA rank 16 on every "
             f"projection; batch {a.batch} x seq {a.seq}, fp32, {a.threads} threads, "

@@ -17,10 +17,19 @@ CHUNK_BYTES = 64 * 1024**2  # fp32 logits of one chunk
 # LinearCrossEntropy's one buffer: half the size costs no speed there (measured on the CPU,
 # docs/performance.md), while the checkpointed chunks keep the size older runs resume with.
 FUSED_CHUNK_BYTES = 32 * 1024**2
+# ... but each chunk streams the whole head: at Qwen3.5's 248k x 1024 that was 33 positions a
+# chunk and 2.1 s for 256 positions' loss and backward, against 1.1 s at 128 (docs/
+# performance.md). The buffer may grow to an eighth of the head's own bytes, up to this.
+FUSED_MAX_BYTES = 256 * 1024**2
 
 
-def chunk_positions(vocab_size: int, fused: bool = False) -> int:
-    return max(1, (FUSED_CHUNK_BYTES if fused else CHUNK_BYTES) // (4 * vocab_size))
+def chunk_positions(vocab_size: int, fused: bool = False, hidden_dim: int = 0) -> int:
+    """Positions a chunk of the loss: CHUNK_BYTES of fp32 logits for the checkpointed
+    chunks; for the fused ones FUSED_CHUNK_BYTES, or an eighth of a large head's bytes."""
+    if not fused:
+        return max(1, CHUNK_BYTES // (4 * vocab_size))
+    head = 4 * vocab_size * hidden_dim
+    return max(1, max(FUSED_CHUNK_BYTES, min(FUSED_MAX_BYTES, head // 8)) // (4 * vocab_size))
 
 
 def _chunk_loss(head: torch.nn.Module, hidden, targets, weights):
@@ -100,7 +109,7 @@ def lm_loss(
         keep = weights.nonzero().squeeze(1)  # positions without a label get no logits
         hidden, targets, weights = hidden[keep], targets[keep], weights[keep]
     fused = fused and fusable(head, hidden)
-    chunk = chunk or chunk_positions(head.weight.shape[0], fused)
+    chunk = chunk or chunk_positions(head.weight.shape[0], fused, head.weight.shape[1])
     count = weights.sum().clamp(min=1) if mask is not None else weights.new_tensor(len(weights))
     if fused:
         return LinearCrossEntropy.apply(hidden, head.weight, targets, weights / count, chunk)
@@ -235,7 +244,7 @@ def token_logps(
     keep = mask.reshape(-1).nonzero().squeeze(1)
     hidden, targets = hidden[keep], targets.reshape(-1)[keep]
     fused = fused and fusable(head, hidden) and len(targets) > 0
-    chunk = chunk or chunk_positions(head.weight.shape[0], fused)
+    chunk = chunk or chunk_positions(head.weight.shape[0], fused, head.weight.shape[1])
     if fused:
         parts = [LinearTokenLogps.apply(hidden, head.weight, targets, temperature, chunk)]
     elif len(targets) <= chunk:

@@ -449,7 +449,8 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
     # LinearCrossEntropy (one fp32 block, in place) serves a plain head; Gemma 2's
     # soft-capped logits take the checkpointed chunks (core.models.loss.fusable).
     if fused and precision == "fp32" and not c.logit_softcap:
-        logits = min(tokens, chunk_positions(c.vocab_size, fused=True)) * c.vocab_size * 4
+        fused_chunk = chunk_positions(c.vocab_size, fused=True, hidden_dim=c.hidden_dim)
+        logits = min(tokens, fused_chunk) * c.vocab_size * 4
     else:  # logits, their fp32 copy and its gradient, for one chunk of positions at a time
         logits = min(tokens, chunk_positions(c.vocab_size)) * c.vocab_size * (e + 4 + 4)
     per_layer = _saved_bytes_per_token_layer(c, cfg.dropout, precision, fused, lora, tiled, on_gpu)

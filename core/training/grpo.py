@@ -308,7 +308,8 @@ class GRPO(Objective):
         generation = kv + rows * c.vocab_size * 4 * 3 + rows * cfg.seq_len**2  # + prefill mask
         positions = cfg.batch_size * cfg.num_generations * cfg.max_completion_tokens
         if act_bytes == 4 and not c.logit_softcap:  # LinearTokenLogps: two fp32 blocks
-            logits = min(positions, chunk_positions(c.vocab_size, fused=True)) * c.vocab_size * 8
+            chunk = chunk_positions(c.vocab_size, fused=True, hidden_dim=c.hidden_dim)
+            logits = min(positions, chunk) * c.vocab_size * 8
         else:  # checkpointed chunks: logits, fp32, log-softmax, exp, grad
             chunk = min(positions, chunk_positions(c.vocab_size))
             logits = chunk * c.vocab_size * (act_bytes + 4 * 4)

@@ -98,3 +98,15 @@ def test_token_logps_and_entropy_equal_the_whole_logits_ones_with_their_gradient
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
     assert not got[1].requires_grad
+
+
+def test_a_large_heads_fused_chunks_grow_with_it():
+    """Each fused chunk streams the whole head: at a 248k vocabulary 32 MiB held 33 positions
+    (the loss twice as slow as at 128). The buffer grows to an eighth of a large head's bytes,
+    at most 256 MiB; small heads keep 32 MiB, and the checkpointed chunks their 64 MiB."""
+    from core.models.loss import FUSED_MAX_BYTES, chunk_positions
+
+    assert chunk_positions(32_000, True, 512) == 32 * 1024**2 // (4 * 32_000)  # 262
+    assert chunk_positions(248_320, True, 1024) == 128  # Qwen3.5: 127 MiB, an eighth of 1 GiB
+    assert chunk_positions(262_144, True, 5376) == FUSED_MAX_BYTES // (4 * 262_144)  # capped
+    assert chunk_positions(248_320) == 64 * 1024**2 // (4 * 248_320)  # unchanged: 67
