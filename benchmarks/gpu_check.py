@@ -262,6 +262,7 @@ class Section:
     essential_gpu_s: float = 0.0
     lines: list[str] = field(default_factory=list)
     rows: list[dict] = field(default_factory=list)
+    extra_tables: list[tuple[str, list[dict]]] = field(default_factory=list)  # (title, rows)
 
     def allows(self, ck, *jobs: Job, optional: bool = False) -> bool:
         """Whether the jobs' predicted time fits what is left after the later sections'
@@ -328,6 +329,8 @@ class Report:
             out += [f"- {line}" for line in s.lines]
             if s.rows:
                 out += ["", *table(s.rows)]
+            for title, rows in s.extra_tables:
+                out += ["", f"{title}:", "", *table(rows)]
         return "\n".join(out) + "\n"
 
     def plot(self) -> str | None:
@@ -368,7 +371,7 @@ def _cell(key: str, v) -> str:
     if isinstance(v, bool):
         return "yes" if v else "NO"
     if isinstance(v, float):
-        if key.startswith(("error", "MFU", "of the")):
+        if key.startswith(("error", "MFU", "of the", "share")):
             return f"{v:+.1%}" if key.startswith("error") else f"{v:.1%}"
         return f"{v:,.4g}" if abs(v) < 100 else f"{v:,.0f}"
     if isinstance(v, int):
@@ -779,12 +782,46 @@ def run_memory(ck, sec: Section) -> None:
 
 def plan_throughput(ck, full: bool) -> list[Job]:
     pick = ck.full_preset if full else ck.preset
-    jobs = [Job(f"{p} eager", pick(p, 15)) for p in TIER_PRESETS]
+    # a record every 5 steps: each record's sync and NVML read, not every step's (the first
+    # GPU run logged every step, and its small presets' MFU was 3-7%)
+    jobs = [Job(f"{p} eager", pick(p, 20, log_every=5)) for p in TIER_PRESETS]
+    jobs.append(Job(PROFILED, pick(TIER_PRESETS[0], 6, log_every=5)))
     if full or ck.cuda:
         jobs += [
-            Job(f"{p} compiled", pick(p, 15, compile=True), compile=True) for p in COMPILE_ORDER
+            Job(f"{p} compiled", pick(p, 20, log_every=5, compile=True), compile=True)
+            for p in COMPILE_ORDER
         ]
     return jobs
+
+
+PROFILED = f"{TIER_PRESETS[0]} profiled"
+
+
+def profile_rows(ck, cfg, label: str, top: int = 12) -> tuple[list[dict], str]:
+    """One short run under torch's profiler: the operators with the most device time (CUDA;
+    the CPU's own time on a CPU), and how busy the device was over the profiled wall time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    kinds = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if ck.cuda else [])
+    t0 = time.perf_counter()
+    with profile(activities=kinds) as prof:
+        train(ck, cfg, label)
+    wall = time.perf_counter() - t0
+    events = [e for e in prof.key_averages() if not e.key.startswith("ProfilerStep")]
+    attr = "self_device_time_total" if ck.cuda else "self_cpu_time_total"
+    busy = sum(getattr(e, attr, 0) for e in events) / 1e6
+    events.sort(key=lambda e: -getattr(e, attr, 0))
+    rows = [
+        {
+            "operator": e.key[:60],
+            "calls": e.count,
+            "ms": getattr(e, attr, 0) / 1e3,
+            "share": getattr(e, attr, 0) / 1e6 / busy if busy else None,
+        }
+        for e in events[:top]
+    ]
+    where = "the GPU" if ck.cuda else "the CPU (self time)"
+    return rows, f"{label}: {where} busy {busy:.2f} s of {wall:.2f} s profiled wall time"
 
 
 def card_peak() -> float | None:
@@ -808,6 +845,12 @@ def run_throughput(ck, sec: Section) -> None:
         sec.lines.append(f"MFU against {peak / 1e12:.0f} TFLOP/s dense bf16")
     for job in ck.plans[sec.key]:
         if job.compile != ck.tail or not sec.allows(ck, job, optional=job.compile):
+            continue
+        if job.label == PROFILED:
+            rows, line = profile_rows(ck, job.cfg, f"throughput-{TIER_PRESETS[0]}-profiled")
+            sec.lines.append(line)
+            sec.extra_tables.append((f"where {TIER_PRESETS[0]}'s step goes", rows))
+            ck.report.save()
             continue
         run = train(ck, job.cfg, f"throughput-{job.label.replace(' ', '-')}")
         tok_s = run.tokens_per_s()
