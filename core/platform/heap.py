@@ -3,7 +3,7 @@ on free, but after each such free it raises that threshold (up to 32 MB), so the
 activations come from the heap, whose freed memory it keeps: on a long-context CPU fine-tune
 that doubled the resident peak (2.37 GB against 1.14 GB at 2,048 tokens, docs/performance.md).
 A fixed threshold keeps every large tensor on its own mapping, returned to the system when
-freed. Its cost is a page fault for each fresh page of every large tensor: 30-45% of a CPU
+freed. Its cost is a page fault for each fresh page of every large tensor: 25-45% of a CPU
 fine-tune's step (docs/performance.md), so a run takes it only where memory is tight (`lean`)."""
 
 from __future__ import annotations
