@@ -287,19 +287,25 @@ def hf_step(model, opt):
     return step
 
 
-def one_side(a) -> dict:
+def start_side(traindeck: bool, threads: int) -> None:
+    """A side's process before its model: TrainDeck's flushes denormals first, as its CLI
+    does; each imports what it runs with (counted on its side, as a user's script has them)."""
     import torch
 
-    if not a.side.startswith(("peft", "hf")):  # TrainDeck's process, as its CLI starts
+    if traindeck:
         from core.platform.device import flush_denormals
 
         flush_denormals()
-    torch.set_num_threads(a.threads)
-    if a.side == "peft":
-        import peft  # noqa: F401  (imports counted on its side, as a user's script has them)
-        import transformers  # noqa: F401
-    else:
+    torch.set_num_threads(threads)
+    if traindeck:
         import core.training.trainer  # noqa: F401
+    else:
+        import peft  # noqa: F401
+        import transformers  # noqa: F401
+
+
+def one_side(a) -> dict:
+    start_side(a.side != "peft", a.threads)
     imports_mb = rss_mb()
     step, trainable, wd = (peft_side if a.side == "peft" else traindeck_side)(a)
     loaded_mb = rss_mb()

@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from finetune import (
     hf_step,  # noqa: E402
     rss_mb,  # noqa: E402
+    start_side,  # noqa: E402
 )
 
 SHAPES = {
@@ -211,18 +212,7 @@ def shares(step, x, y) -> dict:
 
 
 def one_side(a) -> dict:
-    import torch
-
-    if not a.side.startswith(("peft", "hf")):  # TrainDeck's process, as its CLI starts
-        from core.platform.device import flush_denormals
-
-        flush_denormals()
-    torch.set_num_threads(a.threads)
-    if a.side == "td":
-        import core.training.trainer  # noqa: F401
-    else:
-        import peft  # noqa: F401
-        import transformers  # noqa: F401
+    start_side(a.side == "td", a.threads)
     step, trainable = (traindeck_side if a.side == "td" else peft_side)(a)
     loaded_mb = rss_mb()
     vocab = json.loads((Path(a.model) / "config.json").read_text())["vocab_size"]
