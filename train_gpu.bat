@@ -9,7 +9,8 @@ rem    train_gpu.bat --help
 rem
 rem  The first run creates .venv next to this file and installs torch (a CUDA
 rem  build when nvidia-smi reports an NVIDIA GPU, the CPU build otherwise)
-rem  and TrainDeck into it. Later runs skip that until pyproject.toml changes.
+rem  and TrainDeck into it, with triton-windows for torch.compile on an NVIDIA
+rem  GPU. Later runs skip that until pyproject.toml changes.
 rem  Double-clicking works from any folder; on errors the window stays open.
 rem
 rem  Environment variables (all optional):
@@ -25,6 +26,10 @@ rem CUDA builds of torch on PyTorch's wheel index, newest first. cuXYZ needs a
 rem driver whose nvidia-smi reports "CUDA Version" XY.Z or newer.
 set "TORCH_CUDA_BUILDS=cu130 cu128 cu126"
 set "TORCH_INDEX_BASE=https://download.pytorch.org/whl"
+rem torch.compile on an NVIDIA GPU needs Triton; on Windows that is the package
+rem triton-windows, at the Triton minor this torch minor is built with (torch
+rem 2.13: Triton 3.7). Linux's CUDA torch brings its own triton.
+set "TRITON_WINDOWS=3.7.*"
 rem ----------------------------------------------------------------------------
 
 set "RC=0"
@@ -94,6 +99,7 @@ set /p DEPS_HASH=<"%VENV%\traindeck-hash.tmp"
 del "%VENV%\traindeck-hash.tmp" >nul 2>&1
 if not defined DEPS_HASH goto fail_hash
 set "WANT_STAMP=%DEPS_HASH% torch=%TORCH_VERSION%+%TORCH_VARIANT%"
+if defined WANT_CUDA set "WANT_STAMP=%WANT_STAMP% triton-windows=%TRITON_WINDOWS%"
 set "HAVE_STAMP="
 if exist "%STAMP%" set /p HAVE_STAMP=<"%STAMP%"
 if "%HAVE_STAMP%"=="%WANT_STAMP% extras=test" goto deps_up_to_date
@@ -114,6 +120,7 @@ if defined EXTRAS set "PROJECT_SPEC=.[%EXTRAS%]"
 echo [traindeck] Installing TrainDeck and its dependencies: pip install -e "%PROJECT_SPEC%"
 "%VENV_PY%" -m pip install -e "%PROJECT_SPEC%"
 if not "%ERRORLEVEL%"=="0" goto fail_pip
+if defined WANT_CUDA call :install_triton
 if defined WANT_CUDA goto verify_cuda
 "%VENV_PY%" -c "import torch; print('[traindeck] torch', torch.__version__, 'imports fine (CPU build)')"
 if not "%ERRORLEVEL%"=="0" goto fail_torch_import
@@ -182,6 +189,16 @@ exit /b 0
 rem ==========================================================================
 rem  Subroutines. They return 0 on success, non-zero after printing why.
 rem ==========================================================================
+
+:install_triton
+rem Without it training still runs, uncompiled: a warning, not a failure.
+echo [traindeck] Installing triton-windows %TRITON_WINDOWS% for torch.compile on the GPU ...
+"%VENV_PY%" -m pip install "triton-windows==%TRITON_WINDOWS%"
+if "%ERRORLEVEL%"=="0" exit /b 0
+echo [traindeck] WARNING: installing triton-windows failed (see pip's message above). Training
+echo [traindeck] runs uncompiled (slower steps) until it is installed:
+echo [traindeck]   "%VENV_PY%" -m pip install "triton-windows==%TRITON_WINDOWS%"
+exit /b 0
 
 :detect_torch_variant
 set "TORCH_VARIANT=cpu"

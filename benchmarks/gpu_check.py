@@ -514,6 +514,7 @@ class Check:
             sample_tokens=0,
             warmup_steps=min(cfg.warmup_steps, max(1, steps // 2)),
             device=self.args.device,
+            compile=False,  # measured eager unless a row asks (a GPU run compiles by default)
         )
         values.update(extra)
         if self.smoke:
@@ -553,6 +554,7 @@ class Check:
         from core.config import presets
 
         cfg = presets.to_config(presets.load_preset(name))
+        extra = {"compile": False, **extra}  # eager unless a row asks, as base()
         return dataclasses.replace(cfg, max_steps=steps, device="cuda", **extra)
 
 

@@ -117,6 +117,35 @@ class _NoWheelUnlessFocused:
             event.ignore()
 
 
+class AutoCheck(QCheckBox):
+    """A yes/no field that may stay unset (torch.compile): checked, unchecked, or partly
+    checked for "auto" (core decides from the device), which its text says."""
+
+    def __init__(self, label: str, auto_text: str):
+        super().__init__(label)
+        self.label, self.auto_text = label, auto_text
+        self.setTristate(True)
+        self.stateChanged.connect(self._relabel)
+
+    def _relabel(self) -> None:
+        auto = self.checkState() == Qt.CheckState.PartiallyChecked
+        self.setText(f"{self.label} ({self.auto_text})" if auto else self.label)
+
+    def field_value(self) -> bool | None:
+        state = self.checkState()
+        return None if state == Qt.CheckState.PartiallyChecked else state == Qt.CheckState.Checked
+
+    def set_field_value(self, value: bool | None) -> None:
+        if value is None:
+            self.setCheckState(Qt.CheckState.PartiallyChecked)
+        else:
+            self.setCheckState(Qt.CheckState.Checked if value else Qt.CheckState.Unchecked)
+        self._relabel()
+
+
+AUTO_TEXTS = {"compile": "auto: on a GPU"}  # what an unset yes/no field does
+
+
 class IntSpin(_NoWheelUnlessFocused, QSpinBox):
     def __init__(self, name: str):
         super().__init__()
@@ -483,6 +512,9 @@ class ConfigForm(QWidget):
         if spec.widget == "limit":
             w = LimitField()
             w.changed.connect(self._edited)
+        elif KINDS[name] is bool and spec.optional:
+            w = AutoCheck(LABELS[name], AUTO_TEXTS.get(name, AUTO))
+            w.stateChanged.connect(self._edited)
         elif KINDS[name] is bool:
             w = QCheckBox(LABELS[name])
             w.toggled.connect(self._edited)
@@ -571,7 +603,9 @@ class ConfigForm(QWidget):
 
     @staticmethod
     def _set_widget(w: QWidget, value) -> None:
-        if isinstance(w, QCheckBox):
+        if isinstance(w, AutoCheck):
+            w.set_field_value(value)
+        elif isinstance(w, QCheckBox):
             w.setChecked(bool(value))
         elif isinstance(w, Combo):
             w.set_text(str(value))
@@ -585,6 +619,8 @@ class ConfigForm(QWidget):
 
     @staticmethod
     def _read_widget(w: QWidget):
+        if isinstance(w, AutoCheck):
+            return w.field_value()
         if isinstance(w, QCheckBox):
             return w.isChecked()
         if isinstance(w, Combo):

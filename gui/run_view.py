@@ -60,6 +60,7 @@ class RunView(QWidget):
         self.hardware_info = hardware_info
         self.run_progress = Progress()
         self.prepare_started: tuple[str, float] | None = None
+        self.compiling_since: float | None = None  # a compiled run's first step, until done
         self._build(runs_root)
         self.progress_timer = QTimer(self)
         self.progress_timer.setInterval(PROGRESS_MS)
@@ -141,6 +142,8 @@ class RunView(QWidget):
         worker.sampled.connect(self.on_sample)
         worker.logged.connect(self.log)
         worker.oom.connect(self.on_oom)
+        worker.compiled.connect(self.on_compiled)
+        self.compiling_since = None
         self.set_training(True)
         worker.finished.connect(lambda: self.set_training(False))
 
@@ -168,6 +171,9 @@ class RunView(QWidget):
         self.progress.setRange(0, max(1, info["max_steps"]))
         self.progress.setFormat("step %v / %m (%p%)")
         self.progress.setValue(info["start_step"])
+        if info.get("compiling"):  # the first step compiles: seconds, not a step's time
+            self.compiling_since = time.monotonic()
+            self._show_compiling()
         # Cleared only now: a run refused at setup leaves the last run's curves on screen.
         if info.get("resumed"):
             self._refill_plots(Path(info["run_dir"]), info["start_step"])
@@ -232,7 +238,17 @@ class RunView(QWidget):
         self.notice.setVisible(True)
         self.log(message)
 
+    def _show_compiling(self) -> None:
+        seconds = time.monotonic() - self.compiling_since
+        self.progress.setFormat(f"compiling (first step)… {seconds:.0f} s")
+
+    def on_compiled(self, info: dict) -> None:
+        self.compiling_since = None
+        self.progress.setFormat("step %v / %m (%p%)")
+
     def refresh_progress(self) -> None:
+        if self.compiling_since is not None:
+            self._show_compiling()
         step = self.run_progress.step
         if step is not None:
             self.progress.setValue(min(step, self.progress.maximum()))

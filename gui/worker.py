@@ -88,6 +88,9 @@ class _SignalEvents(TrainEvents):
     def on_oom(self, info):
         self.thread.oom.emit(info)
 
+    def on_compiled(self, info):
+        self.thread.compiled.emit(info)
+
     def on_train_end(self, result):
         self.thread.train_ended.emit(result)
 
@@ -103,6 +106,7 @@ class TrainThread(QThread):
     sampled = Signal(int, str)
     logged = Signal(str)
     oom = Signal(dict)
+    compiled = Signal(dict)  # a compiled run's first step done: step, seconds
     train_ended = Signal(dict)
     # kind is "input" (bad settings, data or checkpoint), "training" (diverged, OOM at
     # batch 1) or "crash" (a bug or an unexpected failure); message is core's text.

@@ -57,11 +57,23 @@ def flag_help(name: str) -> str:
 
 
 def add_field_flags(p: argparse.ArgumentParser) -> None:
-    """One flag per config field: --name VALUE, or --name / --no-name for booleans."""
+    """One flag per config field: --name VALUE, or --name / --no-name for booleans (both
+    for one that may stay unset)."""
     for name, spec in SPECS.items():
         if not spec.cli:
             continue
         flag = "--" + name.replace("_", "-")
+        if KINDS[name] is bool and spec.optional:  # unset: core decides (compile)
+            p.add_argument(flag, dest=name, action="store_true", default=None, help=flag_help(name))
+            no = "--no-" + flag[2:]
+            p.add_argument(
+                no,
+                dest=name,
+                action="store_false",
+                default=None,
+                help=f"{flag} off, whatever its default",
+            )
+            continue
         if KINDS[name] is bool:
             default_on = getattr(TrainConfig(), name)
             flag = "--no-" + flag[2:] if default_on else flag

@@ -315,11 +315,23 @@ class ExecutionFields:
         group=EXECUTION,
         widget="device",
     )
-    compile: bool = spec(
-        False,
-        "torch.compile the model: faster steps on a GPU after a slow first step",
+    compile: bool | None = spec(
+        None,
+        "torch.compile each transformer block (compiled once, reused by every layer): faster "
+        "steps after a first step that compiles. Unset (the default): on a CUDA GPU where "
+        "Triton imports, not on the CPU; --compile: on the CPU too; --no-compile: never",
         label="torch.compile",
         group=EXECUTION,
+        optional=True,
+    )
+    compile_mode: str = spec(
+        "default",
+        "torch.compile's mode: default; reduce-overhead adds CUDA graphs (fewer kernel "
+        "launches, for small models with fixed shapes); max-autotune-no-cudagraphs tries "
+        "more kernels while compiling",
+        label="Compile mode",
+        group=ADVANCED,
+        choices=("default", "reduce-overhead", "max-autotune-no-cudagraphs"),
     )
     grad_checkpointing: bool = spec(
         False,

@@ -27,7 +27,7 @@ from core.config.methods.grpo import split_reward as split_reward
 from core.errors import ConfigError
 
 CONFIG_VERSION = (
-    3  # bump with a MIGRATIONS entry whenever a field is renamed or its meaning changes
+    4  # bump with a MIGRATIONS entry whenever a field is renamed or its meaning changes
 )
 
 
@@ -115,7 +115,7 @@ def check_value(name: str, value):
 def _coerce(name: str, value):
     """Turn YAML/CLI/GUI values into the field's type, or raise naming the field."""
     if name in BOOL_FIELDS:
-        if isinstance(value, bool):
+        if isinstance(value, bool) or (value is None and SPECS[name].optional):
             return value
         raise ConfigError(f"{name}: expected true or false, got {value!r}", field=name)
     if name in LIMITS:
@@ -362,6 +362,15 @@ def format_duration(seconds: float) -> str:
     return out
 
 
+def _from_v3(d: dict) -> dict:
+    """Version 3's compile was true or false, false by default; version 4's default (None)
+    compiles on a CUDA GPU only. A saved false was almost always that default: it becomes
+    the new one, so remembered settings and old presets compile on a GPU too."""
+    if d.get("compile") is False:
+        d = {**d, "compile": None}
+    return d
+
+
 def _from_v2(d: dict) -> dict:
     """Version 2 had no architecture, optimizer or schedule choice: nanoGPT's GPT-2 model,
     AdamW, cosine decay, peak lr 1e-3 unless set."""
@@ -375,7 +384,7 @@ def _from_v1(d: dict) -> dict:
 
 
 # version N -> a function turning an N mapping into an N+1 mapping (renames go here too)
-MIGRATIONS = {1: _from_v1, 2: _from_v2}
+MIGRATIONS = {1: _from_v1, 2: _from_v2, 3: _from_v3}
 
 
 def migrate(d: dict, source: str = "config") -> dict:

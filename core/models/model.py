@@ -686,6 +686,21 @@ class GPT(nn.Module):
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
+    def compile_blocks(self, options: dict | None) -> int:
+        """torch.compile each block in place with options (None: eager again); how many.
+        Regional compilation: blocks alike share one compiled graph (torch inlines their
+        modules), so a first step compiles a block, not the whole model."""
+        for block in self.blocks:
+            if options is None:
+                block._compiled_call_impl = None
+            else:
+                block.compile(**options)
+        return len(self.blocks)
+
+    @property
+    def blocks_compiled(self) -> bool:
+        return any(b._compiled_call_impl is not None for b in self.blocks)
+
     def _rope(self, start: int, end: int, device, furthest: int | None = None):
         """cos and sin for positions start..end-1. furthest: the furthest position used plus
         one, where it is less than end (packed examples): LongRoPE picks its factors by it."""
@@ -881,13 +896,14 @@ class GPT(nn.Module):
         return streams_for(x.device)
 
     def _remakes(self) -> bool:
-        """A fine-tune's training forward, eager: under torch.compile the compiler chooses
-        what to keep and what to recompute itself."""
+        """A fine-tune's training forward, eager: under torch.compile (of the model or of its
+        blocks) the compiler chooses what to keep and what to recompute itself."""
         return (
             self.config.fused
             and self.training
             and torch.is_grad_enabled()
             and not torch.compiler.is_compiling()
+            and not self.blocks_compiled
         )
 
     @torch.no_grad()

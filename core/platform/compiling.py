@@ -1,7 +1,12 @@
-"""torch.compile that never ends a run. What it needs is checked before step 0 (a C++ compiler
-for the CPU, Triton for an NVIDIA GPU) and a tiny function is compiled for real; a failure then
-or at the model's first compiled step leaves the run going uncompiled, with one line that says
-why and what to install."""
+"""torch.compile that never ends a run. Whether a run compiles is decided here, once, from its
+setting and its device (`wanted`: by default on a CUDA GPU, never by default on the CPU, whose
+eager path is tuned). A model with blocks is compiled regionally: each transformer block in
+place, so blocks alike share one compiled graph and the first step compiles one block, not the
+whole model. Inductor's and Triton's caches live in TrainDeck's cache folder, so a second run of
+the same shapes starts warm. What compiling needs is checked before step 0 (a C++ compiler for
+the CPU, Triton for an NVIDIA GPU) and a tiny function is compiled for real; a failure then or
+at the model's first compiled step leaves the run going uncompiled, with one line that says why
+and what to install."""
 
 from __future__ import annotations
 
@@ -17,6 +22,40 @@ import torch
 import torch.nn as nn
 
 WINDOWS = sys.platform == "win32"
+# torch.compile's modes a run may pick: reduce-overhead adds CUDA graphs (static shapes only)
+MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
+
+
+def wanted(requested: bool | None, device_type: str) -> bool:
+    """Whether a run compiles: what it asked for, else (None, the default) on a CUDA GPU
+    only. The one place this is decided: setup, the estimate and the window ask it."""
+    return requested if requested is not None else device_type == "cuda"
+
+
+def triton_package(system: str | None = None) -> str:
+    """The pip package that brings Triton: a separate build on Windows."""
+    return "triton-windows" if (system or sys.platform) == "win32" else "triton"
+
+
+def cache_folder() -> Path:
+    """Where compiled kernels are kept between runs: TrainDeck's cache folder (beside the
+    data cache; inside the folder TRAINDECK_CACHE names), not the temporary folder a reboot
+    empties."""
+    env = os.environ.get("TRAINDECK_CACHE")
+    if env:
+        return Path(env) / "compile"
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("traindeck", appauthor=False)) / "compile"
+
+
+def use_cache_folder(folder: Path | None = None) -> Path:
+    """Point Inductor and Triton at the cache folder, before anything compiles; a folder the
+    user set (TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR) is kept. Returns Inductor's."""
+    folder = folder or cache_folder()
+    inductor = os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(folder / "inductor"))
+    os.environ.setdefault("TRITON_CACHE_DIR", str(folder / "triton"))
+    return Path(inductor)
 
 
 def needs_text(system: str = sys.platform) -> str:
@@ -52,8 +91,8 @@ def _has_triton() -> bool:
 def compile_problem(device: torch.device) -> str | None:
     """Why torch.compile cannot work here, in one line; None when the tools are there."""
     if device.type == "cuda" and not _has_triton():
-        install = "pip install triton-windows" if WINDOWS else "pip install triton"
-        return f"Triton is not importable, and compiling for an NVIDIA GPU needs it ({install})"
+        needs = f"compiling for an NVIDIA GPU needs it (pip install {triton_package()})"
+        return f"Triton does not import, and {needs}"
     if device.type == "cpu" and _compiler() is None:
         wanted = "cl.exe (MSVC)" if WINDOWS else "a C++ compiler (g++, clang++)"
         return f"no {wanted} on PATH, and compiling for the CPU needs one"
@@ -126,14 +165,38 @@ def _smoke(device: torch.device) -> None:
     f(x).backward()
 
 
-class CompiledOrEager(nn.Module):
-    """The model compiled, or itself again once compiling it fails."""
+def _options(mode: str, backend: str | None) -> dict:
+    """torch.compile's arguments (backend: tests use aot_eager, which needs no compiler)."""
+    return {"mode": mode} if backend is None else {"mode": mode, "backend": backend}
 
-    def __init__(self, model: nn.Module, log: Callable[[str], None]):
+
+class CompiledOrEager(nn.Module):
+    """The model compiled, or itself again once compiling it fails. A model that compiles its
+    own blocks (GPT.compile_blocks) is compiled regionally, in place; any other whole."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        log: Callable[[str], None],
+        mode: str = "default",
+        backend: str | None = None,
+    ):
         super().__init__()
         self.model = model
-        # Not a submodule: its parameters are the model's, registered once above.
-        self.__dict__["compiled"] = torch.compile(model)
+        regional = hasattr(model, "compile_blocks")
+        if regional:
+            blocks = model.compile_blocks(_options(mode, backend))
+            compiled = model
+            self.__dict__["parts"] = (
+                f"the {blocks} transformer blocks, each compiled in place (blocks alike share "
+                "one compiled graph); the embedding, the head and the loss run eager"
+            )
+        else:
+            # Not a submodule: its parameters are the model's, registered once above.
+            compiled = torch.compile(model, **_options(mode, backend))
+            self.__dict__["parts"] = "the whole model"
+        self.__dict__["compiled"] = compiled
+        self.__dict__["regional"] = regional
         self.__dict__["_log"] = log
 
     def forward(self, *args, **kwargs):
@@ -142,13 +205,29 @@ class CompiledOrEager(nn.Module):
             try:
                 return compiled(*args, **kwargs)
             except compile_errors() as e:
-                self.__dict__["compiled"] = None
+                self._give_up()
                 self.__dict__["_log"](fallback_line(f"compiling the model failed ({_reason(e)})"))
         return self.model(*args, **kwargs)
+
+    def _give_up(self) -> None:
+        self.__dict__["compiled"] = None
+        if self.__dict__["regional"]:
+            self.model.compile_blocks(None)  # its blocks eager again
 
     @property
     def is_compiled(self) -> bool:
         return self.__dict__["compiled"] is not None
+
+    @property
+    def parts(self) -> str:
+        """Which parts are compiled, for the log."""
+        return self.__dict__["parts"]
+
+
+def is_compiled(train_model: nn.Module) -> bool:
+    """Whether the model as trained (DDP's wrapper taken off) still runs compiled."""
+    inner = getattr(train_model, "module", train_model)
+    return bool(getattr(inner, "is_compiled", False))
 
 
 def compile_or_eager(
@@ -156,8 +235,12 @@ def compile_or_eager(
     device: torch.device,
     log: Callable[[str], None],
     smoke: Callable[[torch.device], None] | None = None,
+    mode: str = "default",
+    backend: str | None = None,
 ) -> nn.Module:
-    """The model to train: compiled where the tools work, else the model itself and one line."""
+    """The model to train: compiled where the tools work, else the model itself and one line.
+    The log says which parts compile and where their kernels are cached."""
+    cache = use_cache_folder()
     problem = compile_problem(device)
     if problem is None:
         link_torch_without_spaces()
@@ -168,4 +251,9 @@ def compile_or_eager(
     if problem is not None:
         log(fallback_line(problem))
         return model
-    return CompiledOrEager(model, log)
+    wrapped = CompiledOrEager(model, log, mode, backend)
+    log(
+        f"torch.compile (mode {mode}): {wrapped.parts}; the first step compiles, its kernels "
+        f"are cached in {cache} (a second run of these shapes starts warm)"
+    )
+    return wrapped

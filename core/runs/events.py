@@ -36,6 +36,10 @@ class TrainEvents:
     def on_oom(self, info: dict) -> None:
         """Out-of-memory recovered: step, batch_size, grad_accum (the new values)."""
 
+    def on_compiled(self, info: dict) -> None:
+        """A compiled run's first step is done: step, seconds it took (mostly compiling),
+        compiled (False: compiling failed and the run goes on eager)."""
+
     def on_train_end(self, result: dict) -> None:
         """status: finished | stopped | failed; step; error (when failed); run_dir."""
 

@@ -26,6 +26,7 @@ from core.models.params import (
 )
 from core.models.per_layer import kv_source, layer_shape, table_params, varies
 from core.models.tiling import ATTN_CHUNK_QUERIES, MLP_TILE_TOKENS
+from core.platform import compiling
 from core.platform.device import pick_precision
 from core.training import memory_profile as mp
 from core.training import objectives
@@ -216,9 +217,11 @@ def _moe_mlp_bytes(c: GPTConfig, e: int, on_gpu: bool) -> tuple[float, float]:
     return mean, (n * sparse_in + (c.n_layers - n) * dense_in) / c.n_layers
 
 
-def mlp_tiled(cfg: TrainConfig) -> bool:
-    """Whether the model runs its MLPs in tiles at this context (core.models.model.MLP)."""
-    return cfg.seq_len > MLP_TILE_TOKENS and not cfg.compile
+def mlp_tiled(cfg: TrainConfig, on_gpu: bool = True) -> bool:
+    """Whether the model runs its MLPs in tiles at this context (core.models.model.MLP):
+    not where it compiles (the compiler chooses what to keep)."""
+    compiles = compiling.wanted(cfg.compile, "cuda" if on_gpu else "cpu")
+    return cfg.seq_len > MLP_TILE_TOKENS and not compiles
 
 
 def _mlp_tile_bytes(c: GPTConfig, precision: str) -> int:
@@ -444,7 +447,7 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
     fused = bool(cfg.init_from)  # a fine-tune's model (GPTConfig.from_train with a base)
     # LoRA's kept inputs: measured on the CPU; a GPU keeps its constants until measured
     lora = cfg.lora_targets if cfg.lora_rank else ""
-    tiled = mlp_tiled(cfg)
+    tiled = mlp_tiled(cfg, on_gpu)
     e = _act_bytes(precision)
     # LinearCrossEntropy (one fp32 block, in place) serves a plain head; Gemma 2's
     # soft-capped logits take the checkpointed chunks (core.models.loss.fusable).

@@ -64,4 +64,5 @@ def start_record(run, cfg: TrainConfig, step: int, max_steps: int, resumed: bool
         "data": run.data.summary(),
         "config": cfg.to_dict(),
         "resumed": resumed,
+        "compiling": run.compiled,  # the parts the first step compiles; None: eager
     }

@@ -12,9 +12,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from core.data.windows import check_eval_data, text_windows
 from core.errors import CheckpointError
-from core.platform import heap
+from core.platform import compiling, heap
 from core.platform.atomic import is_disk_full
-from core.platform.compiling import compile_or_eager
 from core.platform.device import resolve_device, resolve_precision
 from core.runs import checkpoint as ckpt
 from core.runs.folder import check_out
@@ -116,7 +115,7 @@ def build(
     model = model.to(device)
     optimizer = optim.make(model, cfg)
     scaler = torch.amp.GradScaler("cuda", enabled=precision == "fp16")
-    train_model = compile_or_eager(model, device, log) if cfg.compile else model
+    train_model = compiled_model(cfg, model, device, log)
     if given.world.enabled:
         ids = [device.index] if device.type == "cuda" else None
         train_model = DistributedDataParallel(train_model, device_ids=ids)
@@ -132,9 +131,20 @@ def build(
         world=given.world,
         folder=given.folder,
         base=base,
+        compiled=getattr(train_model, "parts", None) if train_model is not model else None,
     )
     objective.prepare(run, cfg, log, events, stop)
     return run
+
+
+def compiled_model(cfg, model, device, log) -> torch.nn.Module:
+    """The model compiled where the run compiles (core.platform.compiling.wanted: by default
+    on a CUDA GPU), or the model itself."""
+    if compiling.wanted(cfg.compile, device.type):
+        return compiling.compile_or_eager(model, device, log, mode=cfg.compile_mode)
+    if device.type == "cuda":  # said, as a GPU run is compiled by default
+        log("torch.compile: off (--no-compile); the model trains eager")
+    return model
 
 
 def restore(given: RunInputs, run: RunState, state: dict, progress: Progress, log) -> None:

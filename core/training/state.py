@@ -43,6 +43,7 @@ class RunState:
     second_val: TextWindows | None = None  # --eval-data's windows
     # Polled while a step waits on the user's code (a reward): true asks the step to stop.
     interrupt: Callable[[], bool] | None = None
+    compiled: str | None = None  # which parts torch.compile compiles; None: eager
 
 
 @dataclass

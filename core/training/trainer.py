@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ from core.errors import DiskFullError, StepStopped, TrainingError, UserError
 from core.models import lora
 from core.models.model import GPTConfig
 from core.platform.atomic import is_disk_full
+from core.platform.compiling import is_compiled
 from core.platform.device import is_oom
 from core.platform.distributed import World
 from core.platform.hardware import memory_stats
@@ -96,6 +98,7 @@ class Trainer:
         self._pending: list[PendingStep] = []  # steps not yet read from the device
         self._step_signals = StepSignals()
         self._before_step = None  # (data state, RNG state) while a step runs
+        self._compiling: float | None = None  # when a compiled run's first step began
         self.plan: Plan | None = None
         # What the run is built from (model, data, optimizer, objective): made by setup once
         # the input is known good; None until then.
@@ -187,6 +190,7 @@ class Trainer:
             except StepStopped:  # the step is dropped: the state after the last one is saved
                 break
             self.step += 1
+            self._say_compiled()
             self._pending.append(PendingStep(self.step, loss, peak_lr * factor, self._step_signals))
             if self.step % self.cfg.log_every == 0:
                 self._emit_metrics()
@@ -336,6 +340,23 @@ class Trainer:
             self.budget.first_step = self.step
         plan = describe_plan(cfg, self.plan)
         self.log(f"optimizer: {recipe.optimizer_line(cfg)}; schedule: {plan}")
+        if self.run_state.compiled:
+            self.log("compiling (first step)…")
+            self._compiling = time.perf_counter()
+
+    def _say_compiled(self) -> None:
+        """A compiled run's first step compiles it: its time, said once. The host's time, so
+        no sync: compiling is host work, and the step's kernels are queued when it ends."""
+        if self._compiling is None:
+            return
+        seconds = time.perf_counter() - self._compiling
+        self._compiling = None
+        compiled = is_compiled(self.train_model)  # False: it failed and said why
+        if compiled:
+            self.log(f"compiled in {seconds:.1f} s (the first step)")
+        self.events.on_compiled(
+            {"step": self.step, "seconds": round(seconds, 1), "compiled": compiled}
+        )
 
     def _while_user_code_runs(self) -> bool:
         """Polled while a step or an evaluation waits on the user's code (a reward): Save now

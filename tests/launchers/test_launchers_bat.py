@@ -45,6 +45,7 @@ if /i "%NAME%"=="nvidia-smi" goto smi
 set "ARG1=%~2"
 set "ARG2=%~3"
 set "ARG3=%~4"
+set "ARG4=%~5"
 if /i "%NAME%"=="py" goto py
 goto emulate
 
@@ -70,6 +71,7 @@ exit /b 103
 set "ARG1=%~3"
 set "ARG2=%~4"
 set "ARG3=%~5"
+set "ARG4=%~6"
 
 :emulate
 if "%ARG1%"=="-c" goto emulate_c
@@ -104,6 +106,7 @@ copy /y "%SELF%" "%ARG3%\Scripts\python.exe" >nul
 exit /b 0
 :m_pip
 echo stub: pip
+if defined STUB_TRITON_RC if not "%ARG4:triton=%"=="%ARG4%" exit /b %STUB_TRITON_RC%
 if defined STUB_PIP_RC exit /b %STUB_PIP_RC%
 exit /b 0
 """
@@ -345,6 +348,29 @@ def test_bat_picks_the_cuda_build_the_driver_supports(wine: Wine, tmp_path: Path
         assert "too old" in r.out and "Continuing with the CPU build" in r.out
     else:
         assert r.venv_calls("t.cuda.is_available()")
+
+
+def test_bat_installs_triton_windows_for_the_gpu_only(wine: Wine, tmp_path: Path):
+    pin = '-m pip install "triton-windows==3.7.*"'  # torch 2.13's Triton minor
+    repo = wine.repo(tmp_path)
+    r = wine.run(repo, "--max-epochs 1", gpu="12.8")
+    assert r.rc == 0, r.out
+    pip = r.venv_calls(" -m pip install ")
+    assert [c for c in pip if c.endswith(pin)] == [pip[-1]], pip  # after TrainDeck
+    assert r.venv_calls("t.cuda.is_available()")
+    stamp = (repo / ".venv" / "traindeck-install.stamp").read_text()
+    assert "torch=2.13.0+cu128 triton-windows=3.7.* extras=" in stamp
+    assert "Dependencies up to date" in wine.run(repo, "--max-epochs 1", gpu="12.8").out
+    r = wine.run(wine.repo(tmp_path / "cpu"), "--max-epochs 1")
+    assert r.rc == 0 and not r.venv_calls("triton-windows=="), r.calls
+    # A failed Triton install is a warning: the run goes on (uncompiled) and says how.
+    r = wine.run(
+        wine.repo(tmp_path / "no"), "--max-epochs 1", gpu="12.8", env={"STUB_TRITON_RC": "1"}
+    )
+    assert r.rc == 0, r.out
+    assert "WARNING: installing triton-windows failed" in r.out
+    assert 'pip install "triton-windows==3.7.*"' in r.out
+    assert r.venv_calls(" -m core.train ")
 
 
 def test_bat_gpu_but_torch_without_cuda_explains_the_fix(wine: Wine, tmp_path: Path):

@@ -49,6 +49,18 @@ def test_torch_version_is_one_variable_and_matches_pyproject():
         assert re.fullmatch(r"cu\d{3}", build), build
 
 
+# The Triton minor each torch minor is built with (pytorch's .ci/docker/triton_version.txt at
+# its release; triton-windows follows Triton's numbers). A torch bump fails here until the
+# launcher's triton-windows pin follows it.
+TRITON_FOR_TORCH = {"2.13": "3.7"}
+
+
+def test_triton_windows_is_pinned_to_the_torch_minor_the_bat_installs():
+    torch_minor = ".".join(bat_var("TORCH_VERSION").split(".")[:2])
+    assert torch_minor in TRITON_FOR_TORCH, f"which Triton does torch {torch_minor} use?"
+    assert bat_var("TRITON_WINDOWS") == TRITON_FOR_TORCH[torch_minor] + ".*"
+
+
 def test_both_launchers_have_the_same_entry_points():
     sh, bat = SH.read_text(encoding="utf-8"), bat_text()
     for needle in (
