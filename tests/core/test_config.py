@@ -148,6 +148,17 @@ def test_a_config_saved_before_versions_keeps_its_meaning():
     assert from_dict(saved, base).bias is False  # a current mapping is taken as written
 
 
+def test_a_saved_compile_false_becomes_the_new_default_which_compiles_on_a_gpu():
+    """Version 3's compile false was its default: version 4's unset (on a GPU, not the CPU)."""
+    assert TrainConfig().compile is None
+    assert from_dict({"compile": False, "config_version": 3}).compile is None
+    assert from_dict({"compile": True, "config_version": 3}).compile is True
+    assert from_dict({"compile": False, "config_version": 4}).compile is False  # as written
+    assert validate(TrainConfig(compile=None)).compile is None
+    with pytest.raises(ConfigError, match=r"compile_mode: expected one of default, "):
+        validate(TrainConfig(compile_mode="fast"))
+
+
 def test_a_config_from_a_newer_traindeck_is_refused_by_name():
     with pytest.raises(ConfigError, match=r"^new\.yaml: config_version 99 is newer"):
         from_dict({"config_version": 99}, source="new.yaml")
@@ -180,3 +191,5 @@ def test_every_field_is_declared_once_and_reaches_the_cli():
             assert (LIMITS[name][1], LIMITS[name][2]) == (spec.low, spec.high)
     args = parser.parse_args(["--min-lr-ratio", "0.2", "--no-bias", "--compile"])
     assert _overrides(args) == {"min_lr_ratio": 0.2, "bias": False, "compile": True}
+    assert _overrides(parser.parse_args(["--no-compile"])) == {"compile": False}
+    assert "compile" not in _overrides(parser.parse_args([]))  # unset: decided by the device

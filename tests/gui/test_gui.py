@@ -266,6 +266,21 @@ def test_optional_learning_rates_show_auto_and_read_back_none(make_window):
     assert lr.text().startswith("auto") and form.validated().lr is None
 
 
+def test_the_compile_box_is_auto_by_default_and_reads_back_all_three_states(make_window):
+    from PySide6.QtCore import Qt
+
+    window = make_window()
+    form, box = window.form, window.form.widgets["compile"]
+    form.set_values(compile=None)
+    assert box.checkState() == Qt.CheckState.PartiallyChecked
+    assert box.text() == "torch.compile (auto: on a GPU)" and form.validated().compile is None
+    for state, value in ((Qt.CheckState.Checked, True), (Qt.CheckState.Unchecked, False)):
+        box.setCheckState(state)  # as a click does
+        assert box.text() == "torch.compile" and form.validated().compile is value
+    box.setCheckState(Qt.CheckState.PartiallyChecked)
+    assert form.validated().compile is None
+
+
 def test_minutes_limit_sets_max_time_and_round_trips(make_window):
     window = make_window()
     form, limit = window.form, window.form.widgets["limit"]
