@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import threading
 import time
 
 import psutil
@@ -61,8 +62,36 @@ def nvml_stats(index: int) -> dict:
     return out
 
 
-def memory_stats(device: torch.device) -> dict:
-    """Memory fields for a train record."""
+class NvmlWatch:
+    """NVML read on its own thread, every interval_s: a train record takes the latest
+    reading, so no step waits on the driver (a reading costs milliseconds)."""
+
+    def __init__(self, index: int, interval_s: float = 1.0, read=None):
+        self.index, self.interval_s = index, interval_s
+        self.read = read or nvml_stats
+        self.latest: dict = {}  # replaced whole, never changed: a reader sees one reading
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="traindeck-nvml", daemon=True)
+
+    def start(self) -> NvmlWatch:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while True:
+            self.latest = self.read(self.index)
+            if self._stop.wait(self.interval_s):
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+
+def memory_stats(device: torch.device, watch: NvmlWatch | None = None) -> dict:
+    """Memory fields for a train record: the allocator's counters (host-side, no sync) and,
+    on a GPU, NVML's latest reading from watch (None: read here)."""
     if device.type == "cuda":
         idx = device.index or 0
         out = {
@@ -70,7 +99,7 @@ def memory_stats(device: torch.device) -> dict:
             "mem_reserved_mb": round(torch.cuda.memory_reserved(idx) / MB, 1),
             "mem_peak_mb": round(torch.cuda.max_memory_allocated(idx) / MB, 1),
         }
-        out.update(nvml_stats(idx))
+        out.update(watch.latest if watch is not None else nvml_stats(idx))
         return out
     return {"rss_mb": round(psutil.Process().memory_info().rss / MB, 1)}
 

@@ -8,6 +8,8 @@ what they share; a module overrides what differs:
 - prepare(run, cfg, log, events, stop): what it makes before the first step (a reference);
 - micro_batches(run, cfg, starts, step): what a step trains on, in micro-batches;
 - micro_loss(run, cfg, chunk): (the loss of one micro-batch, signal sums or None);
+- prefetch(run, cfg, starts): read the next step's first micro-batch ahead (where
+  `prefetches`: on a GPU, while this step's kernels run);
 - step_signals(sums): a step's StepSignals, kept until records() reads them;
 - records(signals, cfg, world): the extra metric records of each step, or None;
 - evaluate(run, cfg): (the value a better model lowers, the record's fields, the log line);
@@ -68,6 +70,7 @@ class Objective:
     first step, no records beyond the loss."""
 
     name = ""
+    prefetches = False  # reads the next step's batch ahead (prefetch)
 
     def __init__(self, cfg: TrainConfig):
         pass
@@ -112,6 +115,9 @@ class Objective:
 
     def micro_loss(self, run, cfg: TrainConfig, chunk):
         raise NotImplementedError
+
+    def prefetch(self, run, cfg: TrainConfig, starts) -> None:
+        """Nothing read ahead."""
 
     def step_signals(self, sums: torch.Tensor | None) -> StepSignals:
         return StepSignals(sums)

@@ -5,21 +5,45 @@ from __future__ import annotations
 
 from core.config.methods import sft as declared
 from core.config.spec import TrainConfig
-from core.training import evaluation
+from core.training import evaluation, steps
 from core.training.objectives import Objective
 from core.training.state import RunState
-from core.training.steps import autocast, to_device
+from core.training.steps import BatchAhead, autocast, to_device
 
 
 class SFT(Objective):
     name = declared.METHOD.name  # fields, checks, plots: core/config/methods/sft.py
+    prefetches = True
+
+    def __init__(self, cfg: TrainConfig):
+        self.ahead: BatchAhead | None = None  # on a GPU: the next micro-batch, on its way
+        self.chunks: tuple = ()  # this step's micro-batches
+
+    def micro_batches(self, run: RunState, cfg: TrainConfig, starts, step: int):
+        self.chunks = starts.split(cfg.batch_size)
+        return self.chunks
 
     def micro_loss(self, run: RunState, cfg: TrainConfig, starts):
-        batch = run.data.train_batch(starts)
-        x, y, mask, seg = (to_device(t, run.device) for t in batch)
+        x, y, mask, seg = self._batch(run, starts)
         with autocast(run.device, run.precision):
             _, loss = run.train_model(x, y, mask, seg)
+        following = [i + 1 for i, c in enumerate(self.chunks) if c is starts]
+        if following and following[0] < len(self.chunks) and steps.ahead_on(run.device):
+            self._fetch(run, self.chunks[following[0]])  # while this forward runs
         return loss, None
+
+    def prefetch(self, run: RunState, cfg: TrainConfig, starts) -> None:
+        self._fetch(run, starts.split(cfg.batch_size)[0])
+
+    def _fetch(self, run: RunState, chunk) -> None:
+        self.ahead = self.ahead or BatchAhead(run.device)
+        self.ahead.put(chunk, run.data.train_batch(chunk))
+
+    def _batch(self, run: RunState, chunk) -> tuple:
+        batch = self.ahead.take(chunk) if self.ahead is not None else None
+        if batch is None:
+            batch = tuple(to_device(t, run.device) for t in run.data.train_batch(chunk))
+        return batch
 
     def evaluate(self, run: RunState, cfg: TrainConfig) -> tuple[float, dict, str]:
         # As many windows as eval_batches optimizer steps hold, so neither an out-of-memory

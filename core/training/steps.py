@@ -1,10 +1,12 @@
 """What one optimizer step needs besides the model: mixed precision, moving a batch to the
-device, DDP's gradient sync, and the smaller micro-batch an out-of-memory retry uses."""
+device (pinned, non-blocking, one micro-batch ahead on a GPU), DDP's gradient sync, and the
+smaller micro-batch an out-of-memory retry uses."""
 
 from __future__ import annotations
 
 import contextlib
 
+import numpy as np
 import torch
 
 OOM_ADVICE = (
@@ -34,6 +36,39 @@ def to_device(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | No
     if device.type == "cuda":
         return t.pin_memory().to(device, non_blocking=True)
     return t
+
+
+def ahead_on(device: torch.device) -> bool:
+    """Whether batches are fetched a micro-batch ahead: on a GPU, whose copy then overlaps the
+    step before; the CPU reads its batch when it needs it, as it always has."""
+    return device.type == "cuda"
+
+
+class BatchAhead:
+    """The next micro-batch, read and on its way to the device while the step before runs
+    (its kernels are queued; nothing waits for them). Keyed by the micro-batch's starts,
+    compared on the host: a batch for other starts (a smaller micro-batch after an
+    out-of-memory retry) is dropped and the right one read."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.key: np.ndarray | None = None
+        self.batch: tuple | None = None
+
+    def put(self, starts: torch.Tensor, batch: tuple) -> None:
+        self.key = starts.numpy().copy()  # host tensors: no device sync
+        self.batch = tuple(to_device(t, self.device) for t in batch)
+
+    def take(self, starts: torch.Tensor) -> tuple | None:
+        """The batch fetched for starts, or None; either way nothing is kept."""
+        key, batch = self.key, self.batch
+        self.key = self.batch = None
+        if key is None or not np.array_equal(key, starts.numpy()):
+            return None
+        return batch
+
+    def clear(self) -> None:
+        self.key = self.batch = None
 
 
 def grad_sync(train_model, distributed: bool, last: bool):

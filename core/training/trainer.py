@@ -27,12 +27,12 @@ from core.platform.atomic import is_disk_full
 from core.platform.compiling import is_compiled
 from core.platform.device import is_oom
 from core.platform.distributed import World
-from core.platform.hardware import memory_stats
+from core.platform.hardware import NvmlWatch, memory_stats, nvml
 from core.runs import checkpoint as ckpt
 from core.runs.events import TrainControl, TrainEvents
 from core.runs.folder import RunFolder, SilentFolder
 from core.runs.lock import RunLock
-from core.training import evaluation, metrics, resume, setup
+from core.training import evaluation, metrics, resume, setup, steps
 from core.training.checkpointing import Checkpointer, checkpoint_state
 from core.training.clock import Clock
 from core.training.objectives import StepSignals
@@ -99,6 +99,7 @@ class Trainer:
         self._step_signals = StepSignals()
         self._before_step = None  # (data state, RNG state) while a step runs
         self._compiling: float | None = None  # when a compiled run's first step began
+        self._nvml: NvmlWatch | None = None  # a GPU's NVML, read on its own thread
         self.plan: Plan | None = None
         # What the run is built from (model, data, optimizer, objective): made by setup once
         # the input is known good; None until then.
@@ -164,6 +165,8 @@ class Trainer:
                 self.folder.log(traceback.format_exc())
             raise
         finally:
+            if self._nvml is not None:
+                self._nvml.stop()
             if status == "failed":
                 self._end("failed", error)
 
@@ -241,15 +244,13 @@ class Trainer:
 
     def _step_with_oom_recovery(self, factor: float) -> torch.Tensor:
         data_state, rng = self.data.state_dict(), ckpt.step_rng_state()
-        # Every process draws the whole step's windows from the same generator and trains on
-        # its own slice, so the data stream does not depend on the number of processes.
-        per_rank = self.cfg.batch_size * self.cfg.grad_accum
-        starts = self.data.sample_starts(per_rank * self.world.size)
-        starts = starts[self.world.rank * per_rank : (self.world.rank + 1) * per_rank]
+        starts = self._draw_starts()
         while True:
             self._before_step = (data_state, rng)
             try:
-                return self._train_step(starts, factor)
+                loss = self._train_step(starts, factor)
+                self._fetch_next_step()
+                return loss
             except StepStopped:  # before the model changed: as if the step never began
                 self.optimizer.zero_grad(set_to_none=True)
                 self.data.load_state_dict(data_state)
@@ -266,6 +267,26 @@ class Trainer:
                 torch.cuda.empty_cache()
             ckpt.set_step_rng_state(rng)
             self._shrink_micro_batch(data_state)
+
+    def _draw_starts(self) -> torch.Tensor:
+        """This process's windows of the next step. Every process draws the whole step's
+        windows from the same generator and trains on its own slice, so the data stream does
+        not depend on the number of processes."""
+        per_rank = self.cfg.batch_size * self.cfg.grad_accum
+        starts = self.data.sample_starts(per_rank * self.world.size)
+        return starts[self.world.rank * per_rank : (self.world.rank + 1) * per_rank]
+
+    def _fetch_next_step(self) -> None:
+        """On a GPU, the next step's first micro-batch is read and sent now, while this
+        step's kernels run: its windows drawn as that step will draw them, then the data's
+        state put back, so checkpoints and resumes see no difference."""
+        ahead = self.objective.prefetches and steps.ahead_on(self.device)
+        if not ahead or self.step + 1 >= self.max_steps:
+            return
+        state = self.data.state_dict()
+        starts = self._draw_starts()
+        self.data.load_state_dict(state)
+        self.objective.prefetch(self.run_state, self.cfg, starts)
 
     def _shrink_micro_batch(self, data_state: dict) -> None:
         smaller = smaller_micro_batch(self.cfg.batch_size, self.cfg.grad_accum)
@@ -316,6 +337,8 @@ class Trainer:
         """The start of this session's steps: the start event, the log lines, and the base
         model's own validation loss when a fine-tune starts."""
         cfg, trainable = self.cfg, lora.trainable_params(self.model)
+        if self.device.type == "cuda" and nvml() is not None:
+            self._nvml = NvmlWatch(self.device.index or 0).start()
         self.clock.start()
         resumed = self.resume_from is not None
         start = metrics.start_record(self.run_state, cfg, self.step, self.max_steps, resumed)
@@ -441,7 +464,7 @@ class Trainer:
             "max_steps": self.max_steps,
             "elapsed_s": self.clock.elapsed(),
             "tokens_per_s": round(tokens / self.clock.training_seconds(), 1),
-            "memory": memory_stats(self.device),
+            "memory": memory_stats(self.device, self._nvml),
         }
         if warning := self.spill.check(common["memory"]):
             self.log(warning)
