@@ -19,7 +19,7 @@ from core.training.estimate import GB
 
 def table(rows: list[dict]) -> str:
     lines = [
-        "| preset | assumed card | bf16 peak x MFU | FLOPs in 30 min | width x layers "
+        "| preset | assumed card | bf16 peak x MFU | FLOPs in 30 min | width x layers (FFN) "
         "| params | batch x accum (seqs of 1024) | steps | tokens/param | estimate (bf16) "
         "| of the tier |",
         "|---|---|---:|---:|---|---:|---|---:|---:|---:|---:|",
@@ -28,7 +28,8 @@ def table(rows: list[dict]) -> str:
         t, c = d["tier"], d["config"]
         lines.append(
             f"| `{tiers.preset_name(t.gb)}` | {t.card} | {t.peak_tflops:g} x {tiers.MFU:.0%} "
-            f"| {d['flops']:.2e} | {c.hidden_dim} x {c.n_layers} | {d['params'] / 1e6:.1f}M "
+            f"| {d['flops']:.2e} | {c.hidden_dim} x {c.n_layers} ({c.ffn_dim}) "
+            f"| {d['params'] / 1e6:.1f}M "
             f"| {c.batch_size} x {c.grad_accum} | {c.max_steps:,} "
             f"| {d['tokens'] / d['params']:.1f} | {d['device_total'] / GB:.1f} GiB "
             f"| {d['share']:.0%} |"

@@ -96,6 +96,15 @@ class ModelFields:
         group=ADVANCED,
         arch=True,
     )
+    ffn_dim: int | None = spec(
+        None,
+        "the MLP's inner width; unset: llama's SwiGLU 8/3 of hidden_dim rounded up to 32, "
+        "gpt2's 4x (the GPU tier presets set a multiple of 128, which tensor cores tile whole)",
+        low=8,
+        high=65536,
+        optional=True,
+        arch=True,
+    )
     dropout: float = spec(
         0.0, "dropout probability", label="Dropout", group=ADVANCED, low=0.0, high=0.9
     )

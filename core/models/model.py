@@ -176,11 +176,11 @@ class GPTConfig:
                 **shape,
                 **LLAMA_OPTIONS,
                 **run,
-                ffn_dim=swiglu_width(cfg.hidden_dim),
+                ffn_dim=cfg.ffn_dim or swiglu_width(cfg.hidden_dim),
                 n_kv_heads=cfg.n_kv_heads,
                 qk_norm=cfg.qk_norm,
             )
-        return cls(**shape, bias=cfg.bias, **run)
+        return cls(**shape, bias=cfg.bias, ffn_dim=cfg.ffn_dim, **run)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -2,7 +2,8 @@
 
 For each VRAM tier a typical card's compute over a 30-minute budget gives the run's FLOPs C
 (dense bf16 peak x an assumed MFU x 1800 s). The model is the compute-optimal one for C: of
-a grid of shapes (width a multiple of 64 up to 1536, 48 to 80 of width a layer, heads of 64),
+a grid of shapes (width a multiple of 128 up to 1536, 48 to 80 of width a layer, heads of 64,
+the MLP 8/3 as wide rounded up to 128: tensor cores tile both whole),
 the one whose tokens per parameter, D / N with D = C / FLOPs per token, come nearest
 Chinchilla's 20. The tokens per optimizer step follow DeepSeek LLM's fitted rule,
 B = 0.292 * C^0.3271 (2024, eq. 1), rounded to a power of two of sequences; the micro-batch
@@ -29,6 +30,7 @@ TOKENS_PER_PARAM = 20.0  # Chinchilla (Hoffmann et al. 2022)
 VRAM_SHARE = 0.80  # of the tier, by the estimate's device total
 SEQ_LEN = 1024
 HEAD_DIM = 64
+WIDTH_STEP = 128  # widths tensor cores tile without a partial tile (issue 57)
 MICRO_STEP = 4  # micro-batches in whole fours of sequences
 CORPUS_BYTES = 64_000_000  # the embedded corpus: all of it (its tokens repeat a few times)
 
@@ -58,12 +60,19 @@ def budget_flops(tier: Tier) -> float:
     return tier.peak_tflops * 1e12 * MFU * BUDGET_S
 
 
+def ffn_width(width: int) -> int:
+    """SwiGLU's 8/3 of the width, rounded up to a multiple of 128 (the model's own rule
+    rounds to 32: 1376 at width 512, ten and three quarter tiles of 128)."""
+    return -(-8 * width // 3 // WIDTH_STEP) * WIDTH_STEP
+
+
 def _config(width: int, layers: int) -> TrainConfig:
     return validate(
         TrainConfig(
             hidden_dim=width,
             n_layers=layers,
             n_heads=width // HEAD_DIM,
+            ffn_dim=ffn_width(width),
             seq_len=SEQ_LEN,
             batch_size=1,
             grad_accum=1,
@@ -75,7 +84,7 @@ def _config(width: int, layers: int) -> TrainConfig:
 def compute_optimal(flops: float) -> tuple[TrainConfig, int]:
     """The grid's shape nearest 20 tokens per parameter for this many FLOPs, and its tokens."""
     best = None
-    for width in range(256, 1537, 64):
+    for width in range(256, 1537, WIDTH_STEP):
         # Parameters grow by one block a layer: two counts per width, not one per shape.
         one, two = (shape_params(model_shape(_config(width, n))) for n in (1, 2))
         for layers in range(max(2, round(width / 80)), round(width / 48) + 1):
@@ -150,6 +159,7 @@ def preset_values(d: dict) -> dict:
         "hidden_dim": c.hidden_dim,
         "n_layers": c.n_layers,
         "n_heads": c.n_heads,
+        "ffn_dim": c.ffn_dim,
         "seq_len": c.seq_len,
         "batch_size": c.batch_size,
         "grad_accum": c.grad_accum,

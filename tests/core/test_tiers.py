@@ -33,6 +33,31 @@ def test_each_tier_preset_stays_within_80_percent_of_its_tier(name):
     assert cfg.precision == "auto" and cfg.seq_len == 1024
 
 
+@pytest.mark.parametrize("name", TIER_PRESETS)
+def test_tier_shapes_suit_tensor_cores(name):
+    from core.models.model import GPT
+    from core.training.estimate import model_shape
+
+    cfg = presets.to_config(presets.load_preset(name))
+    shape = model_shape(cfg)
+    assert shape.hidden_dim % 128 == 0 and shape.ffn_dim % 128 == 0
+    assert shape.ffn_dim == tiers.ffn_width(cfg.hidden_dim) >= 8 * cfg.hidden_dim / 3
+    assert shape.hidden_dim // shape.n_heads == 64
+    if name == "gpu-8gb":  # the model built from the preset has the preset's MLP
+        mlp = GPT(dataclasses.replace(shape, n_layers=1)).blocks[0].mlp
+        assert max(p.shape[0] for p in mlp.parameters()) in (shape.ffn_dim, 2 * shape.ffn_dim)
+
+
+def test_without_ffn_dim_a_new_model_keeps_the_rule_of_32():
+    from core.config.spec import TrainConfig
+    from core.training.estimate import model_shape
+
+    assert model_shape(TrainConfig(hidden_dim=512, n_heads=8)).ffn_dim == 1376
+    assert model_shape(TrainConfig(hidden_dim=512, n_heads=8, ffn_dim=1408)).ffn_dim == 1408
+    gpt2 = TrainConfig(arch="gpt2", hidden_dim=64, n_heads=2)
+    assert model_shape(gpt2).ffn_dim == 256
+
+
 def test_gpu_80gb_fits_an_80_gb_card():
     cfg = presets.to_config(presets.load_preset("gpu-80gb"))
     assert estimate(cfg, "bf16").device_total < 64 * GB
