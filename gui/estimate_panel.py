@@ -13,6 +13,7 @@ from core.training.estimate import (
     SAFETY_MARGIN,
     Rung,
     base_saving,
+    checkpoint_line,
     context_line,
     estimate,
     fine_tune_choices,
@@ -98,6 +99,8 @@ def ladder_html(gpu_name: str, rungs: list[Rung], why: str, note: str = "") -> s
         if r.fitted is not None:
             f = r.fitted
             fit = f"fits: batch {f.batch_size} x {f.grad_accum}, ~{r.need / GiB:.1f} GiB"
+            if ckpt := checkpoint_line(f):
+                fit += f", {ckpt}"
         mark = "<b>◀ chosen</b>" if r.chosen else ""
         style = " style='background:#e8f5e9'" if r.chosen else ""
         rows.append(
@@ -193,6 +196,8 @@ class EstimatePanel(QGroupBox):
         color = "#43a047" if share < 0.75 else "#fb8c00" if share <= 1.0 else "#e53935"
         self.bar.setStyleSheet(f"QProgressBar::chunk {{ background: {color}; }}")
         text = self.fit.describe()
+        if ckpt := checkpoint_line(cfg):
+            text += f" · {ckpt}"
         if cfg.init_from:  # the estimate for both ways of fine-tuning
             text += "\n" + both_estimates(cfg, self.fit.on_gpu)
             if line := base_line(cfg):

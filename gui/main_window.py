@@ -33,7 +33,13 @@ from core.runs.folder import (
     new_run_dir,
     resume_config,
 )
-from core.training.estimate import fit_micro_batch, fit_pretrained, walk_ladder
+from core.training.estimate import (
+    checkpoint_line,
+    fewest_checkpointed,
+    fit_micro_batch,
+    fit_pretrained,
+    walk_ladder,
+)
 from core.weights.loader import apply_pretrained
 from gui.estimate_panel import EstimatePanel, context_hint, judge
 from gui.form import ConfigForm
@@ -253,10 +259,17 @@ class MainWindow(QMainWindow):
                 "checkpointing.",
             )
             return False
-        self.form.set_values(batch_size=fitted.batch_size, grad_accum=fitted.grad_accum)
+        fitted = fewest_checkpointed(fitted, gpu["free_bytes"])  # under checkpointing
+        self.form.set_values(
+            batch_size=fitted.batch_size,
+            grad_accum=fitted.grad_accum,
+            checkpoint_blocks=fitted.checkpoint_blocks,
+        )
+        ckpt = checkpoint_line(fitted)
         self.log(
             f"fit to {gpu['name']}: batch_size {fitted.batch_size} x grad_accum "
             f"{fitted.grad_accum} (effective batch {fitted.batch_size * fitted.grad_accum})"
+            + (f", {ckpt}" if ckpt else "")
         )
         return True
 
@@ -272,6 +285,7 @@ class MainWindow(QMainWindow):
             lora_rank=fitted.lora_rank,
             lora_alpha=fitted.lora_alpha,
             grad_checkpointing=fitted.grad_checkpointing,
+            checkpoint_blocks=fitted.checkpoint_blocks,
             offload_checkpoints=fitted.offload_checkpoints,
             optimizer=fitted.optimizer,
             base_bits=fitted.base_bits,

@@ -317,7 +317,7 @@ def print_presets() -> None:
 
 def print_estimate(cfg: TrainConfig) -> None:
     from core.platform.hardware import cpu_info, gpus
-    from core.training.estimate import context_line, estimate, usable_bytes
+    from core.training.estimate import checkpoint_line, context_line, estimate, usable_bytes
 
     found = gpus()
     on_gpu = gpu_index(cfg.device, len(found)) is not None
@@ -327,6 +327,7 @@ def print_estimate(cfg: TrainConfig) -> None:
         f"Estimate for preset {cfg.preset or 'custom'} on {where}: "
         f"batch {cfg.batch_size}x{cfg.grad_accum}, seq {cfg.seq_len}, "
         f"hidden {cfg.hidden_dim}, layers {cfg.n_layers}"
+        + (f", {line}" if (line := checkpoint_line(cfg)) else "")
     )
     print(est.report())
     free = found[0]["free_bytes"] if on_gpu and found else cpu_info()["ram_free_bytes"]

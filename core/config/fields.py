@@ -348,6 +348,15 @@ class ExecutionFields:
         label="Gradient checkpointing",
         group=EXECUTION,
     )
+    checkpoint_blocks: int | None = spec(
+        None,
+        "with gradient checkpointing: how many blocks (the first ones) are checkpointed; the "
+        "others keep their activations, so a step recomputes less. Unset: every block. Fit to "
+        "my GPU picks the fewest that fit the card at its batch",
+        low=0,
+        high=256,
+        optional=True,
+    )
     offload_checkpoints: bool = spec(
         False,
         "with gradient checkpointing on a CUDA GPU: keep each layer's saved input in pinned RAM "

@@ -89,6 +89,7 @@ class GPTConfig:
     dropout: float = 0.0
     vocab_size: int = VOCAB_SIZE
     grad_checkpointing: bool = False
+    checkpoint_blocks: int | None = None  # with grad_checkpointing: the first k (None: all)
     offload_checkpoints: bool = False  # CUDA: checkpointed inputs wait in pinned RAM
     bias: bool = True  # the default for every bias below that is not set
     n_kv_heads: int | None = None  # grouped-query attention; None: n_heads
@@ -157,6 +158,7 @@ class GPTConfig:
         run = {
             "dropout": cfg.dropout if training else 0.0,
             "grad_checkpointing": cfg.grad_checkpointing and training,
+            "checkpoint_blocks": cfg.checkpoint_blocks if training else None,
             "offload_checkpoints": cfg.offload_checkpoints and training,
         }
         if base is not None:
@@ -815,8 +817,12 @@ class GPT(nn.Module):
         if streams is not None:
             x = run_blocks(self.blocks, x, [(rope, m) for m in masks], streams)
         elif self.config.grad_checkpointing and self.training:
-            for block, m in zip(self.blocks, masks, strict=True):
-                x = checkpoint(block, x, rope, m, None, side, use_reentrant=False)
+            k = self.config.checkpoint_blocks  # the first k: as few as memory needs
+            for i, (block, m) in enumerate(zip(self.blocks, masks, strict=True)):
+                if k is None or i < k:
+                    x = checkpoint(block, x, rope, m, None, side, use_reentrant=False)
+                else:
+                    x = block(x, rope, m, None, side)
         elif self._remakes():
             remake = Remake()  # the adapters' inputs are remade in backward, not kept
             with remake.hooks():

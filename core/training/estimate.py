@@ -243,8 +243,26 @@ def _score_bytes(cfg: TrainConfig, c: GPTConfig, rows: int, on_gpu: bool) -> int
     )
     if cfg.seq_len > ATTN_CHUNK_QUERIES:  # checkpointed chunks: one chunk's rows at a time
         return int(rows * c.n_heads * ATTN_CHUNK_QUERIES * cfg.seq_len * score)
-    held = 1 if cfg.grad_checkpointing else c.n_layers
+    # the blocks not checkpointed; a recomputed block's come after theirs are freed
+    held = max(c.n_layers - checkpointed(cfg, c), 1)
     return int(held * rows * c.n_heads * cfg.seq_len**2 * score)
+
+
+def checkpointed(cfg: TrainConfig, c: GPTConfig) -> int:
+    """How many blocks are checkpointed (0..L): the first checkpoint_blocks (unset: all)
+    under gradient checkpointing; offloaded checkpoints take every block (GPT.forward)."""
+    if not cfg.grad_checkpointing:
+        return 0
+    if cfg.checkpoint_blocks is None or cfg.offload_checkpoints:
+        return c.n_layers
+    return min(cfg.checkpoint_blocks, c.n_layers)
+
+
+def _recomputes(cfg: TrainConfig, c: GPTConfig) -> bool:
+    """Whether a recomputed block adds to the peak: the first k blocks are checkpointed, and
+    backward reaches them after the later blocks' saved activations are freed, so only when
+    every block is checkpointed does its recomputation come on top."""
+    return checkpointed(cfg, c) == c.n_layers
 
 
 def _measured_activations(
@@ -267,10 +285,13 @@ def _measured_activations(
     if tiled:
         grad_layer += _mlp_tile_bytes(c, precision)
     parts = {}
-    if cfg.grad_checkpointing:
-        # Only each block's fp32 input is kept; one block is recomputed at a time.
-        parts[mp.SAVED] = _kept_inputs(cfg, c, on_gpu) * 4 * d * tokens
-        parts[mp.RECOMPUTE] = per_layer
+    k = checkpointed(cfg, c)
+    if k:
+        # A checkpointed block keeps only its fp32 input, and one is recomputed at a time;
+        # the others keep what they save.
+        kept = _kept_inputs(cfg, c, on_gpu) if k == c.n_layers else k
+        parts[mp.SAVED] = kept * 4 * d * tokens + (c.n_layers - k) * per_layer
+        parts[mp.RECOMPUTE] = per_layer if _recomputes(cfg, c) else 0
     else:
         parts[mp.SAVED] = c.n_layers * per_layer
     # Embedding sum, ln_f input (fp32) and the head's input; backward needs about one
@@ -278,7 +299,7 @@ def _measured_activations(
     # checkpointing (the recomputed block's forward beside them) and one more for a
     # fine-tune's fused blocks (what they remake): measured from 256 to 16k tokens, the
     # first step's runtime counted apart (docs/performance.md).
-    extra = 0 if on_gpu else CPU_EXTRA_BLOCK * (bool(cfg.grad_checkpointing) + fused)
+    extra = 0 if on_gpu else CPU_EXTRA_BLOCK * (_recomputes(cfg, c) + fused)
     parts[mp.LOSS] = 3 * 4 * d * tokens + logits
     parts[mp.GRADS] = (1 + extra) * grad_layer
     return parts
@@ -307,11 +328,11 @@ def _cpu_activations(
     backward begins, which holds the recomputed block (checkpointing), the residual stream's
     gradient in and out (fp32) and the MLP's gradients (one tile's where it runs in tiles)."""
     d, e = c.hidden_dim, _act_bytes(precision)
-    ckpt = cfg.grad_checkpointing
-    held = c.n_layers * 4 * d * tokens if ckpt else c.n_layers * per_layer
+    k = checkpointed(cfg, c)
+    held = k * 4 * d * tokens + (c.n_layers - k) * per_layer
     mlp = _mlp_tile_bytes(c, precision) if tiled else e * 3 * _token_ffn(c) * tokens
     block = {
-        mp.RECOMPUTE: per_layer if ckpt else 0,
+        mp.RECOMPUTE: per_layer if _recomputes(cfg, c) else 0,
         mp.MLP: mlp,
         mp.GRADS: 2 * 4 * d * tokens,
     }
@@ -652,12 +673,39 @@ def walk_ladder(cfg: TrainConfig, free_bytes: int) -> list[Rung]:
     for name, rung in ladder(cfg):
         one = dataclasses.replace(rung, batch_size=1, grad_accum=1)
         fitted = fit_micro_batch(rung, free_bytes)
+        if fitted is not None:
+            fitted = fewest_checkpointed(fitted, free_bytes)
         need = estimate(fitted).device_total if fitted else 0
         longest = longest_context(one, usable_bytes(free_bytes))
         rungs.append(Rung(name, rung, estimate(one).device_total, fitted, need, longest=longest))
         if fitted is not None and not found:
             rungs[-1].chosen = found = True
     return rungs
+
+
+def fewest_checkpointed(cfg: TrainConfig, free_bytes: int) -> TrainConfig:
+    """Under gradient checkpointing (every block, not offloaded), the fewest checkpointed
+    blocks that still fit at cfg's batch: each block left out is one less recomputed in
+    backward. cfg itself where none can be left out."""
+    import dataclasses
+
+    layers = model_shape(cfg).n_layers
+    if not cfg.grad_checkpointing or cfg.offload_checkpoints:
+        return cfg
+    for k in range(1, layers):  # memory falls as k grows: the first that fits is the fewest
+        fewer = dataclasses.replace(cfg, checkpoint_blocks=k)
+        if fits(fewer, free_bytes):
+            return fewer
+    return cfg
+
+
+def checkpoint_line(cfg: TrainConfig) -> str:
+    """'k of L blocks checkpointed' (empty without checkpointing), for the ladder and the
+    window."""
+    if not cfg.grad_checkpointing:
+        return ""
+    c = model_shape(cfg)
+    return f"{checkpointed(cfg, c)} of {c.n_layers} blocks checkpointed"
 
 
 def fit_pretrained(cfg: TrainConfig, free_bytes: int, rungs: list[Rung] | None = None):
@@ -674,6 +722,8 @@ def fit_pretrained(cfg: TrainConfig, free_bytes: int, rungs: list[Rung] | None =
                 f"{r.name} fits ({r.need / GB:.1f} of {usable:.1f} GiB usable): batch "
                 f"{f.batch_size} x {f.grad_accum}"
             )
+            if ckpt := checkpoint_line(f):
+                chosen = f"{chosen}, {ckpt}"
             if i:
                 chosen = f"{chosen}; at batch 1 " + ", ".join(needs[:i]) + " do not fit"
             return f, chosen
