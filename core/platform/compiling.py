@@ -26,10 +26,14 @@ WINDOWS = sys.platform == "win32"
 MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
 
 
-def wanted(requested: bool | None, device_type: str) -> bool:
-    """Whether a run compiles: what it asked for, else (None, the default) on a CUDA GPU
-    only. The one place this is decided: setup, the estimate and the window ask it."""
-    return requested if requested is not None else device_type == "cuda"
+def wanted(requested: bool | None, device_type: str, tiles: bool = False) -> bool:
+    """Whether a run compiles: what it asked for, else (None, the default) on a CUDA GPU,
+    unless the model would run in tiles at this length (tiles: core.models.tiling's long
+    sequences, whose memory a compiled block forgoes, and which are what makes such a
+    context fit). The one place this is decided: setup and the estimate ask it."""
+    if requested is not None:
+        return requested
+    return device_type == "cuda" and not tiles
 
 
 def triton_package(system: str | None = None) -> str:

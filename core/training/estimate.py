@@ -220,8 +220,8 @@ def _moe_mlp_bytes(c: GPTConfig, e: int, on_gpu: bool) -> tuple[float, float]:
 def mlp_tiled(cfg: TrainConfig, on_gpu: bool = True) -> bool:
     """Whether the model runs its MLPs in tiles at this context (core.models.model.MLP):
     not where it compiles (the compiler chooses what to keep)."""
-    compiles = compiling.wanted(cfg.compile, "cuda" if on_gpu else "cpu")
-    return cfg.seq_len > MLP_TILE_TOKENS and not compiles
+    long = cfg.seq_len > MLP_TILE_TOKENS
+    return long and not compiling.wanted(cfg.compile, "cuda" if on_gpu else "cpu", long)
 
 
 def _mlp_tile_bytes(c: GPTConfig, precision: str) -> int:

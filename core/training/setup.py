@@ -12,6 +12,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from core.data.windows import check_eval_data, text_windows
 from core.errors import CheckpointError
+from core.models.tiling import MLP_TILE_TOKENS
 from core.platform import compiling, heap
 from core.platform.atomic import is_disk_full
 from core.platform.device import resolve_device, resolve_precision
@@ -139,11 +140,19 @@ def build(
 
 def compiled_model(cfg, model, device, log) -> torch.nn.Module:
     """The model compiled where the run compiles (core.platform.compiling.wanted: by default
-    on a CUDA GPU), or the model itself."""
-    if compiling.wanted(cfg.compile, device.type):
+    on a CUDA GPU, where the sequences are not so long that the model runs in tiles), or the
+    model itself."""
+    tiles = cfg.seq_len > MLP_TILE_TOKENS
+    if compiling.wanted(cfg.compile, device.type, tiles):
         return compiling.compile_or_eager(model, device, log, mode=cfg.compile_mode)
-    if device.type == "cuda":  # said, as a GPU run is compiled by default
+    if device.type == "cuda" and cfg.compile is False:  # said: a GPU compiles by default
         log("torch.compile: off (--no-compile); the model trains eager")
+    elif device.type == "cuda":
+        log(
+            f"torch.compile: off at seq_len {cfg.seq_len:,} (over {MLP_TILE_TOKENS:,} the "
+            "model runs in tiles, which hold less memory than compiled blocks; --compile "
+            "compiles anyway)"
+        )
     return model
 
 

@@ -120,6 +120,20 @@ def test_a_run_compiles_by_default_on_a_cuda_gpu_only():
     assert compiling.wanted(None, "cuda") and not compiling.wanted(None, "cpu")
     assert not compiling.wanted(False, "cuda")  # --no-compile
     assert compiling.wanted(True, "cpu")  # --compile: the CPU compiles when asked
+    # a context the model runs in tiles stays eager unless asked: the tiles make it fit
+    assert not compiling.wanted(None, "cuda", tiles=True) and compiling.wanted(True, "cuda", True)
+
+
+def test_a_long_context_run_on_a_gpu_stays_eager_and_says_why(monkeypatch):
+    from core.training.estimate import estimate
+    from core.training.setup import compiled_model
+
+    long, lines = tiny_config(seq_len=4096), []
+    assert compiled_model(long, torch.nn.Linear(2, 2), torch.device("cuda"), lines.append)
+    assert len(lines) == 1 and "off at seq_len 4,096" in lines[0] and "--compile" in lines[0]
+    # the estimate counts the tiles the eager model runs in, and not where it compiles
+    compiled = tiny_config(seq_len=4096, compile=True)
+    assert estimate(long).device_total < estimate(compiled).device_total
 
 
 def test_without_triton_a_gpu_run_goes_on_eager_with_one_line_naming_the_package(monkeypatch):
