@@ -39,6 +39,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import sides  # noqa: E402
+
 SHAPE = dict(
     hidden_size=384,
     intermediate_size=1024,
@@ -62,21 +64,8 @@ SHAPES = {"small": (SHAPE, None), "100m": (SHAPE_100M, 50304)}
 
 
 def build_model(folder: Path, shape: dict = SHAPE, vocab: int | None = None) -> None:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    from core.data.build_text import read_blocks as _read_blocks
-    from core.data.sources import _stdlib_files
-    from core.data.tokenizer import train_bpe
-
-    text = b"".join(_read_blocks(_stdlib_files(), 2_000_000))
-    hf = train_bpe([text], 4096).hf
-    hf.add_special_tokens(["<|endoftext|>"])
-    tok = PreTrainedTokenizerFast(tokenizer_object=hf, eos_token="<|endoftext|>")
-    tok.save_pretrained(folder)
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=vocab or len(tok), eos_token_id=tok.eos_token_id, **shape)
-    LlamaForCausalLM(cfg).save_pretrained(folder)
+    shape = {**shape, "vocab_size": vocab} if vocab else shape
+    sides.build_start(folder, "LlamaConfig", shape, sides.stdlib_text(2_000_000), 4096)
 
 
 def one(mode: str, model: str, steps: int, threads: int) -> dict:
@@ -135,7 +124,7 @@ def one(mode: str, model: str, steps: int, threads: int) -> dict:
 
 # ---- against transformers + peft -------------------------------------------------------------
 
-PEFT_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+PEFT_TARGETS = sides.PEFT_TARGETS  # hybrid.py widens it for its DeltaNet projections
 
 
 def rss_mb(field: str = "VmRSS") -> float:
@@ -165,11 +154,13 @@ def batches(tokens_file: str, n: int, batch: int, seq: int):
 def traindeck_model(a) -> tuple:
     """TrainDeck's (model, optimizer, config) as a run builds them. a.checkpointing (where
     set): activation checkpointing."""
-    import torch
+    cfg, pre = side_config(a)
+    return (*sides.traindeck_model(cfg, pre), cfg)
 
-    from core.config.spec import TrainConfig, validate
-    from core.training import estimate, inputs, optim
-    from core.weights.loader import apply_pretrained, open_pretrained
+
+def side_config(a) -> tuple:
+    """TrainDeck's config for the mode (CPU, fp32, the rank and alpha on every projection)."""
+    from core.weights.loader import open_pretrained
 
     lora = a.mode != "full"
     extra = (
@@ -178,8 +169,10 @@ def traindeck_model(a) -> tuple:
         else {}
     )
     bits = {"qlora": "4", "lora16": "16"}.get(a.mode, "32" if lora else "auto")
-    cfg = TrainConfig(
-        init_from=a.model,
+    pre = open_pretrained(a.model)
+    cfg = sides.pretrained_config(
+        a.model,
+        pre,
         batch_size=a.batch,
         grad_accum=1,
         seq_len=a.seq,
@@ -187,52 +180,27 @@ def traindeck_model(a) -> tuple:
         precision="fp32",
         lr=1e-4,
         dropout=0.0,
-        tokenizer="model",
         base_bits=bits,
         grad_checkpointing=getattr(a, "checkpointing", False),
         **extra,
     )
-    pre = open_pretrained(a.model)
-    cfg = validate(apply_pretrained(validate(cfg), pre))
-    # the heap, as a run's setup sets it
-    inputs.set_switches(cfg, torch.device("cpu"), estimate.lean_heap(cfg))
-    torch.manual_seed(0)
-    model = inputs.build_model(cfg, pre, torch.device("cpu"), "fp32", lambda m: None)
-    model.train()
-    return model, optim.make(model, cfg), cfg
+    return cfg, pre
 
 
 def traindeck_side(a) -> tuple:
     """TrainDeck's model and optimizer as a run builds them; step(x, y) -> loss."""
-    import torch
-    import torch.nn.functional as F
-
     from core.models.lora import trainable_params
 
     model, opt, cfg = traindeck_model(a)
-    scaler = torch.amp.GradScaler("cuda", enabled=False)
-    plain = a.side == "td-plain"
-
-    def step(x, y):
-        opt.zero_grad(set_to_none=True)
-        if plain:
-            logits, _ = model(x)
-            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1))
-        else:
-            _, loss = model(x, y)
-        loss.backward()
-        opt.step(scaler)
-        return loss.item()
-
+    step = sides.traindeck_step(model, opt, plain=a.side == "td-plain")
     return step, trainable_params(model), cfg.weight_decay
 
 
 def peft_side(a) -> tuple:
     """transformers' model (+ peft adapters on every projection), fused AdamW, plain loss."""
     import torch
-    from transformers import AutoModelForCausalLM
 
-    kw = {"torch_dtype": torch.bfloat16 if a.mode == "lora16" else torch.float32}
+    kw = {}
     if a.mode == "qlora":
         from transformers import BitsAndBytesConfig
 
@@ -243,48 +211,13 @@ def peft_side(a) -> tuple:
             bnb_4bit_compute_dtype=torch.float32,
         )
         kw["device_map"] = "cpu"
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(a.model, **kw)
-    if a.mode != "full":
-        from peft import LoraConfig, get_peft_model
-
-        lc = LoraConfig(
-            r=a.rank,
-            lora_alpha=a.alpha,
-            lora_dropout=0.0,
-            bias="none",
-            target_modules=PEFT_TARGETS,
-            task_type="CAUSAL_LM",
-        )
-        model = get_peft_model(model, lc)
-    if getattr(a, "checkpointing", False):
-        model.config.use_cache = False
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.train()
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
-    opt = torch.optim.AdamW([g for g in groups if g["params"]], lr=1e-4, fused=True)
-
-    return hf_step(model, opt), sum(p.numel() for p in params), 0.1
-
-
-def hf_step(model, opt):
-    """One optimizer step of a transformers model on (x, y), loss in fp32: the peers' side
-    here and in moe.py."""
-    import torch.nn.functional as F
-
-    def step(x, y):
-        opt.zero_grad(set_to_none=True)
-        logits = model(input_ids=x).logits
-        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1))
-        loss.backward()
-        opt.step()
-        return loss.item()
-
-    return step
+    lora = None if a.mode == "full" else {"r": a.rank, "alpha": a.alpha, "targets": PEFT_TARGETS}
+    dtype = torch.bfloat16 if a.mode == "lora16" else torch.float32
+    model = sides.hf_model(
+        a.model, dtype, lora, checkpointing=getattr(a, "checkpointing", False), **kw
+    )
+    opt = sides.hf_optimizer(model)
+    return sides.hf_step(model, opt), sides.trainable(model), 0.1
 
 
 def start_side(traindeck: bool, threads: int) -> None:

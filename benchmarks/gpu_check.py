@@ -30,8 +30,11 @@ how to run it and what each figure means.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import enum
 import gc
+import importlib.util
 import json
 import os
 import platform
@@ -52,7 +55,8 @@ import torch  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 GiB, MiB = 1024**3, 1024**2
 
-SECTIONS = {
+SECTIONS = {  # in the order they run
+    "s": ("speed", "Speed: TrainDeck against transformers + peft (+ Liger), the presets"),
     "a": ("memory", "Memory estimate vs measured peak"),
     "b": ("throughput", "Throughput and MFU (bf16)"),
     "c": ("vs_peft", "Fine-tuning vs transformers + peft (LoRA, 8 x 1024)"),
@@ -153,11 +157,24 @@ HYBRID_TOY = dict(
     vocab_size=512,
     tie_word_embeddings=True,
 )
-# kind -> (model_type, architecture, transformers config class, full shape, toy shape, label)
+
+
+@dataclass(frozen=True)
+class Start:
+    """A model the check builds from a transformers config class (random weights)."""
+
+    model_type: str
+    architecture: str
+    config_class: str
+    shape: dict  # full size
+    toy: dict  # --smoke
+    name: str  # the rows' prefix ("MoE 0.5B lora"); "" for the dense 0.5B
+
+
 STARTS = {
-    "qwen": ("qwen2", "Qwen2ForCausalLM", "Qwen2Config", HALF_B, TOY_B, ""),
-    "moe": ("qwen3_moe", "Qwen3MoeForCausalLM", "Qwen3MoeConfig", MOE_HALF_B, MOE_TOY, "MoE"),
-    "hybrid": (
+    "qwen": Start("qwen2", "Qwen2ForCausalLM", "Qwen2Config", HALF_B, TOY_B, ""),
+    "moe": Start("qwen3_moe", "Qwen3MoeForCausalLM", "Qwen3MoeConfig", MOE_HALF_B, MOE_TOY, "MoE"),
+    "hybrid": Start(
         "qwen3_5_text",
         "Qwen3_5ForCausalLM",
         "Qwen3_5TextConfig",
@@ -185,12 +202,13 @@ class Rates:
     setup_s: float  # one in-process run: model, optimizer, data, first step
     compile_s: float  # torch.compile's first step of a new shape
     process_s: float  # a fresh python3 + torch (+ CUDA and NCCL) process
+    gpu: bool = False  # the estimate's figures for a GPU
 
 
 # H100 80GB SXM: 989 TFLOP/s dense bf16 (datasheet; 798 measured in a product on this
 # workplace's machine), 3.0 TB/s copy measured there. MFU and the fixed costs are guesses that
 # the first GPU run replaces (docs/gpu.md, "Sizing").
-H100 = Rates("H100 (predicted)", 989e12, 0.35, 3.0e12, 3.0, 45.0, 15.0)
+H100 = Rates("H100 (predicted)", 989e12, 0.35, 3.0e12, 3.0, 45.0, 15.0, gpu=True)
 
 
 def cpu_rates() -> Rates:
@@ -212,15 +230,33 @@ def cpu_rates() -> Rates:
     return Rates(f"{platform.machine()} CPU ({os.cpu_count()} cores)", flops, 0.3, bw, 0.1, 0, 3)
 
 
+class Work(enum.Enum):
+    """What a job does."""
+
+    TRAIN = "train"  # a TrainDeck run of the job's config
+    BUILD = "build"  # build a start model (STARTS[job.start])
+    FIXED = "fixed"  # fixed work: CUDA's first start
+    PROFILE = "profile"  # a TrainDeck run under torch's profiler
+    BASELINE = "baseline"  # the same training in transformers (+ peft), job.side
+    RESUME = "resume"  # the stop-and-resume runs of the precision section
+    PROCESS = "process"  # a run in a fresh process (torchrun, a warm start)
+
+
 @dataclass
 class Job:
-    """A unit of a section's work, for its prediction."""
+    """A unit of a section's work: what it runs, and what its prediction needs."""
 
-    label: str
+    label: str  # for the lines and tables only; never parsed
     cfg: object = None  # TrainConfig of a training run; None for fixed work
+    kind: Work = Work.TRAIN
+    start: str = "qwen"  # the STARTS model a fine-tune or a build uses
+    mode: str | None = None  # a fine-tune's: "full", "lora" or "lora+ckpt"; None: a preset
+    preset: str | None = None  # the tier preset it trains
+    side: str = "traindeck"  # traindeck | peft | peft_liger | transformers
     steps: int | None = None  # None: the config's max_steps
-    compile: bool = False
-    process: bool = False  # in a fresh process (torchrun)
+    compile: bool = False  # the first step compiles (its prediction adds the compile time)
+    optional: bool = False  # left out first when time runs short; not in the essential share
+    process: bool = False  # in a fresh process (torchrun, a warm start)
     fixed_s: float = 0.0  # other fixed work (building a model, an OOM retry)
 
 
@@ -231,7 +267,7 @@ def job_seconds(job: Job, rates: Rates) -> float:
     if job.cfg is None:
         return s
     cfg = job.cfg
-    est = estimate(cfg, on_gpu=rates is H100)
+    est = estimate(cfg, on_gpu=rates.gpu)
     step_flops = cfg.tokens_per_step * flops_per_token(cfg)
     if cfg.grad_checkpointing:  # the forward again in the backward
         step_flops *= 4 / 3
@@ -263,15 +299,21 @@ class Section:
     lines: list[str] = field(default_factory=list)
     rows: list[dict] = field(default_factory=list)
     extra_tables: list[tuple[str, list[dict]]] = field(default_factory=list)  # (title, rows)
+    limit_s: float | None = None  # the section's own share of the budget, where it has one
+    data: dict = field(default_factory=dict)  # raw figures, at the top of its JSON entry
 
-    def allows(self, ck, *jobs: Job, optional: bool = False) -> bool:
+    def allows(self, ck, *jobs: Job) -> bool:
         """Whether the jobs' predicted time fits what is left after the later sections'
-        essential share; if not, a line says what was skipped."""
+        essential share (and within this section's own limit, where it has one); if not, a
+        line says what was skipped."""
         need = predict(list(jobs), ck.rates)
         spare = ck.left() - ck.reserve_after(self.key)
+        if self.limit_s is not None:
+            spare = min(spare, self.limit_s - (time.perf_counter() - ck.section_t0))
         if need <= spare:
             return True
         names = ", ".join(j.label for j in jobs)
+        optional = all(j.optional for j in jobs)
         kind = "optional " if optional else ""
         self.lines.append(f"skipped {kind}{names}: predicted {need:.0f} s, {spare:.0f} s to spare")
         if not optional:
@@ -293,7 +335,7 @@ class Report:
     def save(self) -> None:
         data = {
             **self.info,
-            "sections": {s.name: dataclasses.asdict(s) for s in self.sections.values()},
+            "sections": {s.name: section_json(s) for s in self.sections.values()},
             "curves": self.curves,
         }
         _write(self.out / "gpu_check.json", json.dumps(data, indent=1, default=str))
@@ -326,9 +368,14 @@ class Report:
             )
         for s in self.sections.values():
             out += ["", f"## ({s.key}) {s.title}", ""]
-            out += [f"- {line}" for line in s.lines]
+            lines = s.lines + (speed_lines(s.data) if s.key == SPEED else [])
+            out += [f"- {line}" for line in lines]
             if s.rows:
                 out += ["", *table(s.rows)]
+            for name, value in s.data.items():
+                rows = [value] if isinstance(value, dict) else value
+                if isinstance(rows, list) and rows:
+                    out += ["", f"{name}:", "", *table(rows)]
             for title, rows in s.extra_tables:
                 out += ["", f"{title}:", "", *table(rows)]
         return "\n".join(out) + "\n"
@@ -361,6 +408,11 @@ class Report:
         return None
 
 
+def section_json(sec: Section) -> dict:
+    out = dataclasses.asdict(sec)
+    return {**out.pop("data"), **out}
+
+
 def _write(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text, encoding="utf-8")
@@ -369,9 +421,9 @@ def _write(path: Path, text: str) -> None:
 
 def _cell(key: str, v) -> str:
     if isinstance(v, bool):
-        return "yes" if v else "NO"
+        return "yes" if v else ("no" if key in ("checkpointing", "compiled") else "NO")
     if isinstance(v, float):
-        if key.startswith(("error", "MFU", "of the", "share")):
+        if key.startswith(("error", "MFU", "mfu", "of the", "share")):
             return f"{v:+.1%}" if key.startswith("error") else f"{v:.1%}"
         return f"{v:,.4g}" if abs(v) < 100 else f"{v:,.0f}"
     if isinstance(v, int):
@@ -390,10 +442,10 @@ def table(rows: list[dict]) -> list[str]:
 
 
 class Collect:
-    """Events of one run: train records and out-of-memory recoveries."""
+    """Events of one run: train records, out-of-memory recoveries and log lines."""
 
     def __init__(self, stop_after: int | None = None):
-        self.records, self.ooms, self.stop_after = [], [], stop_after
+        self.records, self.ooms, self.logs, self.stop_after = [], [], [], stop_after
 
     def __getattr__(self, name):  # every other event: ignored
         if name.startswith("on_"):
@@ -406,6 +458,74 @@ class Collect:
     def on_oom(self, info):
         self.ooms.append(info)
 
+    def on_log(self, message):
+        self.logs.append(message)
+
+
+def dynamo_graphs() -> int:
+    """Graphs torch.compile has captured in this process so far."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
+class StepTimer:
+    """Times a run's steps from inside the trainer, synchronizing the device only at the bounds
+    it measures (the logs' own syncs stay as a user's run has them): the first step, its
+    compilation included, and the steady steps after `warm` up to the last. profile: the last
+    step runs under torch's profiler instead, untimed."""
+
+    def __init__(self, cuda: bool, warm: int = 3, profile: bool = False):
+        self.cuda, self.warm, self.profile = cuda, warm, profile
+        self.first_step_s: float | None = None
+        self.first_step_at: float | None = None  # the wall clock when the first step ended
+        self.steady_s: float | None = None
+        self.steady_steps = 0
+        self.graphs = 0  # graphs torch.compile captured during the steps
+        self.prof = None
+        self._graphs0, self._t0, self._tw, self._closed = 0, 0.0, 0.0, False
+
+    def _now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def step(self, trainer, call):
+        done, last = trainer.step + 1, trainer.max_steps
+        timed_last = last - 1 if self.profile else last
+        warm = max(1, min(self.warm, timed_last - 1))
+        if done == 1:
+            self._graphs0, self._t0 = dynamo_graphs(), self._now()
+        if self.profile and done == last:
+            from torch.profiler import ProfilerActivity, profile
+
+            kinds = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
+            self._now()
+            self.prof = profile(activities=kinds)
+            self.prof.__enter__()
+        out = call()
+        if done == 1:
+            self.first_step_s = self._now() - self._t0
+            self.first_step_at = time.time()
+        if done == warm:
+            self._tw = self._now()
+        if done == timed_last and timed_last > warm:
+            self.steady_s, self.steady_steps = self._now() - self._tw, timed_last - warm
+        if self.prof is not None and done == last:
+            self._now()
+            self.close()
+        self.graphs = dynamo_graphs() - self._graphs0
+        return out
+
+    def close(self) -> None:
+        """Stop the profiler if it runs (also after a failed step); its table stays."""
+        if self.prof is not None and not self._closed:
+            self._closed = True
+            self.prof.__exit__(None, None, None)
+
+    def tokens_per_s(self, tokens_per_step: int) -> float | None:
+        return tokens_per_step * self.steady_steps / self.steady_s if self.steady_s else None
+
 
 @dataclass
 class Run:
@@ -417,6 +537,7 @@ class Run:
     peak: int = 0  # torch.cuda.max_memory_allocated (CPU: 0)
     reserved: int = 0
     nvml_used: int = 0  # the largest NVML used of the run's records
+    compiled: bool = False  # torch.compile made its steps' graphs and did not fall back
 
     def tokens_per_s(self) -> float:
         steady = self.records[len(self.records) // 2 :] or self.records
@@ -430,14 +551,29 @@ def fresh_memory(cuda: bool) -> None:
         torch.cuda.reset_peak_memory_stats()
 
 
-def train(ck, cfg, label: str, save: bool = False, stop_after=None, resume_from=None, fault=None):
-    """One run of the real Trainer; save=False leaves checkpoints out (they time the disk)."""
+def train(
+    ck,
+    cfg,
+    label: str,
+    save: bool = False,
+    stop_after=None,
+    resume_from=None,
+    fault=None,
+    timer: StepTimer | None = None,
+):
+    """One run of the real Trainer; save=False leaves checkpoints out (they time the disk);
+    timer: times its steps."""
+    from core.platform.compiling import fallback_line
     from core.runs.events import TrainControl
     from core.training.trainer import Trainer
 
     class Quiet(Trainer):
         def save_checkpoint(self, best=False):
             return None if not save else super().save_checkpoint(best)
+
+        def _step_with_oom_recovery(self, factor):
+            step = super()._step_with_oom_recovery
+            return step(factor) if timer is None else timer.step(self, lambda: step(factor))
 
     class StopAfter(TrainControl):
         @property
@@ -449,8 +585,14 @@ def train(ck, cfg, label: str, save: bool = False, stop_after=None, resume_from=
     trainer = Quiet(cfg, run_dir, resume_from=resume_from, fault=fault)
     events = Collect()
     t = time.perf_counter()
-    result = trainer.run(events, StopAfter())
+    try:
+        result = trainer.run(events, StopAfter())
+    finally:
+        if timer is not None:
+            timer.close()
     run = Run(trainer.cfg, events.records, events.ooms, result, time.perf_counter() - t)
+    fell_back = fallback_line("")[:30]  # "torch.compile is off for this run"
+    run.compiled = bool(timer and timer.graphs) and not any(fell_back in m for m in events.logs)
     if ck.cuda:
         run.peak = torch.cuda.max_memory_allocated()
         run.reserved = torch.cuda.max_memory_reserved()
@@ -487,10 +629,14 @@ class Check:
         self.models: dict[str, Path] = {}
         self.plans: dict[str, list[Job]] = {}
         self.tail = False  # the compiled rows' pass, after every other section
+        self.first = ""  # the first section to run (it pays CUDA's start)
+        self.section_t0 = self.t0  # when the running section started
+        self.compiled_presets: set[str] = set()  # measured compiled by the speed section
 
     def reserve_after(self, key: str) -> float:
         """The essential predicted time of the selected sections after this one."""
-        later = [s for k, s in self.report.sections.items() if k > key]
+        keys = list(self.report.sections)
+        later = [self.report.sections[k] for k in keys[keys.index(key) + 1 :]]
         return sum(s.essential_s for s in later if s.status == "pending")
 
     def elapsed(self) -> float:
@@ -577,7 +723,8 @@ def package_versions() -> dict:
     from importlib import metadata
 
     out = {}
-    for name in ("transformers", "peft", "nvidia-ml-py", "matplotlib", "platformdirs", "gguf"):
+    names = ("transformers", "peft", "liger-kernel", "triton", "nvidia-ml-py", "matplotlib")
+    for name in (*names, "platformdirs", "gguf"):
         try:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
@@ -595,6 +742,7 @@ def device_info(args) -> dict:
         "driver": None,
         "smoke": args.smoke,
         "budget_s": args.budget,
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
         "python": platform.python_version(),
         "command": " ".join(sys.argv),
         "packages": package_versions(),
@@ -617,10 +765,10 @@ def device_info(args) -> dict:
 
 
 def qwen_config_json(shape: dict, kind: str = "qwen") -> dict:
-    model_type, arch = STARTS[kind][:2]
+    start = STARTS[kind]
     return {
-        "model_type": model_type,
-        "architectures": [arch],
+        "model_type": start.model_type,
+        "architectures": [start.architecture],
         "rms_norm_eps": 1e-6,
         "torch_dtype": "bfloat16",
         **shape,
@@ -632,7 +780,7 @@ def config_folder(ck, kind: str = "qwen") -> Path:
     folder = ck.work / f"{kind}-0.5b-config"
     if not folder.exists():
         folder.mkdir(parents=True)
-        _write(folder / "config.json", json.dumps(qwen_config_json(STARTS[kind][3], kind)))
+        _write(folder / "config.json", json.dumps(qwen_config_json(STARTS[kind].shape, kind)))
     return folder
 
 
@@ -640,7 +788,7 @@ def has_config_class(kind: str) -> bool:
     """Whether this machine's transformers builds that start (an older one lacks Qwen3-MoE)."""
     import transformers
 
-    return hasattr(transformers, STARTS[kind][2])
+    return hasattr(transformers, STARTS[kind].config_class)
 
 
 def model_folder(ck, kind: str = "qwen") -> Path:
@@ -648,55 +796,283 @@ def model_folder(ck, kind: str = "qwen") -> Path:
     as --init-from reads it; built on the GPU when there is one."""
     if kind in ck.models:
         return ck.models[kind]
-    import transformers
-    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+    from benchmarks.sides import build_start
 
-    from core.data.tokenizer import train_bpe
-
-    shape = STARTS[kind][4] if ck.smoke else STARTS[kind][3]
+    start = STARTS[kind]
     folder = ck.work / (f"{kind}-toy" if ck.smoke else f"{kind}-0.5b")
     text = ck.data_file().read_bytes()[: 30_000 if ck.smoke else 300_000]
-    hf = train_bpe([text], 512 if ck.smoke else 2048).hf
-    hf.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
-    tok = PreTrainedTokenizerFast(tokenizer_object=hf, eos_token="<|endoftext|>")
-    tok.save_pretrained(folder)
-    shape = {**shape, "vocab_size": max(shape["vocab_size"], len(tok))}
-    config = getattr(transformers, STARTS[kind][2])(**shape, eos_token_id=tok.eos_token_id)
-    torch.manual_seed(0)
-    with torch.device("cuda" if ck.cuda else "cpu"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    model.save_pretrained(folder)
-    del model
+    build_start(
+        folder,
+        start.config_class,
+        start.toy if ck.smoke else start.shape,
+        text,
+        512 if ck.smoke else 2048,
+        specials=("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
+        dtype=torch.bfloat16,
+        device="cuda" if ck.cuda else "cpu",
+    )
     ck.models[kind] = folder
     return folder
 
 
-def finetune_cfg(ck, folder: Path, mode: str, steps: int, full: bool):
+def finetune_cfg(ck, folder: Path, mode: str, steps: int, full: bool, **extra):
     """full, lora or lora+ckpt at batch 8 x 1024 (--smoke: 2 x 64) on the folder's model."""
-    from core.config.spec import TrainConfig, validate
-    from core.weights.loader import apply_pretrained, config_only
+    from benchmarks.sides import pretrained_config
 
-    extra = dict(LORA) if mode.startswith("lora") else {}
-    cfg = TrainConfig(
-        init_from=str(folder),
+    lora = dict(LORA) if mode.startswith("lora") else {}
+    cfg = pretrained_config(
+        folder,
         seq_len=1024,
         batch_size=8,
         grad_accum=1,
-        tokenizer="model",
         max_data_bytes=2_000_000,  # the 8 MB corpus through a BPE: its first 2 MB will do
         grad_checkpointing=mode.endswith("ckpt"),
         max_steps=steps,
-        **extra,
+        **lora,
     )
-    cfg = validate(apply_pretrained(validate(cfg), config_only(folder)))
     if full:
-        return dataclasses.replace(cfg, device="cuda")
-    return ck.base(cfg, ck.steps(steps))
+        return dataclasses.replace(cfg, device="cuda", **extra)
+    return ck.base(cfg, ck.steps(steps), **extra)
 
 
 def build_s(ck, full: bool) -> float:
     """Building the 0.5B model (on the GPU) or the toy, and importing transformers."""
     return 10.0 if full else (3.0 if ck.smoke else 10.0)
+
+
+# -- (s) speed: TrainDeck against transformers + peft (+ Liger), the presets compiled --------
+
+SPEED = "s"
+SPEED_LIMIT_S = 240.0  # the section's share of the budget
+SPEED_STEPS = 12  # each fine-tune's; the presets run 20
+SIDE_NAMES = {
+    "traindeck": "TrainDeck",
+    "peft": "transformers + peft",
+    "peft_liger": "transformers + peft + Liger",
+    "transformers": "transformers",
+}
+# Liger's Triton kernels compile at their first call (a guess until a GPU measures it)
+LIGER_FIRST_CALL_S = 5.0
+
+
+def speed_cfg(ck, folder: Path | None, mode: str, full: bool, steps: int = SPEED_STEPS):
+    """The 0.5B model at 8 x 1024 (--smoke: the toy at 2 x 64), logging at the default
+    interval, compiled on a GPU: set explicitly, whatever the default is."""
+    from core.config.spec import TrainConfig
+
+    if folder is None:
+        return None
+    extra = dict(log_every=TrainConfig().log_every, compile=full or ck.cuda)
+    return finetune_cfg(ck, folder, mode, steps, full, **extra)
+
+
+def baseline_missing(ck, side: str, full: bool) -> str | None:
+    """Why a transformers side does not run here (None: it runs)."""
+    if full:
+        return None
+    if side != "transformers" and ck.smoke:
+        return "left out of a smoke run (importing peft alone takes ~8 s on the CI machine)"
+    if side == "peft_liger" and not ck.cuda:
+        return "CUDA only (Liger's kernels are Triton's)"
+    if side == "peft_liger" and importlib.util.find_spec("liger_kernel") is None:
+        return "liger-kernel is not installed (benchmarks/gpu_wheels.sh carries its wheel)"
+    return None
+
+
+def plan_speed(ck, full: bool) -> list[Job]:
+    jobs = cuda_start(ck, SPEED, full)
+    jobs.append(Job("build the 0.5B model", kind=Work.BUILD, fixed_s=build_s(ck, full)))
+    folder = config_folder(ck) if full or not ck.smoke else None
+    fixed = 0.0 if folder else ck.rates.setup_s  # smoke: planned without a config
+    compile = full or ck.cuda
+    for mode in ("lora", "lora+ckpt", "full"):
+        cfg = speed_cfg(ck, folder, mode, full)
+        label = f"TrainDeck {mode}"
+        jobs.append(Job(label, cfg, mode=mode, compile=compile, fixed_s=fixed))
+        for side in ("transformers",) if mode == "full" else ("peft", "peft_liger"):
+            if baseline_missing(ck, side, full) is None:
+                first = LIGER_FIRST_CALL_S if side == "peft_liger" else 0.0
+                label = f"{SIDE_NAMES[side]} {mode}"
+                job = Job(label, cfg, Work.BASELINE, mode=mode, side=side, fixed_s=fixed + first)
+                jobs.append(job)
+    if full or not ck.smoke:  # a warm start: tracing, and the compiled code from the cache
+        cfg = speed_cfg(ck, folder, "lora", full, steps=3)
+        warm = 5.0 if compile else 0.0
+        jobs.append(
+            Job(
+                "TrainDeck lora, a second process",
+                cfg,
+                Work.PROCESS,
+                mode="lora",
+                process=True,
+                fixed_s=warm,
+            )
+        )
+    from core.config import presets
+
+    pick = ck.full_preset if full else ck.preset
+    for p in COMPILE_ORDER:  # the largest first: the budget may end the list
+        own = presets.to_config(presets.load_preset(p)).log_every  # its defaults
+        cfg = pick(p, 20, log_every=own, compile=compile)
+        label = f"{p} {'compiled' if compile else 'eager'}"
+        jobs.append(Job(label, cfg, preset=p, compile=compile, optional=True))
+    return jobs
+
+
+def run_speed(ck, sec: Section) -> None:
+    peak = card_peak() if ck.cuda else None
+    sec.data.update(device=ck.report.info["device_name"], lora=[], full=[], presets=[])
+    sec.lines.append(
+        "raw figures in gpu_check.json's speed section; tokens/s of TrainDeck's runs over the "
+        "steps after the first few (the device synchronized at the bounds only), of the "
+        "transformers sides the median step of the second half"
+    )
+    if not ck.cuda:
+        sec.lines.append("CPU: TrainDeck uncompiled (compiling is measured on a GPU); no MFU")
+    for job in ck.plans[sec.key]:
+        if job.kind is Work.FIXED or not sec.allows(ck, job):
+            continue
+        if job.kind is Work.BUILD:
+            model_folder(ck)
+        elif job.kind is Work.PROCESS:
+            sec.data["warm_start"] = warm_start(ck, job)
+        elif job.preset:
+            sec.data["presets"].append(speed_preset(ck, job, peak))
+            if sec.data["presets"][-1]["compiled"]:
+                ck.compiled_presets.add(job.preset)
+        else:
+            table = sec.data["full" if job.mode == "full" else "lora"]
+            table.append(speed_side(ck, sec, job))
+        ck.report.save()
+    for side in ("peft", "peft_liger"):
+        if why := baseline_missing(ck, side, False):
+            sec.lines.append(f"{SIDE_NAMES[side]}: {why}")
+    if ck.smoke:
+        sec.lines.append("smoke: the second process is left out (the tests run its child)")
+
+
+def speed_side(ck, sec: Section, job: Job) -> dict:
+    """One row of the lora or full table: a side's tokens/s and peak allocated memory."""
+    cfg = speed_cfg(ck, model_folder(ck), job.mode, False)
+    row = {"side": job.side, "checkpointing": cfg.grad_checkpointing}
+    if job.kind is Work.BASELINE:
+        size = (cfg.batch_size, cfg.seq_len, cfg.max_steps)
+        ckpt = cfg.grad_checkpointing
+        out = hf_side(model_folder(ck), job.side, *size, ck.args.device, checkpointing=ckpt)
+        return {**row, "tokens_per_s": out["tokens/s"], "peak_mib": out["peak MiB"]}
+    profiled = job.mode == "lora"  # TrainDeck's LoRA step: where its time goes
+    timer = StepTimer(ck.cuda, warm=3, profile=profiled)
+    run = train(ck, cfg, f"speed-{job.mode}", timer=timer)
+    if profiled and timer.prof is not None:
+        sec.data["profile"], busy = top_ops(timer.prof, ck.cuda)
+        sec.lines.append(f"TrainDeck lora's last step under the profiler: busy {busy:.3f} s")
+    if run.compiled and timer.first_step_s:  # the compile time measured replaces the guess
+        ck.rates = dataclasses.replace(ck.rates, compile_s=timer.first_step_s)
+    return {
+        **row,
+        "tokens_per_s": timer.tokens_per_s(run.cfg.tokens_per_step),
+        "peak_mib": run.peak / MiB if ck.cuda else None,
+        "compiled": run.compiled,
+        "first_step_s": timer.first_step_s,
+    }
+
+
+def speed_preset(ck, job: Job, peak: float | None) -> dict:
+    """A tier preset at its defaults (compiled on a GPU): tokens/s, MFU, the first step."""
+    from core.training.estimate import flops_per_token
+
+    timer = StepTimer(ck.cuda, warm=5)
+    run = train(ck, job.cfg, f"speed-{job.preset}", timer=timer)
+    tok_s = timer.tokens_per_s(run.cfg.tokens_per_step)
+    return {
+        "preset": job.preset,
+        "compiled": run.compiled,
+        "tokens_per_s": tok_s,
+        "mfu": tok_s * flops_per_token(run.cfg) / peak if peak and tok_s else None,
+        "first_step_s": timer.first_step_s,
+        "peak_mib": run.peak / MiB if ck.cuda else None,
+    }
+
+
+def warm_command(cfg_file: Path, run_dir: Path) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "benchmarks.gpu_check",
+        "--warm-start-child",
+        str(cfg_file),
+        str(run_dir),
+    ]
+
+
+def warm_start(ck, job: Job) -> dict:
+    """TrainDeck's LoRA run again in a fresh process, the same shapes: the compiled code comes
+    from the cache. start_to_first_step_s: from the process's start (Python, torch, CUDA,
+    the model) to the end of its first step."""
+    cfg = speed_cfg(ck, model_folder(ck), "lora", False, steps=3)
+    cfg_file = ck.work / "warm-start.json"
+    _write(cfg_file, json.dumps(dataclasses.asdict(cfg), default=str))
+    env = {**os.environ, "PYTHONPATH": _pythonpath()}
+    t = time.time()
+    proc = subprocess.run(
+        warm_command(cfg_file, ck.work / "warm-start"),
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=max(60, ck.left()),
+    )
+    if proc.returncode != 0:
+        raise RuntimeError("the second process failed: " + proc.stderr.strip()[-300:])
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {
+        "run": "TrainDeck lora, a second process",
+        "compiled": out["compiled"],
+        "first_step_s": out["first_step_s"],
+        "start_to_first_step_s": out["first_step_at"] - t,
+        "status": out["status"],
+    }
+
+
+def warm_start_child(argv: list[str]) -> int:
+    """The second process: the config from the first (a JSON file), 3 steps, timed; prints
+    one JSON line."""
+    import types
+
+    from core.config.spec import from_dict
+
+    cfg = from_dict(json.loads(Path(argv[0]).read_text()))
+    cuda = cfg.device.startswith("cuda")
+    timer = StepTimer(cuda, warm=1)
+    run = train(types.SimpleNamespace(cuda=cuda, work=Path(argv[1])), cfg, "run", timer=timer)
+    out = {
+        "first_step_s": timer.first_step_s,
+        "first_step_at": timer.first_step_at,
+        "compiled": run.compiled,
+        "status": run.result["status"],
+    }
+    print(json.dumps(out), flush=True)
+    return 0 if run.result["status"] == "finished" else 1
+
+
+def speed_lines(data: dict) -> list[str]:
+    """The ratios the issue's bars read, for gpu_check.md (the JSON keeps raw figures)."""
+    lines = []
+    for table, theirs in (("lora", ("peft", "peft_liger")), ("full", ("transformers",))):
+        rows = data.get(table, [])
+        ours = {r["checkpointing"]: r for r in rows if r["side"] == "traindeck"}
+        for r in rows:
+            td = ours.get(r["checkpointing"])
+            if r["side"] not in theirs or not td or not (td["tokens_per_s"] and r["tokens_per_s"]):
+                continue
+            speed = td["tokens_per_s"] / r["tokens_per_s"]
+            mem = f", {td['peak_mib'] / r['peak_mib']:.2f}x its memory" if r["peak_mib"] else ""
+            ckpt = "with" if r["checkpointing"] else "without"
+            lines.append(
+                f"{table}, {ckpt} checkpointing: TrainDeck {speed:.2f}x {SIDE_NAMES[r['side']]}'s "
+                f"tokens/s{mem}"
+            )
+    return lines
 
 
 # -- (a) memory --------------------------------------------------------------------------------
@@ -706,42 +1082,38 @@ FT_MODES = ("full", "lora", "lora+ckpt")
 
 def plan_memory(ck, full: bool) -> list[Job]:
     pick = ck.full_preset if full else ck.preset
-    # CUDA's context, cuBLAS and the first kernels, once (in smoke: nothing)
-    jobs = [Job("CUDA start", fixed_s=8.0 if full or ck.cuda else 0.0)]
-    jobs += [Job(p, pick(p, 20)) for p in TIER_PRESETS]
-    folder = config_folder(ck) if full or not ck.smoke else None
-    jobs.append(Job("build the 0.5B model", fixed_s=build_s(ck, full)))
-    for mode in FT_MODES:
-        cfg = finetune_cfg(ck, folder, mode, 20, full) if folder else None
-        jobs.append(Job(f"0.5B {mode}", cfg, fixed_s=0.0 if cfg else ck.rates.setup_s))
-    for kind in filter(has_config_class, EXTRA_STARTS):
-        name = STARTS[kind][5]
-        extra = config_folder(ck, kind) if full or not ck.smoke else None
-        jobs.append(Job(f"build the {name} 0.5B model", fixed_s=build_s(ck, full)))
-        cfg = finetune_cfg(ck, extra, "lora", 20, full) if extra else None
-        jobs.append(Job(f"{name} 0.5B lora", cfg, fixed_s=0.0 if cfg else ck.rates.setup_s))
+    jobs = cuda_start(ck, "a", full)
+    jobs += [Job(p, pick(p, 20), preset=p) for p in TIER_PRESETS]
+    for kind in ["qwen", *filter(has_config_class, EXTRA_STARTS)]:
+        name = STARTS[kind].name
+        prefix = f"{name} 0.5B" if name else "0.5B"
+        jobs.append(
+            Job(f"build the {prefix} model", kind=Work.BUILD, start=kind, fixed_s=build_s(ck, full))
+        )
+        folder = config_folder(ck, kind) if full or not ck.smoke else None
+        for mode in FT_MODES if kind == "qwen" else ("lora",):
+            cfg = finetune_cfg(ck, folder, mode, 20, full) if folder else None
+            fixed = 0.0 if cfg else ck.rates.setup_s  # smoke: planned without a config
+            jobs.append(Job(f"{prefix} {mode}", cfg, start=kind, mode=mode, fixed_s=fixed))
     return jobs
 
 
-def start_kind(label: str) -> str:
-    """Which STARTS model a memory job's label names."""
-    for kind in EXTRA_STARTS:
-        if label.startswith((STARTS[kind][5], f"build the {STARTS[kind][5]}")):
-            return kind
-    return "qwen"
+def cuda_start(ck, key: str, full: bool) -> list[Job]:
+    """CUDA's context, cuBLAS and the first kernels: once, in the first section (smoke on the
+    CPU: nothing)."""
+    first = key == ck.first
+    return [Job("CUDA start", kind=Work.FIXED, fixed_s=8.0 if first and (full or ck.cuda) else 0.0)]
 
 
-def memory_row(ck, label: str, run: Run) -> dict:
+def measured_row(ck, run: Run) -> dict:
+    """The estimate against what the run measured, in MiB: the allocator's peak (error =
+    estimate / measured - 1) and the device's whole use by NVML (the largest reading of the
+    run's records); the CPU has no per-run peak, so only the estimate."""
     from core.training.estimate import estimate
 
     est = estimate(run.cfg, on_gpu=ck.cuda)
-    row = {
-        "run": label,
-        "params": est.n_params,
-        "micro x seq": f"{run.cfg.batch_size} x {run.cfg.seq_len}",
-        "estimate alloc MiB": est.allocator_peak / MiB,
-    }
-    if not ck.cuda:  # the CPU's RSS is the whole process's: no per-run peak to compare
+    row = {"estimate alloc MiB": est.allocator_peak / MiB}
+    if not ck.cuda:
         return {**row, "estimate device MiB": est.device_total / MiB}
     return {
         **row,
@@ -754,29 +1126,47 @@ def memory_row(ck, label: str, run: Run) -> dict:
     }
 
 
+@contextlib.contextmanager
+def card_limited(ck, fraction: float | None):
+    """The card shrunk to a fraction of its memory for the block (None, or the CPU: as is)."""
+    if fraction and ck.cuda:
+        torch.cuda.set_per_process_memory_fraction(fraction)
+    try:
+        yield
+    finally:
+        if fraction and ck.cuda:
+            torch.cuda.set_per_process_memory_fraction(1.0)
+
+
 def run_memory(ck, sec: Section) -> None:
+    from core.training.estimate import estimate
+
     if not ck.cuda:
         sec.lines.append("CPU: no allocator peak per run; the estimates run, not compared")
     for job in ck.plans[sec.key]:
-        if not sec.allows(ck, job):
+        if not sec.allows(ck, job) or job.kind is Work.FIXED:
             continue
-        if job.label == "CUDA start":
-            continue
-        kind = start_kind(job.label)
-        if job.cfg is None and job.label.startswith("build"):
-            model_folder(ck, kind)
+        if job.kind is Work.BUILD:
+            model_folder(ck, job.start)
             continue
         cfg = job.cfg
-        if "0.5B" in job.label:  # planned on its config.json; now on its weights
-            cfg = finetune_cfg(ck, model_folder(ck, kind), job.label.split()[-1], 20, False)
+        if job.mode:  # planned on its config.json; now on its weights
+            cfg = finetune_cfg(ck, model_folder(ck, job.start), job.mode, 20, False)
         run = train(ck, cfg, f"memory-{job.label.replace(' ', '-')}")
-        sec.rows.append(memory_row(ck, job.label, run))
+        head = {
+            "run": job.label,
+            "params": estimate(run.cfg, on_gpu=ck.cuda).n_params,
+            "micro x seq": f"{run.cfg.batch_size} x {run.cfg.seq_len}",
+        }
+        sec.rows.append({**head, **measured_row(ck, run)})
         curve(ck, job.label, run)
         ck.report.save()
     for kind in EXTRA_STARTS:
         if not has_config_class(kind):
-            name, config_class = STARTS[kind][5], STARTS[kind][2]
-            sec.lines.append(f"{name} row: skipped, this transformers has no {config_class}")
+            start = STARTS[kind]
+            sec.lines.append(
+                f"{start.name} row: skipped, this transformers has no {start.config_class}"
+            )
 
 
 # -- (b) throughput ----------------------------------------------------------------------------
@@ -786,17 +1176,21 @@ def plan_throughput(ck, full: bool) -> list[Job]:
     pick = ck.full_preset if full else ck.preset
     # a record every 5 steps: each record's sync and NVML read, not every step's (the first
     # GPU run logged every step, and its small presets' MFU was 3-7%)
-    jobs = [Job(f"{p} eager", pick(p, 20, log_every=5)) for p in TIER_PRESETS]
-    jobs.append(Job(PROFILED, pick(TIER_PRESETS[0], 6, log_every=5)))
+    jobs = [Job(f"{p} eager", pick(p, 20, log_every=5), preset=p) for p in TIER_PRESETS]
+    small = TIER_PRESETS[0]
+    jobs.append(Job(f"{small} profiled", pick(small, 6, log_every=5), Work.PROFILE, preset=small))
     if full or ck.cuda:
         jobs += [
-            Job(f"{p} compiled", pick(p, 20, log_every=5, compile=True), compile=True)
+            Job(
+                f"{p} compiled",
+                pick(p, 20, log_every=5, compile=True),
+                preset=p,
+                compile=True,
+                optional=True,
+            )
             for p in COMPILE_ORDER
         ]
     return jobs
-
-
-PROFILED = f"{TIER_PRESETS[0]} profiled"
 
 
 def profile_rows(ck, cfg, label: str, top: int = 12) -> tuple[list[dict], str]:
@@ -809,8 +1203,16 @@ def profile_rows(ck, cfg, label: str, top: int = 12) -> tuple[list[dict], str]:
     with profile(activities=kinds) as prof:
         train(ck, cfg, label)
     wall = time.perf_counter() - t0
+    rows, busy = top_ops(prof, ck.cuda, top)
+    where = "the GPU" if ck.cuda else "the CPU (self time)"
+    return rows, f"{label}: {where} busy {busy:.2f} s of {wall:.2f} s profiled wall time"
+
+
+def top_ops(prof, cuda: bool, top: int = 12) -> tuple[list[dict], float]:
+    """The profiled operators with the most time on the device (CUDA: self device time; the
+    CPU: self CPU time), and the device's busy seconds in all."""
     events = [e for e in prof.key_averages() if not e.key.startswith("ProfilerStep")]
-    attr = "self_device_time_total" if ck.cuda else "self_cpu_time_total"
+    attr = "self_device_time_total" if cuda else "self_cpu_time_total"
     busy = sum(getattr(e, attr, 0) for e in events) / 1e6
     events.sort(key=lambda e: -getattr(e, attr, 0))
     rows = [
@@ -822,8 +1224,7 @@ def profile_rows(ck, cfg, label: str, top: int = 12) -> tuple[list[dict], str]:
         }
         for e in events[:top]
     ]
-    where = "the GPU" if ck.cuda else "the CPU (self time)"
-    return rows, f"{label}: {where} busy {busy:.2f} s of {wall:.2f} s profiled wall time"
+    return rows, busy
 
 
 def card_peak() -> float | None:
@@ -846,12 +1247,17 @@ def run_throughput(ck, sec: Section) -> None:
     else:
         sec.lines.append(f"MFU against {peak / 1e12:.0f} TFLOP/s dense bf16")
     for job in ck.plans[sec.key]:
-        if job.compile != ck.tail or not sec.allows(ck, job, optional=job.compile):
+        if job.optional != ck.tail:
             continue
-        if job.label == PROFILED:
-            rows, line = profile_rows(ck, job.cfg, f"throughput-{TIER_PRESETS[0]}-profiled")
+        if job.optional and job.preset in ck.compiled_presets:
+            sec.lines.append(f"{job.label}: measured in the speed section")
+            continue
+        if not sec.allows(ck, job):
+            continue
+        if job.kind is Work.PROFILE:
+            rows, line = profile_rows(ck, job.cfg, f"throughput-{job.preset}-profiled")
             sec.lines.append(line)
-            sec.extra_tables.append((f"where {TIER_PRESETS[0]}'s step goes", rows))
+            sec.extra_tables.append((f"where {job.preset}'s step goes", rows))
             ck.report.save()
             continue
         run = train(ck, job.cfg, f"throughput-{job.label.replace(' ', '-')}")
@@ -875,63 +1281,58 @@ def run_throughput(ck, sec: Section) -> None:
 def plan_vs_peft(ck, full: bool) -> list[Job]:
     folder = config_folder(ck) if full or not ck.smoke else None
     cfg = finetune_cfg(ck, folder, "lora", 12, full) if folder else None
-    side = dict(fixed_s=0.0 if cfg else ck.rates.setup_s)
-    jobs = [Job("TrainDeck LoRA", cfg, **side)]
+    fixed = 0.0 if cfg else ck.rates.setup_s
+    jobs = [Job("TrainDeck LoRA", cfg, mode="lora", fixed_s=fixed)]
     if full or not ck.smoke:
-        jobs.append(Job("transformers + peft LoRA", cfg))
+        jobs.append(Job("transformers + peft LoRA", cfg, Work.BASELINE, mode="lora", side="peft"))
     return jobs
 
 
-def peft_side(folder: Path, batch: int, seq: int, steps: int, device: str = "cuda") -> dict:
-    """A user's transformers + peft script: bf16 weights, fp32 adapters on every projection,
-    autocast, fused AdamW, plain cross-entropy; the same rank, alpha and batch as ours. (The
-    CPU, for the tests: fp32, no autocast.)"""
-    import contextlib
-
-    import torch.nn.functional as F
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    from benchmarks.finetune import PEFT_TARGETS
+def hf_side(
+    folder: Path,
+    side: str,
+    batch: int,
+    seq: int,
+    steps: int,
+    device: str = "cuda",
+    checkpointing: bool = False,
+) -> dict:
+    """The baseline, a user's transformers script (benchmarks/sides.py), one side:
+    - peft: bf16 weights, fp32 adapters on every projection (the same rank and alpha as ours);
+    - peft_liger: the same with Liger Kernel's Qwen2 kernels (apply_liger_kernel_to_qwen2:
+      RoPE, RMSNorm, SwiGLU and its fused linear cross-entropy, which never makes the logits);
+    - transformers: full fine-tuning, fp32 weights;
+    each with autocast to bf16, fused AdamW and (but Liger) one cross-entropy in fp32 over the
+    logits, the same batch every step; optionally gradient checkpointing. (The CPU, for the
+    tests: fp32, no autocast.) tokens/s: the median step of the second half."""
+    from benchmarks.sides import hf_model, hf_optimizer, hf_step, liger_patched, trainable
 
     cuda = device == "cuda"
     fresh_memory(cuda)
-    dtype = torch.bfloat16 if cuda else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device)
-    lc = LoraConfig(
-        r=LORA["lora_rank"],
-        lora_alpha=LORA["lora_alpha"],
-        lora_dropout=0.0,
-        bias="none",
-        target_modules=PEFT_TARGETS,
-        task_type="CAUSAL_LM",
-    )
-    model = get_peft_model(model, lc)
-    model.train()
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=1e-4, fused=cuda)
-    g = torch.Generator().manual_seed(0)
-    vocab = min(2000, model.config.vocab_size)
-    x = torch.randint(0, vocab, (batch, seq + 1), generator=g).to(device)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext()
-    times, losses = [], []
-    for _ in range(steps):
-        if cuda:
-            torch.cuda.synchronize()
-        t = time.perf_counter()
-        with autocast:
-            logits = model(input_ids=x[:, :-1]).logits
-        loss = F.cross_entropy(logits.float().flatten(0, 1), x[:, 1:].flatten())
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())  # syncs, as a script's logging does
-        times.append(time.perf_counter() - t)
+    lora = None if side == "transformers" else {"r": LORA["lora_rank"], "alpha": LORA["lora_alpha"]}
+    dtype = torch.bfloat16 if cuda and lora else torch.float32
+    liger = side == "peft_liger"
+    with liger_patched() if liger else contextlib.nullcontext():
+        model = hf_model(folder, dtype, lora, checkpointing, liger, device)
+        opt = hf_optimizer(model)
+        autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else None
+        step = hf_step(model, opt, autocast, model_loss=liger)
+        g = torch.Generator().manual_seed(0)
+        vocab = min(2000, model.config.vocab_size)
+        x = torch.randint(0, vocab, (batch, seq + 1), generator=g).to(device)
+        times, losses = [], []
+        for _ in range(steps):
+            if cuda:
+                torch.cuda.synchronize()
+            t = time.perf_counter()
+            losses.append(step(x[:, :-1], x[:, 1:]))  # .item(): syncs, as a script's logging does
+            times.append(time.perf_counter() - t)
+        count = trainable(model)
     steady = sorted(times[steps // 2 :])
     return {
         "tokens/s": batch * seq / steady[len(steady) // 2],
         "peak MiB": torch.cuda.max_memory_allocated() / MiB if cuda else None,
-        "trainable": sum(p.numel() for p in params),
+        "trainable": count,
         "loss first, last": f"{losses[0]:.3f}, {losses[-1]:.3f}",
     }
 
@@ -947,17 +1348,17 @@ def run_vs_peft(ck, sec: Section) -> None:
     for job in jobs:
         if not sec.allows(ck, job):
             continue
-        cfg = finetune_cfg(ck, folder, "lora", 12, False)
-        if job.label.startswith("TrainDeck"):
+        cfg = finetune_cfg(ck, folder, job.mode, 12, False)
+        if job.kind is Work.TRAIN:
             run = train(ck, cfg, "vs-peft-traindeck")
             row = {"side": job.label, "tokens/s": run.tokens_per_s()}
             row["peak MiB"] = run.peak / MiB if ck.cuda else None
         else:
-            steps = cfg.max_steps
-            row = {"side": job.label, **peft_side(folder, cfg.batch_size, cfg.seq_len, steps)}
+            size = (cfg.batch_size, cfg.seq_len, cfg.max_steps)
+            row = {"side": job.label, **hf_side(folder, job.side, *size, device=ck.args.device)}
         sec.rows.append({**row, "micro x seq": f"{cfg.batch_size} x {cfg.seq_len}"})
         ck.report.save()
-    if len(sec.rows) == 2 and sec.rows[1]["tokens/s"]:
+    if ck.cuda and len(sec.rows) == 2 and sec.rows[1]["tokens/s"]:
         ratio = sec.rows[0]["tokens/s"] / sec.rows[1]["tokens/s"]
         mem = sec.rows[0]["peak MiB"] / sec.rows[1]["peak MiB"]
         sec.lines.append(f"TrainDeck / peft: {ratio:.2f}x the tokens/s, {mem:.2f}x the memory")
@@ -971,7 +1372,7 @@ OOM_PRESET = "gpu-24gb"
 def plan_oom(ck, full: bool) -> list[Job]:
     cfg = (ck.full_preset if full else ck.preset)(OOM_PRESET, 4, grad_accum=1)
     cfg = dataclasses.replace(cfg, batch_size=cfg.batch_size * 2)  # 152 x 1: halves to 76 x 2
-    return [Job("shrunk card", cfg, cfg.max_steps + 1)]  # + the step that ran out
+    return [Job("shrunk card", cfg, steps=cfg.max_steps + 1)]  # + the step that ran out
 
 
 def oom_fraction(cfg) -> float:
@@ -991,7 +1392,6 @@ def run_oom(ck, sec: Section) -> None:
     cfg, fault, fraction = job.cfg, None, None
     if ck.cuda:
         fraction = oom_fraction(cfg)
-        torch.cuda.set_per_process_memory_fraction(fraction)
     else:
         sec.lines.append(
             "CPU: the out-of-memory error is injected at step 2 (a real one needs CUDA)"
@@ -1003,11 +1403,8 @@ def run_oom(ck, sec: Section) -> None:
                 fired.append(step)
                 raise torch.OutOfMemoryError("injected: CUDA out of memory")
 
-    try:
+    with card_limited(ck, fraction):
         run = train(ck, cfg, "oom", fault=fault)
-    finally:
-        if ck.cuda:
-            torch.cuda.set_per_process_memory_fraction(1.0)
     after = run.cfg.batch_size * run.cfg.grad_accum
     sec.rows.append(
         {
@@ -1039,9 +1436,9 @@ def plan_precision(ck, full: bool) -> list[Job]:
     det = pick(RESUME_PRESET, RESUME_STEPS, deterministic=True)
     half = det.max_steps // 2
     jobs += [
-        Job("straight", det),
-        Job("stopped", det, half),
-        Job("resumed", det, det.max_steps - half),
+        Job("straight", det, Work.RESUME),
+        Job("stopped", det, Work.RESUME, steps=half),
+        Job("resumed", det, Work.RESUME, steps=det.max_steps - half),
     ]
     return jobs
 
@@ -1057,7 +1454,8 @@ def run_precision(ck, sec: Section) -> None:
     jobs = ck.plans[sec.key]
     if not ck.cuda:
         sec.lines.append("CPU: fp16 with the GradScaler skipped (CUDA only); bf16 at toy size")
-    for job in jobs[:-3]:
+    resume = [j for j in jobs if j.kind is Work.RESUME]
+    for job in (j for j in jobs if j.kind is Work.TRAIN):
         if not sec.allows(ck, job):
             continue
         run = train(ck, job.cfg, f"precision-{job.cfg.precision}")
@@ -1073,8 +1471,8 @@ def run_precision(ck, sec: Section) -> None:
         )
         curve(ck, job.label, run)
         ck.report.save()
-    if sec.allows(ck, *jobs[-3:]):
-        resume_rows(ck, sec, jobs[-3].cfg)
+    if sec.allows(ck, *resume):
+        resume_rows(ck, sec, resume[0].cfg)
     torch.use_deterministic_algorithms(False)
 
 
@@ -1190,7 +1588,7 @@ def torchrun_child(argv: list[str]) -> int:
 def plan_torchrun(ck, full: bool) -> list[Job]:
     if not (full or ck.cuda):
         return []
-    return [Job("torchrun", ck.full_preset("gpu-8gb", 10), process=True)]
+    return [Job("torchrun", ck.full_preset("gpu-8gb", 10), Work.PROCESS, process=True)]
 
 
 def run_torchrun(ck, sec: Section) -> None:
@@ -1235,12 +1633,11 @@ def _pythonpath() -> str:
 
 def plan_tiers(ck, full: bool) -> list[Job]:
     pick = ck.full_preset if full else ck.preset
-    return [Job(p, pick(p, 5)) for p in TIER_PRESETS]
+    return [Job(p, pick(p, 5), preset=p) for p in TIER_PRESETS]
 
 
 def run_tiers(ck, sec: Section) -> None:
     from core.config import presets
-    from core.training.estimate import estimate
 
     total = torch.cuda.get_device_properties(0).total_memory if ck.cuda else 0
     if not ck.cuda:
@@ -1248,26 +1645,16 @@ def run_tiers(ck, sec: Section) -> None:
     for job in ck.plans[sec.key]:
         if not sec.allows(ck, job):
             continue
-        tier = presets.load_preset(job.label).tier_gb
+        tier = presets.load_preset(job.preset).tier_gb
         fraction = min(1.0, tier * GiB / total) if ck.cuda else None
-        if fraction:
-            torch.cuda.set_per_process_memory_fraction(fraction)
-        try:
-            run = train(ck, job.cfg, f"tiers-{job.label}")
-        finally:
-            if fraction:
-                torch.cuda.set_per_process_memory_fraction(1.0)
-        est = estimate(run.cfg, on_gpu=ck.cuda)
+        with card_limited(ck, fraction):
+            run = train(ck, job.cfg, f"tiers-{job.preset}")
         sec.rows.append(
             {
-                "preset": job.label,
+                "preset": job.preset,
                 "memory fraction": fraction,
                 "micro x accum": f"{run.cfg.batch_size} x {run.cfg.grad_accum}",
-                "estimate device GiB": est.device_total / GiB,
-                "max_allocated GiB": run.peak / GiB if ck.cuda else None,
-                "error alloc": est.allocator_peak / run.peak - 1 if ck.cuda else None,
-                "reserved GiB": run.reserved / GiB if ck.cuda else None,
-                "NVML used GiB": run.nvml_used / GiB if ck.cuda else None,
+                **measured_row(ck, run),
                 "of the tier": run.nvml_used / (tier * GiB) if ck.cuda else None,
                 "OOM recoveries": len(run.ooms),
                 "status": run.result["status"],
@@ -1292,11 +1679,24 @@ LONG_MODELS = {
     "1.5B": dict(ONE_HALF_B, max_position_embeddings=65536),
 }
 LONG_CARDS = (16, 24)  # GB, as Unsloth's context-per-VRAM table
+
+
 # The two points trained: the 1.5B model at its longest predicted context in 16 GB, without
 # and with the checkpoints offloaded to RAM (a memory fraction makes the card 16 GB); the
 # 0.5B model reaches the field's limit there either way.
-LONG_VERIFIED = (("1.5B", 16, False), ("1.5B", 16, True))
-STARTS["long"] = ("qwen2", "Qwen2ForCausalLM", "Qwen2Config", LONG_MODELS["1.5B"], TOY_B, "")
+@dataclass(frozen=True)
+class Point:
+    model: str  # a LONG_MODELS key
+    card_gb: int
+    offload: bool
+
+    @property
+    def label(self) -> str:
+        return f"{self.model} {self.card_gb} GB offload={self.offload}"
+
+
+LONG_VERIFIED = (Point("1.5B", 16, False), Point("1.5B", 16, True))
+STARTS["long"] = Start("qwen2", "Qwen2ForCausalLM", "Qwen2Config", LONG_MODELS["1.5B"], TOY_B, "")
 
 
 def long_folder(ck, name: str) -> Path:
@@ -1309,15 +1709,13 @@ def long_folder(ck, name: str) -> Path:
 
 def long_cfg(ck, folder: Path, seq: int, offload: bool, steps: int = 2):
     """LoRA r16 with activation checkpointing at batch 1 (bf16 on a GPU)."""
-    from core.config.spec import TrainConfig, validate
-    from core.weights.loader import apply_pretrained, config_only
+    from benchmarks.sides import pretrained_config
 
-    cfg = TrainConfig(
-        init_from=str(folder),
+    return pretrained_config(
+        folder,
         seq_len=seq,
         batch_size=1,
         grad_accum=1,
-        tokenizer="model",
         max_data_bytes=2_000_000,
         # ~680k tokens: a 15% share holds a 65,536-token window (5% did not hold 40,448)
         val_fraction=0.15,
@@ -1326,86 +1724,71 @@ def long_cfg(ck, folder: Path, seq: int, offload: bool, steps: int = 2):
         max_steps=steps,
         **LORA,
     )
-    return validate(apply_pretrained(validate(cfg), config_only(folder)))
 
 
-def long_predictions(ck) -> list[dict]:
+def long_predictions(ck) -> dict[Point, int]:
     """The longest context the estimate gives each model, card and offload setting."""
     from core.training.estimate import longest_context, usable_bytes
 
-    rows = []
+    out = {}
     for name in LONG_MODELS:
         for gb in LONG_CARDS:
             for offload in (False, True):
                 cfg = long_cfg(ck, long_folder(ck, name), 2048, offload)
-                longest = longest_context(cfg, usable_bytes(gb * GiB), on_gpu=True)
-                rows.append({"model": name, "card GB": gb, "offload": offload, "longest": longest})
-    return rows
+                out[Point(name, gb, offload)] = longest_context(
+                    cfg, usable_bytes(gb * GiB), on_gpu=True
+                )
+    return out
 
 
 def plan_long(ck, full: bool) -> list[Job]:
-    jobs = [Job("build the 1.5B model", fixed_s=build_s(ck, full))]
+    jobs = [Job("build the 1.5B model", kind=Work.BUILD, start="long", fixed_s=build_s(ck, full))]
     if not (full or ck.cuda):  # the CPU trains the toy at a short context
-        return jobs + [Job(f"point {i}", fixed_s=ck.rates.setup_s) for i in (1, 2)]
-    preds = {(r["model"], r["card GB"], r["offload"]): r["longest"] for r in long_predictions(ck)}
-    for point in LONG_VERIFIED:
-        cfg = long_cfg(ck, long_folder(ck, point[0]), preds[point] or 1024, point[2])
-        jobs.append(Job(f"{point[0]} {point[1]} GB offload={point[2]}", cfg))
+        return jobs + [Job(p.label, fixed_s=ck.rates.setup_s) for p in LONG_VERIFIED]
+    longest = long_predictions(ck)
+    for p in LONG_VERIFIED:
+        cfg = long_cfg(ck, long_folder(ck, p.model), longest[p] or 1024, p.offload)
+        jobs.append(Job(p.label, cfg))
     return jobs
 
 
 def run_long(ck, sec: Section) -> None:
-    from core.training.estimate import estimate
-
-    preds = long_predictions(ck)
+    longest = long_predictions(ck)
     sec.lines.append(
         "predicted longest context, LoRA r16 + checkpointing, batch 1: "
         + "; ".join(
-            f"{r['model']} {r['card GB']} GB{' offloaded' if r['offload'] else ''} {r['longest']:,}"
-            for r in preds
+            f"{p.model} {p.card_gb} GB{' offloaded' if p.offload else ''} {n:,}"
+            for p, n in longest.items()
         )
     )
-    longest = {(r["model"], r["card GB"], r["offload"]): r["longest"] for r in preds}
     total = torch.cuda.get_device_properties(0).total_memory if ck.cuda else 0
     if not ck.cuda:
         sec.lines.append("CPU: the two points train at 256 tokens, no memory fraction")
-    for name, gb, offload in LONG_VERIFIED:
-        label = f"{name} {gb} GB offload={offload}"
-        job = Job(label, fixed_s=build_s(ck, False))
-        if not sec.allows(ck, job):
+    for p in LONG_VERIFIED:
+        if not sec.allows(ck, Job(p.label, fixed_s=build_s(ck, False))):
             continue
         # the predicted point on a GPU; the toy at 256 tokens in a smoke run or on the CPU
-        seq = longest[(name, gb, offload)] if ck.cuda and not ck.smoke else 256
-        cfg = ck.base(long_cfg(ck, model_folder(ck, "long"), seq, offload), ck.steps(2))
+        seq = longest[p] if ck.cuda and not ck.smoke else 256
+        cfg = ck.base(long_cfg(ck, model_folder(ck, "long"), seq, p.offload), ck.steps(2))
         cfg = dataclasses.replace(cfg, seq_len=seq, batch_size=1)
-        fraction = min(1.0, gb * GiB / total) if ck.cuda else None
-        if fraction:
-            torch.cuda.set_per_process_memory_fraction(fraction)
-        try:
-            run = train(ck, cfg, f"long-{name}-{gb}-{offload}")
-        finally:
-            if fraction:
-                torch.cuda.set_per_process_memory_fraction(1.0)
-        est = estimate(run.cfg, on_gpu=ck.cuda)
-        row = {
-            "point": label,
-            "seq": run.cfg.seq_len,
-            "status": run.result["status"],
-            "OOM recoveries": len(run.ooms),
-            "estimate device GiB": est.device_total / GiB,
-            "tokens/s": run.tokens_per_s(),
-        }
-        if ck.cuda:
-            row |= {
-                "max_allocated GiB": run.peak / GiB,
-                "error alloc": est.allocator_peak / run.peak - 1,
-                "reserved GiB": run.reserved / GiB,
+        fraction = min(1.0, p.card_gb * GiB / total) if ck.cuda else None
+        with card_limited(ck, fraction):
+            run = train(ck, cfg, f"long-{p.model}-{p.card_gb}-{p.offload}")
+        sec.rows.append(
+            {
+                "point": p.label,
+                "seq": run.cfg.seq_len,
+                "status": run.result["status"],
+                "OOM recoveries": len(run.ooms),
+                **measured_row(ck, run),
+                "tokens/s": run.tokens_per_s(),
             }
-        sec.rows.append(row)
+        )
         ck.report.save()
 
 
 PLANS = {
+    SPEED: (plan_speed, run_speed),
     "a": (plan_memory, run_memory),
     "b": (plan_throughput, run_throughput),
     "c": (plan_vs_peft, run_vs_peft),
@@ -1421,6 +1804,80 @@ PLANS = {
 # -- the whole check ---------------------------------------------------------------------------
 
 
+BUDGET_S = 480  # the speed section's 240 s, then the others' essential rows (about 200 s)
+SPEED_FIELDS = {
+    "lora": {"side": str, "checkpointing": bool, "tokens_per_s": float, "peak_mib": float},
+    "full": {"side": str, "checkpointing": bool, "tokens_per_s": float, "peak_mib": float},
+    "presets": {
+        "preset": str,
+        "compiled": bool,
+        "tokens_per_s": float,
+        "mfu": float,
+        "first_step_s": float,
+    },
+}
+
+
+def speed_problems(data: dict) -> list[str]:
+    """What a device's gpu_check.json lacks for docs/gpu/ (the speed section's raw rows)."""
+    speed = data.get("sections", {}).get("speed")
+    if data.get("smoke") or not data.get("capability"):
+        return ["a smoke run or a CPU's: only a GPU's full-size run is kept"]
+    if speed is None:
+        return ["no speed section (run it: --only speed)"]
+    problems = [] if speed.get("device") else ["speed.device: missing"]
+    for table, fields in SPEED_FIELDS.items():
+        rows = speed.get(table) or []
+        if not rows and table != "presets":  # the budget may leave the presets out
+            problems.append(f"speed.{table}: no rows")
+        for i, row in enumerate(rows):
+            for name, kind in fields.items():
+                value = row.get(name)
+                ok = isinstance(value, kind) or (kind is float and isinstance(value, int))
+                if not ok and not (name == "mfu" and value is None):  # a card of no known peak
+                    problems.append(
+                        f"speed.{table}[{i}].{name}: {value!r} is not a {kind.__name__}"
+                    )
+    return problems
+
+
+def record_name(data: dict) -> str:
+    """docs/gpu/<device>-<date>.json: the device's name in lower case, words joined by '-'."""
+    device = "-".join(
+        "".join(c if c.isalnum() else " " for c in data["device_name"]).lower().split()
+    )
+    return f"{device}-{data['date']}.json"
+
+
+def record(argv: list[str]) -> int:
+    """--record FILE [FOLDER]: keep a device's gpu_check.json as FOLDER/<device>-<date>.json
+    (default docs/gpu), after checking its speed section; the figures in the docs are read
+    from it."""
+    if not argv or len(argv) > 2:
+        print("error: --record FILE [FOLDER]: one gpu_check.json", file=sys.stderr)
+        return 2
+    source = Path(argv[0])
+    try:
+        data = json.loads(source.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        print(f"error: --record {source}: not a readable gpu_check.json ({e})", file=sys.stderr)
+        return 2
+    problems = speed_problems(data)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        print(f"error: --record {source}: {problems[0]}{more}", file=sys.stderr)
+        return 2
+    folder = Path(argv[1]) if len(argv) > 1 else ROOT / "docs" / "gpu"
+    target = folder / record_name(data)
+    if target.exists():
+        print(f"error: --record: {target} exists; it is not overwritten", file=sys.stderr)
+        return 2
+    folder.mkdir(parents=True, exist_ok=True)
+    _write(target, json.dumps(data, indent=1))
+    print(target)
+    return 0
+
+
 def selected(only: str | None) -> list[str]:
     if not only:
         return list(SECTIONS)
@@ -1433,11 +1890,12 @@ def selected(only: str | None) -> list[str]:
             allowed = ", ".join(f"{k} {n}" for k, (n, _) in SECTIONS.items())
             raise ValueError(f"--only: unknown section {part!r}; allowed: {allowed}")
         keys.append(key)
-    return sorted(set(keys))
+    return [k for k in SECTIONS if k in keys]
 
 
 def run_section(ck, sec: Section) -> None:
     t, curves = time.perf_counter(), len(ck.report.curves)
+    ck.section_t0 = t
     before = sec.wall_s or 0.0
     sec.status = "running" if sec.status == "pending" else sec.status
     print(f"[{ck.elapsed():6.1f} s] ({sec.key}) {sec.title}", file=sys.stderr, flush=True)
@@ -1466,9 +1924,13 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--torchrun-child"]:
         return torchrun_child(argv[1:])
+    if argv[:1] == ["--warm-start-child"]:
+        return warm_start_child(argv[1:])
+    if argv[:1] == ["--record"]:
+        return record(argv[1:])
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="folder for gpu_check.json, .md and .png")
-    p.add_argument("--budget", type=float, default=360, help="seconds for all sections")
+    p.add_argument("--budget", type=float, default=BUDGET_S, help="seconds for all sections")
     p.add_argument("--only", help="sections, letters or names, comma separated (a,b or memory)")
     p.add_argument("--smoke", action="store_true", help="every section at toy size")
     p.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda when present")
@@ -1492,15 +1954,19 @@ def main(argv=None) -> int:
 
 
 def check(ck, keys: list[str]) -> int:
+    ck.first = keys[0]
     for key in keys:
-        sec = Section(key, *SECTIONS[key])
+        sec = Section(key, *SECTIONS[key], limit_s=SPEED_LIMIT_S if key == SPEED else None)
         plan = PLANS[key][0]
         ck.plans[key] = plan(ck, False)
-        sec.predicted_here_s = predict(ck.plans[key], ck.rates)
-        sec.essential_s = predict([j for j in ck.plans[key] if not j.compile], ck.rates)
         full = plan(ck, True)
-        sec.predicted_gpu_s = predict(full, H100)
-        sec.essential_gpu_s = predict([j for j in full if not j.compile], H100)
+        limit = sec.limit_s or float("inf")
+        sec.predicted_here_s = min(limit, predict(ck.plans[key], ck.rates))
+        sec.essential_s = min(
+            limit, predict([j for j in ck.plans[key] if not j.optional], ck.rates)
+        )
+        sec.predicted_gpu_s = min(limit, predict(full, H100))
+        sec.essential_gpu_s = min(limit, predict([j for j in full if not j.optional], H100))
         ck.report.add(sec)
     secs = ck.report.sections.values()
     ck.report.info["predicted_gpu_total_s"] = sum(s.predicted_gpu_s for s in secs)

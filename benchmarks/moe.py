@@ -36,10 +36,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from finetune import (
-    hf_step,  # noqa: E402
     rss_mb,  # noqa: E402
     start_side,  # noqa: E402
 )
+
+from benchmarks import sides  # noqa: E402
 
 SHAPES = {
     # 32k x 1024 embeddings and head (66M), 8 layers of attention (25M) and 8 x 3 x 1024 x
@@ -75,22 +76,8 @@ SHAPES = {
 
 
 def build_model(folder: Path, shape: dict) -> None:
-    import torch
-    from transformers import PreTrainedTokenizerFast, Qwen3MoeConfig, Qwen3MoeForCausalLM
-
-    from core.data.build_text import read_blocks as _read_blocks
-    from core.data.sources import _stdlib_files
-    from core.data.tokenizer import train_bpe
-
-    text = b"".join(_read_blocks(_stdlib_files(), 500_000))
-    hf = train_bpe([text], 4096).hf
-    hf.add_special_tokens(["<|endoftext|>"])
-    tok = PreTrainedTokenizerFast(tokenizer_object=hf, eos_token="<|endoftext|>")
-    tok.save_pretrained(folder)
-    torch.manual_seed(0)
-    cfg = Qwen3MoeConfig(eos_token_id=tok.eos_token_id, initializer_range=0.02, **shape)
-    with torch.device("cpu"):
-        Qwen3MoeForCausalLM(cfg).save_pretrained(folder)
+    text = sides.stdlib_text(500_000)
+    sides.build_start(folder, "Qwen3MoeConfig", shape, text, 4096, initializer_range=0.02)
 
 
 def batches(n: int, batch: int, seq: int, vocab: int):
@@ -105,71 +92,41 @@ def batches(n: int, batch: int, seq: int, vocab: int):
 
 
 def traindeck_side(a):
-    import torch
-
-    from core.config.spec import TrainConfig, validate
     from core.models.lora import trainable_params
-    from core.training import estimate, inputs, optim
-    from core.weights.loader import apply_pretrained, open_pretrained
+    from core.weights.loader import open_pretrained
 
-    cfg = TrainConfig(
-        init_from=a.model,
+    pre = open_pretrained(a.model)
+    cfg = sides.pretrained_config(
+        a.model,
+        pre,
         batch_size=a.batch,
         seq_len=a.seq,
         device="cpu",
         precision="fp32",
         lr=1e-4,
         dropout=0.0,
-        tokenizer="model",
         lora_rank=a.rank,
         lora_alpha=2.0 * a.rank,
         lora_targets="attn",
         lora_experts=a.experts,
         base_bits="32",
     )
-    pre = open_pretrained(a.model)
-    cfg = validate(apply_pretrained(validate(cfg), pre))
-    # the heap, as a run's setup sets it
-    inputs.set_switches(cfg, torch.device("cpu"), estimate.lean_heap(cfg))
-    torch.manual_seed(0)
-    model = inputs.build_model(cfg, pre, torch.device("cpu"), "fp32", lambda m: None)
-    model.train()
-    opt = optim.make(model, cfg)
-    scaler = torch.amp.GradScaler("cuda", enabled=False)
-
-    def step(x, y):
-        opt.zero_grad(set_to_none=True)
-        _, loss = model(x, y)
-        loss.backward()
-        opt.step(scaler)
-        return loss.item()
-
-    return step, trainable_params(model)
+    model, opt = sides.traindeck_model(cfg, pre)
+    return sides.traindeck_step(model, opt), trainable_params(model)
 
 
 def peft_side(a):
     import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
 
     kw = {"experts_implementation": "eager"} if a.side == "hf-eager" else {}
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32, **kw)
-    experts = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"] if a.experts else None
-    lc = LoraConfig(
-        r=a.rank,
-        lora_alpha=2 * a.rank,
-        lora_dropout=0.0,
-        target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
-        target_parameters=experts,
-        task_type="CAUSAL_LM",
-    )
-    model = get_peft_model(model, lc)
-    model.train()
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.1)
-
-    return hf_step(model, opt), sum(p.numel() for p in params)
+    lora = {
+        "r": a.rank,
+        "alpha": 2 * a.rank,
+        "targets": ["q_proj", "k_proj", "v_proj", "o_proj"],
+        "parameters": ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"] if a.experts else None,
+    }
+    model = sides.hf_model(a.model, torch.float32, lora, **kw)
+    return sides.hf_step(model, sides.hf_optimizer(model)), sides.trainable(model)
 
 
 def shares(step, x, y) -> dict:

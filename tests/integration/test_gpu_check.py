@@ -23,7 +23,7 @@ def test_the_smoke_run_runs_every_section_and_writes_its_files(smoke):
     rc, out, data = smoke
     assert rc == 0
     names = [name for name, _ in gpu_check.SECTIONS.values()]
-    assert list(data["sections"]) == names
+    assert list(data["sections"]) == names and names[0] == "speed"  # the speed section first
     assert {s["status"] for s in data["sections"].values()} == {"ok"}
     # At most three files, and no scratch left behind in DIR.
     assert {p.name for p in out.iterdir()} <= {"gpu_check.json", "gpu_check.md", "gpu_check.png"}
@@ -69,6 +69,104 @@ def test_the_smoke_rows_hold_what_each_section_checks(smoke):
     assert [r["status"] for r in points] == ["finished"] * 2 and points[1]["point"].endswith("True")
 
 
+def test_the_speed_section_holds_raw_rows_of_every_side_it_ran(smoke):
+    """The speed section's JSON: raw figures in the rows the issue names (no ratios), the
+    device's name; on the CPU TrainDeck's runs are uncompiled, the transformers side of full
+    fine-tuning runs, and peft's sides are left out of a smoke run with a line."""
+    _, out, data = smoke
+    speed = data["sections"]["speed"]
+    assert speed["device"] == data["device_name"]
+    lora, full, presets = speed["lora"], speed["full"], speed["presets"]
+    assert [(r["side"], r["checkpointing"]) for r in lora] == [
+        ("traindeck", False),
+        ("traindeck", True),
+    ]
+    assert [(r["side"], r["checkpointing"]) for r in full] == [
+        ("traindeck", False),
+        ("transformers", False),
+    ]
+    for row in lora + full:
+        assert set(row) >= {"side", "checkpointing", "tokens_per_s", "peak_mib"}
+        assert row["tokens_per_s"] > 0 and row["peak_mib"] is None  # no allocator on a CPU
+        assert not any("ratio" in key or "/" in key for key in row)
+    for row in lora + full[:1]:
+        assert row["compiled"] is False and row["first_step_s"] > 0
+    assert [r["preset"] for r in presets] == list(gpu_check.COMPILE_ORDER)
+    for row in presets:
+        assert row["compiled"] is False and row["tokens_per_s"] > 0 and row["first_step_s"] > 0
+        assert row["mfu"] is None  # no peak for a CPU
+    # TrainDeck's LoRA step under the profiler: its 12 operators with the most time
+    assert len(speed["profile"]) == 12 and all(r["ms"] >= 0 for r in speed["profile"])
+    lines = speed["lines"]
+    assert any(line.startswith("transformers + peft: left out of a smoke run") for line in lines)
+    assert any(line.startswith("transformers + peft + Liger: left out") for line in lines)
+    md = (out / "gpu_check.md").read_text()
+    assert "full, without checkpointing: TrainDeck" in md and "transformers's tokens/s" in md
+
+
+def test_a_device_record_is_kept_only_when_its_speed_rows_are_whole(smoke, tmp_path, capsys):
+    """--record keeps a GPU's gpu_check.json as docs/gpu/<device>-<date>.json; a smoke run,
+    a row without a figure or an existing record is refused in one line."""
+    _, out, data = smoke
+    assert gpu_check.main(["--record", str(out / "gpu_check.json"), str(tmp_path)]) == 2
+    assert "only a GPU's full-size run is kept" in capsys.readouterr().err
+    device = dict(data, smoke=False, capability="9.0", device_name="NVIDIA H100 80GB HBM3")
+    speed = device["sections"]["speed"]
+    for row in speed["lora"] + speed["full"]:
+        row["peak_mib"] = 1000.0
+    source = tmp_path / "gpu_check.json"
+    source.write_text(json.dumps(device))
+    folder = tmp_path / "docs-gpu"
+    assert gpu_check.main(["--record", str(source), str(folder)]) == 0
+    kept = folder / f"nvidia-h100-80gb-hbm3-{data['date']}.json"
+    assert capsys.readouterr().out.strip() == str(kept)
+    assert json.loads(kept.read_text())["sections"]["speed"]["lora"] == speed["lora"]
+    assert gpu_check.main(["--record", str(source), str(folder)]) == 2  # never overwritten
+    assert "exists" in capsys.readouterr().err
+    speed["lora"][0]["tokens_per_s"] = None
+    source.write_text(json.dumps(device))
+    assert gpu_check.main(["--record", str(source), str(tmp_path / "other")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: --record {source}: speed.lora[0].tokens_per_s: None is not a float"]
+
+
+def test_the_warm_start_child_trains_the_same_config_from_a_file(tmp_path, capsys):
+    """The speed section's second process (on a GPU its compiled code comes from the cache),
+    here in this process: the first run's config round-trips through JSON and trains."""
+    import argparse
+    import dataclasses
+
+    args = argparse.Namespace(smoke=True, device="cpu", budget=60, out=str(tmp_path), only=None)
+    ck = gpu_check.Check(args)
+    try:
+        cfg = gpu_check.speed_cfg(ck, gpu_check.model_folder(ck), "lora", False, steps=3)
+        cfg_file = tmp_path / "cfg.json"
+        cfg_file.write_text(json.dumps(dataclasses.asdict(cfg), default=str))
+        cmd = gpu_check.warm_command(cfg_file, tmp_path / "warm")
+        assert gpu_check.main(cmd[cmd.index("--warm-start-child") :]) == 0
+    finally:
+        shutil.rmtree(ck.work, ignore_errors=True)
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["status"] == "finished" and out["compiled"] is False
+    assert out["first_step_s"] > 0 and out["first_step_at"] > 0
+    assert len(gpu_check.losses_of(tmp_path / "warm" / "run")) == cfg.max_steps
+
+
+def test_liger_patch_is_undone_for_the_plain_sides_after_it():
+    """Liger's Qwen2 patch changes transformers' module for the whole process; the speed
+    section's plain transformers sides run after it, so the patch is undone."""
+    from transformers.models.qwen2 import modeling_qwen2
+
+    from benchmarks.sides import liger_patched
+
+    mlp, forward = modeling_qwen2.Qwen2MLP, modeling_qwen2.Qwen2ForCausalLM.forward
+    with liger_patched():
+        modeling_qwen2.Qwen2MLP = object
+        modeling_qwen2.Qwen2ForCausalLM.forward = lambda self: None
+    assert modeling_qwen2.Qwen2MLP is mlp
+    assert modeling_qwen2.Qwen2ForCausalLM.forward is forward
+
+
 def test_cuda_only_parts_say_they_were_skipped(smoke):
     _, _, data = smoke
     s = data["sections"]
@@ -80,10 +178,13 @@ def test_cuda_only_parts_say_they_were_skipped(smoke):
 
 
 def test_the_full_check_is_predicted_to_fit_its_budget_on_an_h100(smoke):
-    """Sizing without a GPU: what must run (everything but the compiled rows) is predicted to
-    take at most 250 of the 360 s, which leaves the compiled rows the rest."""
+    """Sizing without a GPU: what must run (everything but the optional compiled rows) is
+    predicted to fit the default budget with room for the last row's overrun, and the speed
+    section within its own 240 s."""
     _, _, data = smoke
-    assert 60 < data["predicted_gpu_essential_s"] <= 250
+    assert 60 < data["predicted_gpu_essential_s"] <= gpu_check.BUDGET_S - 25
+    speed = data["sections"]["speed"]
+    assert speed["essential_gpu_s"] <= speed["predicted_gpu_s"] <= gpu_check.SPEED_LIMIT_S
     assert data["predicted_gpu_total_s"] > data["predicted_gpu_essential_s"]
     for s in data["sections"].values():
         assert s["predicted_gpu_s"] >= s["essential_gpu_s"] >= 0
@@ -104,8 +205,8 @@ def test_an_unknown_section_is_one_line_and_exit_2(tmp_path, capsys):
     assert gpu_check.main(["--smoke", "--out", str(tmp_path), "--only", "a,nope"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [
-        "error: --only: unknown section 'nope'; allowed: a memory, b throughput, c vs_peft, "
-        "d oom, e precision, f nvml, g torchrun, h tiers, i long"
+        "error: --only: unknown section 'nope'; allowed: s speed, a memory, b throughput, "
+        "c vs_peft, d oom, e precision, f nvml, g torchrun, h tiers, i long"
     ]
 
 
@@ -138,18 +239,26 @@ def test_the_torchrun_child_all_reduces_then_trains(tmp_path, monkeypatch):
 
 @pytest.mark.slow  # importing peft alone takes ~8 s on 2 cores
 def test_the_peft_side_trains_the_toy_model_on_the_cpu(tmp_path):
-    """Section c's transformers + peft side, which --smoke leaves out, on the toy model."""
+    """The transformers + peft side of sections c and s, which --smoke leaves out, on the toy
+    model, with and without checkpointing; and full fine-tuning's transformers side."""
     import argparse
 
     args = argparse.Namespace(smoke=True, device="cpu", budget=60, out=str(tmp_path), only=None)
     ck = gpu_check.Check(args)
     try:
-        row = gpu_check.peft_side(gpu_check.model_folder(ck), 2, 32, 4, device="cpu")
+        folder = gpu_check.model_folder(ck)
+        rows = [
+            gpu_check.hf_side(folder, side, 2, 32, 4, device="cpu", checkpointing=ckpt)
+            for side, ckpt in (("peft", False), ("peft", True), ("transformers", False))
+        ]
     finally:
         shutil.rmtree(ck.work, ignore_errors=True)
-    assert row["tokens/s"] > 0 and row["trainable"] > 0
-    first, last = (float(v) for v in row["loss first, last"].split(", "))
-    assert last < first  # the adapters learn the repeated batch
+    for row in rows:
+        assert row["tokens/s"] > 0
+        first, last = (float(v) for v in row["loss first, last"].split(", "))
+        assert last < first  # the model learns the repeated batch
+    assert rows[0]["trainable"] == rows[1]["trainable"] < rows[2]["trainable"]  # adapters only
+    assert rows[0]["loss first, last"].split(", ")[0] == rows[1]["loss first, last"].split(", ")[0]
 
 
 def test_the_shrunk_card_holds_half_the_micro_batch_but_not_all_of_it(monkeypatch):
