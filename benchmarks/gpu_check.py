@@ -1011,7 +1011,7 @@ def warm_start(ck, job: Job) -> dict:
     the model) to the end of its first step."""
     cfg = speed_cfg(ck, model_folder(ck), "lora", False, steps=3)
     cfg_file = ck.work / "warm-start.json"
-    _write(cfg_file, json.dumps(dataclasses.asdict(cfg), default=str))
+    _write(cfg_file, json.dumps(cfg.to_dict(), default=str))
     env = {**os.environ, "PYTHONPATH": _pythonpath()}
     t = time.time()
     proc = subprocess.run(

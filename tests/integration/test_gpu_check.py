@@ -134,14 +134,13 @@ def test_the_warm_start_child_trains_the_same_config_from_a_file(tmp_path, capsy
     """The speed section's second process (on a GPU its compiled code comes from the cache),
     here in this process: the first run's config round-trips through JSON and trains."""
     import argparse
-    import dataclasses
 
     args = argparse.Namespace(smoke=True, device="cpu", budget=60, out=str(tmp_path), only=None)
     ck = gpu_check.Check(args)
     try:
         cfg = gpu_check.speed_cfg(ck, gpu_check.model_folder(ck), "lora", False, steps=3)
         cfg_file = tmp_path / "cfg.json"
-        cfg_file.write_text(json.dumps(dataclasses.asdict(cfg), default=str))
+        cfg_file.write_text(json.dumps(cfg.to_dict(), default=str))
         cmd = gpu_check.warm_command(cfg_file, tmp_path / "warm")
         assert gpu_check.main(cmd[cmd.index("--warm-start-child") :]) == 0
     finally:
