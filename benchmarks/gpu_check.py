@@ -1,9 +1,14 @@
 """One prepared GPU check: what only a GPU shows, measured in a few minutes.
 
-    python3 -m benchmarks.gpu_check --out DIR [--budget 360] [--only SECTIONS] [--smoke]
+    python3 -m benchmarks.gpu_check --out DIR [--budget 480] [--only SECTIONS] [--smoke]
         [--device cuda|cpu]
+    python3 -m benchmarks.gpu_check --record DIR/gpu_check.json   (keeps it in docs/gpu/)
 
 Sections, most important first (--only takes letters or names, comma separated):
+  s speed       within 240 s: LoRA r16 on the 0.5B model at 8 x 1024, bf16, TrainDeck against
+                transformers + peft and + Liger Kernel, without and with checkpointing; full
+                fine-tuning against transformers; a warm second process; the tier presets
+                compiled (tokens/s, peak memory, MFU, the first step); raw figures in the JSON
   a memory      estimate vs measured peak (max_memory_allocated, reserved, NVML used): every
                 tier preset 20 steps; a ~0.5B Qwen2-shaped start built from a config: full,
                 LoRA, LoRA + checkpointing
@@ -23,7 +28,7 @@ with a line, when that would not leave the later sections their predicted time. 
 as it goes, three files at most: DIR/gpu_check.json (every figure, the device, driver, torch
 and CUDA versions), DIR/gpu_check.md (the tables for docs/gpu.md) and DIR/gpu_check.png
 (loss and VRAM curves; only where matplotlib imports). --smoke runs every section at toy size
-(the CPU: about 15 s); CUDA-only parts are skipped with a line saying so. docs/gpu.md says
+(the CPU: about 20 s); CUDA-only parts are skipped with a line saying so. docs/gpu.md says
 how to run it and what each figure means.
 """
 
@@ -933,22 +938,32 @@ def run_speed(ck, sec: Section) -> None:
         if job.kind is Work.FIXED or not sec.allows(ck, job):
             continue
         if job.kind is Work.BUILD:
-            model_folder(ck)
-        elif job.kind is Work.PROCESS:
-            sec.data["warm_start"] = warm_start(ck, job)
-        elif job.preset:
-            sec.data["presets"].append(speed_preset(ck, job, peak))
-            if sec.data["presets"][-1]["compiled"]:
-                ck.compiled_presets.add(job.preset)
-        else:
-            table = sec.data["full" if job.mode == "full" else "lora"]
-            table.append(speed_side(ck, sec, job))
+            model_folder(ck)  # without it no row runs: a failure ends the section
+            continue
+        try:
+            speed_row(ck, sec, job, peak)
+        except Exception as e:  # one side's failure must not cost the other rows
+            sec.status = "failed"
+            sec.lines.append(f"{job.label} failed: {type(e).__name__}: {str(e)[:300]}")
+            fresh_memory(ck.cuda)
         ck.report.save()
     for side in ("peft", "peft_liger"):
         if why := baseline_missing(ck, side, False):
             sec.lines.append(f"{SIDE_NAMES[side]}: {why}")
     if ck.smoke:
         sec.lines.append("smoke: the second process is left out (the tests run its child)")
+
+
+def speed_row(ck, sec: Section, job: Job, peak: float | None) -> None:
+    if job.kind is Work.PROCESS:
+        sec.data["warm_start"] = warm_start(ck, job)
+    elif job.preset:
+        sec.data["presets"].append(speed_preset(ck, job, peak))
+        if sec.data["presets"][-1]["compiled"]:
+            ck.compiled_presets.add(job.preset)
+    else:
+        table = sec.data["full" if job.mode == "full" else "lora"]
+        table.append(speed_side(ck, sec, job))
 
 
 def speed_side(ck, sec: Section, job: Job) -> dict:
@@ -1013,6 +1028,7 @@ def warm_start(ck, job: Job) -> dict:
     cfg_file = ck.work / "warm-start.json"
     _write(cfg_file, json.dumps(cfg.to_dict(), default=str))
     env = {**os.environ, "PYTHONPATH": _pythonpath()}
+    fresh_memory(ck.cuda)  # this process's cached blocks back to the card for the other
     t = time.time()
     proc = subprocess.run(
         warm_command(cfg_file, ck.work / "warm-start"),

@@ -104,6 +104,23 @@ def test_the_speed_section_holds_raw_rows_of_every_side_it_ran(smoke):
     assert "full, without checkpointing: TrainDeck" in md and "transformers's tokens/s" in md
 
 
+def test_a_failing_side_costs_the_speed_section_only_its_row(tmp_path, monkeypatch):
+    """On a lent GPU there is no second try: a side that fails (a Liger kernel, say) is a
+    line, and the section's other rows still run; the check's exit code says it failed."""
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a kernel failed")
+
+    monkeypatch.setattr(gpu_check, "hf_side", broken)
+    args = ["--smoke", "--device", "cpu", "--out", str(tmp_path), "--only", "speed"]
+    assert gpu_check.main(args) == 1
+    speed = json.loads((tmp_path / "gpu_check.json").read_text())["sections"]["speed"]
+    assert speed["status"] == "failed"
+    assert "transformers full failed: RuntimeError: a kernel failed" in speed["lines"]
+    assert [r["side"] for r in speed["full"]] == ["traindeck"]
+    assert len(speed["lora"]) == 2 and len(speed["presets"]) == len(gpu_check.COMPILE_ORDER)
+
+
 def test_a_device_record_is_kept_only_when_its_speed_rows_are_whole(smoke, tmp_path, capsys):
     """--record keeps a GPU's gpu_check.json as docs/gpu/<device>-<date>.json; a smoke run,
     a row without a figure or an existing record is refused in one line."""
