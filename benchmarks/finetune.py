@@ -168,7 +168,7 @@ def traindeck_model(a) -> tuple:
     import torch
 
     from core.config.spec import TrainConfig, validate
-    from core.training import estimate, inputs, optim
+    from core.training import inputs, optim, planner
     from core.weights.loader import apply_pretrained, open_pretrained
 
     lora = a.mode != "full"
@@ -195,7 +195,7 @@ def traindeck_model(a) -> tuple:
     pre = open_pretrained(a.model)
     cfg = validate(apply_pretrained(validate(cfg), pre))
     # the heap, as a run's setup sets it
-    inputs.set_switches(cfg, torch.device("cpu"), estimate.lean_heap(cfg))
+    inputs.set_switches(cfg, torch.device("cpu"), planner.heap_choice(cfg).lean)
     torch.manual_seed(0)
     model = inputs.build_model(cfg, pre, torch.device("cpu"), "fp32", lambda m: None)
     model.train()

@@ -109,7 +109,7 @@ def traindeck_side(a):
 
     from core.config.spec import TrainConfig, validate
     from core.models.lora import trainable_params
-    from core.training import estimate, inputs, optim
+    from core.training import inputs, optim, planner
     from core.weights.loader import apply_pretrained, open_pretrained
 
     cfg = TrainConfig(
@@ -130,7 +130,7 @@ def traindeck_side(a):
     pre = open_pretrained(a.model)
     cfg = validate(apply_pretrained(validate(cfg), pre))
     # the heap, as a run's setup sets it
-    inputs.set_switches(cfg, torch.device("cpu"), estimate.lean_heap(cfg))
+    inputs.set_switches(cfg, torch.device("cpu"), planner.heap_choice(cfg).lean)
     torch.manual_seed(0)
     model = inputs.build_model(cfg, pre, torch.device("cpu"), "fp32", lambda m: None)
     model.train()

@@ -10,14 +10,8 @@ import torch
 
 from core.config.spec import TrainConfig, validate
 from core.models.model import GPT, LLAMA_OPTIONS, GPTConfig
-from core.training.estimate import (
-    GB,
-    checkpoint_line,
-    estimate,
-    fewest_checkpointed,
-    fit_pretrained,
-    fits,
-)
+from core.training.estimate import GB, estimate, fits
+from core.training.planner import checkpoint_line, fewest_checkpointed, fit_pretrained
 
 
 def grads(checkpointing: bool, blocks: int | None):
