@@ -184,3 +184,16 @@ def test_the_model_the_estimate_and_the_fit_ladder_agree_on_offloading(
     kept = dataclasses.replace(cfg, offload_checkpoints=False)
     assert (saved(cfg) < saved(kept)) == answer
     assert any(rung.offload_checkpoints for _, rung in ladder(cfg)) == answer
+
+    # the first block alone checkpointed, offloading asked: a model that offloads takes every
+    # block, the others checkpoint the first only; the estimate counts as the model does
+    first = dataclasses.replace(cfg, checkpoint_blocks=1)
+    calls, offloaded[:] = [], []
+    real_checkpoint = model_module.checkpoint
+    monkeypatch.setattr(
+        model_module, "checkpoint", lambda *a, **k: calls.append(1) or real_checkpoint(*a, **k)
+    )
+    GPT(GPTConfig.from_train(first, base=pretrained_shape(folder))).train()(idx, idx)
+    blocks = shape.n_layers if offloaded else len(calls)
+    assert blocks == (shape.n_layers if answer else 1)
+    assert memory.checkpointed(first, shape, on_gpu=True) == blocks
