@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from core.config import recipe
 from core.config.spec import LIMITS, TrainConfig
+from core.errors import ConfigError
 from core.platform import heap
 from core.training.estimate import (
     GB,
@@ -303,7 +304,10 @@ def heap_line(cfg: TrainConfig, room: heap.Room | None = None, peak: int | None 
     TRAINDECK_HEAP; auto, the default, by heap_choice) will hold: for the window's Details
     and --estimate."""
     peak = peak if peak is not None else estimate(cfg, on_gpu=False).device_total
-    choice = heap_choice(cfg, room, peak)
+    try:
+        choice = heap_choice(cfg, room, peak)
+    except ConfigError as e:  # a TRAINDECK_HEAP it does not know: a run refuses it, so say so
+        return f"The CPU estimate is for the lean C heap. {e}"
     line = f"The CPU estimate is for the lean C heap. A run here takes the {choice.name} heap"
     line += f" ({choice.why})"
     if choice.lean:

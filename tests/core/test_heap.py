@@ -65,6 +65,12 @@ def test_a_run_keeps_the_lean_heap_only_where_memory_is_tight(monkeypatch):
     monkeypatch.setenv("TRAINDECK_HEAP", "small")
     with pytest.raises(ConfigError, match="TRAINDECK_HEAP: expected one of auto, lean, fast"):
         heap.choose(1, eight)
+    from helpers import tiny_config
+
+    from core.training.planner import heap_line
+
+    # the window's Details and --estimate name the bad value instead of failing
+    assert "TRAINDECK_HEAP: expected one of auto" in heap_line(tiny_config(), eight)
 
 
 GIB = 2**30
