@@ -1744,7 +1744,8 @@ def long_cfg(ck, folder: Path, seq: int, offload: bool, steps: int = 2):
 
 def long_predictions(ck) -> dict[Point, int]:
     """The longest context the estimate gives each model, card and offload setting."""
-    from core.training.estimate import longest_context, usable_bytes
+    from core.training.estimate import usable_bytes
+    from core.training.planner import longest_context
 
     out = {}
     for name in LONG_MODELS:

@@ -13,6 +13,11 @@ benchmarks/finetune.py --vs-peft), --steps steps each, each side in its own proc
 of --alone, TrainDeck alone. Peak memory is the process's VmHWM from /proc (its resident
 peak), measured over the plain steps. Then (unless --no-profile) one more TrainDeck step runs
 under torch's profiler and the peak is split by component (core.training.memory_profile).
+
+Each TrainDeck line names the C heap it ran on (core.platform.heap: TRAINDECK_HEAP=lean|fast,
+auto by default, which picks by the estimate against the memory the process may use) and, at
+the end, what the estimate (lean) and the heap a run takes on this machine hold. Peak memory
+differs by heap: run once with TRAINDECK_HEAP=lean and once with fast for both figures.
 """
 
 from __future__ import annotations
@@ -91,9 +96,12 @@ def one_side(a, profile: bool) -> dict:
         "tokens_per_s": a.seq / sorted(times)[len(times) // 2],
     }
     if a.side != "peft":
+        from core.platform import heap
         from core.training.estimate import estimate
+        from core.training.planner import heap_line
 
         out["estimate"] = dict(estimate(cfg, on_gpu=False).components())
+        out["heap"], out["heap_line"] = heap.in_use(), heap_line(cfg)
     if profile and a.side != "peft":
         out["profile"] = profile_parts(model, opt, step, data[-1], baseline, out["peak_mb"] * MB)
     return out
@@ -190,6 +198,9 @@ def main() -> None:
             results.append(r)
             print(_line(r, results), flush=True)
     for r in results:
+        if "heap_line" in r:
+            print(f"At {r['seq']:,} tokens: {r['heap_line']}")
+    for r in results:
         if "profile" in r:
             print_profile(r)
     if a.json:
@@ -206,6 +217,8 @@ def _line(r: dict, results: list[dict]) -> str:
         return f"{name:<10} {r['seq']:>6,} tokens: failed: {r['error']}"
     line = f"{name:<10} {r['seq']:>6,} tokens: {r['tokens_per_s']:6.1f} tok/s, "
     line += f"peak {r['peak_mb']:7,.0f} MB"
+    if "heap" in r:
+        line += f" ({r['heap']} heap)"
     td = next((x for x in results if x["side"] == "td" and x["seq"] == r["seq"]), None)
     if r["side"] == "peft" and td and "error" not in td:
         line += f" (TrainDeck/peft: {td['peak_mb'] / r['peak_mb']:.2f}x memory, "

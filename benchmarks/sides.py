@@ -75,10 +75,10 @@ def traindeck_model(cfg, pre) -> tuple:
     run's setup sets it)."""
     import torch
 
-    from core.training import estimate, inputs, optim
+    from core.training import inputs, optim, planner
 
     cpu = torch.device("cpu")
-    inputs.set_switches(cfg, cpu, estimate.lean_heap(cfg))
+    inputs.set_switches(cfg, cpu, planner.heap_choice(cfg).lean)
     torch.manual_seed(0)
     model = inputs.build_model(cfg, pre, cpu, "fp32", lambda m: None)
     model.train()

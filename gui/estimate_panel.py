@@ -9,15 +9,13 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QGroupBox, QHBoxLayout, QLabel, QProgressBar, QPushButton, QVBoxLayout
 
 from core.config.spec import TrainConfig
-from core.training.estimate import (
-    SAFETY_MARGIN,
+from core.training.estimate import SAFETY_MARGIN, base_saving, estimate, usable_bytes
+from core.training.planner import (
     Rung,
-    base_saving,
     checkpoint_line,
     context_line,
-    estimate,
     fine_tune_choices,
-    usable_bytes,
+    heap_line,
 )
 from gui.hardware_panel import HardwareInfo
 
@@ -32,6 +30,7 @@ class Fit:
     on_gpu: bool
     report: str
     components: list[str] = field(default_factory=list)  # the peak by component, a line each
+    heap: str = ""  # the CPU: which C heap the estimate is for, and what this machine's holds
 
     @property
     def usable(self) -> int | None:
@@ -57,7 +56,8 @@ def judge(cfg: TrainConfig, info: HardwareInfo) -> Fit:
     else:
         est = estimate(cfg, on_gpu=False)  # core resolves "auto" to fp32 on the CPU
         free, on_gpu = info.cpu.get("ram_free_bytes"), False
-    return Fit(est.device_total, free, on_gpu, est.report(), est.components_lines())
+    heap = "" if on_gpu else heap_line(cfg, peak=est.device_total)
+    return Fit(est.device_total, free, on_gpu, est.report(), est.components_lines(), heap)
 
 
 def context_hint(cfg: TrainConfig, info: HardwareInfo) -> tuple[str, bool]:
@@ -149,6 +149,7 @@ class EstimatePanel(QGroupBox):
         self.details_button.setCheckable(True)
         self.details = QLabel()
         self.details.setTextFormat(Qt.TextFormat.RichText)
+        self.details.setWordWrap(True)  # the heap's line under the table
         self.details.setVisible(False)
         self.details_button.toggled.connect(self.details.setVisible)
         layout.addLayout(row)
@@ -196,7 +197,7 @@ class EstimatePanel(QGroupBox):
         color = "#43a047" if share < 0.75 else "#fb8c00" if share <= 1.0 else "#e53935"
         self.bar.setStyleSheet(f"QProgressBar::chunk {{ background: {color}; }}")
         text = self.fit.describe()
-        if ckpt := checkpoint_line(cfg):
+        if ckpt := checkpoint_line(cfg, self.fit.on_gpu):
             text += f" · {ckpt}"
         if cfg.init_from:  # the estimate for both ways of fine-tuning
             text += "\n" + both_estimates(cfg, self.fit.on_gpu)
@@ -204,7 +205,8 @@ class EstimatePanel(QGroupBox):
                 text += "\n" + line
         self.label.setText(text)
         lines = html.escape("\n".join(["peak by component (estimate):", *self.fit.components]))
-        self.details.setText(f"<pre>{lines}</pre>")
+        heap = f"<p>{html.escape(self.fit.heap)}</p>" if self.fit.heap else ""
+        self.details.setText(f"<pre>{lines}</pre>{heap}")
         self.setToolTip(
             self.fit.report + f"\n\n{SAFETY_MARGIN:.0%} of free memory is kept as a margin."
         )

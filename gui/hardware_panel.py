@@ -21,7 +21,7 @@ from PySide6.QtWidgets import (
 
 from core.platform import hardware
 from core.platform.device import gpu_index
-from core.training.estimate import recommend_preset, recommendation_line
+from core.training.planner import recommend_preset, recommendation_line
 
 GiB = 1024**3
 

@@ -33,7 +33,7 @@ from core.runs.folder import (
     new_run_dir,
     resume_config,
 )
-from core.training.estimate import (
+from core.training.planner import (
     checkpoint_line,
     fewest_checkpointed,
     fit_micro_batch,

@@ -16,7 +16,7 @@ from PySide6.QtWidgets import (
 from core.config import presets as preset_lib
 from core.config.spec import TrainConfig
 from core.errors import ConfigError, UserError
-from core.training.estimate import recommend_preset
+from core.training.planner import recommend_preset
 from gui.hardware_panel import HardwareInfo
 
 

@@ -159,7 +159,7 @@ def _overrides(args) -> dict:
 
 
 def default_preset_name() -> str:
-    from core.training.estimate import recommend_preset
+    from core.training.planner import recommend_preset
 
     return recommend_preset().name
 
@@ -317,7 +317,8 @@ def print_presets() -> None:
 
 def print_estimate(cfg: TrainConfig) -> None:
     from core.platform.hardware import cpu_info, gpus
-    from core.training.estimate import checkpoint_line, context_line, estimate, usable_bytes
+    from core.training.estimate import estimate, usable_bytes
+    from core.training.planner import checkpoint_line, context_line, heap_line
 
     found = gpus()
     on_gpu = gpu_index(cfg.device, len(found)) is not None
@@ -327,9 +328,11 @@ def print_estimate(cfg: TrainConfig) -> None:
         f"Estimate for preset {cfg.preset or 'custom'} on {where}: "
         f"batch {cfg.batch_size}x{cfg.grad_accum}, seq {cfg.seq_len}, "
         f"hidden {cfg.hidden_dim}, layers {cfg.n_layers}"
-        + (f", {line}" if (line := checkpoint_line(cfg)) else "")
+        + (f", {line}" if (line := checkpoint_line(cfg, on_gpu)) else "")
     )
     print(est.report())
+    if not on_gpu:  # which C heap the figures are for, and what this machine's will hold
+        print(heap_line(cfg, peak=est.device_total))
     free = found[0]["free_bytes"] if on_gpu and found else cpu_info()["ram_free_bytes"]
     if free is not None:
         print(f"Longest context: {context_line(cfg, free, on_gpu)[0]} (10% margin kept)")
@@ -338,7 +341,7 @@ def print_estimate(cfg: TrainConfig) -> None:
         verdict = "fits" if est.device_total <= usable_bytes(free) else "does NOT fit"
         print(f"{found[0]['name']}: {free / 1024**3:.1f} GiB free - {verdict} (10% margin kept)")
         if cfg.init_from:
-            from core.training.estimate import fit_pretrained
+            from core.training.planner import fit_pretrained
 
             print(f"Fit to this GPU: {fit_pretrained(cfg, free)[1]}")
 

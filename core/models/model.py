@@ -31,7 +31,7 @@ from core.models.fused import Remake, rms_norm, signed_sin, swiglu
 from core.models.fused import rope as fused_rope
 from core.models.loss import lm_loss, sequence_logps, token_logps
 from core.models.moe import LoadMeter, MoE, aux_loss, is_sparse, records
-from core.models.offload import run_blocks, streams_for
+from core.models.offload import offloads, run_blocks, streams_for
 from core.models.per_layer import (
     PerLayerGate,
     PerLayerInputs,
@@ -890,13 +890,7 @@ class GPT(nn.Module):
     def _offload_streams(self, x):
         """The side stream that offloads checkpoints (core.models.offload), where they are
         on and this forward can use it: a CUDA training forward with gradients, eager."""
-        c = self.config
-        on = c.grad_checkpointing and c.offload_checkpoints and self.training
-        # an MoE's router loss reads its forward's routes, which the offloaded forward
-        # (run without gradients) would leave without any; Gemma 4's per-layer inputs and
-        # shared keys and values cross blocks outside the offloaded blocks' inputs, so their
-        # gradients would be lost: plain checkpointing for both
-        on = on and not self.moe_layers and not c.per_layer_dim and not kv_sources(c)
+        on = offloads(self.config) and self.training  # the shape's answer (offload.py)
         if not on or not torch.is_grad_enabled() or torch.compiler.is_compiling():
             return None
         return streams_for(x.device)

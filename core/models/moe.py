@@ -76,6 +76,15 @@ def is_sparse(c, layer: int) -> bool:
     return layers is None or layer in layers
 
 
+def widths(c) -> tuple[int, int]:
+    """The MLP widths a token goes through in a sparse layer of a model of shape c: its top_k
+    experts' (top_k x expert_dim), and the dense width beside them (the shared expert's, and
+    Gemma 4's dense MLP's: c's ffn_dim; 0 for neither), as MoE builds them."""
+    o = options(c.moe)
+    beside = (o["shared_expert_dim"] or 0) + (c.ffn_dim if o["parallel_dense"] else 0)
+    return o["top_k"] * o["expert_dim"], beside
+
+
 class Route(NamedTuple):
     """One layer's routing of one forward, the pieces the pooled aux loss needs."""
 

@@ -19,6 +19,23 @@ from __future__ import annotations
 
 import torch
 
+from core.models.moe import is_sparse
+from core.models.per_layer import kv_sources
+
+
+def offloads(c) -> bool:
+    """Whether a model of shape c (a GPTConfig) offloads its checkpoints to pinned RAM where
+    it trains on CUDA: under checkpointing with offload_checkpoints on, unless something
+    crosses the blocks beside their inputs. An MoE's router loss reads its forward's routes,
+    which the offloaded forward (run without gradients) would leave without any; Gemma 4's
+    per-layer inputs and shared keys and values reach the blocks beside the stream, so their
+    gradients would be lost: those keep plain checkpointing. The one answer the model, the
+    memory estimate and the fit ladder all ask (tests/core/test_offload.py)."""
+    if not (c.grad_checkpointing and c.offload_checkpoints):
+        return False
+    sparse = any(is_sparse(c, i) for i in range(c.n_layers))
+    return not (sparse or c.per_layer_dim or kv_sources(c))
+
 
 class CudaStreams:
     """The copies on a side CUDA stream, each followed by an event the compute stream waits

@@ -104,4 +104,10 @@ def tiles(x: torch.Tensor, tile: int) -> bool:
     """Whether a row-wise layer over x (B, T, D) runs in tiles of `tile` tokens (0: never):
     where a sequence is longer than a tile. A batch of short sequences stays whole, as the
     tiles' recomputation costs time that only long sequences need to spend."""
-    return bool(tile) and x.dim() > 2 and x.shape[-2] > tile and cutting()
+    return x.dim() > 2 and tiles_at(x.shape[-2], tile) and cutting()
+
+
+def tiles_at(tokens: int, tile: int = MLP_TILE_TOKENS) -> bool:
+    """Whether sequences of `tokens` run a row-wise layer in tiles of `tile` (0: never), outside
+    torch.compile: tiles(x) for the model, and the memory estimate for a context."""
+    return bool(tile) and tokens > tile

@@ -1,19 +1,22 @@
-"""Predict a config's peak device memory, recommend a preset, fit the micro-batch to a GPU.
+"""Predict a config's peak device memory: the memory model. What to run with, from it (the
+longest context, the fit ladder, the recommended preset, the C heap): core.training.planner.
 
 The activation model counts what autograd saves per token per layer for this GPT
-(see the comments in `_saved_bytes_per_token_layer`); the totals are printed as a breakdown.
+(see the comments in `_layer_bytes`); the totals are printed as a breakdown.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from core.config import methods, recipe
-from core.config.spec import LIMITS, TrainConfig
+from core.config.spec import TrainConfig
 from core.models.deltanet import saved_bytes
 from core.models.loss import chunk_positions
 from core.models.model import GPTConfig, linear_layers
-from core.models.moe import is_sparse, options
+from core.models.moe import is_sparse, options, widths
+from core.models.offload import offloads
 from core.models.params import (
     active_params,
     adapted_weights,
@@ -24,8 +27,8 @@ from core.models.params import (
     shape_key,
     shape_params,
 )
-from core.models.per_layer import kv_source, layer_shape, table_params, varies
-from core.models.tiling import ATTN_CHUNK_QUERIES, MLP_TILE_TOKENS
+from core.models.per_layer import kv_source, kv_sources, layer_shape, table_params, varies
+from core.models.tiling import ATTN_CHUNK_QUERIES, MLP_TILE_TOKENS, tiles_at
 from core.platform import compiling
 from core.platform.device import pick_precision
 from core.training import memory_profile as mp
@@ -53,6 +56,7 @@ SOFTCAP_SCORE_BYTES = 8.25
 # over seven shapes (docs/performance.md, "Estimate at long context").
 CPU_RUNTIME_BYTES = 64 * MB
 CPU_EXTRA_BLOCK = 1  # a block the CPU's backward holds beyond one (checkpointing; fused)
+COUNTING_SEQ = 256  # the context parameters are counted at (_counting_shape)
 
 
 def model_shape(cfg: TrainConfig) -> GPTConfig:
@@ -83,10 +87,8 @@ def _position_params(c: GPTConfig) -> int:
 
 def _counting_shape(c: GPTConfig) -> GPTConfig:
     """c at one fixed context: counts are cached by shape, and only learned positions depend
-    on the context (longest_context probes many)."""
-    import dataclasses
-
-    return dataclasses.replace(c, seq_len=CONTEXT_STEP)
+    on the context (the planner's longest_context probes many)."""
+    return dataclasses.replace(c, seq_len=COUNTING_SEQ)
 
 
 def _params(c: GPTConfig) -> int:
@@ -106,13 +108,11 @@ def flops_per_token(cfg: TrainConfig, c: GPTConfig | None = None) -> int:
 
 def _token_ffn(c: GPTConfig) -> int:
     """The MLP width a token goes through, on average over the layers: an MoE layer's top_k
-    experts (and its shared expert), a dense layer's ffn_dim."""
+    experts and the dense width beside them (core.models.moe.widths), a dense layer's ffn_dim."""
     if not c.moe:
         return c.ffn_dim
-    m = c.moe
     sparse = sum(is_sparse(c, i) for i in range(c.n_layers))
-    moe_width = m["top_k"] * m["expert_dim"] + (m.get("shared_expert_dim") or 0)
-    moe_width += c.ffn_dim if m.get("parallel_dense") else 0  # Gemma 4: a dense MLP beside
+    moe_width = sum(widths(c))
     return (sparse * moe_width + (c.n_layers - sparse) * c.ffn_dim) // c.n_layers
 
 
@@ -120,42 +120,37 @@ def _act_bytes(precision: str) -> int:
     return 4 if precision == "fp32" else 2
 
 
-def _saved_bytes_per_token_layer(
-    c: GPTConfig,
-    dropout: float,
-    precision: str,
-    fused: bool = False,
-    lora: str = "",
-    tiled: bool = False,
-    on_gpu: bool = True,
-) -> float:
+@dataclass(frozen=True)
+class BlockRun:
+    """How the blocks run, as far as what they keep for the backward pass depends on it."""
+
+    dropout: float
+    precision: str
+    # a fine-tune's model (core.models.fused), which remakes the norms' and SwiGLU's outputs
+    # in backward
+    fused: bool = False
+    lora: str = ""  # its LoRA targets, whose inputs the adapters keep for their gradients
+    tiled: bool = False  # the MLP in checkpointed tiles (core.models.tiling): their input kept
+    # False: a new model's block counted as the CPU's profile shows it (a GPU keeps the
+    # constants it was measured with until a GPU measures it again)
+    on_gpu: bool = True
+
+
+def _saved_bytes_per_token_layer(c: GPTConfig, run: BlockRun) -> float:
     """_layer_bytes of a block, or their mean over the layers where those differ in shape
     (Gemma 4: full layers' own head size, layers that reuse keys and values keep none)."""
     if not varies(c):
-        return _layer_bytes(c, dropout, precision, fused, lora, tiled, on_gpu)
+        return _layer_bytes(c, run)
     total = 0.0
     for i in range(c.n_layers):
-        s, own = layer_shape(c, i), kv_source(c, i) is None
-        total += _layer_bytes(s, dropout, precision, fused, lora, tiled, on_gpu, own)
+        total += _layer_bytes(layer_shape(c, i), run, own_kv=kv_source(c, i) is None)
     return total / c.n_layers
 
 
-def _layer_bytes(
-    c: GPTConfig,
-    dropout: float,
-    precision: str,
-    fused: bool = False,
-    lora: str = "",
-    tiled: bool = False,
-    on_gpu: bool = True,
-    own_kv: bool = True,
-) -> float:
-    """Bytes autograd keeps per token per block for the backward pass. fused: a fine-tune's
-    model (core.models.fused), which remakes the norms' and SwiGLU's outputs in backward;
-    lora: its LoRA targets, whose inputs the adapters keep for their gradients; tiled: the
-    MLP runs in checkpointed tiles (core.models.tiling), which keep only their input; on_gpu
-    False: a new model's block counted as the CPU's profile shows it (a GPU keeps the
-    constants it was measured with until a GPU measures it again)."""
+def _layer_bytes(c: GPTConfig, run: BlockRun, own_kv: bool = True) -> float:
+    """Bytes autograd keeps per token per block for the backward pass, run as `run` says."""
+    dropout, precision, fused, lora = run.dropout, run.precision, run.fused, run.lora
+    tiled, on_gpu = run.tiled, run.on_gpu
     d, e = c.hidden_dim, _act_bytes(precision)
     q, kv, ffn = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, _token_ffn(c)
     fp32_residual = 2 * 4 * d  # norm inputs: the residual stream stays fp32 under autocast
@@ -207,9 +202,9 @@ def _moe_mlp_bytes(c: GPTConfig, e: int, on_gpu: bool) -> tuple[float, float]:
     these, docs/gpu.md). Its adapters sit on the shared expert or dense MLP only (experts'
     own: --lora-experts, not counted)."""
     m = options(c.moe)
-    k, i, d = m["top_k"], m["expert_dim"], c.hidden_dim
-    side = m["shared_expert_dim"] or (c.ffn_dim if m["parallel_dense"] else 0)
-    sparse = e * (3 * k * i + k * d * (2 if on_gpu else 1) + 2 * side) + 8 * m["n_experts"]
+    k, d = m["top_k"], c.hidden_dim
+    routed, side = widths(c)
+    sparse = e * (3 * routed + k * d * (2 if on_gpu else 1) + 2 * side) + 8 * m["n_experts"]
     sparse_in = e * (d + side) if side else 0
     n = sum(is_sparse(c, layer) for layer in range(c.n_layers))
     dense, dense_in = e * 2 * c.ffn_dim, e * (d + c.ffn_dim)
@@ -220,7 +215,7 @@ def _moe_mlp_bytes(c: GPTConfig, e: int, on_gpu: bool) -> tuple[float, float]:
 def mlp_tiled(cfg: TrainConfig, on_gpu: bool = True) -> bool:
     """Whether the model runs its MLPs in tiles at this context (core.models.model.MLP):
     not where it compiles (the compiler chooses what to keep)."""
-    long = cfg.seq_len > MLP_TILE_TOKENS
+    long = tiles_at(cfg.seq_len)
     return long and not compiling.wanted(cfg.compile, "cuda" if on_gpu else "cpu", long)
 
 
@@ -244,54 +239,48 @@ def _score_bytes(cfg: TrainConfig, c: GPTConfig, rows: int, on_gpu: bool) -> int
     if cfg.seq_len > ATTN_CHUNK_QUERIES:  # checkpointed chunks: one chunk's rows at a time
         return int(rows * c.n_heads * ATTN_CHUNK_QUERIES * cfg.seq_len * score)
     # the blocks not checkpointed; a recomputed block's come after theirs are freed
-    held = max(c.n_layers - checkpointed(cfg, c), 1)
+    held = max(c.n_layers - checkpointed(cfg, c, on_gpu), 1)
     return int(held * rows * c.n_heads * cfg.seq_len**2 * score)
 
 
-def checkpointed(cfg: TrainConfig, c: GPTConfig) -> int:
+def checkpointed(cfg: TrainConfig, c: GPTConfig, on_gpu: bool = True) -> int:
     """How many blocks are checkpointed (0..L): the first checkpoint_blocks (unset: all)
-    under gradient checkpointing; offloaded checkpoints take every block (GPT.forward)."""
+    under gradient checkpointing; where the model offloads them (a GPU, offloaded), every
+    block (GPT.forward)."""
     if not cfg.grad_checkpointing:
         return 0
-    if cfg.checkpoint_blocks is None or cfg.offload_checkpoints:
+    if cfg.checkpoint_blocks is None or (on_gpu and offloaded(cfg, c)):
         return c.n_layers
     return min(cfg.checkpoint_blocks, c.n_layers)
 
 
-def _recomputes(cfg: TrainConfig, c: GPTConfig) -> bool:
+def _recomputes(cfg: TrainConfig, c: GPTConfig, on_gpu: bool = True) -> bool:
     """Whether a recomputed block adds to the peak: the first k blocks are checkpointed, and
     backward reaches them after the later blocks' saved activations are freed, so only when
     every block is checkpointed does its recomputation come on top."""
-    return checkpointed(cfg, c) == c.n_layers
+    return checkpointed(cfg, c, on_gpu) == c.n_layers
 
 
 def _measured_activations(
-    cfg,
-    c: GPTConfig,
-    precision: str,
-    per_layer: float,
-    tokens: int,
-    fused: bool,
-    on_gpu: bool,
-    tiled: bool,
-    logits: int,
+    cfg, c: GPTConfig, run: BlockRun, per_layer: float, tokens: int, logits: int
 ) -> dict[str, float]:
     """What the blocks and the head hold at the peak, by component (logits included): on a
     GPU, and for a fine-tune's fused blocks on the CPU, as measured (docs/performance.md)."""
-    d = c.hidden_dim
+    d, fused, on_gpu = c.hidden_dim, run.fused, run.on_gpu
     # The backward's activation gradients and remade tensors are as large as the plain
     # block's saved activations, whatever the forward kept.
-    grad_layer = _saved_bytes_per_token_layer(c, cfg.dropout, precision, tiled=tiled) * tokens
-    if tiled:
-        grad_layer += _mlp_tile_bytes(c, precision)
+    plain = BlockRun(run.dropout, run.precision, tiled=run.tiled)
+    grad_layer = _saved_bytes_per_token_layer(c, plain) * tokens
+    if run.tiled:
+        grad_layer += _mlp_tile_bytes(c, run.precision)
     parts = {}
-    k = checkpointed(cfg, c)
+    k = checkpointed(cfg, c, on_gpu)
     if k:
         # A checkpointed block keeps only its fp32 input, and one is recomputed at a time;
         # the others keep what they save.
         kept = _kept_inputs(cfg, c, on_gpu) if k == c.n_layers else k
         parts[mp.SAVED] = kept * 4 * d * tokens + (c.n_layers - k) * per_layer
-        parts[mp.RECOMPUTE] = per_layer if _recomputes(cfg, c) else 0
+        parts[mp.RECOMPUTE] = per_layer if _recomputes(cfg, c, on_gpu) else 0
     else:
         parts[mp.SAVED] = c.n_layers * per_layer
     # Embedding sum, ln_f input (fp32) and the head's input; backward needs about one
@@ -299,7 +288,7 @@ def _measured_activations(
     # checkpointing (the recomputed block's forward beside them) and one more for a
     # fine-tune's fused blocks (what they remake): measured from 256 to 16k tokens, the
     # first step's runtime counted apart (docs/performance.md).
-    extra = 0 if on_gpu else CPU_EXTRA_BLOCK * (_recomputes(cfg, c) + fused)
+    extra = 0 if on_gpu else CPU_EXTRA_BLOCK * (_recomputes(cfg, c, on_gpu) + fused)
     parts[mp.LOSS] = 3 * 4 * d * tokens + logits
     parts[mp.GRADS] = (1 + extra) * grad_layer
     return parts
@@ -310,12 +299,35 @@ def _measured_activations(
 OFFLOAD_KEPT = 3
 
 
+def run_shape(cfg: TrainConfig, c: GPTConfig | None = None) -> GPTConfig:
+    """The config the run's model is built with (core.training.inputs.build_model): c
+    (model_shape(cfg)) with cfg's run settings, a pretrained base's with its fused ops."""
+    if not cfg.init_from:
+        return GPTConfig.from_train(cfg)
+    return GPTConfig.from_train(cfg, base=c or model_shape(cfg))
+
+
+def offloaded(cfg: TrainConfig, c: GPTConfig | None = None) -> bool:
+    """Whether the model cfg trains (of shape c: model_shape(cfg)) offloads its checkpoints on
+    a GPU: core.models.offload.offloads, asked of the config the model is built with."""
+    return offloads(run_shape(cfg, c))
+
+
 def _kept_inputs(cfg: TrainConfig, c: GPTConfig, on_gpu: bool) -> int:
     """Block inputs checkpointing keeps on the device: every block's, or (offloaded to RAM,
     CUDA only) OFFLOAD_KEPT of them."""
-    if on_gpu and cfg.offload_checkpoints and not c.moe:  # an MoE keeps them (GPT.forward)
+    if on_gpu and offloaded(cfg, c):
         return min(c.n_layers, OFFLOAD_KEPT)
     return c.n_layers
+
+
+def _shared_kv_bytes(c: GPTConfig, e: int, k: int) -> int:
+    """Per token: the keys and values that Gemma 4's last layers reuse, held from their source
+    layer's forward to its backward where that layer is among the k checkpointed (the later
+    blocks read them beside their inputs); 0 without KV sharing. A source layer that is not
+    checkpointed keeps them in its own count."""
+    shapes = [layer_shape(c, s) for s in kv_sources(c) if s < k]
+    return sum(2 * e * s.n_kv_heads * s.head_dim for s in shapes)
 
 
 def _cpu_activations(
@@ -328,11 +340,11 @@ def _cpu_activations(
     backward begins, which holds the recomputed block (checkpointing), the residual stream's
     gradient in and out (fp32) and the MLP's gradients (one tile's where it runs in tiles)."""
     d, e = c.hidden_dim, _act_bytes(precision)
-    k = checkpointed(cfg, c)
+    k = checkpointed(cfg, c, on_gpu=False)
     held = k * 4 * d * tokens + (c.n_layers - k) * per_layer
     mlp = _mlp_tile_bytes(c, precision) if tiled else e * 3 * _token_ffn(c) * tokens
     block = {
-        mp.RECOMPUTE: per_layer if _recomputes(cfg, c) else 0,
+        mp.RECOMPUTE: per_layer if _recomputes(cfg, c, on_gpu=False) else 0,
         mp.MLP: mlp,
         mp.GRADS: 2 * 4 * d * tokens,
     }
@@ -465,7 +477,7 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
     # reference is the adapters-off model under no_grad (nothing kept) or cached log-probs.
     rows = cfg.batch_size * objectives.rows_per_example(cfg)
     tokens = rows * cfg.seq_len
-    fused = bool(cfg.init_from)  # a fine-tune's model (GPTConfig.from_train with a base)
+    fused = run_shape(cfg, c).fused  # a fine-tune's model (core.models.fused)
     # LoRA's kept inputs: measured on the CPU; a GPU keeps its constants until measured
     lora = cfg.lora_targets if cfg.lora_rank else ""
     tiled = mlp_tiled(cfg, on_gpu)
@@ -477,18 +489,18 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
         logits = min(tokens, fused_chunk) * c.vocab_size * 4
     else:  # logits, their fp32 copy and its gradient, for one chunk of positions at a time
         logits = min(tokens, chunk_positions(c.vocab_size)) * c.vocab_size * (e + 4 + 4)
-    per_layer = _saved_bytes_per_token_layer(c, cfg.dropout, precision, fused, lora, tiled, on_gpu)
-    per_layer *= tokens
+    run = BlockRun(cfg.dropout, precision, fused, lora, tiled, on_gpu)
+    per_layer = _saved_bytes_per_token_layer(c, run) * tokens
     if not fused and not on_gpu:
         parts = _cpu_activations(cfg, c, precision, per_layer, tokens, logits, tiled)
     else:
-        parts = _measured_activations(
-            cfg, c, precision, per_layer, tokens, fused, on_gpu, tiled, logits
-        )
+        parts = _measured_activations(cfg, c, run, per_layer, tokens, logits)
     parts[mp.ATTENTION] = _score_bytes(cfg, c, rows, on_gpu)
     if c.per_layer_dim:  # Gemma 4's per-layer inputs, every layer's at once (fp32): looked
         # up, projected and mixed
         parts[mp.SAVED] = parts.get(mp.SAVED, 0) + 12 * c.n_layers * c.per_layer_dim * tokens
+    if k := checkpointed(cfg, c, on_gpu):  # beside the checkpoints: the keys and values shared
+        parts[mp.SAVED] = parts.get(mp.SAVED, 0) + _shared_kv_bytes(c, e, k) * tokens
     activations = sum(parts.values()) - logits  # the logits are their own row
     mixed = precision in ("bf16", "fp16")
     weight_casts = 2 * (n - _position_params(c)) if mixed else 0
@@ -537,298 +549,11 @@ def fits(cfg: TrainConfig, free_bytes: int) -> bool:
     return estimate(cfg).device_total <= usable_bytes(free_bytes)
 
 
-CONTEXT_STEP = 256  # the longest context is given in whole steps of this many tokens
-
-
-def context_cap(cfg: TrainConfig) -> int:
-    """The longest seq_len a config may ask for: the field's limit, and a pretrained model's
-    own context."""
-    cap = int(LIMITS["seq_len"][2])
-    return min(cap, model_shape(cfg).seq_len) if cfg.init_from else cap
-
-
-def longest_context(cfg: TrainConfig, budget_bytes: int, on_gpu: bool = True) -> int:
-    """The longest seq_len at which cfg (its method, batch, checkpointing, LoRA and base bits as
-    they are) needs at most budget_bytes (device_total: usable_bytes of what is free), in whole
-    CONTEXT_STEPs when one fits; 0 when not even the shortest context fits."""
-    import dataclasses
-
-    def fits_at(seq_len: int) -> bool:
-        probe = dataclasses.replace(cfg, seq_len=seq_len)
-        return estimate(probe, on_gpu=on_gpu).device_total <= budget_bytes
-
-    cap = context_cap(cfg)
-    low = int(LIMITS["seq_len"][1])
-    if not fits_at(low):
-        return 0
-    if fits_at(cap):
-        return cap
-    good, bad = low, cap  # the estimate grows with seq_len: bisect between the two
-    while bad - good > 1:
-        mid = (good + bad) // 2
-        good, bad = (mid, bad) if fits_at(mid) else (good, mid)
-    return good // CONTEXT_STEP * CONTEXT_STEP if good >= CONTEXT_STEP else good
-
-
-def context_line(cfg: TrainConfig, free_bytes: int, on_gpu: bool) -> tuple[str, bool]:
-    """The longest context that fits what is free, in words for the window and the CLI, and
-    whether cfg's own seq_len is past it (a warning)."""
-    where = "on this GPU" if on_gpu else f"in {free_bytes / GB:.0f} GiB of free RAM"
-    longest = longest_context(cfg, usable_bytes(free_bytes), on_gpu)
-    if not longest:
-        return f"no context fits {where} at this batch and method", True
-    capped = " (the model's own limit)" if cfg.init_from and longest == context_cap(cfg) else ""
-    line = f"fits up to {longest:,} tokens {where}{capped}"
-    if cfg.seq_len <= longest:
-        return line, False
-    need = estimate(cfg, on_gpu=on_gpu).device_total
-    return f"{cfg.seq_len:,} will NOT fit ({need / GB:.1f} GiB needed); {line}", True
-
-
-def fit_micro_batch(cfg: TrainConfig, free_bytes: int) -> TrainConfig | None:
-    """The largest micro-batch that fits, with grad_accum set to keep the effective batch.
-
-    None when not even a micro-batch of 1 fits.
-    """
-    import dataclasses
-
-    total = cfg.batch_size * cfg.grad_accum
-    for micro in range(total, 0, -1):
-        if total % micro:
-            continue
-        candidate = dataclasses.replace(cfg, batch_size=micro, grad_accum=total // micro)
-        if fits(candidate, free_bytes):
-            return candidate
-    return None
-
-
-LORA_FIT_RANK = 16  # the rank "Fit to my GPU" picks when full fine-tuning does not fit
-
-
-def fine_tune_choices(cfg: TrainConfig) -> tuple[TrainConfig, TrainConfig]:
-    """The two ways to fine-tune a config: full, and LoRA (its rank, else LORA_FIT_RANK)
-    with activation checkpointing."""
-    import dataclasses
-
-    full = dataclasses.replace(cfg, lora_rank=0, lora_alpha=None)
-    low = dataclasses.replace(
-        cfg, lora_rank=cfg.lora_rank or LORA_FIT_RANK, grad_checkpointing=True
-    )
-    return full, low
-
-
-def ladder(cfg: TrainConfig) -> list[tuple[str, TrainConfig]]:
-    """The ways to fine-tune a pretrained model, from the most memory to the least: full
-    with AdamW, full with 8-bit AdamW, LoRA on a 16-bit base, QLoRA (a 4-bit base); each
-    first as it is, then with activation checkpointing (a third more compute a step), and
-    LoRA's then with the checkpoints offloaded to pinned RAM (CUDA: the copies overlap
-    compute)."""
-    import dataclasses
-
-    full, low = fine_tune_choices(cfg)
-    full = dataclasses.replace(full, optimizer="adamw", base_bits="auto")
-    eight = dataclasses.replace(full, optimizer="adamw8bit")
-    lora_opt = "adamw" if low.optimizer == "muon" else low.optimizer
-    sixteen = dataclasses.replace(
-        low, base_bits="16" if low.base_bits == "16" else "auto", optimizer=lora_opt
-    )
-    four = dataclasses.replace(sixteen, base_bits="4")
-    rank = low.lora_rank
-    methods = [
-        ("full fine-tuning (AdamW)", full),
-        ("full fine-tuning (8-bit AdamW)", eight),
-        (f"LoRA rank {rank} (16-bit base)", sixteen),
-        (f"QLoRA: LoRA rank {rank} on a 4-bit base", four),
-    ]
-    out, dense = [], not model_shape(cfg).moe  # an MoE keeps its checkpoints (GPT.forward)
-    for name, rung in methods:
-        plain = dataclasses.replace(rung, grad_checkpointing=False, offload_checkpoints=False)
-        ckpt = dataclasses.replace(plain, grad_checkpointing=True)
-        out += [(name, plain), (f"{name} with activation checkpointing", ckpt)]
-        if rung.lora_rank and dense:  # at long context the block inputs are what is left
-            offloaded = dataclasses.replace(ckpt, offload_checkpoints=True)
-            out.append((f"{name} + checkpointing offloaded to RAM", offloaded))
-    return out
-
-
-@dataclass
-class Rung:
-    """One way to fine-tune, judged against free memory."""
-
-    name: str
-    config: TrainConfig
-    need_at_one: int  # device bytes at a micro-batch of 1
-    fitted: TrainConfig | None  # at its largest micro-batch that fits; None: does not fit
-    need: int = 0  # device bytes of fitted
-    chosen: bool = False
-    longest: int = 0  # the longest context it fits at a micro-batch of 1 (0: none)
-
-
-def walk_ladder(cfg: TrainConfig, free_bytes: int) -> list[Rung]:
-    """Every rung of the ladder with its need; the first that fits is chosen (the ones
-    below it are still judged, for the window's table)."""
-    import dataclasses
-
-    rungs, found = [], False
-    for name, rung in ladder(cfg):
-        one = dataclasses.replace(rung, batch_size=1, grad_accum=1)
-        fitted = fit_micro_batch(rung, free_bytes)
-        if fitted is not None:
-            fitted = fewest_checkpointed(fitted, free_bytes)
-        need = estimate(fitted).device_total if fitted else 0
-        longest = longest_context(one, usable_bytes(free_bytes))
-        rungs.append(Rung(name, rung, estimate(one).device_total, fitted, need, longest=longest))
-        if fitted is not None and not found:
-            rungs[-1].chosen = found = True
-    return rungs
-
-
-def fewest_checkpointed(cfg: TrainConfig, free_bytes: int) -> TrainConfig:
-    """Under gradient checkpointing (every block, not offloaded), the fewest checkpointed
-    blocks that still fit at cfg's batch: each block left out is one less recomputed in
-    backward. cfg itself where none can be left out."""
-    import dataclasses
-
-    layers = model_shape(cfg).n_layers
-    if not cfg.grad_checkpointing or cfg.offload_checkpoints:
-        return cfg
-    for k in range(1, layers):  # memory falls as k grows: the first that fits is the fewest
-        fewer = dataclasses.replace(cfg, checkpoint_blocks=k)
-        if fits(fewer, free_bytes):
-            return fewer
-    return cfg
-
-
-def checkpoint_line(cfg: TrainConfig) -> str:
-    """'k of L blocks checkpointed' (empty without checkpointing), for the ladder and the
-    window."""
-    if not cfg.grad_checkpointing:
-        return ""
-    c = model_shape(cfg)
-    return f"{checkpointed(cfg, c)} of {c.n_layers} blocks checkpointed"
-
-
-def fit_pretrained(cfg: TrainConfig, free_bytes: int, rungs: list[Rung] | None = None):
-    """The first rung of the ladder that fits, at its largest micro-batch (the effective
-    batch kept). Returns (config or None, every rung's need at batch 1 and what was chosen);
-    rungs: walk_ladder's answer when the caller has it already."""
-    usable = usable_bytes(free_bytes) / GB
-    rungs = rungs if rungs is not None else walk_ladder(cfg, free_bytes)
-    needs = [f"{r.name} {r.need_at_one / GB:.1f} GiB" for r in rungs]
-    for i, r in enumerate(rungs):
-        if r.chosen:
-            f = r.fitted
-            chosen = (
-                f"{r.name} fits ({r.need / GB:.1f} of {usable:.1f} GiB usable): batch "
-                f"{f.batch_size} x {f.grad_accum}"
-            )
-            if ckpt := checkpoint_line(f):
-                chosen = f"{chosen}, {ckpt}"
-            if i:
-                chosen = f"{chosen}; at batch 1 " + ", ".join(needs[:i]) + " do not fit"
-            return f, chosen
-    best = max(rungs, key=lambda r: r.longest, default=None)
-    shorter = "lower seq_len"
-    if best is not None and best.longest:
-        shorter = f"lower seq_len to {best.longest:,} or less ({best.name})"
-    return None, (
-        f"none fits {usable:.1f} GiB usable at seq_len {cfg.seq_len:,}; at batch 1: "
-        f"{'; '.join(needs)}; {shorter}, or pick a smaller model"
-    )
-
-
 def base_saving(cfg: TrainConfig) -> tuple[int, int] | None:
     """A LoRA run on a 4- or 8-bit base: (its bits, bytes saved against a 16-bit base)."""
-    import dataclasses
-
     if not cfg.lora_rank or cfg.base_bits not in ("4", "8"):
         return None
     c = model_shape(cfg)
     n = _params(c)
     sixteen = dataclasses.replace(cfg, base_bits="16")
     return int(cfg.base_bits), _base_bytes(sixteen, c, n, True) - _base_bytes(cfg, c, n, True)
-
-
-def next_rung(cfg: TrainConfig) -> str | None:
-    """The ladder's rung below the one cfg is on (what to try when memory runs short)."""
-    names = [(n, r) for n, r in ladder(cfg)]
-    key = _rung_key(cfg)
-    for i, (_, rung) in enumerate(names):
-        if _rung_key(rung) == key and i + 1 < len(names):
-            return names[i + 1][0]
-    return None
-
-
-def _rung_key(cfg: TrainConfig) -> tuple:
-    sixteen = cfg.base_bits in ("auto", "16", "32")
-    opt = recipe.optimizer(cfg) if not cfg.lora_rank else "adamw"
-    ckpt, offloaded = bool(cfg.grad_checkpointing), bool(cfg.offload_checkpoints)
-    return (bool(cfg.lora_rank), opt, sixteen, ckpt, offloaded)
-
-
-# A card sold as T GB shows about T GiB; the driver, the desktop and other programs hold some
-# of it, so a tier counts as reached when 90% of T GiB is free.
-TIER_SLACK = 0.90
-
-
-def reaches_tier(tier_gb: int, free_bytes: int) -> bool:
-    return tier_gb * GB * TIER_SLACK <= free_bytes
-
-
-def recommend_preset(total_bytes: int | None = None, free_bytes: int | None = None, presets=None):
-    """The largest VRAM tier preset at or below the free VRAM (whose estimate fits it); on a
-    card under the smallest tier, the largest seed-table GPU preset that suits it.
-
-    With no GPU (total_bytes None after detection) the CPU preset is recommended.
-    """
-    from core.config import presets as preset_lib
-
-    presets = presets if presets is not None else preset_lib.list_presets()
-    if total_bytes is None:
-        from core.platform.hardware import gpus
-
-        found = gpus()
-        if found:
-            total_bytes = found[0]["total_bytes"]
-            free_bytes = found[0]["free_bytes"]
-    if total_bytes is None:
-        cpu = [p for p in presets if p.name == "cpu"] or [p for p in presets if not p.for_gpu]
-        return cpu[0]
-    free = free_bytes if free_bytes is not None else total_bytes
-    tiered = sorted((p for p in presets if p.tier_gb), key=lambda p: p.tier_gb, reverse=True)
-    for p in tiered:
-        if reaches_tier(p.tier_gb, free) and fits(preset_lib.to_config(p), free):
-            return p
-    seed = [p for p in presets if p.for_gpu and not p.tier_gb] or tiered
-    gpu = sorted(seed, key=lambda p: p.min_vram_gb or 0, reverse=True)
-    for p in gpu:
-        if (p.min_vram_gb or 0) * GB * 0.95 <= total_bytes and fits(preset_lib.to_config(p), free):
-            return p
-    return gpu[-1]
-
-
-def recommendation_line(preset, free_bytes: int | None) -> str:
-    """Why this preset is recommended, in one line for the window and the CLI."""
-    free = f"{free_bytes / GB:.1f} GiB free" if free_bytes is not None else "free VRAM unknown"
-    if preset.tier_gb:
-        return (
-            f"recommended: {preset.name}, the largest VRAM tier at or below the {free} "
-            f"(a {preset.tier_gb} GB tier needs {preset.tier_gb * TIER_SLACK:.1f} GiB free)"
-        )
-    if preset.for_gpu:
-        return f"recommended: {preset.name}; {free} is under the smallest VRAM tier"
-    return f"recommended: {preset.name} (no CUDA GPU)"
-
-
-def lean_heap(cfg: TrainConfig) -> bool:
-    """Whether a CPU run keeps glibc's heap lean (core.platform.heap.lean): by its estimated
-    peak against the memory free now."""
-    import psutil
-
-    from core.platform import heap
-
-    try:
-        peak = estimate(cfg, on_gpu=False).device_total
-    except (OSError, ValueError):  # a start the estimate cannot read: stay lean
-        peak = None
-    return heap.lean(peak, psutil.virtual_memory().available)

@@ -215,7 +215,7 @@ def _materialize(model: GPT, dtype: torch.dtype) -> None:
 
 def set_switches(cfg: TrainConfig, device: torch.device, lean_heap: bool = True) -> None:
     """Determinism, TF32, the C heap and the seeds, before the model is made. lean_heap: keep
-    glibc's heap lean on the CPU (core.training.estimate.lean_heap decides)."""
+    glibc's heap lean on the CPU (core.training.planner.heap_choice decides)."""
     if device.type == "cpu" and lean_heap:
         heap.return_large_frees()  # freed activations go back to the system (core.platform.heap)
     if cfg.deterministic:

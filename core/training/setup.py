@@ -19,7 +19,7 @@ from core.platform.device import resolve_device, resolve_precision
 from core.runs import checkpoint as ckpt
 from core.runs.folder import check_out
 from core.training import inputs, objectives, optim, resume
-from core.training.estimate import lean_heap
+from core.training.planner import heap_choice
 from core.training.schedule import max_steps_for, plan_for
 from core.training.state import Progress, RunInputs, RunState
 from core.training.time_budget import untimed_plan
@@ -84,10 +84,12 @@ def setup(given: RunInputs, progress: Progress, events, stop) -> RunState:
     folder.write_data_info(data.summary(), data.tokenizer)
     for message in early:
         folder.log(message)
-    lean = device.type == "cpu" and lean_heap(cfg)
-    if lean:  # slower, so said (core.platform.heap)
-        why = "TRAINDECK_HEAP=lean" if heap.chosen_mode() == "lean" else "memory is tight"
-        log(f"{why}: the lean C heap (less memory, steps up to 45% slower)")
+    lean = False
+    if device.type == "cpu":  # which C heap, and why (core.platform.heap)
+        choice = heap_choice(cfg)
+        lean = choice.lean
+        kind = "lean C heap (less memory, steps up to 45% slower)" if lean else "fast C heap"
+        log(f"the {kind}: {choice.why}")
     inputs.set_switches(cfg, device, lean)
     progress.plan = (
         untimed_plan() if given.timed else plan_for(cfg, max_steps_for(cfg, data.train_tokens))

@@ -29,7 +29,7 @@ def spilling(memory: dict, windows: bool | None = None) -> bool:
 def advice(cfg: TrainConfig) -> str:
     """What to change: the next rung of the fit ladder, or a smaller micro-batch."""
     if cfg.init_from:
-        from core.training.estimate import next_rung
+        from core.training.planner import next_rung
 
         rung = next_rung(cfg)
         if rung:

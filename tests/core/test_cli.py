@@ -135,7 +135,8 @@ def test_info_commands_exit_0(capsys):
 def test_estimate_names_the_longest_context_that_fits_free_ram(capsys, monkeypatch):
     from core.config import presets
     from core.platform import hardware
-    from core.training.estimate import GB, longest_context, usable_bytes
+    from core.training.estimate import GB, usable_bytes
+    from core.training.planner import longest_context
 
     monkeypatch.setattr(hardware, "gpus", lambda: [])
     monkeypatch.setattr(hardware, "cpu_info", lambda: {"ram_free_bytes": 2 * GB})
@@ -146,6 +147,27 @@ def test_estimate_names_the_longest_context_that_fits_free_ram(capsys, monkeypat
     assert f"Longest context: fits up to {longest:,} tokens in 2 GiB of free RAM" in out
     assert main(["--preset", "cpu", "--estimate", "--seq-len", str(longest + 256)]) == 0
     assert f"Longest context: {longest + 256:,} will NOT fit" in capsys.readouterr().out
+
+
+def test_a_cpu_estimate_says_which_heap_it_is_for_and_what_the_default_holds(capsys, monkeypatch):
+    from core.config import presets
+    from core.platform import hardware, heap
+    from core.training.estimate import GB, estimate
+
+    monkeypatch.setattr(hardware, "gpus", lambda: [])
+    monkeypatch.delenv("TRAINDECK_HEAP", raising=False)
+    peak = estimate(presets.to_config(presets.load_preset("cpu")), on_gpu=False).device_total
+    monkeypatch.setattr(heap, "room", lambda: heap.Room(64 * GB, "free"))
+    assert main(["--preset", "cpu", "--estimate"]) == 0
+    out = capsys.readouterr().out
+    assert "The CPU estimate is for the lean C heap. A run here takes the fast heap" in out
+    held = f"may hold up to {heap.FAST_HOLDS:g}x the estimate: about "
+    assert held + f"{heap.FAST_HOLDS * peak / GB:.2f} GiB" in out
+    monkeypatch.setattr(heap, "room", lambda: heap.Room(peak, "free"))  # under twice the peak
+    assert main(["--preset", "cpu", "--estimate"]) == 0
+    out = capsys.readouterr().out
+    assert "A run here takes the lean heap (memory is tight: " in out
+    assert f"about {peak / GB:.2f} GiB at its peak" in out
 
 
 def test_ctrl_c_saves_and_exits_130_then_resume_finishes(tmp_path):

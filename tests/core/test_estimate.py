@@ -7,13 +7,8 @@ from core.config.spec import TrainConfig, validate
 from core.models.model import GPT, GPTConfig
 from core.models.params import param_count
 from core.training import optim
-from core.training.estimate import (
-    GB,
-    estimate,
-    fit_micro_batch,
-    flops_per_token,
-    recommend_preset,
-)
+from core.training.estimate import GB, estimate, flops_per_token
+from core.training.planner import fit_micro_batch, recommend_preset
 
 
 def cfg(**kw):

@@ -11,15 +11,13 @@ from helpers import StopAfter, tiny_config
 from core.config.spec import TrainConfig, validate
 from core.runs import checkpoint as ckpt
 from core.runs.folder import read_metrics
-from core.training.estimate import (
+from core.training.estimate import GB, estimate, usable_bytes
+from core.training.planner import (
     CONTEXT_STEP,
-    GB,
     context_line,
-    estimate,
     fit_pretrained,
     longest_context,
     next_rung,
-    usable_bytes,
     walk_ladder,
 )
 from core.training.trainer import Trainer

@@ -240,7 +240,8 @@ def test_estimate_counts_the_frozen_base_and_the_adapters(big_config):
 
 
 def test_fit_walks_full_then_8_bit_adamw_then_lora_then_a_4_bit_base(big_config):
-    from core.training.estimate import GB, estimate, fit_pretrained
+    from core.training.estimate import GB, estimate
+    from core.training.planner import fit_pretrained
 
     roomy, why = fit_pretrained(big_config, 80 * GB)
     assert roomy.lora_rank == 0 and roomy.optimizer == "adamw"

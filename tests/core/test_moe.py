@@ -367,7 +367,7 @@ def test_the_estimate_counts_what_a_sparse_layer_keeps(tmp_path):
 
     from helpers import tiny_config
 
-    from core.training.estimate import _saved_bytes_per_token_layer, model_shape
+    from core.training.estimate import BlockRun, _saved_bytes_per_token_layer, model_shape
 
     def shape(kind: str, **hf) -> tuple:
         folder = tmp_path / kind
@@ -384,5 +384,6 @@ def test_the_estimate_counts_what_a_sparse_layer_keeps(tmp_path):
     dense = shape("qwen2", intermediate_size=256)
     for c, cfg in (moe, dense):
         measured = _kept_bytes_per_token_layer(c, cfg)
-        counted = _saved_bytes_per_token_layer(c, 0.0, "bf16", True, "all", False, False)
+        run = BlockRun(0.0, "bf16", fused=True, lora="all", on_gpu=False)
+        counted = _saved_bytes_per_token_layer(c, run)
         assert 0.8 <= counted / measured <= 1.2, (c.moe is not None, counted, measured)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import torch
 
 from core.models import offload
@@ -121,3 +122,78 @@ def test_a_hybrid_models_deltanet_layers_get_their_own_mask_when_offloaded(monke
         loss.backward()
     for (name, p), q in zip(plain.named_parameters(), off.parameters(), strict=True):
         assert torch.allclose(p.grad, q.grad, atol=1e-6), name
+
+
+# Families whose model keeps plain checkpointing though offloading is asked for: a mixture of
+# experts (its router loss reads the forward's routes), Gemma 4 (per-layer inputs and shared
+# keys and values reach the blocks beside the stream)
+KEEPS = {"qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "gpt_oss", "qwen3_5_moe", "gemma4"}
+KEEPS |= {"gemma4_moe"}
+
+
+def _family_names() -> list[str]:
+    from core.weights import families
+
+    return [*families.FAMILIES, "gemma4_moe"]  # Gemma 4's MoE form: a config of gemma4's
+
+
+@pytest.mark.parametrize("family", _family_names())
+def test_the_model_the_estimate_and_the_fit_ladder_agree_on_offloading(
+    family, tmp_path, monkeypatch
+):
+    """One answer (offload.offloads) for every family: whether the model's training forward
+    sends its block inputs to RAM, whether the GPU estimate counts them gone, and whether the
+    fit ladder offers "offloaded to RAM"."""
+    pytest.importorskip("transformers")
+    from hf_models import make_config
+
+    from core.config.spec import TrainConfig, validate
+    from core.models import model as model_module
+    from core.training import estimate as memory
+    from core.training import memory_profile as mp
+    from core.training.planner import ladder
+    from core.weights.loader import apply_pretrained, config_only, pretrained_shape
+
+    folder = tmp_path / family
+    folder.mkdir()
+    (folder / "config.json").write_text(make_config(family, 64).to_json_string())
+    run = dict(seq_len=16, batch_size=1, grad_accum=1, device="cpu", precision="fp32")
+    run |= dict(lora_rank=4, grad_checkpointing=True, offload_checkpoints=True, dropout=0.0)
+    cfg = validate(TrainConfig(init_from=str(folder), tokenizer="model", **run))
+    cfg = validate(apply_pretrained(cfg, config_only(folder)))
+    shape = GPTConfig.from_train(cfg, base=pretrained_shape(folder))  # as build_model makes it
+    answer = offload.offloads(shape)
+    assert answer == (family not in KEEPS)
+
+    offloaded = []  # the model: its forward runs the offloaded blocks or plain checkpointing
+    real = model_module.run_blocks
+    monkeypatch.setattr(model_module, "streams_for", lambda device: FakeStreams())
+    monkeypatch.setattr(model_module, "run_blocks", lambda *a: offloaded.append(1) or real(*a))
+    model = GPT(shape).train()
+    idx = torch.randint(0, 64, (1, 16), generator=torch.Generator().manual_seed(0))
+    model(idx, idx)
+    assert bool(offloaded) == answer
+
+    # the estimate: the block inputs kept on the card (OFFLOAD_KEPT of them where offloaded;
+    # 1 here, as the tiny models have 2 to 6 layers)
+    monkeypatch.setattr(memory, "OFFLOAD_KEPT", 1)
+
+    def saved(c):
+        return memory.estimate(c, on_gpu=True).step_parts[mp.SAVED]
+
+    kept = dataclasses.replace(cfg, offload_checkpoints=False)
+    assert (saved(cfg) < saved(kept)) == answer
+    assert any(rung.offload_checkpoints for _, rung in ladder(cfg)) == answer
+
+    # the first block alone checkpointed, offloading asked: a model that offloads takes every
+    # block, the others checkpoint the first only; the estimate counts as the model does
+    first = dataclasses.replace(cfg, checkpoint_blocks=1)
+    calls, offloaded[:] = [], []
+    real_checkpoint = model_module.checkpoint
+    monkeypatch.setattr(
+        model_module, "checkpoint", lambda *a, **k: calls.append(1) or real_checkpoint(*a, **k)
+    )
+    GPT(GPTConfig.from_train(first, base=pretrained_shape(folder))).train()(idx, idx)
+    blocks = shape.n_layers if offloaded else len(calls)
+    assert blocks == (shape.n_layers if answer else 1)
+    assert memory.checkpointed(first, shape, on_gpu=True) == blocks

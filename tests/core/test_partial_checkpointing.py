@@ -10,14 +10,8 @@ import torch
 
 from core.config.spec import TrainConfig, validate
 from core.models.model import GPT, LLAMA_OPTIONS, GPTConfig
-from core.training.estimate import (
-    GB,
-    checkpoint_line,
-    estimate,
-    fewest_checkpointed,
-    fit_pretrained,
-    fits,
-)
+from core.training.estimate import GB, estimate, fits
+from core.training.planner import checkpoint_line, fewest_checkpointed, fit_pretrained
 
 
 def grads(checkpointing: bool, blocks: int | None):
@@ -80,9 +74,9 @@ def test_fit_picks_the_fewest_checkpointed_blocks_that_fit(k):
 
 
 def test_the_fit_ladder_says_how_many_blocks_it_checkpoints(monkeypatch):
-    from core.training import estimate as module
+    from core.training import planner
 
-    monkeypatch.setattr(module, "longest_context", lambda cfg, budget: 0)  # not asked here
+    monkeypatch.setattr(planner, "longest_context", lambda cfg, budget: 0)  # not asked here
     cfg = wide(lora_rank=16, batch_size=4)
     plain = estimate(dataclasses.replace(cfg, batch_size=1)).device_total
     fitted, why = fit_pretrained(cfg, int(plain * 0.9))  # plain LoRA misses at batch 1

@@ -9,13 +9,8 @@ import pytest
 
 from core.config import presets
 from core.training import tiers
-from core.training.estimate import (
-    GB,
-    estimate,
-    fits,
-    recommend_preset,
-    recommendation_line,
-)
+from core.training.estimate import GB, estimate, fits
+from core.training.planner import recommend_preset, recommendation_line
 
 TIER_PRESETS = [tiers.preset_name(t.gb) for t in tiers.TIERS]
 

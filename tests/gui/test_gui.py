@@ -9,7 +9,8 @@ import pytest
 
 from core.config import presets as preset_lib
 from core.platform import hardware
-from core.training.estimate import estimate, longest_context, usable_bytes
+from core.training.estimate import estimate, usable_bytes
+from core.training.planner import longest_context
 
 GiB = 1024**3
 FAKE_8GB = {
@@ -418,6 +419,7 @@ def test_cpu_machine_panel_and_disabled_fit_button(make_window, no_gpu):
     est = estimate(window.form.validated(), on_gpu=False)
     assert "saved activations" in panel.details.text()
     assert f"{est.device_total / 1024**2:.1f} MiB" in panel.details.text()  # the total
+    assert "The CPU estimate is for the lean C heap. A run here takes the" in panel.details.text()
 
 
 def test_simulated_8gb_gpu_estimate_warning_and_fit(make_window, fake_gpu, dialogs):

@@ -324,7 +324,8 @@ def test_the_fit_ladder_answers_for_gemma_from_config_json_alone(tmp_path, confi
     4.6B, 2.35B of them its per-layer table (a lookup: no FLOPs); their 256k vocabularies'
     logits are counted a chunk at a time, not for every position."""
     from core.config.spec import TrainConfig, validate
-    from core.training.estimate import GB, estimate, fit_pretrained
+    from core.training.estimate import GB, estimate
+    from core.training.planner import fit_pretrained
     from core.weights.loader import apply_pretrained, config_only
 
     (tmp_path / "config.json").write_text(json.dumps(config))
