@@ -42,7 +42,7 @@ def test_the_warning_comes_once_and_names_the_next_rung(tmp_path):
 
 @pytest.mark.parametrize("reading", [PAST])
 def test_a_run_logs_the_spill_once(monkeypatch, tmp_path, reading):
-    monkeypatch.setattr(trainer, "memory_stats", lambda device: dict(reading))
+    monkeypatch.setattr(trainer, "memory_stats", lambda device, watch=None: dict(reading))
     run_dir = tmp_path / "run"
     Trainer(tiny_config(max_steps=6, log_every=1, eval_every=6, ckpt_every=6), run_dir).run()
     log = (run_dir / "train.log").read_text()
