@@ -98,7 +98,7 @@ def bare_steps_per_s(cfg: TrainConfig, data: torch.Tensor) -> float:
             t0 = time.perf_counter()
         starts = torch.randint(0, len(data) - cfg.seq_len - 1, (cfg.batch_size,), generator=gen)
         chunk = data[starts[:, None] + offsets].long().to(device)
-        logits, _ = model(chunk[:, :-1])
+        logits = model.logits(chunk[:, :-1])
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), chunk[:, 1:].reshape(-1))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)

@@ -96,7 +96,7 @@ def traindeck_step(model, opt, plain: bool = False):
     def step(x, y):
         opt.zero_grad(set_to_none=True)
         if plain:
-            logits, _ = model(x)
+            logits = model.logits(x)
             loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1))
         else:
             _, loss = model(x, y)

@@ -204,7 +204,7 @@ def adapters_disabled(model):
     """The base model alone while inside: with LoRA, the reference of preference tuning
     needs no second copy of the model."""
     layers = [m for m in model.modules() if isinstance(m, (LoRALinear, ExpertLoRA))]
-    routers = [m for m in moe_blocks(model) if hasattr(m, "router_start")]
+    routers = [m for m in moe_blocks(model) if m.router_start is not None]
     for m in layers:
         m.adapters_off = True
     trained = [swap_router(m, m.router_start) for m in routers]  # --train-router's
@@ -257,7 +257,7 @@ def merge(model) -> None:
                 w = getattr(m, leaf)
                 merged = (w.float() + adapter.delta()).to(w.dtype).detach()
                 setattr(m, leaf, nn.Parameter(merged, requires_grad=False))
-                delattr(m, f"{leaf}_lora")
+                setattr(m, f"{leaf}_lora", None)
 
 
 def freeze_to(model, dtype: torch.dtype) -> None:

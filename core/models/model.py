@@ -29,19 +29,23 @@ from core.models.cache import KVCache, masks_for, row_positions
 from core.models.deltanet import GatedDeltaNet, in_sizes, state_bytes
 from core.models.fused import Remake, rms_norm, signed_sin, swiglu
 from core.models.fused import rope as fused_rope
-from core.models.loss import lm_loss, sequence_logps, token_logps
+from core.models.loss import lm_loss
 from core.models.moe import LoadMeter, MoE, aux_loss, is_sparse, records
 from core.models.offload import offloads, run_blocks, streams_for
 from core.models.per_layer import (
+    PerLayer,
     PerLayerGate,
     PerLayerInputs,
     Side,
     attn_sizes,
+    folded,
+    from_saved,
     kv_source,
     kv_sources,
     layer_shape,
     unit_rms,
 )
+from core.models.per_layer import of as per_layer_of
 from core.models.tiling import (
     ATTN_CHUNK_QUERIES,
     MLP_TILE_TOKENS,
@@ -130,18 +134,11 @@ class GPTConfig:
     # equal within fp32 rounding, not bit for bit, so a fine-tune (from_train with a base)
     # uses them and a new model keeps the plain ops its older runs resume with exactly.
     fused: bool = False
-    # Gemma 4's per-layer options (core.models.per_layer); each default leaves the model as it was.
-    per_layer_dim: int | None = None  # per-layer input embeddings: each layer's vector size
-    per_layer_vocab: int | None = None  # their table's rows; None: vocab_size
-    full_head_dim: int | None = None  # full-attention layers' own head size
-    full_kv_heads: int | None = None  # and their own kv-head count
-    k_eq_v: bool = False  # full-attention layers: the values are the keys' projection
-    v_norm: bool = False  # an RMSNorm without scale over each value head
-    kv_shared_layers: int = 0  # the last n layers reuse an earlier layer's keys and values
-    wide_shared_mlp: bool = False  # and have an MLP twice ffn_dim wide
-    layer_scalar: bool = False  # each layer's output times a scalar of its weights
+    # Gemma 4's per-layer options (core.models.per_layer.PerLayer); None: none of them.
+    per_layer: PerLayer | None = None
 
     def __post_init__(self):
+        self.per_layer = from_saved(self.per_layer)  # a saved config holds it as a dict
         self.n_kv_heads = self.n_kv_heads or self.n_heads
         self.head_dim = self.head_dim or self.hidden_dim // self.n_heads
         self.ffn_dim = self.ffn_dim or 4 * self.hidden_dim
@@ -189,7 +186,7 @@ class GPTConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> GPTConfig:
-        return from_known(cls, d)
+        return from_known(cls, folded(d))  # older runs: Gemma 4's options as flat fields
 
 
 class RMSNorm(nn.Module):
@@ -321,7 +318,7 @@ class SelfAttention(nn.Module):
         self.sizes = attn_sizes(c, layer)  # q alone, or q and k, where k and v come otherwise
         self.layer, self.source = layer, kv_source(c, layer)
         self.stores = layer in kv_sources(c)  # later layers reuse its keys and values
-        self.v_norm, self.eps = c.v_norm, c.norm_eps
+        self.v_norm, self.eps = per_layer_of(c).v_norm, c.norm_eps
         self.gated = c.attn_output_gate
         self.qkv = nn.Linear(c.hidden_dim, sum(self.sizes), bias=c.qkv_bias)
         self.proj = nn.Linear(c.n_heads * c.head_dim, c.hidden_dim, bias=c.out_bias)
@@ -340,8 +337,8 @@ class SelfAttention(nn.Module):
         self.use_rope = layer not in (c.nope_layers or ())
         self.rope_dim = c.rope_dim if c.rope_dim and c.rope_dim < c.head_dim else None
         self.scale, self.softcap = c.attn_scale, c.attn_softcap
-        if c.attn_sinks:  # gpt-oss: set by its weights; zero adds exp(0) to each sum
-            self.sinks = nn.Parameter(torch.zeros(c.n_heads))
+        # gpt-oss: set by its weights; zero adds exp(0) to each sum
+        self.sinks = nn.Parameter(torch.zeros(c.n_heads)) if c.attn_sinks else None
         self.explicit = bool(c.attn_softcap or c.attn_sinks)  # scores SDPA cannot make
 
     def _qkv(self, x, rope):
@@ -431,8 +428,9 @@ class SelfAttention(nn.Module):
 
     def _scores(self, q, k, v, causal: bool, mask, drop: float, gqa: bool):
         if self.explicit:  # soft-capped scores, or gpt-oss's sinks: a row's softmax at a time
-            sinks = getattr(self, "sinks", None)
-            return explicit_attention(q, k, v, causal, mask, self.scale, self.softcap, sinks, drop)
+            return explicit_attention(
+                q, k, v, causal, mask, self.scale, self.softcap, self.sinks, drop
+            )
         # SDPA picks the flash / memory-efficient kernel on CUDA; with packed examples the
         # mask (causal within each example) takes the place of is_causal. Grouped-query:
         # fused, SDPA serves each k/v head to its q heads (no repeated k and v).
@@ -578,21 +576,33 @@ class Block(nn.Module):
         self.ln2 = make_norm(c)
         self.mlp = MoE(c, MLP, make_norm) if is_sparse(c, layer) else MLP(c)
         self.routes_stream = is_sparse(c, layer) and self.mlp.options["parallel_dense"]
-        self.post_norms = c.post_norms
-        if c.post_norms:  # Gemma 2/3: each sub-layer's output normed before the add
-            self.ln1_post = make_norm(c)
-            self.ln2_post = make_norm(c)
-        if c.per_layer_dim:  # Gemma 4: the layer's per-layer input, gated and added
-            self.per_layer = PerLayerGate(c, make_norm)
-        if c.layer_scalar:  # Gemma 4: set by its weights
-            self.register_buffer("scalar", torch.ones(1))
+        # Gemma 2/3: each sub-layer's output normed before the add
+        self.ln1_post = make_norm(c) if c.post_norms else None
+        self.ln2_post = make_norm(c) if c.post_norms else None
+        p = per_layer_of(c)  # Gemma 4: the layer's per-layer input, gated and added
+        self.per_layer = PerLayerGate(c, make_norm) if p.input_dim else None
+        # Gemma 4: each layer's output times a scalar, set by its weights
+        self.register_buffer("scalar", torch.ones(1) if p.layer_scalar else None)
 
     def forward(self, x, rope=None, mask=None, remake: Remake | None = None, side=None):
-        if self.post_norms:
-            x = x + self.ln1_post(self.attn(self._norm(self.ln1, x, remake), rope, mask, side))
-            return self._last(x + self.ln2_post(self._mlp(x, remake)), side)
-        x = x + self.attn(self._norm(self.ln1, x, remake), rope, mask, side)
-        return self._last(x + self._mlp(x, remake), side)
+        y = self.attn(self._norm(self.ln1, x, remake), rope, mask, side)
+        return self._after(x, y, remake, side)
+
+    def cached(self, x, past, rope=None, mask=None, side=None):
+        """forward() for generation: the mixer attends to (or carries on from) past too;
+        returns (output, the mixer's new cache entry)."""
+        y, kv = self.attn.cached(self.ln1(x), past, rope, mask, side)
+        return self._after(x, y, None, side), kv
+
+    def _after(self, x, y, remake: Remake | None, side):
+        """The layer after its mixer's output y: the residual adds (with Gemma 2/3's post-norms),
+        the MLP, and Gemma 4's end: its per-layer input added, then the layer scalar."""
+        x = x + (y if self.ln1_post is None else self.ln1_post(y))
+        h = self._mlp(x, remake)
+        x = x + (h if self.ln2_post is None else self.ln2_post(h))
+        if self.per_layer is not None:
+            x = self.per_layer(x, side.layer_input(self.layer))
+        return x if self.scalar is None else x * self.scalar
 
     def _mlp(self, x, remake: Remake | None = None):
         h = self._norm(self.ln2, x, remake)
@@ -600,24 +610,10 @@ class Block(nn.Module):
             return self.mlp(h, remake, stream=x)
         return self.mlp(h, remake)
 
-    def _last(self, x, side):
-        """Gemma 4's end of a layer: its per-layer input added, then the layer scalar."""
-        if hasattr(self, "per_layer"):
-            x = self.per_layer(x, side.layer_input(self.layer))
-        return x * self.scalar if hasattr(self, "scalar") else x
-
     @staticmethod
     def _norm(norm, x, remake: Remake | None):
         out = norm(x)
         return out if remake is None else remake.register(out, lambda: norm(x))
-
-    def cached(self, x, past, rope=None, mask=None, side=None):
-        y, kv = self.attn.cached(self.ln1(x), past, rope, mask, side)
-        if self.post_norms:
-            x = x + self.ln1_post(y)
-            return self._last(x + self.ln2_post(self._mlp(x)), side), kv
-        x = x + y
-        return self._last(x + self._mlp(x), side), kv
 
 
 def packed(segments: torch.Tensor) -> tuple[torch.Tensor, Segments]:
@@ -657,12 +653,13 @@ class GPT(nn.Module):
             raise ValueError(problem)
         self.config = c
         self.tok_emb = nn.Embedding(c.vocab_size, c.hidden_dim)
-        if c.positions == "learned":
-            self.pos_emb = nn.Embedding(c.seq_len, c.hidden_dim)
+        learned = c.positions == "learned"
+        self.pos_emb = nn.Embedding(c.seq_len, c.hidden_dim) if learned else None
         self.drop = nn.Dropout(c.dropout)
         self.blocks = nn.ModuleList(Block(c, i) for i in range(c.n_layers))
-        if c.per_layer_dim:  # Gemma 4 (core.models.per_layer)
-            self.per_layer_inputs = PerLayerInputs(c, make_norm)
+        # Gemma 4's per-layer inputs (core.models.per_layer)
+        per_layer = per_layer_of(c).input_dim
+        self.per_layer_inputs = PerLayerInputs(c, make_norm) if per_layer else None
         self.ln_f = make_norm(c)
         self.head = nn.Linear(c.hidden_dim, c.vocab_size, bias=False)
         if c.tie_embeddings:
@@ -703,14 +700,6 @@ class GPT(nn.Module):
     def blocks_compiled(self) -> bool:
         return any(b._compiled_call_impl is not None for b in self.blocks)
 
-    def _rope(self, start: int, end: int, device, furthest: int | None = None):
-        """cos and sin for positions start..end-1. furthest: the furthest position used plus
-        one, where it is less than end (packed examples): LongRoPE picks its factors by it."""
-        if self.config.positions != "rope":
-            return None
-        long = bool(self._long(end if furthest is None else furthest))
-        return tuple(t[start:end] for t in self._rope_rows(end, device, long))
-
     def _long(self, lengths):
         """Whether sequences of these lengths (a number, or a tensor of them) use LongRoPE's
         long factors: past its original context, as transformers chooses them by the
@@ -726,7 +715,8 @@ class GPT(nn.Module):
         table = self._rope_cache.get(long)
         if table is None or table[0].shape[0] < end or table[0].device != device:
             n = max(end, 256)
-            full = dataclasses.replace(c, head_dim=c.full_head_dim) if c.full_head_dim else c
+            own = per_layer_of(c).full_head_dim  # Gemma 4: full-attention layers' head size
+            full = dataclasses.replace(c, head_dim=own) if own else c
             inv = rope_frequencies(full, long).to(device)
             table = self._rope_table(inv, n, device, rope_attention_factor(c))
             if c.rope_local_theta is not None:  # sliding layers' own base, no scaling
@@ -749,63 +739,53 @@ class GPT(nn.Module):
             x = x * torch.tensor(self.config.embed_scale, dtype=x.dtype)
         return x
 
-    def _embed(self, idx, positions=None):
+    def _embed(self, idx, positions=None, long=None):
+        """The tokens' embeddings, and their positions': learned ones added, or RoPE's cos and
+        sin. positions: None: 0..T-1, cos and sin (T, head); (B, T): each row's own (packed
+        examples from 0, forward_cached's rows after their cache), (B, 1, T, head). long
+        (B,): the rows on LongRoPE's long factors (forward_cached); None: all or none, by
+        the furthest position, as transformers chooses them for a forward pass."""
         t = idx.shape[1]
-        if t > self.config.seq_len:
-            raise ValueError(f"position {t} is past seq_len {self.config.seq_len}")
-        x = self._tokens(idx)
         if positions is None:
             positions = torch.arange(t, device=idx.device)
-        if self.config.positions == "learned":
-            return x + self.pos_emb(positions), None
-        furthest = None
-        if positions.dim() == 2 and rope_kind(self.config) == "longrope":
-            furthest = int(positions.max()) + 1  # each packed example counts from 0
-        table = self._rope(0, t, idx.device, furthest)
-        if positions.dim() == 2:  # each packed example from position 0: (B, 1, T, head)
-            return x, tuple(r[positions].unsqueeze(1) for r in table)
-        return x, tuple(r[positions] for r in table)
-
-    def _embed_rows(self, idx, positions, long):
-        """Embeddings and RoPE (B, 1, T, head) at each row's own positions (B, T); long (B,):
-        the rows on LongRoPE's long factors."""
-        end = int(positions.max()) + 1
+        end = t if long is None else int(positions.max()) + 1
         if end > self.config.seq_len:
             raise ValueError(f"position {end} is past seq_len {self.config.seq_len}")
         x = self._tokens(idx)
         if self.config.positions == "learned":
             return x + self.pos_emb(positions), None
-        table = self._rope_rows(end, idx.device, False)
-        if bool(long.any()):
-            longer = self._rope_rows(end, idx.device, True)
-            row = long[:, None, None]
-            return x, tuple(
-                torch.where(row, b[positions], a[positions]).unsqueeze(1)
-                for a, b in zip(table, longer, strict=True)
-            )
-        return x, tuple(r[positions].unsqueeze(1) for r in table)
+        if long is None:
+            furthest = t
+            if positions.dim() == 2 and rope_kind(self.config) == "longrope":
+                furthest = int(positions.max()) + 1  # each packed example counts from 0
+            long = bool(self._long(furthest))
+        return x, self._rope(positions, end, long)
 
-    def forward(
-        self,
-        idx,
-        targets=None,
-        loss_mask=None,
-        segments=None,
-        per_sequence=False,
-        per_token=False,
-        temperature: float = 1.0,
-        real=None,
-    ):
-        """(logits, None) without targets; (None, loss) with them: the mean cross-entropy
-        over targets where loss_mask is non-zero, computed in chunks (core.models.loss) so
-        the whole vocabulary's logits never exist at once. segments (B, T): packed examples
-        (chat data) numbered; each attends only to itself and counts positions from 0, as
-        it would alone. per_sequence: (None, each sequence's summed log-probability of
-        its masked targets) instead of the mean loss (preference tuning). per_token: (None,
-        (each target's log-probability, each position's entropy)), both (B, T) and 0 where
-        loss_mask is 0, under the logits divided by temperature (GRPO). real (B, T): 1
-        where a token is not padding, for the MoE routing statistics and aux loss (None:
-        every token)."""
+    def _rope(self, positions, end: int, long) -> tuple:
+        """cos and sin at positions ((T,): (T, head); (B, T): (B, 1, T, head)), of a table of
+        end rows; long: LongRoPE's long factors for every row (a bool) or per row ((B,))."""
+        each = torch.is_tensor(long)
+        table = self._rope_rows(end, positions.device, False if each else long)
+        rope = tuple(r[positions] for r in table)
+        if each and bool(long.any()):
+            longer = self._rope_rows(end, positions.device, True)
+            row = long[:, None, None]
+            rope = tuple(
+                torch.where(row, b[positions], a) for a, b in zip(rope, longer, strict=True)
+            )
+        return rope if positions.dim() == 1 else tuple(r.unsqueeze(1) for r in rope)
+
+    def forward(self, idx, targets=None, loss_mask=None, segments=None, real=None):
+        """As nanoGPT's. Without targets: (hidden, penalty): the final normed stream (B, T,
+        hidden_dim), which output_head() turns into logits and core.models.loss's
+        sequence_logps and token_logps take (the objectives that want more than the mean
+        loss), and the MoE load-balancing penalty to add to a training loss (aux_penalty;
+        None: none). With targets: (None, loss): the mean cross-entropy over targets where
+        loss_mask is non-zero, the penalty included, computed in chunks (core.models.loss)
+        so the whole vocabulary's logits never exist at once. segments (B, T): packed
+        examples (chat data) numbered; each attends only to itself and counts positions
+        from 0, as it would alone. real (B, T): 1 where a token is not padding, for the MoE
+        routing statistics and aux loss (None: every token)."""
         self._mark_real(real)
         positions, mask = packed(segments) if segments is not None else (None, None)
         starts = None if positions is None else positions == 0
@@ -834,16 +814,16 @@ class GPT(nn.Module):
         aux = self.router_aux_loss()
         if aux is not None and self.training and torch.is_grad_enabled():
             self.moe_meter.add([self.blocks[i].mlp for i in self.moe_layers], aux)
-        head = self.output_head()
+        hidden, penalty = self.ln_f(x), self.aux_penalty()
         if targets is None:
-            return head(self.ln_f(x)), None
-        if per_sequence:
-            return None, sequence_logps(head, self.ln_f(x), targets, loss_mask)
-        if per_token:
-            return None, token_logps(head, self.ln_f(x), targets, loss_mask, temperature)
-        loss = lm_loss(head, self.ln_f(x), targets, loss_mask, fused=self.config.fused)
-        penalty = self.aux_penalty()
+            return hidden, penalty
+        loss = lm_loss(self.output_head(), hidden, targets, loss_mask, fused=self.config.fused)
         return None, loss if penalty is None else loss + penalty
+
+    def logits(self, idx, segments=None):
+        """The logits of idx (B, T, vocab): the head over forward's hidden states."""
+        hidden, _ = self(idx, segments=segments)
+        return self.output_head()(hidden)
 
     def _mark_real(self, real) -> None:
         for i in self.moe_layers:
@@ -861,8 +841,8 @@ class GPT(nn.Module):
     def _side(self, idx, x) -> Side:
         """What the blocks take beside the stream (Gemma 4's per-layer inputs, from the ids
         and their scaled embeddings x, and its shared keys and values)."""
-        inputs = self.per_layer_inputs(idx, x) if hasattr(self, "per_layer_inputs") else None
-        return Side(inputs)
+        make = self.per_layer_inputs
+        return Side(None if make is None else make(idx, x))
 
     def router_aux_loss(self):
         """The load-balancing loss of the last forward, unscaled, pooled over the MoE
@@ -930,7 +910,7 @@ class GPT(nn.Module):
             k_pos, k_valid, ids = positions, valid, idx
         long = self._long(k_valid.sum(1))
         self._mark_real(valid)  # sampling's routing statistics leave its padding out too
-        x, rope = self._embed_rows(idx, positions, long)
+        x, rope = self._embed(idx, positions, long)
         side = self._side(idx, x)
         windows = {block.attn.window for block in self.blocks if not block.linear}
         masks = masks_for(windows, positions, k_pos, k_valid, first=cache is None)
@@ -955,7 +935,7 @@ class GPT(nn.Module):
         """Sample n_new tokens after idx with its own generator, so training RNG is untouched."""
         context = min(self.config.seq_len, 4096)  # bounds a sample's cost for long contexts
         for _ in range(n_new):
-            logits, _ = self(idx[:, -context:])
+            logits = self.logits(idx[:, -context:])
             probs = F.softmax(logits[:, -1, :].float() / temperature, dim=-1)
             nxt = torch.multinomial(probs, 1, generator=generator)
             idx = torch.cat((idx, nxt), dim=1)

@@ -105,15 +105,18 @@ class MoE(nn.Module):
         self.router = nn.Linear(h, e, bias=o["router_bias"])
         self.gate_up = nn.Parameter(torch.empty(e, 2 * i, h).normal_(std=0.02))
         self.down = nn.Parameter(torch.empty(e, h, i).normal_(std=0.02))
-        if o["expert_bias"]:
-            self.gate_up_bias = nn.Parameter(torch.zeros(e, 2 * i))
-            self.down_bias = nn.Parameter(torch.zeros(e, h))
+        # each of the optional parts below is None where the model has none
+        biased = o["expert_bias"]
+        self.gate_up_bias = nn.Parameter(torch.zeros(e, 2 * i)) if biased else None
+        self.down_bias = nn.Parameter(torch.zeros(e, h)) if biased else None
+        self.shared = self.shared_gate = None
         if o["shared_expert_dim"]:
             shared = dataclasses.replace(
                 c, moe=None, ffn_dim=o["shared_expert_dim"], mlp="swiglu", mlp_bias=False
             )
             self.shared = mlp(shared)
             self.shared_gate = nn.Linear(h, 1, bias=False)
+        self.router_scale = self.expert_scale = None
         if o["router"] == "rms_softmax_topk":
             self.router_scale = nn.Parameter(torch.ones(h))
             self.expert_scale = nn.Parameter(torch.ones(e))
@@ -123,6 +126,12 @@ class MoE(nn.Module):
             self.dense_norm = norm(c)  # after the dense MLP
             self.in_norm = norm(c)  # before the experts
             self.out_norm = norm(c)  # after them
+        # set later: the 4-bit copies of gate_up and down (core.models.quant.NF4Experts,
+        # which replace the tensors), their adapters (core.models.lora.ExpertLoRA), and a
+        # router's starting weights where --train-router trains it (core.models.lora)
+        self.gate_up_nf4 = self.down_nf4 = None
+        self.gate_up_lora = self.down_lora = None
+        self.router_start: list | None = None
         self.drop = nn.Dropout(c.dropout)
         self.last_stats: tuple | None = None
         self.last_route: Route | None = None
@@ -143,20 +152,20 @@ class MoE(nn.Module):
             weights, index = probs.topk(self.top_k, dim=-1)
             if self.options["norm_topk"]:
                 weights = weights / weights.sum(dim=-1, keepdim=True)
-            if hasattr(self, "expert_scale"):
+            if self.expert_scale is not None:
                 weights = weights * self.expert_scale[index]
         if self.options["parallel_dense"]:
             out = self.out_norm(self._experts(self.in_norm(src), index, weights.to(x.dtype)))
             out = self.dense_norm(self.dense(x, remake)) + out
         else:
             out = self._experts(src, index, weights.to(x.dtype))
-        if hasattr(self, "shared"):
+        if self.shared is not None:
             out = out + torch.sigmoid(self.shared_gate(x)) * self.shared(x)
         self._keep_stats(probs, index)
         return self.drop(out).view(shape)
 
     def _router_input(self, x):
-        if not hasattr(self, "router_scale"):
+        if self.router_scale is None:
             return x
         return unit_rms(x, self.eps) * self.router_scale * self.root
 
@@ -168,13 +177,12 @@ class MoE(nn.Module):
         expert = flat[order]
         counts = torch.zeros(self.n_experts, dtype=torch.long, device=x.device)
         counts.scatter_add_(0, flat, torch.ones_like(flat))
-        bias = hasattr(self, "gate_up_bias")
-        h = self._project("gate_up", x[token], counts)
-        if bias:
+        h = self._project(self.gate_up, self.gate_up_nf4, self.gate_up_lora, x[token], counts)
+        if self.gate_up_bias is not None:
             h = h + self.gate_up_bias[expert].to(h.dtype)
         h = self._activate(h)
-        y = self._project("down", h, counts)
-        if bias:
+        y = self._project(self.down, self.down_nf4, self.down_lora, h, counts)
+        if self.down_bias is not None:
             y = y + self.down_bias[expert].to(y.dtype)
         # back to (token, k) order and summed over k: a gather, deterministic on CUDA too
         # (index_add_'s atomics are not) and without index_add_'s slow CPU path
@@ -183,15 +191,11 @@ class MoE(nn.Module):
         y = y[back].view(*index.shape, -1) * weights.unsqueeze(-1)
         return y.sum(dim=1).to(x.dtype)
 
-    def _project(self, leaf: str, x, counts):
+    @staticmethod
+    def _project(weight, quantized, adapter, x, counts):
         """One stacked projection (gate_up or down) of the grouped tokens: from its 4-bit
         copy where the base is quantized, plus its experts' adapters under LoRA."""
-        quantized = getattr(self, f"{leaf}_nf4", None)  # core.models.quant.NF4Experts
-        if quantized is not None:
-            y = quantized(x, counts)
-        else:
-            y = expert_matmul(x, getattr(self, leaf), counts)
-        adapter = getattr(self, f"{leaf}_lora", None)  # core.models.lora.ExpertLoRA
+        y = expert_matmul(x, weight, counts) if quantized is None else quantized(x, counts)
         return y if adapter is None else adapter(x, y, counts)
 
     def _activate(self, h):

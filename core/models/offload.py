@@ -21,6 +21,7 @@ import torch
 
 from core.models.moe import is_sparse
 from core.models.per_layer import kv_sources
+from core.models.per_layer import of as per_layer_of
 
 
 def offloads(c) -> bool:
@@ -34,7 +35,7 @@ def offloads(c) -> bool:
     if not (c.grad_checkpointing and c.offload_checkpoints):
         return False
     sparse = any(is_sparse(c, i) for i in range(c.n_layers))
-    return not (sparse or c.per_layer_dim or kv_sources(c))
+    return not (sparse or per_layer_of(c).input_dim or kv_sources(c))
 
 
 class CudaStreams:

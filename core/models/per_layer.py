@@ -9,7 +9,8 @@
   as wide;
 - k_eq_v: a full-attention layer's values are its keys' projection (attn_sizes).
 
-As transformers 5.24's models/gemma4 computes them.
+As transformers 5.24's models/gemma4 computes them. GPTConfig.per_layer holds them (PerLayer);
+None: none of them.
 """
 
 from __future__ import annotations
@@ -23,6 +24,60 @@ import torch.nn.functional as F
 SLIDING = "sliding_attention"
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PerLayer:
+    """Gemma 4's per-layer options (GPTConfig.per_layer); each default leaves the model as it
+    was."""
+
+    input_dim: int | None = None  # per-layer input embeddings: each layer's vector size
+    input_vocab: int | None = None  # their table's rows; None: the model's vocab_size
+    full_head_dim: int | None = None  # full-attention layers' own head size
+    full_kv_heads: int | None = None  # and their own kv-head count
+    k_eq_v: bool = False  # full-attention layers: the values are the keys' projection
+    v_norm: bool = False  # an RMSNorm without scale over each value head
+    kv_shared_layers: int = 0  # the last n layers reuse an earlier layer's keys and values
+    wide_shared_mlp: bool = False  # and have an MLP twice ffn_dim wide
+    layer_scalar: bool = False  # each layer's output times a scalar of its weights
+
+
+OFF = PerLayer()
+# GPTConfig's own fields before they became one block (runs saved before): old name -> new
+FLAT = {
+    "per_layer_dim": "input_dim",
+    "per_layer_vocab": "input_vocab",
+    "full_head_dim": "full_head_dim",
+    "full_kv_heads": "full_kv_heads",
+    "k_eq_v": "k_eq_v",
+    "v_norm": "v_norm",
+    "kv_shared_layers": "kv_shared_layers",
+    "wide_shared_mlp": "wide_shared_mlp",
+    "layer_scalar": "layer_scalar",
+}
+
+
+def of(c) -> PerLayer:
+    """c's per-layer options (OFF where it has none)."""
+    return c.per_layer or OFF
+
+
+def from_saved(value) -> PerLayer | None:
+    """GPTConfig.per_layer from what a saved config holds: the block, its dict, or None."""
+    if value is None or isinstance(value, PerLayer):
+        return value
+    return PerLayer(**value)
+
+
+def folded(saved: dict) -> dict:
+    """A saved GPTConfig mapping with the flat fields of older runs folded into per_layer
+    (a block with every option off becomes None)."""
+    flat = {new: saved[old] for old, new in FLAT.items() if old in saved}
+    out = {k: v for k, v in saved.items() if k not in FLAT}
+    if flat and "per_layer" not in out:
+        block = PerLayer(**flat)
+        out["per_layer"] = None if block == OFF else block
+    return out
+
+
 def is_full(c, layer: int) -> bool:
     """Whether layer `layer` is a full-attention layer (every layer without layer_types)."""
     return not (c.layer_types and c.layer_types[layer] == SLIDING)
@@ -31,8 +86,9 @@ def is_full(c, layer: int) -> bool:
 def kv_source(c, layer: int) -> int | None:
     """The layer whose keys and values layer `layer` reuses (None: its own): the last layer
     before the shared ones of the same kind. ValueError when there is none."""
-    first = c.n_layers - c.kv_shared_layers
-    if not c.kv_shared_layers or layer < first:
+    shared = of(c).kv_shared_layers
+    first = c.n_layers - shared
+    if not shared or layer < first:
         return None
     full = is_full(c, layer)
     for j in range(first - 1, -1, -1):
@@ -51,13 +107,13 @@ def kv_sources(c) -> set[int]:
 
 def layer_shape(c, layer: int):
     """c with layer `layer`'s own head size, kv heads and MLP width (c itself if none)."""
-    changes = {}
+    p, changes = of(c), {}
     if is_full(c, layer):
-        if c.full_head_dim:
-            changes["head_dim"] = c.full_head_dim
-        if c.full_kv_heads:
-            changes["n_kv_heads"] = c.full_kv_heads
-    if c.wide_shared_mlp and kv_source(c, layer) is not None:
+        if p.full_head_dim:
+            changes["head_dim"] = p.full_head_dim
+        if p.full_kv_heads:
+            changes["n_kv_heads"] = p.full_kv_heads
+    if p.wide_shared_mlp and kv_source(c, layer) is not None:
         changes["ffn_dim"] = 2 * c.ffn_dim
     return dataclasses.replace(c, **changes) if changes else c
 
@@ -69,7 +125,7 @@ def attn_sizes(c, layer: int) -> tuple[int, ...]:
     q, kv = c.n_heads * c.head_dim * gate, c.n_kv_heads * c.head_dim
     if kv_source(c, layer) is not None:
         return (q,)
-    if c.k_eq_v and is_full(c, layer):
+    if of(c).k_eq_v and is_full(c, layer):
         return (q, kv)
     return (q, kv, kv)
 
@@ -87,8 +143,8 @@ class PerLayerInputs(nn.Module):
 
     def __init__(self, c, norm):
         super().__init__()
-        self.layers, self.dim = c.n_layers, c.per_layer_dim
-        self.table = nn.Embedding(c.per_layer_vocab or c.vocab_size, self.layers * self.dim)
+        self.layers, self.dim = c.n_layers, c.per_layer.input_dim
+        self.table = nn.Embedding(c.per_layer.input_vocab or c.vocab_size, self.layers * self.dim)
         self.proj = nn.Linear(c.hidden_dim, self.layers * self.dim, bias=False)
         self.norm = norm(c, self.dim)
         self.proj_scale = c.hidden_dim**-0.5
@@ -106,8 +162,8 @@ class PerLayerGate(nn.Module):
 
     def __init__(self, c, norm):
         super().__init__()
-        self.gate = nn.Linear(c.hidden_dim, c.per_layer_dim, bias=False)
-        self.up = nn.Linear(c.per_layer_dim, c.hidden_dim, bias=False)
+        self.gate = nn.Linear(c.hidden_dim, c.per_layer.input_dim, bias=False)
+        self.up = nn.Linear(c.per_layer.input_dim, c.hidden_dim, bias=False)
         self.norm = norm(c)
 
     def forward(self, x, inputs):
@@ -129,13 +185,13 @@ class Side:
 
 def varies(c) -> bool:
     """Whether c's layers differ in shape (any of this module's options on)."""
-    return bool(
-        c.full_head_dim or c.full_kv_heads or c.kv_shared_layers or c.per_layer_dim or c.k_eq_v
-    )
+    p = of(c)
+    return bool(p.full_head_dim or p.full_kv_heads or p.kv_shared_layers or p.input_dim or p.k_eq_v)
 
 
 def table_params(c) -> int:
     """The per-layer input table's weights: looked up, never multiplied (0 without one)."""
-    if not c.per_layer_dim:
+    p = of(c)
+    if not p.input_dim:
         return 0
-    return (c.per_layer_vocab or c.vocab_size) * c.n_layers * c.per_layer_dim
+    return (p.input_vocab or c.vocab_size) * c.n_layers * p.input_dim

@@ -24,6 +24,7 @@ from core.config.methods import dpo as declared
 from core.config.spec import TrainConfig
 from core.data.prepare import PrepareCancelled
 from core.models import lora
+from core.models.loss import sequence_logps
 from core.platform.atomic import atomic_write
 from core.training.objectives import Objective, StepSignals
 from core.training.state import RunState
@@ -84,10 +85,18 @@ def reference_logps(model, x, y, mask, precision: str):
     model.eval()
     try:
         with lora.adapters_disabled(model), autocast(x.device, precision):
-            _, logps = model(x, y, mask, per_sequence=True)
+            logps, _ = answer_logps(model, model, x, y, mask)
     finally:
         model.train(was_training)
     return _split(logps.float())
+
+
+def answer_logps(model, gpt, x, y, mask, real=None):
+    """(each row's summed log-probability of its masked targets, the MoE penalty or None):
+    model runs the forward (the model as it trains may be compiled or DDP-wrapped), gpt is
+    the model itself, whose head makes the log-probabilities a chunk at a time."""
+    hidden, penalty = model(x, real=real)
+    return sequence_logps(gpt.output_head(), hidden, y, mask), penalty
 
 
 def in_use(mask: torch.Tensor) -> torch.Tensor:
@@ -99,15 +108,16 @@ def in_use(mask: torch.Tensor) -> torch.Tensor:
 
 
 def _pair_losses(run: RunState, cfg: TrainConfig, reference, model, starts, val: bool = False):
-    """(per-pair losses, chosen rewards, rejected rewards) of the pairs at starts, through
-    model (the model as it trains, or as it evaluates)."""
+    """(per-pair losses, chosen rewards, rejected rewards, the MoE penalty or None) of the
+    pairs at starts, through model (the model as it trains, or as it evaluates)."""
     x, y, mask, pair_ids = run.data.pair_batch(starts, val)
     x, y, mask = (to_device(v, run.device) for v in (x, y, mask))
     ref_c, ref_r = reference(x, y, mask, pair_ids, run.precision)
     with autocast(run.device, run.precision):
-        _, logps = model(x, y, mask, per_sequence=True, real=in_use(mask))
+        logps, penalty = answer_logps(model, run.model, x, y, mask, in_use(mask))
     chosen, rejected = _split(logps.float())
-    return dpo_loss(chosen, rejected, ref_c, ref_r, cfg.dpo_beta, cfg.dpo_label_smoothing)
+    losses = dpo_loss(chosen, rejected, ref_c, ref_r, cfg.dpo_beta, cfg.dpo_label_smoothing)
+    return (*losses, penalty)
 
 
 class DPO(Objective):
@@ -124,8 +134,8 @@ class DPO(Objective):
 
     def micro_loss(self, run: RunState, cfg: TrainConfig, starts):
         """The DPO loss of one micro-batch of pairs and its signal sums."""
-        losses, rc, rr = _pair_losses(run, cfg, self.reference, run.train_model, starts)
-        penalty = run.model.aux_penalty()  # an MoE's load-balancing loss, where enabled
+        losses, rc, rr, penalty = _pair_losses(run, cfg, self.reference, run.train_model, starts)
+        # an MoE's load-balancing loss, where enabled
         loss = losses.mean() if penalty is None else losses.mean() + penalty
         return loss, signal_sums(rc, rr)
 
@@ -144,7 +154,7 @@ class DPO(Objective):
         total, sums, count = 0.0, torch.zeros(4), 0
         try:
             for chunk in run.data.val_pair_starts(n_pairs).split(cfg.batch_size):
-                losses, rc, rr = _pair_losses(run, cfg, self.reference, model, chunk, val=True)
+                losses, rc, rr, _ = _pair_losses(run, cfg, self.reference, model, chunk, val=True)
                 total += float(losses.sum())
                 sums += signal_sums(rc, rr).cpu()
                 count += len(chunk)

@@ -30,6 +30,7 @@ from core.models.params import (
 from core.models.per_layer import kv_source, kv_sources, layer_shape, table_params, varies
 from core.models.tiling import ATTN_CHUNK_QUERIES, MLP_TILE_TOKENS, tiles_at
 from core.platform import compiling
+from core.models.per_layer import of as per_layer_of
 from core.platform.device import pick_precision
 from core.training import memory_profile as mp
 from core.training import objectives
@@ -162,8 +163,9 @@ def _layer_bytes(c: GPTConfig, run: BlockRun, own_kv: bool = True) -> float:
     if linear := linear_layers(c):  # hybrid: the DeltaNet layers keep their own
         full = c.n_layers - linear
         attention = (full * attention + linear * saved_bytes(c.linear_attn, e)) / c.n_layers
-    if c.per_layer_dim:  # Gemma 4's per-layer input: gate input, its gelu, product, norm
-        attention += e * (2 * d + 3 * c.per_layer_dim)
+    if inputs := per_layer_of(c).input_dim:  # Gemma 4's per-layer input: gate input, its
+        # gelu, product, norm
+        attention += e * (2 * d + 3 * inputs)
     # GELU: its input and the projection's input; SwiGLU: gate and up, silu(gate), product
     mlp = e * (2 * ffn if c.mlp != "swiglu" else 4 * ffn)
     if not fused and not on_gpu:  # as the CPU's profile shows what the plain block keeps
@@ -496,9 +498,9 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
     else:
         parts = _measured_activations(cfg, c, run, per_layer, tokens, logits)
     parts[mp.ATTENTION] = _score_bytes(cfg, c, rows, on_gpu)
-    if c.per_layer_dim:  # Gemma 4's per-layer inputs, every layer's at once (fp32): looked
-        # up, projected and mixed
-        parts[mp.SAVED] = parts.get(mp.SAVED, 0) + 12 * c.n_layers * c.per_layer_dim * tokens
+    if inputs := per_layer_of(c).input_dim:  # Gemma 4's per-layer inputs, every layer's at
+        # once (fp32): looked up, projected and mixed
+        parts[mp.SAVED] = parts.get(mp.SAVED, 0) + 12 * c.n_layers * inputs * tokens
     if k := checkpointed(cfg, c, on_gpu):  # beside the checkpoints: the keys and values shared
         parts[mp.SAVED] = parts.get(mp.SAVED, 0) + _shared_kv_bytes(c, e, k) * tokens
     activations = sum(parts.values()) - logits  # the logits are their own row

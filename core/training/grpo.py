@@ -30,7 +30,7 @@ import torch
 from core.config.methods import grpo as declared
 from core.config.spec import TrainConfig
 from core.models import lora
-from core.models.loss import chunk_positions
+from core.models.loss import chunk_positions, token_logps
 from core.models.model import cache_bytes
 from core.platform.device import is_oom
 from core.runs.folder import drop_records_past
@@ -493,20 +493,21 @@ class GRPO(Objective):
         ref = None
         if cfg.grpo_beta != 0.0:
             with torch.no_grad():
-                ref, _ = self._logps(
-                    self._reference_model(run),
+                reference = self._reference_model(run)
+                ref, _, _ = self._logps(
+                    reference,
+                    reference,
                     run,
                     cfg,
                     roll,
                     targets,
                     no_adapters=self.reference is None,
                 )
-        logps, entropy = self._logps(run.train_model, run, cfg, roll, targets)
+        logps, entropy, penalty = self._logps(run.train_model, run.model, run, cfg, roll, targets)
         loss, kl, ratio = policy_loss(
             logps, logps.detach(), ref, roll.advantages, roll.completion_mask, cfg, roll.n_items
         )
-        penalty = run.model.aux_penalty()  # an MoE's load-balancing loss, where enabled
-        loss = loss if penalty is None else loss + penalty
+        loss = loss if penalty is None else loss + penalty  # an MoE's load-balancing loss
         m = roll.completion_mask.float()
         a = roll.advantages[:, None]
         low = ((ratio < 1 - cfg.epsilon) & (a < 0)).float()
@@ -527,11 +528,13 @@ class GRPO(Objective):
     def _reference_model(self, run: RunState):
         return self.reference if self.reference is not None else run.model
 
-    def _logps(self, model, run, cfg, roll: Rollout, targets, no_adapters: bool = False):
-        """The completion tokens' log-probs and entropies (n, C), from the model's own forward
-        (per_token: core.models.loss.token_logps's chunks, so the head never makes the whole
-        vocabulary's logits of every completion position at once). Under the sampling
-        temperature; greedy sampling (0) scores under the model's own distribution (1)."""
+    def _logps(self, model, gpt, run, cfg, roll: Rollout, targets, no_adapters: bool = False):
+        """The completion tokens' log-probs and entropies (n, C), and the MoE penalty or
+        None, from the model's own forward (model: what runs it, compiled or DDP-wrapped as
+        it trains; gpt: the model itself, whose head core.models.loss.token_logps takes a
+        chunk at a time, so the whole vocabulary's logits of every completion position never
+        exist at once). Under the sampling temperature; greedy sampling (0) scores under the
+        model's own distribution (1)."""
         width = roll.prompt_width
         # position t predicts token t + 1: the completion's predictions are from P - 1 on
         every = torch.zeros_like(roll.ids)
@@ -541,16 +544,11 @@ class GRPO(Objective):
         real = roll.segments != 0  # not the prompt's left padding, nor past the stop
         real[:, width:] &= roll.completion_mask
         with autocast(run.device, run.precision), _adapters_off(run.model, no_adapters):
-            _, (logps, entropy) = (run.model if no_adapters else model)(
-                roll.ids,
-                every,
-                mask,
-                segments=roll.segments,
-                per_token=True,
-                temperature=cfg.temperature or 1.0,
-                real=real,
-            )
-        return logps[:, width - 1 : -1], entropy[:, width - 1 : -1]
+            forward = run.model if no_adapters else model
+            hidden, penalty = forward(roll.ids, segments=roll.segments, real=real)
+            head = gpt.output_head()
+            logps, entropy = token_logps(head, hidden, every, mask, cfg.temperature or 1.0)
+        return logps[:, width - 1 : -1], entropy[:, width - 1 : -1], penalty
 
     def step_signals(self, sums: torch.Tensor | None) -> StepSignals:
         """The loss's sums, the sampling's metrics, and as the step's tokens (tokens/s) each

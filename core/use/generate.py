@@ -65,7 +65,7 @@ def generate_ids(
         window = tokens[start:]
         with torch.no_grad():
             if not use_cache:
-                logits, _ = model(torch.tensor([window], device=device))
+                logits = model.logits(torch.tensor([window], device=device))
                 logits = logits[:, -1]
             elif cache is None or cache_start != start:
                 ids = torch.tensor([window], device=device)

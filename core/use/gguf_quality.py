@@ -105,7 +105,7 @@ def model_shape(target: str | Path, which: str = "best"):
     if path.is_dir() and (path / "config.json").is_file() and not (path / "checkpoints").is_dir():
         return pretrained_shape(path)
     state = ckpt.load(checkpoint_path(path, which), mmap=True)
-    return GPTConfig(**state["model_config"])
+    return GPTConfig.from_dict(state["model_config"])
 
 
 def predicted_bytes(shape, quant: str) -> int:

@@ -110,7 +110,7 @@ def loglikelihood_tokens(
         size = max(1, min(64, LOGIT_BUDGET // max(1, longest * vocab)))
         batch = order[start : start + size]
         rows = [inputs[i] + [0] * (longest - len(inputs[i])) for i in batch]
-        logits, _ = model(torch.tensor(rows, device=device))
+        logits = model.logits(torch.tensor(rows, device=device))
         for row, i in enumerate(batch):
             cont = pairs[i][1]
             end = len(inputs[i])

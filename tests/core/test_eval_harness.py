@@ -416,8 +416,8 @@ def test_a_4_bit_lora_run_is_evaluated_as_it_trained(folder, tmp_path):
     trained.load_state_dict(ckpt.load(loaded.checkpoint)["model"], strict=False)
     ids = torch.tensor([scoring.tok_encode(loaded.tokenizer, TEXT[:200])[:32]])
     with torch.no_grad():
-        ours, theirs = loaded.model(ids)[0], trained.eval()(ids)[0]
-        plain = load(tmp_path / "run").model(ids)[0]  # the 32-bit base: not what trained
+        ours, theirs = loaded.model.logits(ids), trained.eval().logits(ids)
+        plain = load(tmp_path / "run").model.logits(ids)  # the 32-bit base: not what trained
     assert torch.allclose(ours, theirs, atol=1e-5)
     assert not torch.allclose(ours, plain, atol=1e-3)
     yaml_path, _ = task_yaml(tmp_path, "td_q4", ITEMS, 'doc_to_text: "{{context}}"\n' + MC)

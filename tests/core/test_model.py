@@ -16,7 +16,7 @@ def test_shapes_and_initial_loss_near_uniform_guess():
     model = make()
     idx = torch.randint(0, VOCAB_SIZE, (3, 16))
     targets = torch.randint(0, VOCAB_SIZE, (3, 16))
-    logits, _ = model(idx)
+    logits = model.logits(idx)
     assert logits.shape == (3, 16, VOCAB_SIZE)
     _, loss = model(idx, targets)
     assert abs(loss.item() - math.log(VOCAB_SIZE)) < 0.3
@@ -28,8 +28,8 @@ def test_attention_is_causal():
     idx = torch.randint(0, VOCAB_SIZE, (1, 16))
     changed = idx.clone()
     changed[0, 10] = (changed[0, 10] + 1) % VOCAB_SIZE
-    a, _ = model(idx)
-    b, _ = model(changed)
+    a = model.logits(idx)
+    b = model.logits(changed)
     assert torch.equal(a[0, :10], b[0, :10])
     assert not torch.equal(a[0, 10:], b[0, 10:])
 

@@ -28,15 +28,15 @@ def test_each_packed_example_gets_the_logits_it_gets_alone(arch):
         [torch.full((n,), i + 1) for i, n in enumerate([*lengths[:-1], 32 - sum(lengths[:-1])])]
     )[None]
     with torch.no_grad():
-        together = model(row, segments=segments)[0]
+        together = model.logits(row, segments=segments)
         start = 0
         for ids in examples:
-            alone = model(ids[None])[0]
+            alone = model.logits(ids[None])
             torch.testing.assert_close(
                 together[:, start : start + len(ids)], alone, rtol=1e-5, atol=1e-5
             )
             start += len(ids)
-        plain = model(row)[0]  # without segments, later examples see the earlier ones
+        plain = model.logits(row)  # without segments, later examples see the earlier ones
     assert (plain[:, 7:18] - together[:, 7:18]).abs().max() > 1e-3
 
 

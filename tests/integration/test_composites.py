@@ -50,7 +50,7 @@ def test_a_composite_trains_its_language_model_and_exports_the_whole_class(tmp_p
     ids = torch.tensor([tok(PROMPT)["input_ids"]])
     with torch.no_grad():  # text in: the language model alone gives the composite's logits
         before = model(input_ids=ids).logits
-        assert (load(tmp_path / "base").model(ids)[0] - before).abs().max() < 1e-5
+        assert (load(tmp_path / "base").model.logits(ids) - before).abs().max() < 1e-5
 
     (tmp_path / "text.txt").write_text(TEXT * 3, encoding="utf-8")
     cfg = tiny_config(
@@ -82,7 +82,7 @@ def test_a_composite_trains_its_language_model_and_exports_the_whole_class(tmp_p
     with torch.no_grad():
         want = merged(input_ids=ids).logits
         assert (want - before).abs().max() > 1e-3  # training changed the language model
-        ours = load(tmp_path / "run", "latest").model(ids)[0]
+        ours = load(tmp_path / "run", "latest").model.logits(ids)
         assert (ours - want).abs().max() < 1e-4
         adapted = PeftModel.from_pretrained(model, tmp_path / "peft").eval()
         assert (adapted(input_ids=ids).logits - want).abs().max() < 1e-4

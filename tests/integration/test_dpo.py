@@ -101,7 +101,7 @@ def direct_logps(model, x, y, mask) -> torch.Tensor:
     """Each row's answer log-probability from its own forward pass and full logits."""
     out = []
     for i in range(len(x)):
-        logits, _ = model(x[i : i + 1])
+        logits = model.logits(x[i : i + 1])
         logp = F.log_softmax(logits.float(), dim=-1)[0].gather(1, y[i][:, None])[:, 0]
         out.append((logp * mask[i]).sum())
     return torch.stack(out)
@@ -113,7 +113,7 @@ def test_loss_and_rewards_equal_a_direct_computation(lora_run):
     x, y, mask, pair_ids = t.data.pair_batch(starts, val=True)
     t.model.eval()
     with torch.no_grad():
-        _, batched = t.model(x, y, mask, per_sequence=True)
+        batched, _ = dpo.answer_logps(t.model, t.model, x, y, mask)
         policy = direct_logps(t.model, x, y, mask)
         with lora.adapters_disabled(t.model):
             ref = direct_logps(t.model, x, y, mask)
@@ -137,8 +137,8 @@ def test_adapters_off_reproduce_the_starting_models_log_probs_exactly(setup, lor
     base = load(setup[1].init_from).model
     with torch.no_grad(), lora.adapters_disabled(t.model):
         t.model.eval()
-        _, off = t.model(x, y, mask, per_sequence=True)
-        _, start = base(x, y, mask, per_sequence=True)
+        off, _ = dpo.answer_logps(t.model, t.model, x, y, mask)
+        start, _ = dpo.answer_logps(base, base, x, y, mask)
     assert torch.equal(off, start)
 
 
@@ -252,9 +252,9 @@ def test_sft_then_dpo_starts_from_the_sft_model(setup, tmp_path):
     assert base_eval["val_loss"] == pytest.approx(math.log(2), abs=1e-6)
     ids = torch.tensor([[5, 9, 17, 33, 2, 40, 41]])
     with torch.no_grad(), lora.adapters_disabled(dpo_run.model):
-        torch.testing.assert_close(dpo_run.model(ids)[0], sft(ids)[0], atol=1e-5, rtol=0)
+        torch.testing.assert_close(dpo_run.model.logits(ids), sft.logits(ids), atol=1e-5, rtol=0)
     plain = load(cfg.init_from).model  # the SFT model is not the original base
-    assert not torch.allclose(sft(ids)[0], plain(ids)[0], atol=1e-4)
+    assert not torch.allclose(sft.logits(ids), plain.logits(ids), atol=1e-4)
 
 
 @pytest.mark.parametrize(

@@ -44,7 +44,7 @@ def assert_equal_to_transformers(folder, hf_model, tok, n_new: int = 10):
         x = torch.tensor([ids[:n]])
         with torch.no_grad():
             ref = hf_model(x).logits
-        ours, _ = loaded.model(x)
+        ours = loaded.model.logits(x)
         assert (ref - ours).abs().max().item() < 1e-5, n
     expected = hf_greedy(hf_model, ids[:12], n_new)
     for cache in (True, False):
@@ -180,7 +180,7 @@ def test_lora_on_a_4_bit_base_resumes_bitwise_and_peft_equals_the_merged_export(
         assert (adapted(ids).logits - want).abs().max() < 1e-4
         # The merged export is the original weights plus B A: TrainDeck's own model with
         # the dequantized base differs from it only by the 4-bit rounding.
-        ours = load(tmp_path / "straight", "latest").model(ids)[0]
+        ours = load(tmp_path / "straight", "latest").model.logits(ids)
         assert (ours - want).abs().max() < 0.1
 
 
@@ -232,7 +232,7 @@ def test_a_256k_vocabulary_goes_through_the_chunked_loss_with_soft_capping():
     model = GPT(c)
     x = torch.randint(0, c.vocab_size, (2, 32))
     y = torch.randint(0, c.vocab_size, (2, 32))
-    logits, _ = model(x)
+    logits = model.logits(x)
     plain = torch.nn.functional.cross_entropy(logits.reshape(-1, c.vocab_size), y.reshape(-1))
     _, chunked = model(x, y)
     assert abs(plain.item() - chunked.item()) < 1e-5
@@ -402,6 +402,6 @@ def test_packed_examples_score_as_they_would_alone(tmp_path, family):
     assert len(a) < 8 < len(a) + len(b)  # each under the original context, together over
     segments = torch.tensor([[0] * len(a) + [1] * len(b)])
     with torch.no_grad():
-        packed, _ = model(torch.tensor([a + b]), segments=segments)
-        alone = torch.cat([model(torch.tensor([a]))[0], model(torch.tensor([b]))[0]], dim=1)
+        packed = model.logits(torch.tensor([a + b]), segments=segments)
+        alone = torch.cat([model.logits(torch.tensor([a])), model.logits(torch.tensor([b]))], dim=1)
     assert (packed - alone).abs().max() < 1e-5

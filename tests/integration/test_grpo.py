@@ -197,18 +197,18 @@ def test_batched_kv_cache_sampling_decodes_and_scores_as_each_prompt_alone(model
     for i, p in enumerate(prompts):
         ids = list(p)
         for _ in range(5):
-            logits, _ = model(torch.tensor([ids]))
+            logits = model.logits(torch.tensor([ids]))
             ids.append(int(logits[0, -1].argmax()))
         assert out[i].tolist() == ids[len(p) :], i
     assert mask.all()  # no stop token given: every completion runs to its length
     # The training pass over the padded batch gives each row its own log-probs.
     ids, valid = grpo.left_padded(prompts, 0)
-    batched, _ = model(
+    batched = model.logits(
         torch.cat((ids, out), 1),
         segments=torch.cat((valid, torch.ones_like(out, dtype=torch.bool)), 1).long(),
     )
     for i, p in enumerate(prompts):
-        alone, _ = model(torch.tensor([p + out[i].tolist()]))
+        alone = model.logits(torch.tensor([p + out[i].tolist()]))
         want = torch.log_softmax(alone[0, len(p) - 1 : -1], -1)
         got = torch.log_softmax(batched[i, ids.shape[1] - 1 : -1], -1)
         assert torch.allclose(got, want, atol=1e-5), i
@@ -565,7 +565,7 @@ def test_the_loss_equals_trls_own_on_the_same_model_and_completions(model_dir, t
         grpo_config(model_dir, grpo_beta=0.04, loss_type=loss_type, max_completion_tokens=5), pre
     )
     ours = build_model(cfg, pre, torch.device("cpu"), "fp32", lambda m: None)
-    logits, _ = ours(torch.cat((prompts, completions), 1))
+    logits = ours.logits(torch.cat((prompts, completions), 1))
     logps, _ = plain_token_logps(logits[:, 5:-1], completions, 1.0)
     loss, _, _ = grpo.policy_loss(logps, logps.detach(), ref, adv, mask, cfg, float(mask.sum()))
     assert float(loss.detach()) == pytest.approx(want, rel=1e-5, abs=1e-6)

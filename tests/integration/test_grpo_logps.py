@@ -56,7 +56,7 @@ def test_chunked_logps_entropy_and_gradients_equal_the_whole_logits_ones(
         return logps.detach() * mask, entropy.detach() * mask, grads
 
     def plain():
-        logits, _ = model(ids, segments=segments)
+        logits = model.logits(ids, segments=segments)
         return plain_token_logps(logits[:, width - 1 : -1], targets, cfg.temperature)
 
     sizes = []  # positions of each logits block the head makes (vocabulary-wide rows)

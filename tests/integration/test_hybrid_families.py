@@ -84,7 +84,7 @@ def test_logits_past_a_chunk_and_generation_from_the_state_with_padding(qwen35):
     rows = torch.tensor([ids[:80], ids[7:87]])  # 80 tokens: past a chunk of 64
     with torch.no_grad():
         want = hf_model(rows).logits
-    got, _ = model(rows)
+    got = model.logits(rows)
     assert (got - want).abs().max().item() < 1e-5
     # A left-padded and a right-padded row of 70 and 60 tokens, then 10 tokens one at a
     # time from the cache: each row's logits as its own full forward gives them.
@@ -112,7 +112,7 @@ def test_flash_linear_attention_runs_the_rule_where_it_imports(qwen35, monkeypat
     folder, _, tok = qwen35
     model = load(folder).model
     x = torch.tensor([tok(TEXT)["input_ids"][:20]])
-    want, _ = model(x)
+    want = model.logits(x)
     calls = []
 
     def chunk(q, k, v, g, beta, scale, initial_state, output_final_state, **kw):
@@ -131,7 +131,7 @@ def test_flash_linear_attention_runs_the_rule_where_it_imports(qwen35, monkeypat
     cuda = torch.device("cuda")
     assert deltanet.kernel_line(model.config, cuda) is None  # fla there: no line
     monkeypatch.setattr(deltanet, "KERNEL_DEVICES", ("cpu", "cuda"))
-    got, _ = model(x)
+    got = model.logits(x)
     assert (got - want).abs().max() < 1e-5
     assert calls[0] == ("chunk", (1, 20, 4, 8), 8**-0.5, {"use_qk_l2norm_in_kernel": True})
     assert len(calls) == 3  # each DeltaNet layer once

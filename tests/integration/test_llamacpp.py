@@ -37,7 +37,7 @@ def llama_cpp_agrees(target, out, prompt: str, n_new: int = 12):
     llm.eval(ids)
     theirs = np.array(llm.scores[: len(ids)])
     with torch.no_grad():
-        ours = loaded.model(torch.tensor([ids]))[0][0].numpy()
+        ours = loaded.model.logits(torch.tensor([ids]))[0].numpy()
     # llama.cpp computes attention with its own kernels: close, not bit-equal
     assert np.abs(theirs - ours).max() < 0.05 * max(1.0, np.abs(ours).std())
     expected = list(generate_ids(loaded.model, ids, n_new, temperature=0))
@@ -287,7 +287,7 @@ def test_gpt_oss_mxfp4_experts_are_llama_cpps_bytes(tmp_path):
     loaded = load(tmp_path / "model")
     with torch.no_grad():
         dequantized = dequantized_model(loaded, ours)(torch.tensor([ids]))[0][0].numpy()
-        plain = loaded.model(torch.tensor([ids]))[0][0].numpy()
+        plain = loaded.model.logits(torch.tensor([ids]))[0].numpy()
     llm = llama_cpp.Llama(
         str(ours), n_ctx=64, logits_all=True, n_threads=1, type_k=0, type_v=0, verbose=False
     )
@@ -344,8 +344,8 @@ def test_gguf_lora_adapter_on_its_base_equals_the_merged_model(tmp_path, family)
     loaded = load(tmp_path / "run")
     ids = prompt_ids(loaded.tokenizer, "def add(a, b): hello world")
     with torch.no_grad():
-        ours = loaded.model(torch.tensor([ids]))[0][0].numpy()  # adapters applied
-        base = load(tmp_path / "base").model(torch.tensor([ids]))[0][0].numpy()
+        ours = loaded.model.logits(torch.tensor([ids]))[0].numpy()  # adapters applied
+        base = load(tmp_path / "base").model.logits(torch.tensor([ids]))[0].numpy()
     assert np.abs(ours - base).max() > 0.05  # the adapter changed something
     llm = llama_cpp.Llama(
         str(tmp_path / "base-gguf" / "model.gguf"),

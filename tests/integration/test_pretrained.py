@@ -57,7 +57,7 @@ def test_logits_and_greedy_text_equal_transformers(models, family):
     ids = tok("def add(a, b): hello world 12")["input_ids"]
     with torch.no_grad():
         ref = hf_model(torch.tensor([ids])).logits
-    ours, _ = loaded.model(torch.tensor([ids]))
+    ours = loaded.model.logits(torch.tensor([ids]))
     assert (ref - ours).abs().max().item() < 1e-4
     expected = hf_greedy(hf_model, ids, 12)
     for cache in (True, False):  # the KV-cache path agrees with the full forward
@@ -264,8 +264,8 @@ def test_a_pickled_only_folder_loads_plain_weights_and_refuses_code(models, tmp_
     (folder / "model.safetensors").unlink()
     torch.save(state, folder / "pytorch_model.bin")  # plain tensors: weights_only reads them
     ids = torch.tensor([[5, 6, 7, 8]])
-    expected, _ = load(models["gpt2"][0]).model(ids)
-    assert torch.equal(load(folder).model(ids)[0], expected)
+    expected = load(models["gpt2"][0]).model.logits(ids)
+    assert torch.equal(load(folder).model.logits(ids), expected)
 
     class Payload:  # a pickle that would need code to load
         def __reduce__(self):

@@ -84,7 +84,7 @@ def test_step_zero_logits_are_the_dequantized_models(setup):
             plain.get_submodule(name).weight.data = quant.dequantized_weight(m)
     idx = torch.randint(0, model.config.vocab_size, (2, 16))
     with torch.no_grad():
-        ours, theirs = model(idx)[0], plain(idx)[0]
+        ours, theirs = model.logits(idx), plain.logits(idx)
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
 
 
@@ -117,7 +117,7 @@ def test_the_merged_export_uses_the_original_weights_and_loads_in_transformers(s
     merged = load(tmp_path / "run").model  # the 16-bit base from the folder, adapters merged
     idx = torch.randint(0, merged.config.vocab_size, (1, 16))
     with torch.no_grad():
-        theirs, ours, trained = hf(idx).logits, merged(idx)[0], trainer.model.eval()(idx)[0]
+        theirs, ours, trained = hf(idx).logits, merged.logits(idx), trainer.model.eval().logits(idx)
     torch.testing.assert_close(theirs, ours, rtol=1e-4, atol=1e-4)
     # What 4 bits cost: the training view against the merged full-precision export.
     error = (trained - ours).pow(2).mean().sqrt() / ours.pow(2).mean().sqrt()

@@ -9,7 +9,7 @@ MoE block (core.models.moe's rms_softmax_topk router beside a dense MLP)."""
 from __future__ import annotations
 
 from core.models.model import GPTConfig
-from core.models.per_layer import kv_source, table_params
+from core.models.per_layer import PerLayer, kv_source, table_params
 from core.weights.families.base import Family, Row, UnsupportedModel, layer_types, sparse_layers
 
 STOPS = ("<turn|>", "<eos>")  # Gemma 4's chat template: <|turn>user ... <turn|>
@@ -135,18 +135,20 @@ def config(hf: dict, source: str) -> GPTConfig:
         layer_types=types,
         **rope_settings(hf, source),
         qk_norm=True,
-        v_norm=True,
         logit_softcap=hf.get("final_logit_softcapping"),
         tie_embeddings=bool(hf.get("tie_word_embeddings", True)),
         moe=moe(hf, source),
-        per_layer_dim=hf.get("hidden_size_per_layer_input") or None,
-        per_layer_vocab=hf.get("vocab_size_per_layer_input") or hf["vocab_size"],
-        full_head_dim=full_head,
-        full_kv_heads=full_kv,
-        k_eq_v=bool(hf.get("attention_k_eq_v", False)),
-        kv_shared_layers=shared,
-        wide_shared_mlp=bool(hf.get("use_double_wide_mlp", False)),
-        layer_scalar=True,
+        per_layer=PerLayer(
+            input_dim=hf.get("hidden_size_per_layer_input") or None,
+            input_vocab=hf.get("vocab_size_per_layer_input") or hf["vocab_size"],
+            full_head_dim=full_head,
+            full_kv_heads=full_kv,
+            k_eq_v=bool(hf.get("attention_k_eq_v", False)),
+            v_norm=True,
+            kv_shared_layers=shared,
+            wide_shared_mlp=bool(hf.get("use_double_wide_mlp", False)),
+            layer_scalar=True,
+        ),
     )
     try:
         [kv_source(c, i) for i in range(n)]
@@ -160,7 +162,7 @@ def table(c: GPTConfig) -> list[Row]:
         ("tok_emb.weight", ["model.embed_tokens.weight"], False),
         ("ln_f.weight", ["model.norm.weight"], False),
     ]
-    if c.per_layer_dim:
+    if c.per_layer.input_dim:
         rows += [
             ("per_layer_inputs.table.weight", ["model.embed_tokens_per_layer.weight"], False),
             ("per_layer_inputs.proj.weight", ["model.per_layer_model_projection.weight"], False),
@@ -188,7 +190,7 @@ def layer_rows(c: GPTConfig, i: int, sparse: bool) -> list[Row]:
         (b + "attn.proj.bias", [a + "o_proj.bias"], False),
     ]
     own_kv = kv_source(c, i) is None
-    k_eq_v = c.k_eq_v and not (c.layer_types and c.layer_types[i] == "sliding_attention")
+    k_eq_v = c.per_layer.k_eq_v and not (c.layer_types and c.layer_types[i] == "sliding_attention")
     parts = "q" if not own_kv else ("qk" if k_eq_v else "qkv")
     for kind in ("weight", "bias"):
         rows.append((b + f"attn.qkv.{kind}", [a + f"{x}_proj.{kind}" for x in parts], False))
@@ -199,7 +201,7 @@ def layer_rows(c: GPTConfig, i: int, sparse: bool) -> list[Row]:
         (m + "fc.weight", [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"], False),
         (m + "proj.weight", [p + "mlp.down_proj.weight"], False),
     ]
-    if c.per_layer_dim:
+    if c.per_layer.input_dim:
         rows += [
             (b + "per_layer.gate.weight", [p + "per_layer_input_gate.weight"], False),
             (b + "per_layer.up.weight", [p + "per_layer_projection.weight"], False),
@@ -235,12 +237,12 @@ def gguf_rename(hf_name: str) -> str | None:
 def gguf_hparams(writer, c: GPTConfig) -> None:
     """Per-layer shapes: sliding pattern, the full layers' head size, kv heads and rotary
     dimensions apart from the sliding layers', shared kv layers, per-layer input width."""
-    sliding = [t == "sliding_attention" for t in c.layer_types]
-    full_head = c.full_head_dim or c.head_dim
+    sliding, p = [t == "sliding_attention" for t in c.layer_types], c.per_layer
+    full_head = p.full_head_dim or c.head_dim
     writer.add_sliding_window(c.sliding_window)
     writer.add_sliding_window_pattern(sliding)
-    writer.add_shared_kv_layers(c.kv_shared_layers)
-    writer.add_embedding_length_per_layer_input(c.per_layer_dim or 0)
+    writer.add_shared_kv_layers(p.kv_shared_layers)
+    writer.add_embedding_length_per_layer_input(p.input_dim or 0)
     writer.add_key_length(full_head)
     writer.add_value_length(full_head)
     writer.add_key_length_swa(c.head_dim)
@@ -248,13 +250,13 @@ def gguf_hparams(writer, c: GPTConfig) -> None:
     writer.add_rope_dimension_count(full_head)  # proportional: rope_freqs keeps the rest still
     writer.add_rope_dimension_count_swa(c.head_dim)
     writer.add_rope_freq_base_swa(c.rope_local_theta)
-    if c.wide_shared_mlp:
-        first = c.n_layers - c.kv_shared_layers
+    if p.wide_shared_mlp:
+        first = c.n_layers - p.kv_shared_layers
         writer.add_feed_forward_length(
             [c.ffn_dim * (2 if i >= first else 1) for i in range(c.n_layers)]
         )
-    if c.full_kv_heads:
-        writer.add_head_count_kv([c.n_kv_heads if s else c.full_kv_heads for s in sliding])
+    if p.full_kv_heads:
+        writer.add_head_count_kv([c.n_kv_heads if s else p.full_kv_heads for s in sliding])
     if c.logit_softcap:
         writer.add_final_logit_softcapping(c.logit_softcap)
 
@@ -267,7 +269,7 @@ def gguf_extra(c: GPTConfig) -> dict:
     scaling = c.rope_scaling or {}
     if scaling.get("rope_type") != "proportional":
         return {}
-    half = (c.full_head_dim or c.head_dim) // 2
+    half = (c.per_layer.full_head_dim or c.head_dim) // 2
     turning = int(scaling["partial_rotary_factor"] * half)
     values = [1.0] * turning + [1e30] * (half - turning)
     return {"rope_freqs.weight": torch.tensor(values, dtype=torch.float32)}
@@ -279,8 +281,9 @@ def gguf_check(c: GPTConfig) -> str | None:
             "llama.cpp's gemma4 gives sliding layers RoPE base 10000, this model "
             f"{c.rope_local_theta:g}"
         )
-    first = c.n_layers - c.kv_shared_layers
-    if c.kv_shared_layers and c.layer_types[first - 2 : first] != SHARED_FROM:
+    shared = c.per_layer.kv_shared_layers
+    first = c.n_layers - shared
+    if shared and c.layer_types[first - 2 : first] != SHARED_FROM:
         return (
             "llama.cpp's gemma4 takes shared keys and values from the two layers before the "
             "shared ones, a sliding then a full-attention layer; this model's layer_types differ"
@@ -297,12 +300,12 @@ def form(c: GPTConfig) -> str:
     parts = []
     if c.moe:
         parts.append(f"MoE: {c.moe['n_experts']} experts, top {c.moe['top_k']}")
-    if c.per_layer_dim:
+    if c.per_layer.input_dim:
         table = table_params(c)
         size = f"{table / 1e9:.2f}B" if table >= 1e9 else f"{table / 1e6:.1f}M"
         parts.append(f"per-layer inputs: a {size}-parameter table, looked up, frozen under LoRA")
-    if c.kv_shared_layers:
-        parts.append(f"{c.kv_shared_layers} layers sharing keys and values")
+    if c.per_layer.kv_shared_layers:
+        parts.append(f"{c.per_layer.kv_shared_layers} layers sharing keys and values")
     return ", ".join(parts)
 
 
