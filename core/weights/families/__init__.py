@@ -37,9 +37,9 @@ from core.weights.families import (
     qwen3_moe,
     smollm3,
 )
-from core.weights.families.base import ROPE_TYPES, Family, Row, UnsupportedModel
+from core.weights.families.base import ROPE_TYPES, Family, Projector, Row, UnsupportedModel
 
-__all__ = ["ROPE_TYPES", "Family", "Row", "UnsupportedModel"]
+__all__ = ["ROPE_TYPES", "Family", "Projector", "Row", "UnsupportedModel"]
 
 FAMILIES: dict[str, Family] = {
     m.FAMILY.name: m.FAMILY
@@ -67,11 +67,21 @@ SUPPORTED = tuple(FAMILIES)
 # config.json model_type -> family (a composite's: its text_config's, core.weights.composite)
 _BY_MODEL_TYPE = {t: f for f in FAMILIES.values() for t in (f.name, *f.model_types)}
 GGUF_ARCH = {name: f.gguf_arch for name, f in FAMILIES.items()}
+# composite class -> how llama.cpp's converter writes its towers (the family's projector)
+PROJECTORS = {
+    cls: f.projector for f in FAMILIES.values() if f.projector for cls in f.projector.classes
+}
 HF_ARCH = {name: f.hf_arch for name, f in FAMILIES.items()}
 
 
 def get(family: str) -> Family:
     return FAMILIES[family]
+
+
+def projector(hf: dict) -> Projector | None:
+    """The projector file's writer of a composite config.json's towers (None: llama.cpp's
+    converter writes none for its class)."""
+    return PROJECTORS.get(class_name(hf))
 
 
 def display_list() -> str:

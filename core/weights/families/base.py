@@ -10,11 +10,40 @@ from core.errors import UserError
 from core.models.model import GPTConfig
 
 Row = tuple[str, list[str], bool]  # (our name, [Hugging Face names], transposed)
+# the endings gguf's tensor map tries on a projector's tensor names
+PROJECTOR_SUFFIXES = (".weight", ".bias", ".input_max", ".input_min", ".output_max", ".output_min")
 ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
 
 class UnsupportedModel(UserError):
     pass
+
+
+@dataclass(frozen=True)
+class Projector:
+    """How llama.cpp's converter (convert_hf_to_gguf.py's MmprojModel subclasses) writes the
+    towers of a family's composites into the projector file (core.use.mmproj): llama.cpp's
+    projector types, the class's own metadata, its tensors under llama.cpp's names, those
+    kept in f32."""
+
+    classes: tuple[str, ...]  # the composite classes (architectures) it is written for
+    vision: str  # clip projector type of the vision tower
+    params: Callable  # (gguf writer, composite config.json, vision config, preprocessor) -> None
+    tensors: Callable  # (name, tensor, tensor map, vision config) -> (gguf name, tensor)...
+    f32: Callable[[str], bool] = lambda name: False  # forced f32 (the converter's force_quant)
+    audio: str | None = None  # clip projector type of the audio tower, where llama.cpp has one
+    is_audio: Callable[[str], bool] = lambda name: False  # a tensor of the audio tower
+    vision_config: Callable[[dict], dict] = lambda v: v  # the converter's renamed fields
+    # vision config -> what llama.cpp would run otherwise (a shape its graph fixes), or None
+    problem: Callable[[dict], str | None] = lambda v: None
+
+
+def gguf_tensor_name(kind, suffix: str, index: int | None = None) -> str:
+    """gguf's name of a tensor kind (gguf.MODEL_TENSOR), of block index where it has one."""
+    import gguf
+
+    base = gguf.TENSOR_NAMES[kind]
+    return (base.format(bid=index) if index is not None else base) + suffix
 
 
 @dataclass(frozen=True)
@@ -56,6 +85,8 @@ class Family:
     gguf_fused_gate_up: bool = False
     # a Hugging Face name gguf's own map lacks -> llama.cpp's name, or None (Gemma 4's router)
     gguf_rename: Callable[[str], str | None] | None = None
+    # its composites' towers in llama.cpp's projector file (mmproj), where the converter has one
+    projector: Projector | None = None
 
 
 def moe_options(hf: dict, source: str, n_experts: int, sparse: list[int], **extra) -> dict:

@@ -6,8 +6,19 @@ vision tower is kept."""
 
 from __future__ import annotations
 
+import re
+
+import torch
+
 from core.models.model import GPTConfig
-from core.weights.families.base import Family, add_one_to_norms, check_window_pattern, rope
+from core.weights.families.base import (
+    PROJECTOR_SUFFIXES,
+    Family,
+    Projector,
+    add_one_to_norms,
+    check_window_pattern,
+    rope,
+)
 from core.weights.families.gemma2 import STOPS, check_scale, gemma_options, gguf_hparams, table
 
 # Gemma3TextConfig's defaults: the multimodal checkpoints' text_config leaves many out.
@@ -61,6 +72,38 @@ def gguf_check(c: GPTConfig) -> str | None:
     return check_scale(c, 62, "gemma3") or check_window_pattern(c, 6, "gemma3")
 
 
+# -- the projector file: SigLIP and the gemma3 projector (the converter's Gemma3VisionModel) --
+
+
+def projector_params(w, hf: dict, vision: dict, pre: dict) -> None:
+    w.add_vision_attention_layernorm_eps(vision.get("layer_norm_eps", 1e-6))
+    w.add_vision_use_gelu(True)
+    per_side = int(pre.get("image_seq_length", 256) ** 0.5)
+    scale = (vision["image_size"] // vision["patch_size"]) // per_side
+    if scale > 0 and scale != 4:  # llama.cpp's default pools 4x4 patches into a token
+        w.add_vision_projector_scale_factor(scale)
+
+
+def projector_tensors(name: str, t: torch.Tensor, tmap, vision: dict):
+    # transformers 5 names (model.vision_tower.*, vision_tower.embeddings.*) as released
+    name = re.sub(r"^model\.", "", name)
+    name = re.sub(r"^vision_tower\.(?!vision_model\.)", "vision_tower.vision_model.", name)
+    if ".head." in name or not name.startswith(("multi_modal_projector.", "vision_tower.")):
+        return
+    name = name.replace("_weight", ".weight")
+    if "soft_emb_norm.weight" in name:  # Gemma's (1 + w) RMSNorm, stored as llama.cpp reads it
+        t = t + 1
+    yield tmap.get_name(name, try_suffixes=PROJECTOR_SUFFIXES), t
+
+
+PROJECTOR = Projector(
+    classes=("Gemma3ForConditionalGeneration",),
+    vision="gemma3",
+    params=projector_params,
+    tensors=projector_tensors,
+    f32=lambda name: ".embeddings." in name,
+)
+
 FAMILY = Family(
     name="gemma3",
     display="Gemma 3",
@@ -74,4 +117,5 @@ FAMILY = Family(
     gguf_tensor=add_one_to_norms,
     gguf_hparams=gguf_hparams,
     gguf_check=gguf_check,
+    projector=PROJECTOR,
 )

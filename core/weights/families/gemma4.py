@@ -8,9 +8,19 @@ MoE block (core.models.moe's rms_softmax_topk router beside a dense MLP)."""
 
 from __future__ import annotations
 
+import torch
+
 from core.models.model import GPTConfig
 from core.models.per_layer import PerLayer, kv_source, table_params
-from core.weights.families.base import Family, Row, UnsupportedModel, layer_types, sparse_layers
+from core.weights.families.base import (
+    PROJECTOR_SUFFIXES,
+    Family,
+    Projector,
+    Row,
+    UnsupportedModel,
+    layer_types,
+    sparse_layers,
+)
 
 STOPS = ("<turn|>", "<eos>")  # Gemma 4's chat template: <|turn>user ... <turn|>
 LAYER_KEYS = ("head_dim", "num_key_value_heads")  # what per_layer_config may set
@@ -319,6 +329,62 @@ def notes(hf: dict) -> list[str]:
     return [f"Gemma 4 ({described})"] if described else []
 
 
+# -- the projector file: its vision and audio towers (the converter's Gemma4VisionAudioModel) --
+
+
+def projector_params(w, hf: dict, vision: dict, pre: dict) -> None:
+    w.add_vision_attention_layernorm_eps(vision.get("layer_norm_eps", 1e-6))
+    audio = hf.get("audio_config")
+    if audio:
+        w.add_audio_num_mel_bins(audio.get("input_feat_size", 128))
+        w.add_audio_attention_layernorm_eps(1e-5)
+
+
+def is_audio(name: str) -> bool:
+    return "audio_tower" in name or "embed_audio" in name
+
+
+def projector_tensors(name: str, t: torch.Tensor, tmap, vision: dict):
+    if t.dim() == 0:  # the clipped linears' scalar bounds
+        t = t.unsqueeze(0)
+    if is_audio(name):
+        name = name.replace("model.audio_tower.", "conformer.").replace(".linear.", ".")
+        if name.endswith(("per_dim_key_scale", "per_dim_scale")):
+            name, t = name + ".weight", torch.nn.functional.softplus(t)
+        if "lconv1d.depthwise_conv1d" in name and name.endswith(".weight"):
+            t = t.reshape(t.shape[0], t.shape[2])
+    else:
+        name = name.replace("model.vision_tower.encoder.", "vision_model.model.")
+        name = name.replace(".linear.weight", ".weight")
+        if name.endswith(("layer_scalar", "position_embedding_table")):
+            name += ".weight"
+        if name.endswith("patch_embedder.input_proj.weight"):  # [n, p*p*3] -> [n, 3, p, p]
+            n, flat = t.shape
+            p = int((flat // 3) ** 0.5)
+            t = t.reshape(n, p, p, 3).permute(0, 3, 1, 2).contiguous()
+    yield tmap.get_name(name, try_suffixes=PROJECTOR_SUFFIXES), t
+
+
+def projector_problem(vision: dict) -> str | None:
+    k = vision.get("pooling_kernel_size", 3)
+    return None if k == 3 else f"llama.cpp's gemma4v pools 3x3 patches, this tower {k}x{k}"
+
+
+PROJECTOR = Projector(
+    classes=("Gemma4ForConditionalGeneration",),
+    vision="gemma4v",
+    audio="gemma4a",
+    params=projector_params,
+    tensors=projector_tensors,
+    f32=lambda name: (
+        ("position_embedding_table" in name)
+        or (is_audio(name) and (".conv" in name or "_conv" in name) and ".weight" in name)
+    ),
+    is_audio=is_audio,
+    vision_config=lambda v: {**v, "image_size": 224},  # the converter's: llama.cpp ignores it
+    problem=projector_problem,
+)
+
 FAMILY = Family(
     name="gemma4",
     model_types=("gemma4_text",),
@@ -336,4 +402,5 @@ FAMILY = Family(
     gguf_check=gguf_check,
     gguf_rename=gguf_rename,
     gguf_fused_gate_up=True,
+    projector=PROJECTOR,
 )

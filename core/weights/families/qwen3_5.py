@@ -10,8 +10,11 @@ import torch
 
 from core.models.model import LINEAR, GPTConfig, is_linear, layer_types_problem
 from core.weights.families.base import (
+    PROJECTOR_SUFFIXES,
     Family,
+    Projector,
     UnsupportedModel,
+    gguf_tensor_name,
     llama_options,
     llama_table,
     partial_rotary,
@@ -172,6 +175,78 @@ def gguf_rename(hf_name: str) -> str | None:
     return None
 
 
+# -- the projector file: the Qwen3-VL vision tower and merger (the converter's Qwen3VLVisionModel)
+
+
+def projector_vision(vision: dict) -> dict:
+    size = vision.get("image_size") or int(
+        vision.get("num_position_embeddings", 2304) ** 0.5 * vision.get("patch_size", 16)
+    )
+    return {
+        **vision,
+        "image_size": size,
+        "num_attention_heads": vision.get("num_heads"),
+        "num_hidden_layers": vision.get("depth"),
+    }
+
+
+def projector_params(w, hf: dict, vision: dict, pre: dict) -> None:
+    w.add_vision_use_gelu(True)
+    if vision.get("spatial_merge_size") is not None:
+        w.add_vision_spatial_merge_size(int(vision["spatial_merge_size"]))
+    w.add_vision_attention_layernorm_eps(hf.get("text_config", {}).get("rms_norm_eps", 1e-6))
+    deep = [False] * int(vision["num_hidden_layers"] or 0)
+    for i in vision.get("deepstack_visual_indexes", []):
+        deep[i] = True
+    if deep:
+        w.add_vision_is_deepstack_layers(deep)
+
+
+def projector_tensors(name: str, t: torch.Tensor, tmap, vision: dict):
+    import gguf
+
+    name = name.replace("model.visual.", "visual.", 1)
+    if not name.startswith("visual."):
+        return
+    if name.startswith("visual.deepstack_merger_list."):
+        i, rest = name.split(".", 3)[2:]
+        kind = {"norm": "V_DS_NORM", "linear_fc1": "V_DS_FC1", "linear_fc2": "V_DS_FC2"}
+        part, suffix = rest.split(".", 1)
+        layer = vision.get("deepstack_visual_indexes", [])[int(i)]
+        yield gguf_tensor_name(getattr(gguf.MODEL_TENSOR, kind[part]), f".{suffix}", layer), t
+    elif name.startswith("visual.merger."):
+        part, suffix = name.split(".", 2)[2].split(".", 1)
+        if part == "norm":
+            yield gguf_tensor_name(gguf.MODEL_TENSOR.V_POST_NORM, f".{suffix}"), t
+        else:  # linear_fc1, linear_fc2 -> mm.0, mm.2 (Qwen2-VL's numbering)
+            index = {"linear_fc1": 0, "linear_fc2": 2}[part]
+            yield gguf_tensor_name(gguf.MODEL_TENSOR.V_MMPROJ, f".{suffix}", index), t
+    elif name == "visual.patch_embed.proj.weight":  # Conv3D over 2 frames -> two Conv2Ds
+        if t.shape[2] != 2:
+            raise UnsupportedModel("mmproj: llama.cpp reads a temporal patch size of 2 only")
+        base = gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.V_ENC_EMBD_PATCH] + ".weight"
+        yield base, t[:, :, 0]
+        yield base + ".1", t[:, :, 1]
+    elif name == "visual.patch_embed.proj.bias":
+        yield gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.V_ENC_EMBD_PATCH] + ".bias", t
+    else:
+        yield tmap.get_name(name, try_suffixes=PROJECTOR_SUFFIXES), t
+
+
+def projector_problem(vision: dict) -> str | None:
+    t = vision.get("temporal_patch_size", 2)
+    return None if t == 2 else f"llama.cpp's qwen3vl reads a temporal patch of 2, this tower {t}"
+
+
+PROJECTOR = Projector(
+    classes=("Qwen3_5ForConditionalGeneration",),
+    vision="qwen3vl_merger",
+    params=projector_params,
+    tensors=projector_tensors,
+    problem=projector_problem,
+    vision_config=projector_vision,
+)
+
 FAMILY = Family(
     name="qwen3_5",
     display="Qwen3.5",
@@ -187,4 +262,5 @@ FAMILY = Family(
     gguf_rename=gguf_rename,
     chat_format="qwen3_5",
     stops=("<|im_end|>",),
+    projector=PROJECTOR,
 )

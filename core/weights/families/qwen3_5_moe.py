@@ -56,4 +56,8 @@ FAMILY = Family(
     gguf_rename=qwen3_5.gguf_rename,
     chat_format="qwen3_5",
     stops=("<|im_end|>",),
+    # Qwen3.5's vision tower and merger, in its own composite class
+    projector=dataclasses.replace(
+        qwen3_5.PROJECTOR, classes=("Qwen3_5MoeForConditionalGeneration",)
+    ),
 )
