@@ -5,6 +5,7 @@ import torch
 
 from core.models.model import GPT, VOCAB_SIZE, GPTConfig
 from core.models.params import param_count
+from core.models.per_layer import PerLayer
 
 
 def make(**kw):
@@ -95,3 +96,56 @@ def test_generate_uses_its_own_generator():
     g = torch.Generator().manual_seed(1)
     again = model.generate(torch.zeros(1, 4, dtype=torch.long), 20, g)
     assert torch.equal(out, again)
+
+
+GEMMA4_SHAPE = {"layer_types": ["sliding_attention", "full_attention"] * 2, "sliding_window": 4}
+# Gemma 4's options as runs saved them before they became GPTConfig.per_layer
+FLAT = {
+    "per_layer_dim": 8,
+    "per_layer_vocab": None,
+    "full_head_dim": 16,
+    "full_kv_heads": None,
+    "k_eq_v": False,
+    "v_norm": True,
+    "kv_shared_layers": 2,
+    "wide_shared_mlp": True,
+    "layer_scalar": True,
+}
+
+
+def test_a_gemma4_shape_saved_with_flat_fields_loads_into_its_per_layer_block(tmp_path):
+    new = GPTConfig(
+        hidden_dim=32,
+        n_layers=4,
+        n_heads=4,
+        seq_len=16,
+        **GEMMA4_SHAPE,
+        per_layer=PerLayer(
+            input_dim=8,
+            full_head_dim=16,
+            v_norm=True,
+            kv_shared_layers=2,
+            wide_shared_mlp=True,
+            layer_scalar=True,
+        ),
+    )
+    saved = {k: v for k, v in new.to_dict().items() if k != "per_layer"} | FLAT
+    assert GPTConfig.from_dict(saved) == new
+    # a checkpoint holds the block as a plain dict (torch.load with weights_only)
+    torch.save({"model_config": new.to_dict()}, tmp_path / "c.pt")
+    again = torch.load(tmp_path / "c.pt", weights_only=True)["model_config"]
+    assert GPTConfig.from_dict(again) == new
+    old = {name: t.shape for name, t in GPT(GPTConfig.from_dict(saved)).state_dict().items()}
+    assert {name: t.shape for name, t in GPT(new).state_dict().items()} == old
+    assert "per_layer_inputs.table.weight" in old and "blocks.3.scalar" in old
+
+
+def test_a_shape_saved_with_gemma4s_flat_fields_off_has_no_per_layer_block():
+    off = {"per_layer_dim": None, "per_layer_vocab": None, "full_head_dim": None}
+    off |= {"full_kv_heads": None, "k_eq_v": False, "v_norm": False, "kv_shared_layers": 0}
+    off |= {"wide_shared_mlp": False, "layer_scalar": False}
+    assert off.keys() == FLAT.keys()
+    plain = GPTConfig(hidden_dim=32, n_layers=2, n_heads=4, seq_len=16)
+    saved = {k: v for k, v in plain.to_dict().items() if k != "per_layer"} | off
+    c = GPTConfig.from_dict(saved)
+    assert c.per_layer is None and c == plain

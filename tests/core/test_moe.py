@@ -128,7 +128,11 @@ def test_gpt_mixes_dense_and_sparse_layers_and_meters_a_step():
     model.eval()
     _, plain = model(idx, idx)
     torch.testing.assert_close(loss, plain + 0.01 * aux)  # joined in training only
+    assert model(idx)[1] is None  # the penalty beside the hidden states: none in evaluation
     model.train()
+    hidden, penalty = model(idx)  # what DPO and GRPO add to their losses
+    assert hidden.shape == (2, 9, c.hidden_dim)
+    torch.testing.assert_close(penalty, 0.01 * model.router_aux_loss())
     model(idx, idx)[1].backward()
     assert model.blocks[0].mlp.router.weight.grad.abs().sum() > 0
     records = model.moe_records(model.moe_step())
