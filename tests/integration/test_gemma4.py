@@ -34,7 +34,7 @@ def assert_logits_equal(model, hf_model, ids, atol: float = 1e-5):
     """Within fp32 rounding of the two summation orders: 1e-5, relative past logits of 1."""
     x = torch.tensor([ids])
     with torch.no_grad():
-        torch.testing.assert_close(model(x)[0], hf_model(x).logits, rtol=1e-5, atol=atol)
+        torch.testing.assert_close(model.logits(x), hf_model(x).logits, rtol=1e-5, atol=atol)
 
 
 @pytest.mark.parametrize("form", list(GEMMA4_CONFIGS))
@@ -42,9 +42,10 @@ def test_logits_and_greedy_text_equal_transformers_past_the_window(tmp_path, for
     hf_model, tok = make_model(tmp_path, form)
     loaded = load(tmp_path)
     c = loaded.model.config
-    assert loaded.family == "gemma4" and c.per_layer_dim == 8 and c.kv_shared_layers == 2
-    assert c.full_head_dim == 32 and c.sliding_window == 8
-    assert bool(c.moe) == (form == "gemma4_moe") and c.k_eq_v == (form == "gemma4_moe")
+    p = c.per_layer
+    assert loaded.family == "gemma4" and p.input_dim == 8 and p.kv_shared_layers == 2
+    assert p.full_head_dim == 32 and c.sliding_window == 8
+    assert bool(c.moe) == (form == "gemma4_moe") and p.k_eq_v == (form == "gemma4_moe")
     ids = tok(PROMPT)["input_ids"]
     assert len(ids) > 2 * c.sliding_window
     assert_logits_equal(loaded.model, hf_model, ids)

@@ -78,7 +78,7 @@ def test_chunked_logps_entropy_and_gradients_equal_the_whole_logits_ones(
     if not fused:
         monkeypatch.setattr(chunked, "fusable", lambda head, hidden: False)
     objective = grpo.GRPO(cfg)
-    got = pass_(lambda: objective._logps(model, run, cfg, roll, targets))
+    got = pass_(lambda: objective._logps(model, model, run, cfg, roll, targets)[:2])
     assert 0 < max(sizes) <= 5  # a chunk at most, forward and the backward's recompute
     assert sum(sizes) >= 2 * int(mask.sum())  # each chunk made again in the backward pass
     torch.testing.assert_close(got[0], want[0], atol=1e-5, rtol=1e-5)

@@ -132,7 +132,7 @@ def test_fine_tune_lowers_val_loss_and_hf_export_matches(models, data_file, tmp_
     ours = load(run, which="latest")
     ids = torch.tensor([tok("def add(a, b): return a")["input_ids"]])
     with torch.no_grad():
-        diff = (exported(ids).logits - ours.model(ids)[0]).abs().max().item()
+        diff = (exported(ids).logits - ours.model.logits(ids)).abs().max().item()
     assert diff < 1e-4
 
 
@@ -304,4 +304,4 @@ def test_loading_keeps_no_file_pages_the_model_does_not_use(models):
     assert ours and sum(ours.values()) == 0
     ids = torch.tensor([tok("def add(a, b): hello")["input_ids"]])
     with torch.no_grad():
-        assert torch.allclose(model(ids)[0], hf_model(ids).logits, atol=1e-4)
+        assert torch.allclose(model.logits(ids), hf_model(ids).logits, atol=1e-4)
