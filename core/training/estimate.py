@@ -28,9 +28,9 @@ from core.models.params import (
     shape_params,
 )
 from core.models.per_layer import kv_source, kv_sources, layer_shape, table_params, varies
+from core.models.per_layer import of as per_layer_of
 from core.models.tiling import ATTN_CHUNK_QUERIES, MLP_TILE_TOKENS, tiles_at
 from core.platform import compiling
-from core.models.per_layer import of as per_layer_of
 from core.platform.device import pick_precision
 from core.training import memory_profile as mp
 from core.training import objectives
