@@ -21,6 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from core.errors import ConfigError
+from core.models.lora_autograd import lora_linear, serves
 from core.models.moe import MoE, expert_matmul
 
 TARGETS = {
@@ -48,8 +49,14 @@ class LoRALinear(nn.Linear):
         self.lora_dropout = nn.Dropout(dropout)
         self.base_quantized = None  # a bitsandbytes layer holding the base (core.models.quant)
         self.adapters_off = False  # True: the base layer alone (DPO's reference model)
+        # LoRA's own autograd (core.models.lora_autograd), switched on once by the kernel set
+        # the run's device chose (core.models.kernels), where it serves
+        self.fast = False
 
     def forward(self, x):
+        if self.fast and serves(self):
+            a, b = self.lora_A, self.lora_B
+            return lora_linear(x, self.weight, self.bias, a, b, self.scale)
         if self.base_quantized is not None:
             base = self.base_quantized(x)
             base = base + self.bias if self.bias is not None else base

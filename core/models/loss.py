@@ -99,7 +99,11 @@ def lm_loss(
     non-zero (all positions without a mask), weighted by the mask; equal, within fp32
     rounding, to F.cross_entropy over the whole logits. fused: LinearCrossEntropy where it
     serves (a fine-tune's model; a new model keeps the checkpointed chunks its older runs
-    resume with bit for bit)."""
+    resume with bit for bit). A head given a linear_cross_entropy by a GPU's kernel set
+    (core.models.kernels: Liger's fused kernel) computes the loss with it."""
+    own = getattr(head, "linear_cross_entropy", None)
+    if own is not None:
+        return own(hidden, head.weight, targets, mask)
     hidden = hidden.reshape(-1, hidden.size(-1))
     targets = targets.reshape(-1)
     if mask is None:

@@ -370,9 +370,13 @@ class SelfAttention(nn.Module):
         if rope is not None and self.use_rope:
             rope = rope[2:] if self.local_rope else rope[:2]
             cos, sin = (r.to(q.dtype) for r in rope)
-            q = self._rotate(q, cos, sin)
-            k = k if k is None else self._rotate(k, cos, sin)
+            q, k = self._rotate_pair(q, k, cos, sin)
         return q, k, v, gate
+
+    def _rotate_pair(self, q, k, cos, sin):
+        """q and k rotated (k None: a layer that reuses another's keys); a GPU's kernel set
+        (core.models.kernels) puts its own in, which rotates both in one launch."""
+        return self._rotate(q, cos, sin), None if k is None else self._rotate(k, cos, sin)
 
     def _rotate(self, x, cos, sin):
         if self.rope_dim:  # partial rotary: the first rope_dim dimensions turn

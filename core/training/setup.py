@@ -12,6 +12,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from core.data.windows import check_eval_data, text_windows
 from core.errors import CheckpointError
+from core.models import kernels
 from core.models.tiling import MLP_TILE_TOKENS
 from core.platform import compiling, heap
 from core.platform.atomic import is_disk_full
@@ -116,6 +117,7 @@ def build(
     fused = state is None or bool((state.get("model_config") or {}).get("fused"))
     model = inputs.build_model(cfg, pretrained, device, precision, log, fused)
     model = model.to(device)
+    use_kernels(cfg, model, device, log)
     optimizer = optim.make(model, cfg)
     scaler = torch.amp.GradScaler("cuda", enabled=precision == "fp16")
     train_model = compiled_model(cfg, model, device, log)
@@ -138,6 +140,16 @@ def build(
     )
     objective.prepare(run, cfg, log, events, stop)
     return run
+
+
+def use_kernels(cfg, model, device, log) -> None:
+    """The device's kernel set put on the model, once (core.models.kernels: the torch path
+    on the CPU, Liger's kernels and LoRA's own autograd on a CUDA GPU); said on a GPU."""
+    chosen = kernels.choose(device, log)
+    tiles = cfg.seq_len > MLP_TILE_TOKENS
+    chosen.install(model, blocks_eager=not compiling.wanted(cfg.compile, device.type, tiles))
+    if device.type == "cuda":
+        log(chosen.describe())
 
 
 def compiled_model(cfg, model, device, log) -> torch.nn.Module:
