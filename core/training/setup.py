@@ -17,6 +17,7 @@ from core.platform.atomic import is_disk_full
 from core.platform.compiling import compile_or_eager
 from core.platform.device import resolve_device, resolve_precision
 from core.runs import checkpoint as ckpt
+from core.runs.events import clear_requests
 from core.runs.folder import check_out
 from core.training import inputs, objectives, optim, resume
 from core.training.estimate import lean_heap
@@ -98,6 +99,8 @@ def setup(given: RunInputs, progress: Progress, events, stop) -> RunState:
         restore(given, run, state, progress, log)
     else:
         folder.write_config(cfg)
+    if world.main:  # requests are read from here on (a watcher sends them once it sees this)
+        clear_requests(folder.path)
     folder.write_status("running", progress.step, progress.plan.max_steps)
     return run
 
