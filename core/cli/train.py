@@ -25,7 +25,7 @@ from core.config.spec import (
     describe_limit,
     validate,
 )
-from core.errors import EXIT_INTERRUPTED, EXIT_OK
+from core.errors import EXIT_INTERRUPTED, EXIT_OK, ConfigError
 from core.platform.device import flush_denormals, gpu_index
 from core.platform.distributed import World
 from core.runs.events import (
@@ -458,6 +458,7 @@ def run_cli(argv: list[str] | None = None) -> int:
         return train(args, monitor)
     finally:
         if monitor is not None:
+            monitor.linger()  # open pages show the run's end
             monitor.close()
 
 
@@ -476,7 +477,11 @@ def bind_monitor(args):
     options = monitor_args(
         argparse.Namespace(host=args.monitor_host or LOOPBACK, port=args.monitor_port)
     )
-    return Monitor(None, control=args.monitor_control, **options)
+    try:
+        return Monitor(None, control=args.monitor_control, **options)
+    except ConfigError as e:  # named by this command's flags
+        text = str(e).replace("--port", "--monitor-port").replace("--host", "--monitor-host")
+        raise ConfigError(text) from None
 
 
 def start_monitor(monitor, run_dir: Path) -> None:

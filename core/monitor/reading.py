@@ -343,9 +343,10 @@ class RunIndex:
     or one run folder (which may not exist yet, or vanish). Thread-safe; the list is read at
     most once a second however many pages ask."""
 
-    def __init__(self, path: Path, single: bool):
+    def __init__(self, path: Path, single: bool, clock=time.monotonic):
         self.path = Path(path)
         self.single = single
+        self.clock = clock  # tests: a fake one
         self._lock = threading.Lock()
         self._read_at = -math.inf
         self._folders: dict[str, Path] = {}
@@ -364,8 +365,8 @@ class RunIndex:
             if e.is_dir(follow_symlinks=False) and is_run(Path(e.path))
         }
 
-    def refresh(self, now: float | None = None) -> None:
-        now = time.monotonic() if now is None else now
+    def refresh(self) -> None:
+        now = self.clock()
         with self._lock:
             if now - self._read_at < LIST_EVERY_S:
                 return

@@ -44,6 +44,7 @@ MAX_CONNECTIONS = 32  # at once; more are closed unanswered
 MAX_STREAMS = 16  # live pages at once; more get 503
 MAX_TARGET = 2048  # characters of a request's path and query (414 past it)
 MAX_BODY = 1024  # bytes of a POST body (413 past it; the actions carry none)
+LINGER_S = 2.0  # core.train --monitor: open pages hear of the run's end before it closes
 
 STATIC = "static"
 ASSETS = {  # URL path -> (file under static/, content type): all the page ever loads
@@ -228,7 +229,8 @@ class Monitor:
         self.token, self.csrf = access.new_token(), access.new_token()
         self.failures = access.Failures()
         self.closing = threading.Event()
-        self.streams = threading.BoundedSemaphore(MAX_STREAMS)
+        self._streams_lock = threading.Lock()
+        self.open_streams = 0  # live pages now
         self.log = log or (lambda message: None)
         self.base_url = f"http://{url_host(host)}:{self.port}/"
         self.url = f"{self.base_url}?token={self.token}"
@@ -263,6 +265,12 @@ class Monitor:
     def serve_forever(self) -> None:
         self.server.serve_forever(poll_interval=0.25)
 
+    def linger(self, seconds: float = LINGER_S) -> None:
+        """Before closing at a run's end: the pages open now hear of the end first (the run
+        list is read once a second, each stream every POLL_S)."""
+        if self.open_streams:
+            time.sleep(seconds)
+
     def close(self) -> None:
         self.closing.set()
         if self.thread is not None:
@@ -289,6 +297,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def version_string(self) -> str:
         return "TrainDeck"  # no Python version for a stranger to read
+
     protocol_version = "HTTP/1.0"  # one request a connection: no keep-alive to manage
     timeout = SOCKET_TIMEOUT_S
     server: MonitorServer
@@ -451,8 +460,10 @@ class Handler(BaseHTTPRequestHandler):
 
     def _stream(self, run: str | None) -> None:
         m = self.monitor
-        if not m.streams.acquire(blocking=False):
-            raise Refused(HTTPStatus.SERVICE_UNAVAILABLE, "too many pages open at once")
+        with m._streams_lock:
+            if m.open_streams >= MAX_STREAMS:
+                raise Refused(HTTPStatus.SERVICE_UNAVAILABLE, "too many pages open at once")
+            m.open_streams += 1
         try:
             self.send_response(HTTPStatus.OK)
             self._cookie_if_new()
@@ -462,7 +473,8 @@ class Handler(BaseHTTPRequestHandler):
             self.end_headers()
             self._follow(run)
         finally:
-            m.streams.release()
+            with m._streams_lock:
+                m.open_streams -= 1
 
     def _follow(self, run: str | None) -> None:
         """Send the run list and the chosen run's news until the client or the server goes."""

@@ -171,13 +171,14 @@
     box.appendChild(title);
     const curves = keys.map((k) => spec.curves.find((c) => c.key === k));
     const right = curves.some((c) => c.right);
-    const axis = { size: 56, values: (u, vals) => vals.map(short) };
+    const narrow = window.innerWidth < 820; // a phone: slimmer axes leave the curves room
+    const axis = { size: narrow ? 44 : 56, labelSize: narrow ? 18 : 30, values: (u, vals) => vals.map(short) };
     const opts = {
       width: 400,
       height: plotHeight(),
       scales: Object.assign({ x: { time: false } }, right ? { r: { auto: true } } : {}),
       axes: [
-        { label: "step", size: 40 },
+        { label: "step", size: narrow ? 32 : 40, labelSize: narrow ? 18 : 30 },
         Object.assign({ label: spec.unit }, axis),
         ...(right ? [Object.assign({ scale: "r", side: 1, label: spec.right, grid: { show: false } }, axis)] : []),
       ],
@@ -200,6 +201,14 @@
     return { box, u, keys };
   }
   function resize() {
+    const narrow = window.innerWidth < 820;
+    if (S.narrow !== undefined && S.narrow !== narrow) {
+      S.narrow = narrow; // a phone turned, a window resized: axes made for the new width
+      clearPlots();
+      draw();
+      return;
+    }
+    S.narrow = narrow;
     for (const p of S.plots.values()) {
       const width = Math.max(200, p.box.clientWidth - 14);
       if (p.u.width !== width || p.u.height !== plotHeight()) p.u.setSize({ width, height: plotHeight() });
