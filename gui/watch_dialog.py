@@ -138,6 +138,7 @@ class WatchDialog(QDialog):
         self.start_button.setText("Stop serving" if m else "Start serving")
         self.copy_button.setEnabled(m is not None)
         self.url_edit.setText(m.url if m else "")
+        self.url_edit.setCursorPosition(0)  # the address first, the token after
         self.qr_text = m.url if m else ""
         self.qr.setPixmap(qr_pixmap(m.url) if m else QPixmap())
         self.reach.setStyleSheet("color: #b00020;" if m and m.lan else "")

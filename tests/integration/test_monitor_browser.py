@@ -45,7 +45,7 @@ def training(tmp_path_factory):
     """core.train --monitor-control on a tiny model for 100,000 steps: (process, run, URL)."""
     where = tmp_path_factory.mktemp("watched")
     args = ["--preset", "cpu-tiny", "--hidden-dim", "32", "--max-steps", "100000"]
-    args += ["--eval-every", "20", "--sample-tokens", "60", "--out", "run"]
+    args += ["--eval-every", "20", "--sample-tokens", "60", "--out", "tiny-notes"]
     args += ["--monitor-control", "--monitor-port", "0"]
     out = open(where / "stdout.txt", "w")  # noqa: SIM115 (the process writes it)
     proc = subprocess.Popen(
@@ -60,7 +60,7 @@ def training(tmp_path_factory):
         found = re.search(r"Monitor: (http://\S+)", (where / "stdout.txt").read_text())
         url = found.group(1) if found else time.sleep(0.1)
     assert url, (where / "stdout.txt").read_text()
-    yield proc, where / "run", url
+    yield proc, where / "tiny-notes", url
     if proc.poll() is None:
         proc.kill()
     proc.wait()
@@ -92,14 +92,21 @@ def test_the_page_needs_its_token_then_shows_the_run_live_and_stops_it(training,
     page = browser.new_page()
     errors = []
     page.on("pageerror", lambda e: errors.append(str(e)))
-    page.on("console", lambda m: m.type == "error" and errors.append(m.text))
+    page.on(
+        "console",
+        lambda m: (
+            m.type == "error"
+            and not m.location.get("url", "").endswith("/favicon.ico")  # the refused page's
+            and errors.append(f"{m.text} ({m.location.get('url')})")
+        ),
+    )
 
     response = page.goto(url.split("?")[0])
     assert response.status == 403 and "needs its token" in page.content()
 
     errors.clear()  # the refused page's own 403s are what was asked for
     page.goto(url)
-    item = page.locator('.run-item[data-name="run"]')
+    item = page.locator('.run-item[data-name="tiny-notes"]')
     item.wait_for(timeout=60_000)
     page.wait_for_function(
         "() => document.querySelector('.run-item .state')?.textContent === 'running'",
@@ -126,7 +133,7 @@ def test_the_page_needs_its_token_then_shows_the_run_live_and_stops_it(training,
             timeout=600_000,
         )
         page.wait_for_timeout(1500)
-        page.screenshot(path=str(Path(shots) / "monitor_desktop.png"))
+        page.screenshot(path=str(Path(shots) / "monitor_desktop.png"), full_page=True)
     page.set_viewport_size({"width": 390, "height": 844})  # a phone
     page.wait_for_timeout(800)
     assert page.evaluate("() => document.scrollingElement.scrollWidth") <= 390

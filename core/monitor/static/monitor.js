@@ -171,16 +171,18 @@
     box.appendChild(title);
     const curves = keys.map((k) => spec.curves.find((c) => c.key === k));
     const right = curves.some((c) => c.right);
-    const narrow = window.innerWidth < 820; // a phone: slimmer axes leave the curves room
-    const axis = { size: narrow ? 44 : 56, labelSize: narrow ? 18 : 30, values: (u, vals) => vals.map(short) };
+    // a phone: slimmer axes without titles (the legend names the curves) leave them room
+    const narrow = window.innerWidth < 820;
+    const axis = { size: narrow ? 40 : 56, values: (u, vals) => vals.map(short) };
+    const title = (text) => (narrow ? {} : { label: text });
     const opts = {
       width: 400,
       height: plotHeight(),
       scales: Object.assign({ x: { time: false } }, right ? { r: { auto: true } } : {}),
       axes: [
-        { label: "step", size: narrow ? 32 : 40, labelSize: narrow ? 18 : 30 },
-        Object.assign({ label: spec.unit }, axis),
-        ...(right ? [Object.assign({ scale: "r", side: 1, label: spec.right, grid: { show: false } }, axis)] : []),
+        Object.assign({ size: narrow ? 28 : 40 }, title("step")),
+        Object.assign({}, axis, title(spec.unit)),
+        ...(right ? [Object.assign({ scale: "r", side: 1, grid: { show: false } }, axis, title(spec.right))] : []),
       ],
       series: [
         { label: "step" },
