@@ -207,8 +207,9 @@ class RunWatch:
         elif records:
             out.append(("records", self._records(records)))
         load = next((r for r in reversed(records) if experts.LOAD in r), None)
-        if load is not None and expert_message(load):
-            out.append(("experts", expert_message(load)))
+        message = expert_message(load) if load is not None else None
+        if message is not None:
+            out.append(("experts", message))
         for name, event, reader in (
             (SAMPLES, "samples", latest_sample),
             (LOG, "log", log_tail),
@@ -300,11 +301,11 @@ def run_state(status: dict, folder: Path) -> str:
     if not folder.is_dir():
         return "missing"
     state = status.get("state")
-    alive = lock.held(folder)
+    if state and state != "running":
+        return str(state)
+    alive = lock.held(folder)  # read only where it decides: a finished run has no lock
     if state == "running":
         return "running" if alive else "interrupted"
-    if state:
-        return str(state)
     return "starting" if alive else "interrupted"
 
 

@@ -174,15 +174,15 @@
     // a phone: slimmer axes without titles (the legend names the curves) leave them room
     const narrow = window.innerWidth < 820;
     const axis = { size: narrow ? 40 : 56, values: (u, vals) => vals.map(short) };
-    const title = (text) => (narrow ? {} : { label: text });
+    const named = (text) => (narrow ? {} : { label: text });
     const opts = {
       width: 400,
       height: plotHeight(),
       scales: Object.assign({ x: { time: false } }, right ? { r: { auto: true } } : {}),
       axes: [
-        Object.assign({ size: narrow ? 28 : 40 }, title("step")),
-        Object.assign({}, axis, title(spec.unit)),
-        ...(right ? [Object.assign({ scale: "r", side: 1, grid: { show: false } }, axis, title(spec.right))] : []),
+        Object.assign({ size: narrow ? 28 : 40 }, named("step")),
+        Object.assign({}, axis, named(spec.unit)),
+        ...(right ? [Object.assign({ scale: "r", side: 1, grid: { show: false } }, axis, named(spec.right))] : []),
       ],
       series: [
         { label: "step" },
