@@ -69,7 +69,7 @@ class Page(threading.Thread):
         super().__init__(daemon=True)
         base, token = url.split("/?token=")
         self.port = int(base.rsplit(":", 1)[1])
-        self.token, self.run = token, run
+        self.token, self.run_name = token, run
         self.events = self.bytes = self.last_step = 0
 
     def run(self) -> None:
@@ -77,7 +77,7 @@ class Page(threading.Thread):
         try:
             conn.request(
                 "GET",
-                f"/api/stream?run={self.run}",
+                f"/api/stream?run={self.run_name}",
                 headers={"Authorization": f"Bearer {self.token}"},
             )
             resp = conn.getresponse()
@@ -107,10 +107,15 @@ def one_round(args, tmp: Path, i: int) -> tuple[float, float, list[Page]]:
             page.start()
     procs = [psutil.Process(p.pid) for p in (plain, watched)]
     alternator = Alternator(procs, turn=i % 2)
-    while plain.poll() is None or watched.poll() is None:
-        alternator.tick()
-        time.sleep(Alternator.PERIOD_S)
-    alternator.release()
+    try:
+        while plain.poll() is None or watched.poll() is None:
+            alternator.tick()
+            time.sleep(Alternator.PERIOD_S)
+    finally:  # interrupted: no run is left behind, suspended
+        alternator.release()
+        for proc in (plain, watched):
+            if proc.poll() is None and sys.exc_info()[0] is not None:
+                proc.kill()
     for page in pages:
         page.join(timeout=10)
     return finish_headless(plain, plain_dir), finish_headless(watched, watched_dir), pages

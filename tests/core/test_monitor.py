@@ -8,6 +8,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -608,3 +609,18 @@ def test_train_monitor_checks_its_port_and_flags_before_any_work(tmp_path, capsy
         "choose another (--monitor-port 0: any free port)"
     )
     assert not out.exists()
+
+
+def test_train_monitor_prints_the_link_and_serves_the_run(tmp_path, capsys):
+    from core.cli.train import main
+
+    out = tmp_path / "run"
+    args = ["--preset", "cpu-tiny", "--max-steps", "2", "--eval-every", "2", "--out", str(out)]
+    assert main([*args, "--monitor", "--monitor-port", "0"]) == 0
+    printed = capsys.readouterr().out
+    link = re.search(r"^Monitor: http://127\.0\.0\.1:(\d+)/\?token=([\w-]{43})$", printed, re.M)
+    assert link, printed
+    assert "only this computer can open it" in printed and "read-only" in printed
+    assert f"watching the run {out}" in printed
+    with socket.socket() as s:  # it ended with the run
+        assert s.connect_ex(("127.0.0.1", int(link.group(1)))) != 0
