@@ -5,13 +5,14 @@ the same run without it.
                                  [--clients 3] [--aa]
 
 Each round starts the same config twice at once, as a user starts it: plain
-`python -m core.train`, and `python -m core.train --monitor` (the server in a thread of the
-training process) with `--clients` pages connected to the run's live stream (threads of this
-script reading /api/stream as a browser's EventSource does, with the token). Only one of the
-two trains at a time: every 5 seconds one is suspended and the other resumed (benchmarks/
-window.py's Alternator), so both see the same machine; this VM's speed drifts by 10-30% over
-tens of seconds. Torch threads: the window's count for both (all cores but one), so the
-server and the clients have a core, as on a desktop where the browser is on a phone.
+`python -m core.train`, and `python -m core.train --monitor` (the server in a process of its
+own beside the trainer, core/monitor/beside.py) with `--clients` pages connected to the run's
+live stream (threads of this script reading /api/stream as a browser's EventSource does, with
+the token). Only one of the two trains at a time: every 5 seconds one is suspended, with its
+children (the monitor), and the other resumed (benchmarks/window.py's Alternator), so both
+see the same machine; this VM's speed drifts by 10-30% over tens of seconds. Torch threads:
+the window's count for both (all cores but one), so the server and the clients have a core,
+as on a desktop where the browser is on a phone.
 
 Throughput is the median `tokens_per_s` of each run's metrics.jsonl (training time only).
 Per round it prints both, their ratio, and what the pages received (events, bytes, the
@@ -22,6 +23,7 @@ newest step they saw against the run's last). Target: median ratio >= 0.97 (issu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import os
 import re
@@ -95,6 +97,33 @@ class Page(threading.Thread):
             conn.close()
 
 
+class TreeAlternator(Alternator):
+    """Suspends and resumes a run with its children: the watched run's monitor is a process
+    of its own (core.monitor.beside), and its work belongs to the watched side's turns."""
+
+    def tick(self) -> None:
+        super().tick()
+        both = len(self._live()) == 2  # else both run (Alternator.release)
+        for turn, proc in enumerate(self.procs):
+            for child in _children(proc):
+                with contextlib.suppress(psutil.Error):
+                    child.resume() if turn == self.turn or not both else child.suspend()
+
+    def release(self) -> None:
+        super().release()
+        for proc in self.procs:
+            for child in _children(proc):
+                with contextlib.suppress(psutil.Error):
+                    child.resume()
+
+
+def _children(proc: psutil.Process) -> list[psutil.Process]:
+    try:
+        return proc.children(recursive=True)
+    except psutil.Error:
+        return []
+
+
 def one_round(args, tmp: Path, i: int) -> tuple[float, float, list[Page]]:
     plain_dir, watched_dir = tmp / f"plain-{i}", tmp / f"watched-{i}"
     plain = start(args.preset, args.steps, plain_dir, monitor=False)
@@ -106,7 +135,7 @@ def one_round(args, tmp: Path, i: int) -> tuple[float, float, list[Page]]:
         for page in pages:
             page.start()
     procs = [psutil.Process(p.pid) for p in (plain, watched)]
-    alternator = Alternator(procs, turn=i % 2)
+    alternator = TreeAlternator(procs, turn=i % 2)
     try:
         while plain.poll() is None or watched.poll() is None:
             alternator.tick()

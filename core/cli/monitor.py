@@ -4,12 +4,15 @@ the runs under a folder, or of one run, for a phone or another computer (core.mo
 from __future__ import annotations
 
 import argparse
+import functools
+import signal
 import sys
 from pathlib import Path
 
 from core.cli.base import Parser, non_negative, run_main
 from core.errors import EXIT_OK, ConfigError
 from core.monitor import server
+from core.monitor.reading import RunIndex
 
 # core.runs.folder.DEFAULT_RUNS_ROOT (tests/core/test_monitor.py checks), named here so the
 # command does not import torch with that module: it starts in a fraction of a second.
@@ -47,6 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="allow Stop, Save now and Finish from the page (default: read-only)",
     )
+    # core.train --monitor's child (core.monitor.beside): one run folder, which may not exist
+    # yet, served until stdin closes
+    p.add_argument("--run", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--with-parent", action="store_true", help=argparse.SUPPRESS)
     return p
 
 
@@ -70,15 +77,35 @@ def monitor_args(args) -> dict:
 
 def run_cli(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    index = server.watch_target(check_target(args.target))
-    monitor = server.Monitor(index, control=args.control, log=print, **monitor_args(args))
+    if args.with_parent:  # Ctrl+C is the trainer's: it saves and stops, and the page shows it
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if args.run:
+        index = RunIndex(Path(args.target), single=True)
+    else:
+        index = server.watch_target(check_target(args.target))
+    log = functools.partial(print, flush=True)
+    monitor = server.Monitor(index, control=args.control, log=log, **monitor_args(args))
     for line in monitor.lines():
-        print(line, flush=True)
+        log(line)
+    if args.with_parent:
+        return beside_parent(monitor)
     try:
         monitor.serve_forever()
     except KeyboardInterrupt:
         print("Monitor stopped.")
     finally:
+        monitor.close()
+    return EXIT_OK
+
+
+def beside_parent(monitor: server.Monitor) -> int:
+    """Serve until stdin closes (the training process ended, or died), then let open pages
+    hear of the end."""
+    monitor.start()
+    try:
+        sys.stdin.read()
+    finally:
+        monitor.linger()
         monitor.close()
     return EXIT_OK
 

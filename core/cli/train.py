@@ -7,6 +7,7 @@ module core.train only forwards here, so `python -m core.train` keeps working.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import signal
 import sys
@@ -454,16 +455,17 @@ def run_cli(argv: list[str] | None = None) -> int:
     if args.finish:
         return ask_to_finish(args.finish)
     monitor = bind_monitor(args)  # the port is checked before any work
+    child = []
     try:
-        return train(args, monitor)
+        return train(args, monitor, child)
     finally:
-        if monitor is not None:
-            monitor.linger()  # open pages show the run's end
-            monitor.close()
+        for process in child:
+            process.close()  # open pages hear of the run's end first
 
 
 def bind_monitor(args):
-    """--monitor: the web monitor, bound now and started once the run folder is known."""
+    """--monitor: its options, the port checked before any work; started (a process of its
+    own, core.monitor.beside) once the run folder is known."""
     given = (args.monitor_host, args.monitor_port)
     wanted = args.monitor or args.monitor_control or any(v is not None for v in given)
     if not wanted or not World.from_env().main:  # under torchrun: rank 0's
@@ -472,28 +474,40 @@ def bind_monitor(args):
         flag = "--estimate" if args.estimate else "--prepare-only"
         raise UsageError(f"--monitor: {flag} trains no run, so there is nothing to watch")
     from core.cli.monitor import monitor_args
-    from core.monitor.server import LOOPBACK, Monitor
+    from core.monitor import beside
+    from core.monitor.server import LOOPBACK
 
     options = monitor_args(
         argparse.Namespace(host=args.monitor_host or LOOPBACK, port=args.monitor_port)
     )
+    options["control"] = args.monitor_control
+    with monitor_flags():
+        beside.check_port(options["host"], options["port"], options["explicit_port"])
+    return options
+
+
+@contextlib.contextmanager
+def monitor_flags():
+    """The monitor's errors, named by this command's flags."""
     try:
-        return Monitor(None, control=args.monitor_control, **options)
-    except ConfigError as e:  # named by this command's flags
+        yield
+    except ConfigError as e:
         text = str(e).replace("--port", "--monitor-port").replace("--host", "--monitor-host")
         raise ConfigError(text) from None
 
 
-def start_monitor(monitor, run_dir: Path) -> None:
-    from core.monitor.reading import RunIndex
+def start_monitor(options: dict, run_dir: Path):
+    from core.monitor.beside import BesideRun
 
-    monitor.index = RunIndex(run_dir, single=True)
-    for line in monitor.lines():
-        print(line, flush=True)
-    monitor.start()
+    child = BesideRun(
+        run_dir, options["host"], options["port"], options["explicit_port"], options["control"]
+    )
+    with monitor_flags():
+        child.wait_for_link(tqdm.write)
+    return child
 
 
-def train(args, monitor) -> int:
+def train(args, monitor: dict | None, child: list) -> int:
     cfg, run_dir, resume_file = build_config(args)
     if args.estimate:
         print_estimate(cfg)
@@ -501,7 +515,7 @@ def train(args, monitor) -> int:
     if args.prepare_only:
         return prepare_only(cfg, args.data_cache)
     if monitor is not None:
-        start_monitor(monitor, run_dir)
+        child.append(start_monitor(monitor, run_dir))
     control = TrainControl()
     _install_signals(control)
     main_process = World.from_env().main  # under torchrun only rank 0 reports
