@@ -124,7 +124,7 @@ def _children(proc: psutil.Process) -> list[psutil.Process]:
         return []
 
 
-def one_round(args, tmp: Path, i: int) -> tuple[float, float, list[Page]]:
+def one_round(args, tmp: Path, i: int) -> tuple[float, float, list[Page], tuple]:
     plain_dir, watched_dir = tmp / f"plain-{i}", tmp / f"watched-{i}"
     plain = start(args.preset, args.steps, plain_dir, monitor=False)
     watched = start(args.preset, args.steps, watched_dir, monitor=not args.aa)
@@ -136,10 +136,15 @@ def one_round(args, tmp: Path, i: int) -> tuple[float, float, list[Page]]:
             page.start()
     procs = [psutil.Process(p.pid) for p in (plain, watched)]
     alternator = TreeAlternator(procs, turn=i % 2)
+    cpu = {}  # CPU seconds (user + system), last seen: the monitor process(es), the trainer
     try:
         while plain.poll() is None or watched.poll() is None:
             alternator.tick()
             time.sleep(Alternator.PERIOD_S)
+            for proc in [procs[1], *_children(procs[1])]:
+                with contextlib.suppress(psutil.Error):
+                    times = proc.cpu_times()
+                    cpu[proc.pid] = times.user + times.system
     finally:  # interrupted: no run is left behind, suspended
         alternator.release()
         for proc in (plain, watched):
@@ -147,7 +152,9 @@ def one_round(args, tmp: Path, i: int) -> tuple[float, float, list[Page]]:
                 proc.kill()
     for page in pages:
         page.join(timeout=10)
-    return finish_headless(plain, plain_dir), finish_headless(watched, watched_dir), pages
+    trainer_cpu = cpu.pop(procs[1].pid, 0.0)
+    tps = finish_headless(plain, plain_dir), finish_headless(watched, watched_dir)
+    return *tps, pages, (sum(cpu.values()), trainer_cpu)
 
 
 def main() -> None:
@@ -168,7 +175,7 @@ def main() -> None:
         os.environ.setdefault("TRAINDECK_CACHE", str(tmp / "cache"))
         ratios = []
         for i in range(args.rounds):
-            plain, watched, pages = one_round(args, tmp, i)
+            plain, watched, pages, (monitor_cpu, trainer_cpu) = one_round(args, tmp, i)
             ratios.append(watched / plain)
             line = (
                 f"round {i + 1}: without {plain:,.0f} tok/s, with the monitor {watched:,.0f} "
@@ -179,7 +186,9 @@ def main() -> None:
                 line += (
                     f"; pages got {min(p.events for p in pages)}-{max(p.events for p in pages)} "
                     f"events, {max(p.bytes for p in pages) / 1e3:,.0f} kB each, newest step "
-                    f"{min(p.last_step for p in pages)} of {train[-1]['step']}"
+                    f"{min(p.last_step for p in pages)} of {train[-1]['step']}; CPU: the "
+                    f"monitor {monitor_cpu:.2f} s (start-up included), the trainer "
+                    f"{trainer_cpu:.1f} s ({monitor_cpu / max(trainer_cpu, 1e-9):.1%})"
                 )
             print(line, flush=True)
         print(

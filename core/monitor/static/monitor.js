@@ -173,7 +173,7 @@
     const right = curves.some((c) => c.right);
     // a phone: slimmer axes without titles (the legend names the curves) leave them room
     const narrow = window.innerWidth < 820;
-    const axis = { size: narrow ? 40 : 56, values: (u, vals) => vals.map(short) };
+    const axis = { size: fitTicks, values: (u, vals) => vals.map(short) };
     const named = (text) => (narrow ? {} : { label: text });
     const opts = {
       width: 400,
@@ -201,6 +201,18 @@
     // eslint-disable-next-line no-undef
     const u = new uPlot(opts, data, box);
     return { box, u, keys };
+  }
+  // An axis as wide as its longest tick label (uPlot's own recipe for dynamic sizes).
+  function fitTicks(u, values, axisIdx, cycleNum) {
+    const axis = u.axes[axisIdx];
+    if (cycleNum > 1) return axis._size;
+    let size = axis.ticks.size + axis.gap;
+    const longest = (values || []).reduce((a, v) => (v.length > a.length ? v : a), "");
+    if (longest) {
+      u.ctx.font = axis.font[0];
+      size += u.ctx.measureText(longest).width / (window.devicePixelRatio || 1);
+    }
+    return Math.ceil(size) + 2;
   }
   function resize() {
     const narrow = window.innerWidth < 820;
