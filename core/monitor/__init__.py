@@ -7,5 +7,6 @@ ThreadingHTTPServer; updates as server-sent events) with its headers and limits;
 runs it in a process of its own beside `core.train --monitor`'s training; `static/` is the page
 and its vendored plotting library (uPlot, MIT). The command line is core/cli/monitor.py
 (`python -m core.monitor`); the window starts it in a thread of its own process (training runs
-in a child process there). Imports core.errors, core.config (the methods' curves) and core.runs, never torch: the
-command starts in a fraction of a second and the page's reading takes no GPU memory."""
+in a child process there). Imports core.errors, core.config (the methods' curves) and
+core.runs, never torch: the command starts in a fraction of a second and the page's reading
+takes no GPU memory."""
