@@ -51,6 +51,7 @@ from gui.run_session import RunSession, RunState
 from gui.run_view import RunView
 from gui.settings_store import SettingsStore
 from gui.start_from import StartFromBox
+from gui.watch_dialog import WatchDialog
 from gui.worker import settle_heap
 
 FAILURE_TITLES = {
@@ -77,6 +78,7 @@ class MainWindow(QMainWindow):
         self.session.failed.connect(self._on_failed)
         self.session.ended.connect(self._on_run_ended)
         self.resume_dialog: ResumeDialog | None = None
+        self.watch_dialog: WatchDialog | None = None  # it holds the web monitor while serving
         self._close_when_done = False
 
         self.setWindowTitle("TrainDeck")
@@ -494,6 +496,16 @@ class MainWindow(QMainWindow):
         self.open_resume_dialog(str(run.path), note)
         return True
 
+    # -- watch from another device (core.monitor) -----------------------------------------
+
+    def open_watch_dialog(self) -> WatchDialog:
+        """Non-blocking; the monitor it starts serves until stopped or the window closes."""
+        if self.watch_dialog is None:
+            self.watch_dialog = WatchDialog(self.runs_root, self, log=self.log)
+        self.watch_dialog.show()
+        self.watch_dialog.raise_()
+        return self.watch_dialog
+
     # -- command line --------------------------------------------------------------------
 
     def apply_launch(
@@ -547,6 +559,8 @@ class MainWindow(QMainWindow):
         if self.run_view.evaluate.thread is not None:  # a QThread must end before it goes
             self.run_view.evaluate.thread.wait()
         self.start_from.cancel_download()  # the files it finished stay in the cache
+        if self.watch_dialog is not None:
+            self.watch_dialog.stop_serving()
         super().closeEvent(event)
 
     def showEvent(self, event) -> None:  # noqa: N802 (Qt override)

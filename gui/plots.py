@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
 from core.config import methods
 from core.config.methods.base import Curve
 from core.runs import experts
+from core.runs.signals import CURVES, EVAL_KEYS, PLOTS
 from gui.experts_plot import ExpertStrip
 
 # One plot per tick (see _tick). While a run trains every redraw takes the GIL from it, so
@@ -105,61 +106,9 @@ def fixed_label(widest: str) -> QLabel:
 
 CurveSpec = Curve  # a curve: a record field drawn in a plot (core.config.methods.base)
 
-CURVES = [
-    CurveSpec("loss", "loss", "train loss", "#1f77b4", 1.0),
-    CurveSpec("val_loss", "loss", "validation loss", "#d62728", 2.0, symbol="o", antialias=True),
-    CurveSpec(
-        "val_bpb",
-        "loss",
-        "validation bits/byte (right axis)",
-        "#9467bd",
-        1.5,
-        symbol="t",
-        right_axis=True,
-        antialias=True,
-    ),
-    CurveSpec(
-        "eval_data_loss",
-        "loss",
-        "second validation set",
-        "#ff7f0e",
-        2.0,
-        symbol="s",
-        antialias=True,
-    ),
-    CurveSpec("mem_allocated_mb", "memory", "allocated", "#1f77b4"),
-    CurveSpec("mem_reserved_mb", "memory", "reserved", "#ff7f0e"),
-    CurveSpec("mem_peak_mb", "memory", "peak", "#d62728"),
-    CurveSpec("nvml_used_mb", "memory", "device used (NVML)", "#2ca02c"),
-    CurveSpec("rss_mb", "memory", "process RSS", "#9467bd"),
-    CurveSpec("tokens_per_s", "throughput", "tokens/s", "#2ca02c"),
-    CurveSpec("lr", "lr", "learning rate", "#8c564b", antialias=True),
-    CurveSpec("gpu_util", "gpu", "utilization %", "#1f77b4"),
-    CurveSpec("gpu_temp_c", "gpu", "temperature °C", "#d62728"),
-    CurveSpec("gpu_power_w", "gpu", "power W (right axis)", "#ff7f0e", right_axis=True),
-]
-# each method's own curves, in its own plot (core.config.methods: DPO's preference, GRPO's
-# rewards), after the common ones
-CURVES += list(methods.curves())
-CURVES += list(experts.CURVES)  # a mixture of experts' routing, beside its Experts strip
-PLOTS = {
-    "loss": ("Loss", "loss"),
-    "memory": ("VRAM / RAM", "MiB"),
-    "throughput": ("Throughput", "tokens/s"),
-    "lr": ("Learning rate", "lr"),
-    "gpu": ("GPU (NVML)", "% / °C"),
-    **{p.name: (p.title, p.unit) for p in methods.plots()},
-    experts.PLOT: (experts.ROUTING.title, experts.ROUTING.unit),
-}
 STRIP = "experts"  # the Experts heat strip: a step's load, not a curve (gui/experts_plot.py)
 METHOD_PLOTS = {p.name: p for p in methods.plots()}  # beside the loss once a run reports
 SMOOTH_KEY = "loss_smooth"
-EVAL_KEYS = (
-    "val_loss",
-    "val_bpb",
-    "eval_data_loss",
-    *(c.key for c in methods.curves() if c.evaluation),
-)
 
 
 class PlotPanel(QWidget):

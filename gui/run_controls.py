@@ -83,8 +83,8 @@ def _button(text: str, slot, tip: str = "") -> QPushButton:
 
 
 class ControlsBox(QGroupBox):
-    """Sets window.start_button, stop_button, finish_button, save_button, resume_button and
-    resume_latest_button."""
+    """Sets window.start_button, stop_button, finish_button, save_button, resume_button,
+    resume_latest_button and watch_button."""
 
     def __init__(self, window):
         super().__init__("Training")
@@ -104,6 +104,11 @@ class ControlsBox(QGroupBox):
         w.resume_latest_button = _button(
             "Resume latest", w.resume_latest, f"Continue the newest run under {w.runs_root}/"
         )
+        w.watch_button = _button(
+            "Watch from another device…",
+            w.open_watch_dialog,
+            "A live page of your runs for a phone or another computer: its link and QR code",
+        )
         grid = QGridLayout(self)
         rows = [
             (w.start_button, w.stop_button, w.finish_button),
@@ -112,3 +117,4 @@ class ControlsBox(QGroupBox):
         for r, row in enumerate(rows):
             for c, button in enumerate(row):
                 grid.addWidget(button, r, c)
+        grid.addWidget(w.watch_button, len(rows), 0, 1, 3)

@@ -7,6 +7,7 @@ module core.train only forwards here, so `python -m core.train` keeps working.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import signal
 import sys
@@ -14,7 +15,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from core.cli.base import Parser, UsageError, run_main
+from core.cli.base import Parser, UsageError, non_negative, run_main
 from core.config import presets as preset_lib
 from core.config.spec import (
     KINDS,
@@ -25,10 +26,16 @@ from core.config.spec import (
     describe_limit,
     validate,
 )
-from core.errors import EXIT_INTERRUPTED, EXIT_OK
+from core.errors import EXIT_INTERRUPTED, EXIT_OK, ConfigError
 from core.platform.device import flush_denormals, gpu_index
 from core.platform.distributed import World
-from core.runs.events import FanOut, TensorBoardEvents, TrainControl, TrainEvents
+from core.runs.events import (
+    FanOut,
+    TensorBoardEvents,
+    TrainControl,
+    TrainEvents,
+    leave_request,
+)
 from core.runs.folder import (
     DEFAULT_RUNS_ROOT,
     RunFolder,
@@ -38,7 +45,7 @@ from core.runs.folder import (
     new_run_dir,
     resume_config,
 )
-from core.training.trainer import FINISH_FILE, Trainer
+from core.training.trainer import Trainer
 from core.use import start_model
 
 METAVARS = {int: "N", float: "X"}
@@ -125,6 +132,29 @@ def build_parser() -> argparse.ArgumentParser:
         "stop (what SIGUSR1 does; works on Windows too)",
     )
     p.add_argument("--runs-root", default=str(DEFAULT_RUNS_ROOT), help=argparse.SUPPRESS)
+    p.add_argument(
+        "--monitor",
+        action="store_true",
+        help="serve a live page of this run for a phone or another computer while it trains "
+        "(python -m core.monitor); prints its URL. Private: this computer only, unless "
+        "--monitor-host 0.0.0.0",
+    )
+    p.add_argument(
+        "--monitor-host",
+        metavar="HOST",
+        help="the page's address (implies --monitor; 0.0.0.0: reachable from your network)",
+    )
+    p.add_argument(
+        "--monitor-port",
+        metavar="PORT",
+        type=non_negative(int),
+        help="the page's port (implies --monitor; default 8484 or the next free one; 0: any)",
+    )
+    p.add_argument(
+        "--monitor-control",
+        action="store_true",
+        help="allow Stop, Save now and Finish from the page (implies --monitor)",
+    )
     p.add_argument(
         "--tensorboard",
         action="store_true",
@@ -423,7 +453,7 @@ def ask_to_finish(run_dir: str) -> int:
     state = run.read_status().get("state")
     if state != "running":
         raise UsageError(f"--finish: {run_dir} is not training (its status is {state})")
-    (run.path / FINISH_FILE).write_text("finish\n")
+    leave_request(run.path, "finish")
     print(f"Asked {run.path} to finish: it cools the learning rate down, saves and stops.")
     return EXIT_OK
 
@@ -440,12 +470,68 @@ def run_cli(argv: list[str] | None = None) -> int:
         return EXIT_OK
     if args.finish:
         return ask_to_finish(args.finish)
+    monitor = bind_monitor(args)  # the port is checked before any work
+    child = []
+    try:
+        return train(args, monitor, child)
+    finally:
+        for process in child:
+            process.close()  # open pages hear of the run's end first
+
+
+def bind_monitor(args):
+    """--monitor: its options, the port checked before any work; started (a process of its
+    own, core.monitor.beside) once the run folder is known."""
+    given = (args.monitor_host, args.monitor_port)
+    wanted = args.monitor or args.monitor_control or any(v is not None for v in given)
+    if not wanted or not World.from_env().main:  # under torchrun: rank 0's
+        return None
+    if args.estimate or args.prepare_only:
+        flag = "--estimate" if args.estimate else "--prepare-only"
+        raise UsageError(f"--monitor: {flag} trains no run, so there is nothing to watch")
+    from core.cli.monitor import monitor_args
+    from core.monitor import beside
+    from core.monitor.server import LOOPBACK
+
+    options = monitor_args(
+        argparse.Namespace(host=args.monitor_host or LOOPBACK, port=args.monitor_port)
+    )
+    options["control"] = args.monitor_control
+    with monitor_flags():
+        beside.check_port(options["host"], options["port"], options["explicit_port"])
+    return options
+
+
+@contextlib.contextmanager
+def monitor_flags():
+    """The monitor's errors, named by this command's flags."""
+    try:
+        yield
+    except ConfigError as e:
+        text = str(e).replace("--port", "--monitor-port").replace("--host", "--monitor-host")
+        raise ConfigError(text) from None
+
+
+def start_monitor(options: dict, run_dir: Path):
+    from core.monitor.beside import BesideRun
+
+    child = BesideRun(
+        run_dir, options["host"], options["port"], options["explicit_port"], options["control"]
+    )
+    with monitor_flags():
+        child.wait_for_link(tqdm.write)
+    return child
+
+
+def train(args, monitor: dict | None, child: list) -> int:
     cfg, run_dir, resume_file = build_config(args)
     if args.estimate:
         print_estimate(cfg)
         return EXIT_OK
     if args.prepare_only:
         return prepare_only(cfg, args.data_cache)
+    if monitor is not None:
+        child.append(start_monitor(monitor, run_dir))
     control = TrainControl()
     _install_signals(control)
     main_process = World.from_env().main  # under torchrun only rank 0 reports

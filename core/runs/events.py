@@ -7,6 +7,27 @@ Events carry plain data (dicts, strings, numbers) so a GUI can pass them across 
 from __future__ import annotations
 
 import threading
+from pathlib import Path
+
+# Requests another process leaves in a run folder for the trainer training there: the trainer
+# looks for them once a second (core.training.time_budget.RequestWatch) and acts on each as on
+# the window's button of the same name. `python -m core.train --finish RUN` and the web
+# monitor's control mode (core.monitor) leave them; they work on every system.
+REQUEST_FILES = {"stop": "STOP", "save": "SAVE", "finish": "FINISH"}
+
+
+def leave_request(run_dir: str | Path, action: str) -> Path:
+    """Ask the trainer in run_dir to stop, save now or finish (an action of REQUEST_FILES)."""
+    path = Path(run_dir) / REQUEST_FILES[action]
+    path.write_text(action + "\n", encoding="utf-8")
+    return path
+
+
+def clear_requests(run_dir: str | Path) -> None:
+    """Drop requests left for an earlier session of the run (a Stop pressed as it ended): a
+    run starting or resuming reads only the ones made for it."""
+    for name in REQUEST_FILES.values():
+        (Path(run_dir) / name).unlink(missing_ok=True)
 
 
 class TrainEvents:
@@ -122,6 +143,12 @@ class TrainControl:
 
     def request_save(self) -> None:
         self.save_event.set()
+
+    def request(self, action: str) -> None:
+        """An action of REQUEST_FILES, by name."""
+        {"stop": self.request_stop, "save": self.request_save, "finish": self.request_finish}[
+            action
+        ]()
 
     @property
     def stop_requested(self) -> bool:

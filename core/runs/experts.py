@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core.config.methods.base import Curve, Plot
-from core.runs.folder import RunFolder, read_metrics
 
 LOAD = "moe/expert_load"  # per MoE layer, each expert's share of the step's assignments
 LAYERS = "moe/layers"  # the MoE layers' indices, in LOAD's order
@@ -86,5 +85,7 @@ def latest(records: list[dict]) -> ExpertLoad | None:
 
 def run_load(path: str | Path) -> ExpertLoad | None:
     """A run's final load strip from its metrics.jsonl (None: a dense run)."""
+    from core.runs.folder import RunFolder, read_metrics  # torch: not for the web monitor
+
     train, _ = read_metrics(RunFolder(Path(path)).metrics_file)
     return latest(train)

@@ -29,6 +29,8 @@ RUN_NAMES = frozenset(
         "tensorboard",
         "eval",
         "FINISH",
+        "STOP",
+        "SAVE",
         ".traindeck.lock",
     }
 )

@@ -43,6 +43,13 @@ def _alive(owner: dict) -> bool:
         return False
 
 
+def held(folder: Path) -> bool:
+    """Whether a live process (or one on another machine) holds the run in folder: a
+    watcher's test for "training now", which takes nothing."""
+    owner = RunLock(folder).owner()
+    return owner is not None and _alive(owner)
+
+
 class RunLock:
     def __init__(self, folder: Path):
         self.path = Path(folder) / LOCK_NAME

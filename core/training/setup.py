@@ -18,6 +18,7 @@ from core.platform import compiling, heap
 from core.platform.atomic import is_disk_full
 from core.platform.device import resolve_device, resolve_precision
 from core.runs import checkpoint as ckpt
+from core.runs.events import clear_requests
 from core.runs.folder import check_out
 from core.training import inputs, objectives, optim, resume
 from core.training.planner import heap_choice
@@ -101,6 +102,8 @@ def setup(given: RunInputs, progress: Progress, events, stop) -> RunState:
         restore(given, run, state, progress, log)
     else:
         folder.write_config(cfg)
+    if world.main:  # requests are read from here on (a watcher sends them once it sees this)
+        clear_requests(folder.path)
     folder.write_status("running", progress.step, progress.plan.max_steps)
     return run
 

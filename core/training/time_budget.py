@@ -1,5 +1,6 @@
 """Runs planned by time (--max-time) and finished on request (Finish, SIGUSR1, a FINISH file):
-the schedule's plan is laid out from the measured speed, or cut short by a cooldown."""
+the schedule's plan is laid out from the measured speed, or cut short by a cooldown. The
+request files of a run folder (FINISH, STOP, SAVE) are read here."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ import time
 from pathlib import Path
 
 from core.config.spec import TrainConfig
+from core.runs.events import REQUEST_FILES
 from core.training.schedule import Plan, lr_factor, plan_for
 
 UNTIMED = 10**9  # a time budget's step count before any step was timed
-FINISH_FILE = "FINISH"  # in the run folder: ask the trainer to finish (cooldown, then stop)
+FINISH_FILE = REQUEST_FILES["finish"]  # in the run folder: finish (cooldown, then stop)
 
 
 def untimed_plan() -> Plan:
@@ -24,25 +26,33 @@ def describe_plan(cfg: TrainConfig, plan: Plan) -> str:
     return f"decay from step {plan.decay_start} to {plan.max_steps}"
 
 
-class FinishWatch:
+class RequestWatch:
     """A Finish request: from the window or a signal (control), or a FINISH file in the run
-    folder, which works on every system (python -m core.train --finish RUN)."""
+    folder, which works on every system (python -m core.train --finish RUN). STOP and SAVE
+    files (the web monitor's control mode) become the control's own requests, so they take
+    the path the window's Stop and Save now take."""
 
     def __init__(self, run_dir: Path):
-        self.request = run_dir / FINISH_FILE
+        self.files = {action: run_dir / name for action, name in REQUEST_FILES.items()}
         self._checked = 0.0
 
     def asked(self, control) -> bool:
+        """Whether to finish now; STOP and SAVE files found are handed to control."""
         if control.take_finish_request():
             return True
         now = time.monotonic()
         if now - self._checked < 1.0:  # a stat a second, not one a step
             return False
         self._checked = now
-        if self.request.exists():
-            self.request.unlink(missing_ok=True)
-            return True
-        return False
+        finish = False
+        for action, path in self.files.items():
+            if path.exists():
+                path.unlink(missing_ok=True)
+                if action == "finish":
+                    finish = True
+                else:
+                    control.request(action)
+        return finish
 
 
 class TimeBudget:

@@ -42,7 +42,7 @@ from core.training.state import Progress, RunInputs, RunState
 from core.training.steps import OOM_ADVICE, grad_sync, smaller_micro_batch
 from core.training.time_budget import (
     FINISH_FILE,
-    FinishWatch,
+    RequestWatch,
     TimeBudget,
     describe_plan,
 )
@@ -91,7 +91,7 @@ class Trainer:
         self.lock = RunLock(self.folder.path)
         self.saver = Checkpointer(self.folder, self.world.main, self.cfg.keep_checkpoints)
         self.clock = Clock()
-        self.finish_watch = FinishWatch(self.folder.path)
+        self.requests = RequestWatch(self.folder.path)
         budget = parse_duration(self.cfg.max_time) if self.cfg.max_time else None
         self.budget = TimeBudget(budget, 0) if budget else None
         self.step, self.best_val, self.last_loss = 0, float("inf"), None
@@ -174,10 +174,10 @@ class Trainer:
         self._announce()
         peak_lr = recipe.adamw_lr(self.cfg)
         while self.step < self.max_steps:
+            # first: a STOP or SAVE file it finds is a request of this turn
+            finish = self.world.main and self.requests.asked(self.control)
             stop, save, finish = self.world.flags_from_main(
-                self.control.stop_requested,
-                self.control.take_save_request(),
-                self.world.main and self.finish_watch.asked(self.control),
+                self.control.stop_requested, self.control.take_save_request(), finish
             )
             if stop:
                 break

@@ -73,6 +73,13 @@ for step in sys.argv[3].split(","):
       from core.eval import main
       open(work + "/held.txt", "w").write("def add(a, b):\n    return a + b\n" * 20)
       run(main, [work + "/run", "--text", work + "/held.txt"])
+  elif step == "monitor":
+      import urllib.request
+      from pathlib import Path
+      from core.monitor.server import Monitor, watch_target
+      m = Monitor(watch_target(Path(work) / "run"), port=0, explicit_port=True).start()
+      assert b"TrainDeck monitor" in urllib.request.urlopen(m.url).read()
+      m.close()
   elif step == "window":
       from pathlib import Path
       from PySide6.QtCore import QSettings
@@ -83,6 +90,9 @@ for step in sys.argv[3].split(","):
       win = gui.main_window.MainWindow(settings=settings, runs_root=Path(work) / "runs")
       win.show()
       app.processEvents()
+      watch = win.open_watch_dialog()  # the web monitor and its QR code (segno)
+      watch.port = 0
+      assert watch.start_serving() and not watch.qr.pixmap().isNull()
       win.close()
 loaded = sorted(m for m in sys.modules if m.partition(".")[0] in BLOCKED)
 print("LOADED", json.dumps(loaded))
@@ -111,15 +121,25 @@ def test_the_blocked_set_holds_every_extra_and_no_base_package():
     blocked = optional_modules()
     for module in ("transformers", "peft", "tensorboard", "bitsandbytes"):
         assert module in blocked
-    for module in ("gguf", "torch", "PySide6", "pyqtgraph", "yaml", "pynvml", "tokenizers"):
+    for module in (
+        "gguf",
+        "torch",
+        "PySide6",
+        "pyqtgraph",
+        "yaml",
+        "pynvml",
+        "tokenizers",
+        "segno",
+    ):
         assert module not in blocked
 
 
 def test_each_entry_point_runs_without_the_extras(tmp_path_factory):
-    """A 2-step run, generation from it, every export format, evaluation, then the window:
+    """A 2-step run, generation from it, every export format, evaluation, the web monitor
+    of the run, then the window (and its Watch from another device):
     one Python (one torch import) for all, to keep the suite fast."""
     work = tmp_path_factory.mktemp("base only")  # a space, as in many Windows user folders
-    result = start("train,generate,export,eval,window", work, optional_modules())
+    result = start("train,generate,export,eval,monitor,window", work, optional_modules())
     assert result.returncode == 0, result.stderr[-3000:]
     assert "LOADED []" in result.stdout
     for fmt in ("hf", "gguf", "ollama", "safetensors"):
