@@ -3,6 +3,8 @@ classes and saved as a model folder with a small tokenizer: what --init-from rea
 
 from __future__ import annotations
 
+import copy
+import json
 from pathlib import Path
 
 import torch
@@ -327,8 +329,10 @@ def make_config(family: str, vocab: int, **extra):
         extra.setdefault("pad_token_id", extra.get("eos_token_id"))
         return t.Gemma4TextConfig(**shape, **common, **vocab, **extra)
     if family in HYBRID_CONFIGS:
-        kind = t.Qwen3_5MoeTextConfig if family == "qwen3_5_moe" else t.Qwen3_5TextConfig
-        return kind(**shape, **{**common, **extra})
+        if family == "qwen3_5_moe":  # its class has no intermediate_size, nor its releases
+            shape.pop("intermediate_size")
+            return t.Qwen3_5MoeTextConfig(**shape, **{**common, **extra})
+        return t.Qwen3_5TextConfig(**shape, **{**common, **extra})
     if family in MOE_CONFIGS:
         kind = {
             "qwen3_moe": t.Qwen3MoeConfig,
@@ -371,8 +375,66 @@ def make_model(folder: Path, family: str, seed: int = 0, **extra):
     model.generation_config = GenerationConfig(
         eos_token_id=stops, **{k: v for k, v in ids.items() if k == "bos_token_id"}
     )
-    model.save_pretrained(folder)
+    save_released(model, folder)
     return model, tok
+
+
+# What config.json keeps beside the model's settings (transformers writes them)
+META = ("architectures", "dtype", "torch_dtype", "transformers_version")
+# What a config class's to_dict holds that is no setting of the model
+NOT_SETTINGS = (*META, "_name_or_path")
+
+
+def _settings(d: dict) -> dict:
+    return {
+        k: _settings(v) if isinstance(v, dict) else v for k, v in d.items() if k not in NOT_SETTINGS
+    }
+
+
+def released_config(config) -> dict:
+    """config.json as released checkpoints hold it: only the keys that differ from what the
+    config class fills in (transformers 4's to_diff_dict; transformers 5's keeps every key
+    its class declares). A key is left out when the class, given the rest, fills it back in
+    as it was; a sub-config's keys (a composite's text_config) the same way."""
+    import transformers
+
+    cls, full = type(config), _settings(config.to_dict())
+    paths = [(k,) for k in full if k != "model_type"] + [
+        (k, sub)
+        for k, v in full.items()
+        if isinstance(v, dict)
+        and isinstance(getattr(config, k, None), transformers.PretrainedConfig)
+        for sub in v
+        if sub != "model_type"
+    ]
+    out = copy.deepcopy(full)
+    level = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()  # the trials' warnings about what is left out
+    try:
+        for path in paths:
+            trial = copy.deepcopy(out)
+            parent = trial[path[0]] if len(path) == 2 else trial
+            if not isinstance(parent, dict) or path[-1] not in parent:
+                continue
+            del parent[path[-1]]
+            try:
+                same = _settings(cls(**trial).to_dict()) == full
+            except Exception:  # the class refuses it without the key (a validator)
+                same = False
+            if same:
+                out = trial
+    finally:
+        transformers.logging.set_verbosity(level)
+    return out
+
+
+def save_released(model, folder) -> None:
+    """save_pretrained, then config.json in the released form (released_config)."""
+    model.save_pretrained(folder)
+    path = Path(folder) / "config.json"
+    written = json.loads(path.read_text(encoding="utf-8"))
+    meta = {k: written[k] for k in META if k in written}
+    path.write_text(json.dumps({**released_config(model.config), **meta}, indent=2), "utf-8")
 
 
 def make_gemma3_multimodal(folder):
@@ -381,8 +443,16 @@ def make_gemma3_multimodal(folder):
     import transformers as t
 
     tok = make_tokenizer(folder, "gemma3")
+    config = gemma3_multimodal_config(len(tok), tok.eos_token_id)
+    return _save_composite(folder, t.Gemma3ForConditionalGeneration(config), tok, 56, 4)
+
+
+def gemma3_multimodal_config(n: int, eos: int):
+    """Its config: n tokens in the tokenizer, eos its end."""
+    import transformers as t
+
     text = t.Gemma3TextConfig(
-        vocab_size=len(tok) + 5,
+        vocab_size=n + 5,
         hidden_size=32,
         intermediate_size=48,
         num_hidden_layers=6,
@@ -393,8 +463,8 @@ def make_gemma3_multimodal(folder):
         sliding_window=8,
         max_position_embeddings=64,
         initializer_range=0.3,
-        pad_token_id=tok.eos_token_id,
-        eos_token_id=tok.eos_token_id,
+        pad_token_id=eos,
+        eos_token_id=eos,
         bos_token_id=None,
         rope_scaling={"rope_type": "linear", "factor": 8.0},
     )
@@ -406,15 +476,14 @@ def make_gemma3_multimodal(folder):
         image_size=56,
         patch_size=14,
     )
-    config = t.Gemma3Config(
+    return t.Gemma3Config(
         text_config=text,
         vision_config=vision,
         mm_tokens_per_image=4,
-        image_token_id=len(tok) + 1,
-        boi_token_index=len(tok) + 2,
-        eoi_token_index=len(tok) + 3,
+        image_token_id=n + 1,
+        boi_token_index=n + 2,
+        eoi_token_index=n + 3,
     )
-    return _save_composite(folder, t.Gemma3ForConditionalGeneration(config), tok, 56, 4)
 
 
 def make_qwen3_5_multimodal(folder):
@@ -423,10 +492,22 @@ def make_qwen3_5_multimodal(folder):
     import transformers as t
 
     tok = make_tokenizer(folder, "qwen3_5")
-    text = t.Qwen3_5TextConfig(
-        vocab_size=len(tok) + 5,
+    config = qwen3_5_multimodal_config(len(tok), tok.eos_token_id)
+    return _save_composite(folder, t.Qwen3_5ForConditionalGeneration(config), tok, 56, 4)
+
+
+def qwen3_5_multimodal_config(n: int, eos: int, moe: bool = False):
+    """Its config; moe: Qwen3_5MoeForConditionalGeneration's (Qwen3.5-35B-A3B's class)."""
+    import transformers as t
+
+    kind = t.Qwen3_5MoeTextConfig if moe else t.Qwen3_5TextConfig
+    experts = ("num_experts", "num_experts_per_tok", "moe_intermediate_size")
+    experts += ("shared_expert_intermediate_size",)
+    mlp = {k: HYBRID_CONFIGS["qwen3_5_moe"][k] for k in experts} if moe else None
+    text = kind(
+        vocab_size=n + 5,
         hidden_size=32,
-        intermediate_size=48,
+        **(mlp or {"intermediate_size": 48}),
         num_hidden_layers=4,
         num_attention_heads=4,
         num_key_value_heads=2,
@@ -436,9 +517,9 @@ def make_qwen3_5_multimodal(folder):
         linear_num_key_heads=2,
         linear_num_value_heads=4,
         max_position_embeddings=64,
-        eos_token_id=tok.eos_token_id,
+        eos_token_id=eos,
     )
-    vision = t.Qwen3_5VisionConfig(
+    vision = (t.Qwen3_5MoeVisionConfig if moe else t.Qwen3_5VisionConfig)(
         depth=2,
         hidden_size=16,
         intermediate_size=32,
@@ -449,13 +530,12 @@ def make_qwen3_5_multimodal(folder):
         out_hidden_size=32,
         num_position_embeddings=16,
     )
-    config = t.Qwen3_5Config(
+    return (t.Qwen3_5MoeConfig if moe else t.Qwen3_5Config)(
         text_config=text,
         vision_config=vision,
-        image_token_id=len(tok) + 1,
+        image_token_id=n + 1,
         tie_word_embeddings=False,
     )
-    return _save_composite(folder, t.Qwen3_5ForConditionalGeneration(config), tok, 56, 4)
 
 
 def make_gemma4_multimodal(folder):
@@ -463,8 +543,16 @@ def make_gemma4_multimodal(folder):
     import transformers as t
 
     tok = make_tokenizer(folder, "gemma4")
+    config = gemma4_multimodal_config(len(tok), tok.eos_token_id)
+    return _save_composite(folder, t.Gemma4ForConditionalGeneration(config), tok, 56, 4)
+
+
+def gemma4_multimodal_config(n: int, eos: int):
+    """Its config: n tokens in the tokenizer, eos its end."""
+    import transformers as t
+
     text = t.Gemma4TextConfig(
-        vocab_size=len(tok) + 8,
+        vocab_size=n + 8,
         hidden_size=32,
         intermediate_size=48,
         num_hidden_layers=6,
@@ -474,9 +562,9 @@ def make_gemma4_multimodal(folder):
         sliding_window=8,
         max_position_embeddings=64,
         hidden_size_per_layer_input=8,
-        vocab_size_per_layer_input=len(tok) + 8,
-        pad_token_id=tok.eos_token_id,
-        eos_token_id=tok.eos_token_id,
+        vocab_size_per_layer_input=n + 8,
+        pad_token_id=eos,
+        eos_token_id=eos,
         bos_token_id=None,
     )
     vision = t.Gemma4VisionConfig(
@@ -497,8 +585,7 @@ def make_gemma4_multimodal(folder):
         subsampling_conv_channels=[128, 32],
         output_proj_dims=16,
     )
-    n = len(tok)
-    config = t.Gemma4Config(
+    return t.Gemma4Config(
         text_config=text,
         vision_config=vision,
         audio_config=audio,
@@ -510,19 +597,16 @@ def make_gemma4_multimodal(folder):
         eoa_token_index=n + 6,
         video_token_id=n + 7,
     )
-    return _save_composite(folder, t.Gemma4ForConditionalGeneration(config), tok, 56, 4)
 
 
 def _save_composite(folder, model, tok, image_size: int, image_tokens: int):
     """Save a composite with random weights (fixed seed) and the preprocessor_config.json its
     image processor and llama.cpp's converter read."""
-    import json
-
     torch.manual_seed(0)
     for p in model.parameters():  # the towers' init leaves some zero: every tensor differs
         p.data.normal_(0, 0.3)
     model = model.float().eval()
-    model.save_pretrained(folder)
+    save_released(model, folder)
     _towers_in_bf16(Path(folder) / "model.safetensors")
     pre = {
         "image_mean": [0.5, 0.5, 0.5],
@@ -548,6 +632,14 @@ def _towers_in_bf16(path: Path) -> None:
     save_file(state, str(path), {"format": "pt"})
 
 
+# The composites' configs (n tokens, eos) by the family of their language model: Qwen3.5-MoE's
+# (Qwen3.5-35B-A3B's class) is read as a config here, and its model is not built
+COMPOSITE_CONFIGS = {
+    "gemma3": gemma3_multimodal_config,
+    "qwen3_5": qwen3_5_multimodal_config,
+    "qwen3_5_moe": lambda n, eos: qwen3_5_multimodal_config(n, eos, moe=True),
+    "gemma4": gemma4_multimodal_config,
+}
 # The composites' builders by the family of their language model.
 COMPOSITES = {
     "gemma3": make_gemma3_multimodal,

@@ -37,7 +37,14 @@ from core.weights.families import (
     qwen3_moe,
     smollm3,
 )
-from core.weights.families.base import ROPE_TYPES, Family, Projector, Row, UnsupportedModel
+from core.weights.families.base import (
+    ROPE_TYPES,
+    Family,
+    Projector,
+    Row,
+    UnsupportedModel,
+    with_defaults,
+)
 
 __all__ = ["ROPE_TYPES", "Family", "Projector", "Row", "UnsupportedModel"]
 
@@ -138,19 +145,24 @@ def _text_family(hf: dict, source: str) -> str:
 
 def model_config(hf: dict, source: str = "config.json") -> tuple[str, GPTConfig]:
     """(family, shape) of a Hugging Face config.json mapping (a composite's: of its
-    language model)."""
+    language model); what it leaves out is its transformers class's default."""
     family = family_of(hf, source)
     try:
-        return family, FAMILIES[family].config(text_config(hf), source)
+        return family, FAMILIES[family].config(filled(family, hf), source)
     except KeyError as e:
         raise UnsupportedModel(f"{source}: required field {e} is missing") from None
+
+
+def filled(family: str, hf: dict) -> dict:
+    """The language model's config.json with the keys it leaves out at their defaults."""
+    return with_defaults(text_config(hf), FAMILIES[family].defaults)
 
 
 def notes(family: str, hf: dict) -> list[str]:
     """What the log says when this config.json loads: a composite's kept towers, and the
     family's own notes on its language model."""
     hook = FAMILIES[family].notes
-    own = hook(text_config(hf)) if hook else []
+    own = hook(filled(family, hf)) if hook else []
     return ([note(hf)] if is_composite(hf) else []) + own
 
 

@@ -4,7 +4,7 @@ settings from config.json, the Llama-style config mapping and weight-name table.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from core.errors import UserError
 from core.models.model import GPTConfig
@@ -87,6 +87,30 @@ class Family:
     gguf_rename: Callable[[str], str | None] | None = None
     # its composites' towers in llama.cpp's projector file (mmproj), where the converter has one
     projector: Projector | None = None
+    # config.json keys -> its transformers config class's defaults (rope_parameters: what
+    # the class fills in when a file states no RoPE settings): a released config.json
+    # leaves out what equals them (tests/core/test_released_configs.py keeps them equal)
+    defaults: dict = field(default_factory=dict)
+
+
+# A file's RoPE settings, the older form (rope_theta, rope_scaling) or transformers 5's
+ROPE_KEYS = ("rope_parameters", "rope_scaling", "rope_theta")
+
+
+def with_defaults(hf: dict, defaults: dict) -> dict:
+    """config.json with what it leaves out taken from the family's defaults, as its
+    transformers class fills it in. RoPE settings go as one: a file that states its own keeps
+    them, taking from the default only the base (rope_theta) and partial_rotary_factor it
+    does not state."""
+    if not any(hf.get(key) is not None for key in ROPE_KEYS):
+        return {**defaults, **hf}
+    out = {**{k: v for k, v in defaults.items() if k != "rope_parameters"}, **hf}
+    default = defaults.get("rope_parameters") or {}
+    stated = {**(hf.get("rope_scaling") or {}), **(hf.get("rope_parameters") or {})}
+    for key in ("rope_theta", "partial_rotary_factor"):
+        if key in default and hf.get(key) is None and key not in stated:
+            out[key] = default[key]
+    return out
 
 
 def moe_options(hf: dict, source: str, n_experts: int, sparse: list[int], **extra) -> dict:

@@ -97,7 +97,30 @@ def gguf_hparams(writer, c: GPTConfig) -> None:
         writer.add_sliding_window(c.sliding_window)
 
 
+# Gemma2Config's defaults: what a released config.json may leave out
+DEFAULTS = {
+    "vocab_size": 256_000,
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "num_hidden_layers": 26,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-06,
+    "tie_word_embeddings": True,
+    "attention_bias": False,
+    "query_pre_attn_scalar": 256,
+    "sliding_window": 4096,
+    "final_logit_softcapping": 30.0,
+    "attn_logit_softcapping": 50.0,
+    "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+}
+
+
 FAMILY = Family(
+    defaults=DEFAULTS,
     name="gemma2",
     display="Gemma 2",
     hf_arch="Gemma2ForCausalLM",

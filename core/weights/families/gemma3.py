@@ -21,27 +21,8 @@ from core.weights.families.base import (
 )
 from core.weights.families.gemma2 import STOPS, check_scale, gemma_options, gguf_hparams, table
 
-# Gemma3TextConfig's defaults: the multimodal checkpoints' text_config leaves many out.
-TEXT_DEFAULTS = {
-    "vocab_size": 262_208,
-    "hidden_size": 2304,
-    "intermediate_size": 9216,
-    "num_hidden_layers": 26,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 4,
-    "head_dim": 256,
-    "max_position_embeddings": 131_072,
-    "rms_norm_eps": 1e-6,
-    "query_pre_attn_scalar": 256,
-    "sliding_window": 4096,
-    "rope_local_base_freq": 10_000.0,
-    "tie_word_embeddings": True,
-    "hidden_activation": "gelu_pytorch_tanh",
-}
-
 
 def config(hf: dict, source: str) -> GPTConfig:
-    hf = {**TEXT_DEFAULTS, **hf}
     params = hf.get("rope_parameters") or {}
     if "full_attention" in params:  # transformers 5: one set of RoPE settings a layer type
         full, local = params["full_attention"] or {}, params.get("sliding_attention") or {}
@@ -104,7 +85,32 @@ PROJECTOR = Projector(
     f32=lambda name: ".embeddings." in name,
 )
 
+# Gemma3TextConfig's defaults: what a released config.json may leave out
+DEFAULTS = {
+    "vocab_size": 262_208,
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "num_hidden_layers": 26,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "max_position_embeddings": 131_072,
+    "rms_norm_eps": 1e-06,
+    "tie_word_embeddings": True,
+    "attention_bias": False,
+    "query_pre_attn_scalar": 256,
+    "sliding_window": 4096,
+    "use_bidirectional_attention": False,
+    "rope_parameters": {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+    },
+}
+
+
 FAMILY = Family(
+    defaults=DEFAULTS,
     name="gemma3",
     display="Gemma 3",
     hf_arch="Gemma3ForCausalLM",

@@ -385,7 +385,40 @@ PROJECTOR = Projector(
     problem=projector_problem,
 )
 
+# Gemma4TextConfig's defaults: what a released config.json may leave out
+DEFAULTS = {
+    "vocab_size": 262_144,
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "max_position_embeddings": 131_072,
+    "rms_norm_eps": 1e-06,
+    "tie_word_embeddings": True,
+    "attention_bias": False,
+    "sliding_window": 512,
+    "vocab_size_per_layer_input": 262_144,
+    "hidden_size_per_layer_input": 256,
+    "attention_k_eq_v": False,
+    "num_kv_shared_layers": 0,
+    "enable_moe_block": False,
+    "use_double_wide_mlp": False,
+    "rope_parameters": {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {
+            "rope_type": "proportional",
+            "partial_rotary_factor": 0.25,
+            "rope_theta": 1000000.0,
+        },
+    },
+}
+
+
 FAMILY = Family(
+    defaults=DEFAULTS,
     name="gemma4",
     model_types=("gemma4_text",),
     display="Gemma 4",

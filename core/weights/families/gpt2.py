@@ -113,7 +113,24 @@ def hf_config(c: GPTConfig) -> dict:
     }
 
 
+# GPT2Config's defaults: what a released config.json may leave out
+DEFAULTS = {
+    "vocab_size": 50_257,
+    "n_positions": 1024,
+    "n_embd": 768,
+    "n_layer": 12,
+    "n_head": 12,
+    "activation_function": "gelu_new",
+    "layer_norm_epsilon": 1e-05,
+    "scale_attn_weights": True,
+    "scale_attn_by_inverse_layer_idx": False,
+    "reorder_and_upcast_attn": False,
+    "tie_word_embeddings": True,
+}
+
+
 FAMILY = Family(
+    defaults=DEFAULTS,
     name="gpt2",
     display="GPT-2",
     hf_arch="GPT2LMHeadModel",

@@ -133,7 +133,41 @@ def gguf_hparams(writer, c: GPTConfig) -> None:
         writer.add_sliding_window(c.sliding_window)
 
 
+# GptOssConfig's defaults: what a released config.json may leave out
+DEFAULTS = {
+    "num_hidden_layers": 36,
+    "num_local_experts": 128,
+    "vocab_size": 201_088,
+    "hidden_size": 2880,
+    "intermediate_size": 2880,
+    "head_dim": 64,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "sliding_window": 128,
+    "tie_word_embeddings": False,
+    "hidden_act": "silu",
+    "max_position_embeddings": 131_072,
+    "rms_norm_eps": 1e-05,
+    "num_experts_per_tok": 4,
+    "swiglu_alpha": 1.702,
+    "swiglu_limit": 7.0,
+    "router_aux_loss_coef": 0.001,
+    "output_router_logits": False,
+    "attention_bias": True,
+    "rope_parameters": {
+        "rope_type": "yarn",
+        "factor": 32.0,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "truncate": False,
+        "original_max_position_embeddings": 4096,
+        "rope_theta": 150000.0,
+    },
+}
+
+
 FAMILY = Family(
+    defaults=DEFAULTS,
     name="gpt_oss",
     display="gpt-oss",
     hf_arch="GptOssForCausalLM",

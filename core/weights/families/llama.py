@@ -42,7 +42,25 @@ def hf_config(c: GPTConfig) -> dict:
     }
 
 
+# LlamaConfig's defaults: what a released config.json may leave out
+DEFAULTS = {
+    "vocab_size": 32_000,
+    "hidden_size": 4096,
+    "intermediate_size": 11_008,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "hidden_act": "silu",
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-06,
+    "tie_word_embeddings": False,
+    "attention_bias": False,
+    "mlp_bias": False,
+    "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+}
+
+
 FAMILY = Family(
+    defaults=DEFAULTS,
     name="llama",
     display="Llama",
     hf_arch="LlamaForCausalLM",

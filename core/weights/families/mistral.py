@@ -16,7 +16,25 @@ def config(hf: dict, source: str) -> GPTConfig:
     return c
 
 
+# MistralConfig's defaults: what a released config.json may leave out
+DEFAULTS = {
+    "vocab_size": 32_000,
+    "hidden_size": 4096,
+    "intermediate_size": 14_336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "hidden_act": "silu",
+    "max_position_embeddings": 131_072,
+    "rms_norm_eps": 1e-06,
+    "tie_word_embeddings": False,
+    "sliding_window": 4096,
+    "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+}
+
+
 FAMILY = Family(
+    defaults=DEFAULTS,
     name="mistral",
     display="Mistral",
     hf_arch="MistralForCausalLM",

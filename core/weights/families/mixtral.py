@@ -34,7 +34,28 @@ def table(c: GPTConfig):
     return llama_table(c) + rows
 
 
+# MixtralConfig's defaults: what a released config.json may leave out
+DEFAULTS = {
+    "vocab_size": 32_000,
+    "hidden_size": 4096,
+    "intermediate_size": 14_336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "hidden_act": "silu",
+    "max_position_embeddings": 131_072,
+    "rms_norm_eps": 1e-05,
+    "tie_word_embeddings": False,
+    "num_experts_per_tok": 2,
+    "num_local_experts": 8,
+    "output_router_logits": False,
+    "router_aux_loss_coef": 0.001,
+    "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"},
+}
+
+
 FAMILY = Family(
+    defaults=DEFAULTS,
     name="mixtral",
     display="Mixtral",
     hf_arch="MixtralForCausalLM",

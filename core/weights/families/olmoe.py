@@ -48,7 +48,29 @@ def gguf_check(c: GPTConfig) -> str | None:
     return gguf_experts("olmoe", norm_topk=False)(c)
 
 
+# OlmoeConfig's defaults: what a released config.json may leave out
+DEFAULTS = {
+    "vocab_size": 50_304,
+    "hidden_size": 2048,
+    "intermediate_size": 2048,
+    "num_hidden_layers": 16,
+    "num_attention_heads": 16,
+    "hidden_act": "silu",
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-05,
+    "tie_word_embeddings": False,
+    "attention_bias": False,
+    "num_experts_per_tok": 8,
+    "num_experts": 64,
+    "output_router_logits": False,
+    "router_aux_loss_coef": 0.01,
+    "norm_topk_prob": False,
+    "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+}
+
+
 FAMILY = Family(
+    defaults=DEFAULTS,
     name="olmoe",
     display="OLMoE",
     hf_arch="OlmoeForCausalLM",

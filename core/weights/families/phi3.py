@@ -87,7 +87,28 @@ def gguf_notes(c: GPTConfig) -> list[str]:
     return notes
 
 
+# Phi3Config's defaults: what a released config.json may leave out
+DEFAULTS = {
+    "vocab_size": 32_064,
+    "hidden_size": 3072,
+    "intermediate_size": 8192,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "hidden_act": "silu",
+    "max_position_embeddings": 4096,
+    "original_max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-05,
+    "tie_word_embeddings": False,
+    "rope_parameters": {
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 1.0,
+        "rope_type": "default",
+    },
+}
+
+
 FAMILY = Family(
+    defaults=DEFAULTS,
     name="phi3",
     display="Phi-3",
     hf_arch="Phi3ForCausalLM",

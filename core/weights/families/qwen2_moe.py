@@ -61,7 +61,36 @@ def table(c: GPTConfig):
     return llama_table(c) + experts + shared_rows(c)
 
 
+# Qwen2MoeConfig's defaults: what a released config.json may leave out
+DEFAULTS = {
+    "vocab_size": 151_936,
+    "hidden_size": 2048,
+    "intermediate_size": 5632,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 16,
+    "hidden_act": "silu",
+    "max_position_embeddings": 32_768,
+    "rms_norm_eps": 1e-06,
+    "tie_word_embeddings": False,
+    "use_sliding_window": False,
+    "sliding_window": 4096,
+    "max_window_layers": 28,
+    "decoder_sparse_step": 1,
+    "moe_intermediate_size": 1408,
+    "shared_expert_intermediate_size": 5632,
+    "num_experts_per_tok": 4,
+    "num_experts": 60,
+    "norm_topk_prob": False,
+    "output_router_logits": False,
+    "router_aux_loss_coef": 0.001,
+    "qkv_bias": True,
+    "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+}
+
+
 FAMILY = Family(
+    defaults=DEFAULTS,
     name="qwen2_moe",
     display="Qwen2-MoE",
     hf_arch="Qwen2MoeForCausalLM",

@@ -29,7 +29,29 @@ def hf_config(c: GPTConfig) -> dict:
     }
 
 
+# Qwen3Config's defaults: what a released config.json may leave out
+DEFAULTS = {
+    "vocab_size": 151_936,
+    "hidden_size": 4096,
+    "intermediate_size": 22_016,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "max_position_embeddings": 32_768,
+    "rms_norm_eps": 1e-06,
+    "tie_word_embeddings": False,
+    "attention_bias": False,
+    "use_sliding_window": False,
+    "sliding_window": 4096,
+    "max_window_layers": 28,
+    "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+}
+
+
 FAMILY = Family(
+    defaults=DEFAULTS,
     name="qwen3",
     display="Qwen3",
     hf_arch="Qwen3ForCausalLM",

@@ -40,12 +40,12 @@ def config(hf: dict, source: str) -> GPTConfig:
     hf = text_config(hf)
     head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
     c = llama_options(
-        {"partial_rotary_factor": 0.25, **hf},
+        hf,
         source,
         qk_norm=True,
         norm_offset=1.0,
         attn_output_gate=True,
-        rope_dim=partial_rotary({"partial_rotary_factor": 0.25, **hf}, head_dim),
+        rope_dim=partial_rotary(hf, head_dim),
         layer_types=layer_types(hf),
         linear_attn={
             "n_k_heads": hf.get("linear_num_key_heads", 16),
@@ -247,7 +247,35 @@ PROJECTOR = Projector(
     vision_config=projector_vision,
 )
 
+# Qwen3_5TextConfig's defaults: what a released config.json may leave out
+DEFAULTS = {
+    "vocab_size": 248_320,
+    "hidden_size": 4096,
+    "intermediate_size": 12_288,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 4,
+    "hidden_act": "silu",
+    "max_position_embeddings": 32_768,
+    "rms_norm_eps": 1e-06,
+    "tie_word_embeddings": False,
+    "attention_bias": False,
+    "head_dim": 256,
+    "linear_conv_kernel_dim": 4,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32,
+    "rope_parameters": {
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.25,
+        "rope_type": "default",
+    },
+}
+
+
 FAMILY = Family(
+    defaults=DEFAULTS,
     name="qwen3_5",
     display="Qwen3.5",
     model_types=("qwen3_5_text",),

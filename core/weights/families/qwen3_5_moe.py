@@ -31,6 +31,8 @@ def config(hf: dict, source: str) -> GPTConfig:
         expert_dim=text["moe_intermediate_size"],
         shared_expert_dim=text.get("shared_expert_intermediate_size") or None,
     )
+    if n:  # experts in every layer: no dense MLP, and no intermediate_size in its config
+        text = {"intermediate_size": text["moe_intermediate_size"], **text}
     return dataclasses.replace(qwen3_5.config(text, source), moe=moe if n else None)
 
 
@@ -40,7 +42,40 @@ def table(c: GPTConfig):
     return qwen3_5.table(c) + experts + shared_rows(c)
 
 
+# Qwen3_5MoeTextConfig's defaults: what a released config.json may leave out
+DEFAULTS = {
+    "vocab_size": 248_320,
+    "hidden_size": 2048,
+    "num_hidden_layers": 40,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 2,
+    "hidden_act": "silu",
+    "max_position_embeddings": 32_768,
+    "rms_norm_eps": 1e-06,
+    "tie_word_embeddings": False,
+    "attention_bias": False,
+    "head_dim": 256,
+    "linear_conv_kernel_dim": 4,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32,
+    "moe_intermediate_size": 512,
+    "shared_expert_intermediate_size": 512,
+    "num_experts_per_tok": 8,
+    "num_experts": 256,
+    "output_router_logits": False,
+    "router_aux_loss_coef": 0.001,
+    "rope_parameters": {
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.25,
+        "rope_type": "default",
+    },
+}
+
+
 FAMILY = Family(
+    defaults=DEFAULTS,
     name="qwen3_5_moe",
     display="Qwen3.5-MoE",
     model_types=("qwen3_5_moe_text",),

@@ -31,7 +31,34 @@ def table(c: GPTConfig):
     return llama_table(c) + expert_rows(c, "model.layers.{i}.mlp.", names, "gate")
 
 
+# Qwen3MoeConfig's defaults: what a released config.json may leave out
+DEFAULTS = {
+    "vocab_size": 151_936,
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "hidden_act": "silu",
+    "max_position_embeddings": 32_768,
+    "rms_norm_eps": 1e-06,
+    "tie_word_embeddings": False,
+    "attention_bias": False,
+    "use_sliding_window": False,
+    "sliding_window": 4096,
+    "decoder_sparse_step": 1,
+    "moe_intermediate_size": 768,
+    "num_experts_per_tok": 8,
+    "num_experts": 128,
+    "norm_topk_prob": False,
+    "output_router_logits": False,
+    "router_aux_loss_coef": 0.001,
+    "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+}
+
+
 FAMILY = Family(
+    defaults=DEFAULTS,
     name="qwen3_moe",
     display="Qwen3-MoE",
     hf_arch="Qwen3MoeForCausalLM",

@@ -38,7 +38,28 @@ def gguf_check(c: GPTConfig) -> str | None:
     return None
 
 
+# SmolLM3Config's defaults: what a released config.json may leave out
+DEFAULTS = {
+    "vocab_size": 128_256,
+    "hidden_size": 2048,
+    "intermediate_size": 11_008,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 4,
+    "hidden_act": "silu",
+    "max_position_embeddings": 32_768,
+    "rms_norm_eps": 1e-06,
+    "use_sliding_window": False,
+    "no_rope_layer_interval": 4,
+    "attention_bias": False,
+    "mlp_bias": False,
+    "tie_word_embeddings": True,
+    "rope_parameters": {"rope_theta": 2000000.0, "rope_type": "default"},
+}
+
+
 FAMILY = Family(
+    defaults=DEFAULTS,
     name="smollm3",
     display="SmolLM3",
     hf_arch="SmolLM3ForCausalLM",
