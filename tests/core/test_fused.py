@@ -33,7 +33,6 @@ def plain_rms_norm(x, weight, eps):
     return weight * h.to(x.dtype)
 
 
-@pytest.mark.numerics
 @pytest.mark.parametrize("shape", [(3, 7, 16), (2, 4, 5, 8)])  # a block's, a per-head q/k norm's
 def test_rms_norm_equals_the_plain_one(shape):
     torch.manual_seed(0)
@@ -53,7 +52,6 @@ def test_rms_norm_of_a_transposed_view_as_q_k_norm_gets():
     )
 
 
-@pytest.mark.numerics
 def test_swiglu_equals_the_plain_one():
     torch.manual_seed(0)
     h = torch.randn(2, 5, 24) * 2
@@ -67,7 +65,6 @@ def test_swiglu_equals_the_plain_one():
     assert_equal(got, want)
 
 
-@pytest.mark.numerics
 @pytest.mark.parametrize("packed", [False, True])  # one table for all rows, or one per row
 def test_rope_equals_rotate_half(packed):
     torch.manual_seed(0)

@@ -1,6 +1,5 @@
 import math
 
-import pytest
 import torch
 
 from core.models.model import GPT, VOCAB_SIZE, GPTConfig
@@ -23,7 +22,6 @@ def test_shapes_and_initial_loss_near_uniform_guess():
     assert abs(loss.item() - math.log(VOCAB_SIZE)) < 0.3
 
 
-@pytest.mark.numerics
 def test_attention_is_causal():
     model = make().eval()
     idx = torch.randint(0, VOCAB_SIZE, (1, 16))

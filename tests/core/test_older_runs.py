@@ -89,15 +89,23 @@ def test_a_preference_or_reward_run_stopped_before_the_owners_move_resumes_as_th
     assert resumed[:3] == old[:3]  # the old lines are kept as they were
     keys = ("loss", "reward", "reward_std", "rewards/margins", "rewards/accuracies")
     keys = [k for k in keys if k in old[0]]
-    # Exact where this machine's kernels are the fixture's: today's straight run repeats the
-    # old run's first three steps bit for bit. Elsewhere (other kernels round the last bit)
-    # the resumed steps only have to be finite: a sampled token may flip.
+    # Where today's straight run samples the old run's first three steps (its rewards and
+    # losses equal to float32 rounding), the resumed steps are the old code's to rounding too:
+    # each record is a float32 mean or std over O(1) terms, after at most three updates from
+    # the same weights (rel 1e-5, about 80 float32 steps); GRPO's loss is rounding residue
+    # around 0 (its advantages sum to zero), so abs 1e-6. Where this machine's kernels draw
+    # other completions, the resumed steps only have to be finite.
     straight = ["--out", "straight", "--data-cache", "cache", "--preset", f"{method}/config.yaml"]
     assert train_main(straight) == 0
-    same_kernels = [[r[k] for k in keys] for r in train_records(Path("straight/metrics.jsonl"))][
-        :3
-    ] == [[r[k] for k in keys] for r in old[:3]]
-    if same_kernels:
-        assert [[r[k] for k in keys] for r in resumed] == [[r[k] for k in keys] for r in old]
+
+    def values(records) -> list[float]:
+        return [r[k] for r in records for k in keys]
+
+    def close(got, want) -> bool:
+        return got == pytest.approx(want, rel=1e-5, abs=1e-6)
+
+    fresh = train_records(Path("straight/metrics.jsonl"))
+    if close(values(fresh[:3]), values(old[:3])):
+        assert close(values(resumed), values(old))
     else:
         assert all(math.isfinite(r["loss"]) for r in resumed)

@@ -16,7 +16,6 @@ from hf_models import (  # noqa: E402
     COMPOSITE_CONFIGS,
     FAMILIES,
     GEMMA4_CONFIGS,
-    HYBRID_FAMILIES,
     MOE_FAMILIES,
     make_config,
     released_config,
@@ -95,6 +94,24 @@ def test_a_familys_defaults_are_its_transformers_classs(family):
     if rope:
         want["rope_parameters"] = rope
     assert families.get(family).defaults == want
+
+
+@pytest.mark.parametrize("family", CLASSES)
+def test_a_familys_aliases_are_its_classs_and_read_under_its_name(family):
+    """Another name a config.json may give a setting (a class's attribute_map: GPT-2's
+    hidden_size is its n_embd, Qwen3-MoE's num_local_experts its num_experts): the same
+    pairs, read under the name the family's defaults use, never overridden by a default."""
+    cls, f = config_class(family), families.get(family)
+    assert {frozenset(p) for p in f.aliases.items()} == {
+        frozenset(p) for p in cls.attribute_map.items()
+    }
+    for alias, name in f.aliases.items():
+        assert name in f.defaults
+        full = cls().to_dict()
+        stated = {k: v for k, v in full.items() if k not in (alias, name)}
+        value = full.get(name, full.get(alias))
+        changed = {**stated, alias: value + 1}  # a count or a width: one more
+        assert shape(changed) == shape({**stated, name: value + 1}), alias
 
 
 @pytest.mark.parametrize("family", CLASSES)

@@ -56,7 +56,6 @@ class Largest(TorchDispatchMode):
         return out
 
 
-@pytest.mark.numerics
 @pytest.mark.parametrize("mlp", ["gelu", "gelu_tanh", "swiglu", "geglu"])
 @pytest.mark.parametrize("fused", [False, True])
 def test_a_tiled_mlp_equals_the_whole_one(mlp, fused):
@@ -77,7 +76,6 @@ def test_a_tiled_mlp_equals_the_whole_one(mlp, fused):
         torch.testing.assert_close(a, b, **TOL)
 
 
-@pytest.mark.numerics
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_a_lora_fine_tune_with_tiles_gives_the_whole_gradients(checkpointing):
     """The fused SwiGLU, the Remake hooks of a fine-tune and LoRA's adapters inside tiles."""
@@ -109,7 +107,6 @@ def test_tiles_keep_the_mlp_intermediate_from_existing_whole():
         assert seen.most == most  # tiled: a tile's gate and up (32 x 128) are less than x
 
 
-@pytest.mark.numerics
 @pytest.mark.parametrize(
     "kind",
     [

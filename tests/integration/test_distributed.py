@@ -53,7 +53,6 @@ def test_two_processes_match_one_process_with_the_whole_batch(tmp_path):
 
 
 @pytest.mark.slow  # over ~10 s on 2 cores
-@pytest.mark.numerics
 def test_grpo_in_two_processes_samples_and_weighs_as_one_process(tmp_path):
     pytest.importorskip("transformers")
     sys.path.insert(0, str(ROOT / "tests"))

@@ -168,7 +168,6 @@ def test_sampling_draws_each_token_with_its_probability_and_top_p_drops_the_tail
     assert grpo._pick(logits[:2], 0.8, 1.0, edges).tolist() == [0, 3]
 
 
-@pytest.mark.numerics
 def test_sampling_in_smaller_batches_draws_the_same_completions(model_dir):
     pre = open_pretrained(str(model_dir))
     cfg = apply_pretrained(validate(grpo_config(model_dir)), pre)
@@ -184,7 +183,6 @@ def test_sampling_in_smaller_batches_draws_the_same_completions(model_dir):
         assert torch.equal(a, b)
 
 
-@pytest.mark.numerics
 def test_batched_kv_cache_sampling_decodes_and_scores_as_each_prompt_alone(model_dir):
     pre = open_pretrained(str(model_dir))
     cfg = apply_pretrained(validate(grpo_config(model_dir)), pre)
@@ -292,7 +290,6 @@ def test_resume_mid_run_is_bitwise_the_straight_run(model_dir, tmp_path):
     assert steps == [1, 2, 3, 4, 5, 6]
 
 
-@pytest.mark.numerics
 def test_an_out_of_memory_step_is_redone_with_the_same_completions(model_dir, tmp_path):
     fired = []
 
@@ -315,7 +312,6 @@ def test_an_out_of_memory_step_is_redone_with_the_same_completions(model_dir, tm
     assert a[2]["reward"] == pytest.approx(b[2]["reward"], abs=2 / 32)
 
 
-@pytest.mark.numerics
 def test_out_of_memory_while_sampling_halves_it_with_the_same_draws(
     model_dir, tmp_path, monkeypatch
 ):

@@ -155,7 +155,8 @@ def model_config(hf: dict, source: str = "config.json") -> tuple[str, GPTConfig]
 
 def filled(family: str, hf: dict) -> dict:
     """The language model's config.json with the keys it leaves out at their defaults."""
-    return with_defaults(text_config(hf), FAMILIES[family].defaults)
+    f = FAMILIES[family]
+    return with_defaults(text_config(hf), f.defaults, f.aliases)
 
 
 def notes(family: str, hf: dict) -> list[str]:

@@ -91,17 +91,23 @@ class Family:
     # the class fills in when a file states no RoPE settings): a released config.json
     # leaves out what equals them (tests/core/test_released_configs.py keeps them equal)
     defaults: dict = field(default_factory=dict)
+    # another name config.json may give a setting -> the name the family reads (the class's
+    # attribute_map: GPT-2's hidden_size is its n_embd)
+    aliases: dict[str, str] = field(default_factory=dict)
 
 
 # A file's RoPE settings, the older form (rope_theta, rope_scaling) or transformers 5's
 ROPE_KEYS = ("rope_parameters", "rope_scaling", "rope_theta")
 
 
-def with_defaults(hf: dict, defaults: dict) -> dict:
+def with_defaults(hf: dict, defaults: dict, aliases: dict | None = None) -> dict:
     """config.json with what it leaves out taken from the family's defaults, as its
-    transformers class fills it in. RoPE settings go as one: a file that states its own keeps
-    them, taking from the default only the base (rope_theta) and partial_rotary_factor it
-    does not state."""
+    transformers class fills it in; a setting given under another name (aliases) is read
+    under the family's. RoPE settings go as one: a file that states its own keeps them,
+    taking from the default only the base (rope_theta) and partial_rotary_factor it does not
+    state."""
+    renamed = {name: hf[alias] for alias, name in (aliases or {}).items() if alias in hf}
+    hf = {**renamed, **hf}
     if not any(hf.get(key) is not None for key in ROPE_KEYS):
         return {**defaults, **hf}
     out = {**{k: v for k, v in defaults.items() if k != "rope_parameters"}, **hf}

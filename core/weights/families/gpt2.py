@@ -127,10 +127,18 @@ DEFAULTS = {
     "reorder_and_upcast_attn": False,
     "tie_word_embeddings": True,
 }
+# Other names GPT2Config takes for these settings (its attribute_map)
+ALIASES = {
+    "hidden_size": "n_embd",
+    "max_position_embeddings": "n_positions",
+    "num_attention_heads": "n_head",
+    "num_hidden_layers": "n_layer",
+}
 
 
 FAMILY = Family(
     defaults=DEFAULTS,
+    aliases=ALIASES,
     name="gpt2",
     display="GPT-2",
     hf_arch="GPT2LMHeadModel",

@@ -164,10 +164,13 @@ DEFAULTS = {
         "rope_theta": 150000.0,
     },
 }
+# Other names GptOssConfig takes for these settings (its attribute_map)
+ALIASES = {"num_experts": "num_local_experts"}
 
 
 FAMILY = Family(
     defaults=DEFAULTS,
+    aliases=ALIASES,
     name="gpt_oss",
     display="gpt-oss",
     hf_arch="GptOssForCausalLM",

@@ -52,10 +52,13 @@ DEFAULTS = {
     "router_aux_loss_coef": 0.001,
     "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"},
 }
+# Other names MixtralConfig takes for these settings (its attribute_map)
+ALIASES = {"num_experts": "num_local_experts"}
 
 
 FAMILY = Family(
     defaults=DEFAULTS,
+    aliases=ALIASES,
     name="mixtral",
     display="Mixtral",
     hf_arch="MixtralForCausalLM",

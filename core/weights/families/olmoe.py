@@ -67,10 +67,13 @@ DEFAULTS = {
     "norm_topk_prob": False,
     "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
 }
+# Other names OlmoeConfig takes for these settings (its attribute_map)
+ALIASES = {"num_local_experts": "num_experts"}
 
 
 FAMILY = Family(
     defaults=DEFAULTS,
+    aliases=ALIASES,
     name="olmoe",
     display="OLMoE",
     hf_arch="OlmoeForCausalLM",

@@ -55,10 +55,13 @@ DEFAULTS = {
     "router_aux_loss_coef": 0.001,
     "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
 }
+# Other names Qwen3MoeConfig takes for these settings (its attribute_map)
+ALIASES = {"num_local_experts": "num_experts"}
 
 
 FAMILY = Family(
     defaults=DEFAULTS,
+    aliases=ALIASES,
     name="qwen3_moe",
     display="Qwen3-MoE",
     hf_arch="Qwen3MoeForCausalLM",
