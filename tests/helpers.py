@@ -115,3 +115,10 @@ def plain_token_logps(logits, targets, temperature: float):
     logps = logp_all.gather(-1, targets[..., None])[..., 0]
     entropy = -(logp_all.exp() * logp_all).sum(-1)
     return logps, entropy
+
+
+def float32_rounding(fp32, fp64) -> float:
+    """How far float32 arithmetic took a computation from the same one in float64: its
+    largest difference. Two float32 computations of one function (another library's, other
+    kernels, another summation order) differ by a small multiple of it on any CPU."""
+    return (fp32.double() - fp64.double()).abs().max().item()

@@ -6,6 +6,7 @@ composite builder of tests/hf_models.py; a family not built yet skips."""
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -13,7 +14,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from helpers import tiny_config  # noqa: E402
+from helpers import float32_rounding, tiny_config  # noqa: E402
 from hf_models import COMPOSITES, TEXT  # noqa: E402
 
 from core.training.trainer import Trainer  # noqa: E402
@@ -48,9 +49,12 @@ def test_a_composite_trains_its_language_model_and_exports_the_whole_class(tmp_p
     kinds = " and ".join(composite.towers(pre.hf_config))
     assert pre.family == family and f"), {kinds} kept, " in line.split("\n")[0]
     ids = torch.tensor([tok(PROMPT)["input_ids"]])
-    with torch.no_grad():  # text in: the language model alone gives the composite's logits
+    # Text in: the language model alone gives the composite's logits, to float32's rounding
+    # of them (measured against float64: Qwen3.5's delta rule amplifies it, to 2e-5 here)
+    with torch.no_grad():
         before = model(input_ids=ids).logits
-        assert (load(tmp_path / "base").model.logits(ids) - before).abs().max() < 1e-5
+        rounding = float32_rounding(before, copy.deepcopy(model).double()(input_ids=ids).logits)
+        assert (load(tmp_path / "base").model.logits(ids) - before).abs().max() < 4 * rounding
 
     (tmp_path / "text.txt").write_text(TEXT * 3, encoding="utf-8")
     cfg = tiny_config(
