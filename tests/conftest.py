@@ -20,6 +20,29 @@ if importlib.util.find_spec("setuptools"):
     import setuptools  # noqa: F401
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--float-comparisons",
+        action="store_true",
+        help="only the tests that compare floats (read from their source: tests/float_checks.py);"
+        " CI runs them again under other kernels",
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--float-comparisons"):
+        return
+    from float_checks import compares_floats
+
+    kept, left = [], []
+    for item in items:
+        function = getattr(item, "function", None)
+        (kept if function is not None and compares_floats(function) else left).append(item)
+    if left:
+        config.hook.pytest_deselected(items=left)
+        items[:] = kept
+
+
 def pytest_xdist_auto_num_workers(config):
     """-n auto (pyproject's addopts): a worker a core, at most 4 (each holds torch,
     transformers and a Qt application)."""
