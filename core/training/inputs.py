@@ -19,10 +19,12 @@ from core.data.prompts import PromptData
 from core.data.sources import data_changes, sure_changes
 from core.data.tokenizer import Tokenizer
 from core.data.windows import TokenData
-from core.errors import CheckpointError
+from core.errors import CheckpointError, DataError
 from core.models import deltanet, lora, quant
 from core.models.model import GPT, GPTConfig
+from core.models.vision import attach
 from core.platform import heap
+from core.weights import vision
 from core.weights.loader import Pretrained, drop_pages
 
 
@@ -42,6 +44,16 @@ def prepare_data(
     allow_change."""
     sources = mix.sources_of(cfg)
     specs = [mix.source_spec(cfg, src, events.on_prepare) for src in sources]
+    if pretrained is not None:  # how the model sees images, where it does (else: text only)
+        seen, why = None, ""
+        try:
+            seen = vision.image_spec(
+                pretrained.folder, pretrained.hf_config, pretrained.tokenizer, cfg.image_max_pixels
+            )
+        except DataError as e:  # said if the data has images; text trains as ever
+            why = str(e)
+        for spec in specs:
+            spec.images, spec.images_problem = seen, why
     mix.check_pairs_alone(specs, sources)  # before any source is prepared
     if saved:
         tokenizer = Tokenizer.from_json(saved["tokenizer_json"], saved.get("tokenizer_meta"))
@@ -183,6 +195,18 @@ def build_model(
     elif bits == 16:  # the frozen base in 16 bits: half its memory
         lora.freeze_to(model, torch.bfloat16 if precision == "bf16" else torch.float16)
     return model
+
+
+def attach_vision(model: GPT, pretrained: Pretrained, log) -> None:
+    """The base's vision tower and projector in the model's forward pass (chat data with
+    images), frozen: LoRA and full fine-tuning train the language model."""
+    tower = vision.load_vision(pretrained.folder, pretrained.hf_config)
+    attach(model, tower, trains=False)
+    n = sum(p.numel() for p in tower.parameters())
+    log(
+        f"vision: {tower.options.kind} tower and projector ({n:,} parameters) in the forward "
+        "pass, frozen; the loss is on the answers' text only"
+    )
 
 
 def _materialize(model: GPT, dtype: torch.dtype) -> None:
