@@ -48,9 +48,12 @@ def generate_ids(
     use_cache: bool = True,
     should_stop: Callable[[], bool] | None = None,
     stop_ids: list[int] | tuple = (),
+    images=None,
 ) -> Iterator[int]:
     """Yield n_new token ids after prompt. The window over which the model looks is the same
-    with and without the cache: once it is full it moves forward by half a context."""
+    with and without the cache: once it is full it moves forward by half a context. images
+    (N, 3, H, W): the pixel values of the prompt's images (a model with a vision tower),
+    seen while the window holds the whole prompt."""
     context = model.config.seq_len
     device = next(model.parameters()).device
     gen = torch.Generator().manual_seed(seed)
@@ -63,13 +66,14 @@ def generate_ids(
         if len(tokens) - start > context:
             start = len(tokens) - context // 2
         window = tokens[start:]
+        seen = {"images": images.to(device)} if images is not None and start == 0 else {}
         with torch.no_grad():
             if not use_cache:
-                logits = model.logits(torch.tensor([window], device=device))
+                logits = model.logits(torch.tensor([window], device=device), **seen)
                 logits = logits[:, -1]
             elif cache is None or cache_start != start:
                 ids = torch.tensor([window], device=device)
-                logits, cache = model.forward_cached(ids, last=True)
+                logits, cache = model.forward_cached(ids, last=True, **seen)
                 cache_start = start
             else:
                 last = torch.tensor([[window[-1]]], device=device)
