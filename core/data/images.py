@@ -116,8 +116,11 @@ def open_rgb(path: Path):
         raise ImageProblem("is a folder, not an image file") from None
     except UnidentifiedImageError:
         raise ImageProblem("is not an image Pillow can read (PNG, JPEG or WebP)") from None
-    except Image.DecompressionBombError as e:
-        raise ImageProblem(f"is too large to decode safely ({e})") from None
+    except Image.DecompressionBombError as e:  # over twice the limit: Pillow's own check
+        raise ImageProblem(
+            f"is over the {MAX_PIXELS:,}-pixel limit that guards against decompression bombs "
+            f"(Pillow: {str(e).rstrip('.')}); resize it"
+        ) from None
     except PermissionError:
         raise ImageProblem("cannot be read (permission denied)") from None
     except (OSError, SyntaxError, ValueError) as e:  # Pillow's damaged-file errors

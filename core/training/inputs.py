@@ -45,15 +45,7 @@ def prepare_data(
     sources = mix.sources_of(cfg)
     specs = [mix.source_spec(cfg, src, events.on_prepare) for src in sources]
     if pretrained is not None:  # how the model sees images, where it does (else: text only)
-        seen, why = None, ""
-        try:
-            seen = vision.image_spec(
-                pretrained.folder, pretrained.hf_config, pretrained.tokenizer, cfg.image_max_pixels
-            )
-        except DataError as e:  # said if the data has images; text trains as ever
-            why = str(e)
-        for spec in specs:
-            spec.images, spec.images_problem = seen, why
+        vision.tell_specs(specs, pretrained, cfg.image_max_pixels)
     mix.check_pairs_alone(specs, sources)  # before any source is prepared
     if saved:
         tokenizer = Tokenizer.from_json(saved["tokenizer_json"], saved.get("tokenizer_meta"))
@@ -70,6 +62,11 @@ def prepare_data(
         parts.append(TokenData(folder, manifest, cfg.seq_len, cfg.seed))
         tokenizer = tokenizer or parts[0].tokenizer  # one tokenizer for every source
     data = parts[0]
+    if len(parts) > 1 and any(p.images is not None for p in parts):
+        raise DataError(
+            "data: chat data with images trains from one data source for now; join the "
+            "sources into one file (images and text examples may mix in it)"
+        )
     if len(parts) > 1:
         data = MixedData(parts, mix.source_names(sources), mix.weights_of(cfg, parts), cfg.seed)
     if saved and data_info(data)["fingerprint"] != saved["fingerprint"]:

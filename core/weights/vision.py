@@ -112,6 +112,18 @@ def image_spec(folder, hf: dict, tokenizer, max_pixels: int | None = None) -> Im
     )
 
 
+def tell_specs(specs, pretrained, max_pixels: int | None) -> None:
+    """Each data spec told how the model sees images (a problem with its files is said only
+    where the data has images: text trains as ever)."""
+    seen, why = None, ""
+    try:
+        seen = image_spec(pretrained.folder, pretrained.hf_config, pretrained.tokenizer, max_pixels)
+    except DataError as e:
+        why = str(e).removeprefix("images: ")
+    for spec in specs:
+        spec.images, spec.images_problem = seen, why
+
+
 def _token_text(tokenizer, token_id: int) -> str:
     text = tokenizer.hf.id_to_token(token_id) if tokenizer.kind != "bytes" else None
     if text is None:
