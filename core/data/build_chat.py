@@ -182,24 +182,15 @@ class Pictures:
 def expand_marks(spec: images.ImageSpec, counts: list[int], origin: str, text: str, spans):
     """The rendered text with each image mark the template wrote made into the model's image
     tokens (as its processor does), and the answer spans moved with it."""
-    pieces = text.split(spec.placeholder)
-    if len(pieces) - 1 != len(counts):
-        raise DataError(
-            f"data: {origin}: the chat template wrote {len(pieces) - 1} image mark(s) "
-            f"({spec.placeholder!r}) for {len(counts)} image(s); this model's template does "
-            "not show images as its processor expects"
-        )
-    out, shifts, at = [pieces[0]], [], len(pieces[0])
-    for piece, n in zip(pieces[1:], counts, strict=True):
-        expanded = spec.text(n)
-        shifts.append((at, len(expanded) - len(spec.placeholder)))
-        out += [expanded, piece]
-        at += len(spec.placeholder) + len(piece)
+    try:
+        expanded, shifts = images.marks_expanded(text, spec, counts)
+    except images.ImageProblem as e:
+        raise DataError(f"data: {origin}: {e}") from None
 
     def moved(p: int) -> int:
         return p + sum(d for start, d in shifts if start < p)
 
-    return "".join(out), [(moved(a), moved(b)) for a, b in spans]
+    return expanded, [(moved(a), moved(b)) for a, b in spans]
 
 
 def _text_only(spec: DataSpec, examples) -> None:

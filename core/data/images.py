@@ -216,6 +216,26 @@ def image_tokens(spec: ImageSpec, pixels: np.ndarray) -> int:
     return spec.tokens
 
 
+def marks_expanded(text: str, spec: ImageSpec, counts: list[int]) -> tuple[str, list]:
+    """A rendered conversation with each image mark its template wrote made into the model's
+    image tokens (as its processor does: counts[i] for the i-th), and where the text grew:
+    [(position in text, characters added)]."""
+    pieces = text.split(spec.placeholder)
+    if len(pieces) - 1 != len(counts):
+        raise ImageProblem(
+            f"the chat template wrote {len(pieces) - 1} image mark(s) ({spec.placeholder!r}) "
+            f"for {len(counts)} image(s); this model's template does not show images as its "
+            "processor expects"
+        )
+    out, shifts, at = [pieces[0]], [], len(pieces[0])
+    for piece, n in zip(pieces[1:], counts, strict=True):
+        expanded = spec.text(n)
+        shifts.append((at, len(expanded) - len(spec.placeholder)))
+        out += [expanded, piece]
+        at += len(spec.placeholder) + len(piece)
+    return "".join(out), shifts
+
+
 # -- parts of a message -------------------------------------------------------------------------
 
 

@@ -147,3 +147,33 @@ def test_a_lora_fine_tune_on_images_learns_and_exports_the_whole_class(gemma3, t
         assert (adapted(**inputs).logits - want).abs().max() < TOLERANCE
     _, evals = read_metrics(run / "metrics.jsonl")
     assert evals[-1]["val_loss"] < evals[0]["val_loss"]
+
+
+def test_the_generate_command_answers_about_an_image(gemma3, tmp_path, capsys):
+    """core.generate MODEL --chat --image PATH --prompt TEXT: transformers' greedy answer;
+    a bad image or a text-only model is one line, exit 2, before any model loads."""
+    from hf_models import make_model
+
+    from core.cli.generate import main as generate_main
+
+    folder, processor = gemma3
+    picture = save_image(tmp_path / "a.png", "png", (50, 40), 5)
+    inputs = inputs_of(processor, conversation(picture), [picture])
+    with torch.no_grad():
+        out = reloaded(folder).generate(**inputs, max_new_tokens=5, do_sample=False)
+    want = processor.tokenizer.decode(out[0, inputs["input_ids"].shape[1] :])
+    want = want.split("<end_of_turn>")[0]
+    args = [str(folder), "--chat", "--prompt", "What colour?", "--temperature", "0"]
+    args += ["--max-new-tokens", "5", "--image", str(picture)]
+    assert generate_main(args) == 0
+    assert capsys.readouterr().out.strip() == want.strip()
+    (tmp_path / "not.png").write_text("text", encoding="utf-8")
+    assert generate_main([*args[:-1], str(tmp_path / "not.png")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert (
+        err
+        == f"error: --image: {tmp_path / 'not.png'} is not an image Pillow can read (PNG, JPEG or WebP)"
+    )
+    make_model(tmp_path / "text", "qwen3")
+    assert generate_main([str(tmp_path / "text"), *args[1:]]) == 2
+    assert "--image: this model reads text only" in capsys.readouterr().err
