@@ -170,10 +170,7 @@ def test_the_generate_command_answers_about_an_image(gemma3, tmp_path, capsys):
     (tmp_path / "not.png").write_text("text", encoding="utf-8")
     assert generate_main([*args[:-1], str(tmp_path / "not.png")]) == 2
     err = capsys.readouterr().err.strip()
-    assert (
-        err
-        == f"error: --image: {tmp_path / 'not.png'} is not an image Pillow can read (PNG, JPEG or WebP)"
-    )
+    assert err.startswith(f"error: --image: {tmp_path / 'not.png'} is not an image Pillow")
     make_model(tmp_path / "text", "qwen3")
     assert generate_main([str(tmp_path / "text"), *args[1:]]) == 2
     assert "--image: this model reads text only" in capsys.readouterr().err
