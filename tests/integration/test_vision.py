@@ -174,3 +174,58 @@ def test_the_generate_command_answers_about_an_image(gemma3, tmp_path, capsys):
     make_model(tmp_path / "text", "qwen3")
     assert generate_main([str(tmp_path / "text"), *args[1:]]) == 2
     assert "--image: this model reads text only" in capsys.readouterr().err
+
+
+def test_full_fine_tuning_on_images_resumes_bitwise_and_refuses_changed_images(tmp_path):
+    """The checkpoint keeps the language model (the frozen tower is the base's): a run
+    stopped and resumed gives the straight run's losses; an image changed since refuses the
+    resume as changed data; the hf export's logits with images are TrainDeck's."""
+    from helpers import StopAfter
+
+    from core.errors import CheckpointError
+
+    folder = tmp_path / "base"
+    _, processor = make_gemma3_vision(folder, layers=2)
+    data = tmp_path / "data"
+    lines = []
+    for i in range(8):
+        save_image(data / f"{i % 4}.png", "png", (40, 30), i % 4)
+        messages = conversation(f"{i % 4}.png", answer="red" if i % 2 else "blue")
+        lines.append(json.dumps({"messages": messages}))
+    (data / "chat.jsonl").write_text("\n".join(lines), encoding="utf-8")
+    cfg = tiny_config(
+        init_from=str(folder),
+        tokenizer="model",
+        data=str(data / "chat.jsonl"),
+        lr=1e-3,
+        max_steps=4,
+        eval_every=2,
+        ckpt_every=2,
+        log_every=1,
+        sample_tokens=0,
+        seq_len=40,
+        batch_size=2,
+    )
+    Trainer(cfg, tmp_path / "straight").run()
+    Trainer(cfg, tmp_path / "split").run(None, StopAfter(2))
+    latest = tmp_path / "split" / "checkpoints" / "latest.pt"
+    saved = torch.load(latest, weights_only=True)
+    assert not [k for k in saved["model"] if k.startswith("vision.")]
+    Trainer(cfg, tmp_path / "split", resume_from=latest).run()
+
+    def losses(run):
+        return [r["loss"] for r in read_metrics(run / "metrics.jsonl")[0]]
+
+    assert losses(tmp_path / "split") == losses(tmp_path / "straight")
+    export(tmp_path / "straight", "hf", tmp_path / "hf", which="latest")
+    picture = data / "1.png"
+    inputs = inputs_of(processor, conversation(picture), [picture])
+    with torch.no_grad():
+        want = reloaded(tmp_path / "hf")(**inputs).logits
+        got = ours(folder, tmp_path / "straight")(
+            inputs["input_ids"], images=inputs["pixel_values"]
+        )
+        assert (got[0] - want).abs().max() < TOLERANCE
+    save_image(data / "2.png", "png", (40, 30), 77)  # another picture under the same name
+    with pytest.raises(CheckpointError, match="the data changed since the checkpoint"):
+        Trainer(cfg, tmp_path / "split", resume_from=latest).run()
