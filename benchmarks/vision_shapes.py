@@ -177,6 +177,7 @@ def main() -> None:
             return accuracy(model.eval(), pre.tokenizer, spec, held)
 
         before = scored(load(tmp / "base").model)
+        print(f"before: {before}", flush=True)
         cfg = tiny_config(
             init_from=str(tmp / "base"),
             tokenizer="model",
@@ -186,7 +187,7 @@ def main() -> None:
             warmup_steps=20,
             max_steps=args.steps,
             batch_size=16,
-            eval_every=max(1, args.steps // 4),
+            eval_every=max(1, args.steps // 2),
             ckpt_every=args.steps,
             dropout=0.0,
             sample_tokens=0,

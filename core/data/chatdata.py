@@ -58,6 +58,8 @@ def refuse_media(obj: dict, images_ok: bool = False) -> None:
             why = NO_SOUND if images_ok else NO_MEDIA
             if images_ok and key == "image":
                 why = 'an image column is not read: name the files in an "images" list'
+            if images_ok and key == "images":
+                why = "an images list goes with 'messages' and their <image> marks"
             raise BadLine(f"{key!r} holds media: {why}")
 
 
