@@ -64,7 +64,7 @@ def messages(item: dict, asks: str, with_answer: bool) -> list[dict]:
     return [user] + answer
 
 
-def build_model(folder: Path):
+def build_model(folder: Path, tokens: int = 16):
     """A tiny Gemma 3 composite at transformers' own initialisation (its projector, which
     starts at zero, given random weights: a tower whose features reach the language model)."""
     import torch
@@ -101,7 +101,7 @@ def build_model(folder: Path):
     config = t.Gemma3Config(
         text_config=text,
         vision_config=vision,
-        mm_tokens_per_image=16,
+        mm_tokens_per_image=tokens,
         image_token_id=ids["<image_soft_token>"],
         boi_token_index=ids["<start_of_image>"],
         eoi_token_index=tok.convert_tokens_to_ids("<end_of_image>"),
@@ -117,7 +117,10 @@ def build_model(folder: Path):
         size={"height": SIDE, "width": SIDE}, image_mean=[0.5] * 3, image_std=[0.5] * 3
     )
     t.Gemma3Processor(
-        image_processor=images, tokenizer=tok, chat_template=tok.chat_template, image_seq_length=16
+        image_processor=images,
+        tokenizer=tok,
+        chat_template=tok.chat_template,
+        image_seq_length=tokens,
     ).save_pretrained(folder)
 
 
@@ -148,6 +151,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--lora-rank", type=int, default=0, help="0: full fine-tune of the LM")
     ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--tokens", type=int, default=16, help="image tokens: 16 (pooled 2x2) or 64")
     args = ap.parse_args()
 
     from helpers import tiny_config
@@ -160,7 +164,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        build_model(tmp / "base")
+        build_model(tmp / "base", args.tokens)
         train = make_set(tmp / "data" / "train", args.train, 1)
         held = make_set(tmp / "data" / "held", args.held_out, 2)
         lines = [
@@ -191,7 +195,7 @@ def main() -> None:
             ckpt_every=args.steps,
             dropout=0.0,
             sample_tokens=0,
-            seq_len=64,
+            seq_len=48 + args.tokens,
             val_fraction=0.02,
         )
         t0 = time.perf_counter()
