@@ -472,10 +472,21 @@ def runs(ids: np.ndarray, token: int) -> int:
 
 
 def _row_length(tokenizer, template: str, messages: list[dict], tokens: dict) -> int:
-    """An example's tokens in a packed row: its rendering, and the EOS the Packer adds."""
-    ids = encode_example(tokenizer, template, messages, tokens, True)[0]
+    """An example's tokens in a packed row: its rendering, and the EOS the Packer adds (its
+    images' tokens not counted: the model's count is known when the data is prepared)."""
+    ids = encode_example(tokenizer, template, _text_of(messages), tokens, True)[0]
     eos = tokenizer.eos_id
     return len(ids) + (eos is not None and (not len(ids) or ids[-1] != eos))
+
+
+def _text_of(messages: list[dict]) -> list[dict]:
+    """The conversation with its image parts left out (any template renders it)."""
+    return [
+        {**m, "content": "".join(p.get("text", "") for p in m["content"])}
+        if isinstance(m["content"], list)
+        else m
+        for m in messages
+    ]
 
 
 def long_line(long: int, total: int, seq_len: int, longest: int, cut: int, drop: bool) -> str:
@@ -525,7 +536,10 @@ def summary(
     row = seq_len + 1  # as the Packer: a row of seq_len + 1 tokens, EOS after each example
     lengths = [_row_length(tokenizer, template, m, tokens) for m in sample]
     long = [k for k in lengths if k > row]
+    shown = sum(len(images.conversation_images(m)) for m in found.conversations)
     line = f"chat data: {n:,} examples ({shapes}); "
+    if shown:
+        line += f"{shown:,} images (their tokens counted when prepared); "
     if not long:
         line += f"none longer than seq_len {seq_len:,}"
     elif step > 1:
