@@ -277,3 +277,14 @@ def test_image_max_pixels_below_a_fixed_tower_is_refused(gemma3, tmp_path):
     with pytest.raises(DataError) as e:
         prepare(spec, tmp_path / "cache", pre.tokenizer, log=lambda m: None)
     assert "--image-max-pixels 1,000 is below this model's fixed image size 56x56" in str(e.value)
+
+
+def test_the_data_line_names_the_images(tmp_path):
+    """The window's data line for chat data with images (any template: TrainDeck's default
+    cannot render image parts)."""
+    from core.data.describe import data_line
+
+    save_image(tmp_path / "a.png")
+    path = write_jsonl(tmp_path / "chat.jsonl", [asked("a.png")] * 3)
+    line = data_line(_cfg(path))
+    assert "3 examples" in line and "3 images (their tokens counted when prepared)" in line
