@@ -15,7 +15,7 @@ from core.config.fields import THINKING
 from core.data.chat import set_thinking
 from core.errors import EXIT_OK
 from core.platform.device import resolve_device
-from core.use.generate import generate_ids, start_ids, stream_text
+from core.use.generate import check_images, generate_ids, seeing, start_ids, stream_text
 from core.weights.loader import load
 
 MAX_PROMPT_BYTES = 16 << 20  # far past any model's context
@@ -39,6 +39,14 @@ def build_parser() -> argparse.ArgumentParser:
         "default: the template's own (without the flag: the run's thinking setting)",
     )
     p.add_argument("--prompt", default=None, help="text to continue (default: a newline)")
+    p.add_argument(
+        "--image",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="an image the prompt shows (PNG, JPEG or WebP; may repeat): with --chat in the "
+        "user's message before its text; a model with a vision tower (Gemma 3 4B and up)",
+    )
     p.add_argument("--prompt-file", help="read the prompt from this file")
     p.add_argument("--max-new-tokens", type=non_negative(int), default=200, metavar="N")
     p.add_argument(
@@ -76,12 +84,14 @@ def run_cli(argv=None) -> int:
         raise UsageError(f"--top-p: expected a number in (0, 1], got {args.top_p}")
     device = str(resolve_device(args.device))  # a missing GPU is a one-line error
     prompt = read_prompt(args)
+    pictures = check_images(args.image)  # each decoded and checked before the model loads
     loaded = load(args.target, args.checkpoint, device)
     tok = loaded.tokenizer
     if args.thinking and args.chat:
         set_thinking(tok, args.thinking)
     out = sys.stdout
-    ids, stops, until = start_ids(tok, prompt, args.chat, args.system)
+    shown = seeing(loaded, args.image, pictures) if args.image else None
+    ids, stops, until = start_ids(tok, prompt, args.chat, args.system, seeing=shown)
     if not args.chat:
         out.write(prompt)
         out.flush()
@@ -95,6 +105,7 @@ def run_cli(argv=None) -> int:
         args.seed,
         use_cache=not args.no_cache,
         stop_ids=stops,
+        images=shown.pixels if shown else None,
     )
     for text in stream_text(tok, new, hide=stops, until=until):
         out.write(text)

@@ -381,12 +381,13 @@ def prepare_only(cfg: TrainConfig, cache_dir: str | None) -> int:
     from core.data import mix
     from core.data.tokenizer import Tokenizer
 
-    tokenizer = None
+    tokenizer = pretrained = None
     if cfg.init_from:
         from core.data.chat import set_thinking
         from core.weights.loader import open_pretrained
 
-        tokenizer = open_pretrained(cfg.init_from).tokenizer
+        pretrained = open_pretrained(cfg.init_from)
+        tokenizer = pretrained.tokenizer
         set_thinking(tokenizer, cfg.thinking)
     events = CliEvents()
     cache = Path(cache_dir) if cache_dir else None
@@ -395,6 +396,10 @@ def prepare_only(cfg: TrainConfig, cache_dir: str | None) -> int:
         specs = [mix.source_spec(cfg, src, events.on_prepare) for src in sources]
     finally:
         events.close_prep_bar()
+    if pretrained is not None:  # how the model sees images (chat data with image parts)
+        from core.weights import vision
+
+        vision.tell_specs(specs, pretrained, cfg.image_max_pixels)
     for spec in specs:
         folder, m = _prepare_and_print(spec, cache, tokenizer, events)
         if tokenizer is None:  # the first source's tokenizer encodes the others

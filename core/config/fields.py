@@ -487,6 +487,18 @@ class ReadingFields:
         group=ADVANCED,
         stream=True,
     )
+    image_max_pixels: int | None = spec(
+        None,
+        "chat data with images: the most pixels an image is resized to (a model of dynamic "
+        "resolution); a fixed-size tower (Gemma 3) resizes to its own size (default: the "
+        "model's processor's)",
+        label="Image max pixels",
+        group=ADVANCED,
+        low=784,
+        high=100_000_000,
+        optional=True,
+        stream=True,
+    )
     skip_bad_lines: bool = spec(
         False,
         "chat data: skip and count malformed lines (default: stop at the first, naming it)",

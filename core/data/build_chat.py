@@ -4,6 +4,7 @@ rows a pair), written with their masks."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import time
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from core.data import chatdata, preference
+from core.data import chatdata, images, preference
 from core.data.cache import DataSpec, Progress, commit, discard, manifest_of, temp_entry
 from core.data.chat import (
     DEFAULT_STOP,
@@ -119,14 +120,22 @@ def _build_pairs(spec: DataSpec, listing, target: Path, tokenizer, progress_cb, 
     return _write_row_entry(spec, listing, target, tokenizer, rows, t0, extra)
 
 
-def _write_row_entry(spec, listing, target: Path, tokenizer, rows: dict, t0: float, extra: dict):
+def _write_row_entry(
+    spec, listing, target: Path, tokenizer, rows: dict, t0: float, extra: dict, tmp=None
+):
     """A cache entry of rows (chat examples, preference pairs): tokens, masks, tokenizer and
-    the manifest with extra in it, committed whole or not at all."""
-    tmp = temp_entry(target)
+    the manifest with extra in it, committed whole or not at all. tmp: the entry's temporary
+    folder where something is in it already (the images); extra's image_hash joins the
+    content's."""
+    tmp = tmp or temp_entry(target)
     try:
         counts = _write_rows(tmp, tokenizer, rows)
         tokenizer.save(tmp / "tokenizer.json")
         content = counts.pop("hash")
+        if extra.get("image_hash"):  # the pixels are part of what the rows are
+            content = hashlib.blake2b(
+                f"{content}:{extra['image_hash']}".encode(), digest_size=16
+            ).hexdigest()
         manifest = manifest_of(spec, listing, tokenizer, content, time.perf_counter() - t0)
         manifest.update(**counts, **extra)
         commit(tmp, target, manifest)
@@ -136,6 +145,69 @@ def _write_row_entry(spec, listing, target: Path, tokenizer, rows: dict, t0: flo
     return manifest
 
 
+class Pictures:
+    """The images of a build: each file decoded, checked and processed once (core.data.images),
+    written to the entry's store; bad ones named with their example's file and line."""
+
+    def __init__(self, spec: images.ImageSpec, tmp: Path, skip_bad: bool):
+        self.spec, self.skip_bad = spec, skip_bad
+        self.writer = images.ImageWriter(tmp, spec)
+        self.done: dict[str, tuple[int, int]] = {}  # path -> (image number, tokens)
+        self.bad = 0
+        self.first_bad = ""
+
+    def example(self, files: list[str], origin: str):
+        """(image numbers, token counts) of an example's images; None: skipped as bad."""
+        numbers, counts = [], []
+        for f in files:
+            if f not in self.done:
+                try:
+                    pixels = images.resized(images.open_rgb(Path(f)), self.spec)
+                except images.ImageProblem as e:
+                    message = f"data: {origin}: image {f} {e}"
+                    if not self.skip_bad:
+                        raise DataError(
+                            message + " (fix it, or pass --skip-bad-lines to skip such lines)"
+                        ) from None
+                    self.bad += 1
+                    self.first_bad = self.first_bad or message
+                    return None
+                number = self.writer.add(Path(f), pixels, images.file_facts(Path(f)))
+                self.done[f] = (number, images.image_tokens(self.spec, pixels))
+            numbers.append(self.done[f][0])
+            counts.append(self.done[f][1])
+        return numbers, counts
+
+
+def expand_marks(spec: images.ImageSpec, counts: list[int], origin: str, text: str, spans):
+    """The rendered text with each image mark the template wrote made into the model's image
+    tokens (as its processor does), and the answer spans moved with it."""
+    try:
+        expanded, shifts = images.marks_expanded(text, spec, counts)
+    except images.ImageProblem as e:
+        raise DataError(f"data: {origin}: {e}") from None
+
+    def moved(p: int) -> int:
+        return p + sum(d for start, d in shifts if start < p)
+
+    return expanded, [(moved(a), moved(b)) for a, b in spans]
+
+
+def _text_only(spec: DataSpec, examples) -> None:
+    """The first image of data given to a model without a vision tower, in one line."""
+    if spec.images is not None:
+        return
+    for messages, origin in zip(examples.conversations, examples.origins, strict=True):
+        if (found := images.conversation_images(messages)) and spec.images_problem:
+            raise DataError(f"data: {origin}: image {found[0]}: {spec.images_problem}")
+        if found:
+            raise DataError(
+                f"data: {origin}: image {found[0]}: this model reads text only here (no "
+                "vision tower TrainDeck runs); train on images with a vision model (Gemma 3 "
+                "4B and up), or remove the image parts"
+            )
+
+
 def build_chat(spec: DataSpec, listing, target: Path, tokenizer, progress_cb, cancelled, log):
     chat = spec.chat
     if chat.pairs:
@@ -143,14 +215,41 @@ def build_chat(spec: DataSpec, listing, target: Path, tokenizer, progress_cb, ca
     examples = chatdata.read_examples(spec.sources.files, chat.skip_bad_lines, columns=spec.columns)
     if examples.bad_lines:
         log(f"data: skipped {examples.bad_lines} bad line(s); the first: {examples.first_bad}")
+    _text_only(spec, examples)
+    if examples.outside:
+        more = f" and {len(examples.outside) - 1} more" if len(examples.outside) > 1 else ""
+        log(f"data: image {examples.outside[0]}{more} lies outside the data folder (through ..)")
+    has_images = any(images.conversation_images(m) for m in examples.conversations)
+    tmp = temp_entry(target) if has_images else None
+    try:
+        return _build_examples(
+            spec, listing, target, tokenizer, examples, has_images, tmp, progress_cb, cancelled, log
+        )
+    except BaseException as e:
+        if tmp is not None:
+            discard(tmp, target, e)
+        raise
+
+
+def _build_examples(
+    spec, listing, target, tokenizer, examples, has_images, tmp, progress_cb, cancelled, log
+):
+    chat = spec.chat
     conversations = examples.conversations
     tokenizer = _chat_tokenizer(spec, tokenizer, conversations, log)
     template, tokens = template_of(tokenizer), render_vars(tokenizer)
     held = held_out_split(len(conversations), spec.val_fraction, spec.sources.description)
     row = chat.seq_len + 1
     pad = tokenizer.eos_id if tokenizer.eos_id is not None else 0
+    pictures = Pictures(spec.images, tmp, chat.skip_bad_lines) if has_images else None
     packers = {
-        split: chatdata.Packer(row, pad, tokenizer.eos_id, chat.drop_long)
+        split: (
+            chatdata.ImagePacker(
+                row, pad, tokenizer.eos_id, chat.drop_long, image_id=spec.images.token_id
+            )
+            if has_images
+            else chatdata.Packer(row, pad, tokenizer.eos_id, chat.drop_long)
+        )
         for split in ("train", "val")
     }
     progress = Progress(progress_cb, cancelled, sum(examples.sizes), "rendering chat")
@@ -159,13 +258,26 @@ def build_chat(spec: DataSpec, listing, target: Path, tokenizer, progress_cb, ca
     for messages, is_val, size, origin in zip(
         conversations, held, examples.sizes, examples.origins, strict=True
     ):
+        files = images.conversation_images(messages) if has_images else []
+        expand, numbers = None, []
+        if files:
+            found = pictures.example(files, origin)
+            if found is None:  # a bad image, skipped as its line
+                progress.advance(size)
+                continue
+            numbers, counts = found
+            expand = functools.partial(expand_marks, spec.images, counts, origin)
         try:
             ids, weights = chatdata.encode_example(
-                tokenizer, template, messages, tokens, chat.train_on_prompts, notes
+                tokenizer, template, messages, tokens, chat.train_on_prompts, notes, expand
             )
         except TemplateError as e:
             raise refused_by_template(e, origin) from None
-        packers["val" if is_val else "train"].add(ids, weights)
+        if files:
+            _image_tokens_whole(ids, weights, spec.images, sum(counts), origin)
+            packers["val" if is_val else "train"].add(ids, weights, numbers)
+        else:
+            packers["val" if is_val else "train"].add(ids, weights)
         progress.advance(size)
     for note in sorted(notes):
         log(note)
@@ -195,7 +307,34 @@ def build_chat(spec: DataSpec, listing, target: Path, tokenizer, progress_cb, ca
         "examples": examples_info,
         "train_on_prompts": chat.train_on_prompts,
     }
-    return _write_row_entry(spec, listing, target, tokenizer, rows, t0, extra)
+    if pictures is not None:
+        if pictures.bad:
+            log(
+                f"data: skipped {pictures.bad} example(s) with a bad image; the first: "
+                f"{pictures.first_bad}"
+            )
+        cut = sum(p.cut_images for p in packers.values())
+        examples_info.update(cut_images=cut, bad_images=pictures.bad)
+        if cut:
+            log(
+                f"data: {cut} example(s) longer than seq_len {chat.seq_len} were dropped: the "
+                "cut would split an image's tokens; raise seq_len to keep them"
+            )
+        order = packers["train"].row_images + packers["val"].row_images
+        extra.update(pictures.writer.finish(order))
+    return _write_row_entry(spec, listing, target, tokenizer, rows, t0, extra, tmp)
+
+
+def _image_tokens_whole(ids, weights, spec: images.ImageSpec, want: int, origin: str) -> None:
+    """The image tokens as many as the images' embeddings (the tokenizer keeps the image
+    token whole), and never scored."""
+    got = int((ids == spec.token_id).sum())
+    if got != want:
+        raise DataError(
+            f"data: {origin}: {got} image tokens ({spec.token!r}) after tokenizing, for "
+            f"{want} image embeddings; the tokenizer does not keep the image token whole"
+        )
+    weights[ids == spec.token_id] = 0
 
 
 def _write_rows(folder: Path, tokenizer: Tokenizer, rows: dict) -> dict:

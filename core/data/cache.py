@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from core.data.images import ImageSpec
 from core.data.sources import Sources, hashed
 from core.data.tokenizer import Tokenizer
 from core.errors import UserError
@@ -50,6 +51,8 @@ class DataSpec:
     chat: ChatSpec | None = None  # None: plain text
     columns: dict = field(default_factory=dict)  # a table's column mapping (core.data.tables)
     table: bool = False  # plain text from the text column of table files, a document a row
+    images: ImageSpec | None = None  # how the model sees images (None: text only)
+    images_problem: str = ""  # why a vision model's images cannot be read (its files)
 
     def key(
         self, listing: list[dict], template: str | None = None, thinking: bool | None = None
@@ -72,6 +75,8 @@ class DataSpec:
             body["enable_thinking"] = thinking
         if self.columns:  # which column is the text or the answer decides the tokens
             body["columns"] = self.columns
+        if self.images is not None:  # the image tokens and the processed pixels
+            body["images"] = self.images.key()
         return hashlib.blake2b(json.dumps(body).encode(), digest_size=12).hexdigest()
 
 

@@ -340,9 +340,13 @@ def answer_spans(
     return text, spans
 
 
-def chat_ids(tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+def chat_ids(
+    tokenizer, messages: list[dict], add_generation_prompt: bool = True, images=None
+) -> list[int]:
     """Token ids of a conversation in the tokenizer's template (as transformers'
-    apply_chat_template: the rendered text, encoded with no special tokens added)."""
+    apply_chat_template: the rendered text, encoded with no special tokens added). images:
+    the model's ImageSpec (core.data.images), for a conversation with image parts: each
+    image's mark made into its tokens, as its processor does."""
     if not tokenizer.chat_template:
         raise TemplateError(
             "chat: this model has no chat template; generate from a plain prompt instead, or "
@@ -351,4 +355,9 @@ def chat_ids(tokenizer, messages: list[dict], add_generation_prompt: bool = True
     text = render(
         tokenizer.chat_template, messages, add_generation_prompt, **render_vars(tokenizer)
     )
+    if images is not None:
+        from core.data.images import conversation_images, marks_expanded
+
+        shown = len(conversation_images(messages))
+        text, _ = marks_expanded(text, images, [images.tokens] * shown)
     return tokenizer.encode(text)

@@ -7,6 +7,9 @@ renamed by --prompt-column etc., ShareGPT conversations as messages), in any of 
     {"messages": [{"role": "system"|"user"|"assistant", "content": "..."}, ...]}
     {"prompt": "...", "completion": "..."}
     {"instruction": "...", "input": "...", "output": "..."}   (Alpaca; input is optional)
+A message's content may be a list of parts ({"type": "text", "text": ...}, {"type": "image",
+"image": PATH}); ShareGPT records name their images in an "images" list, one for each <image>
+mark (core.data.images).
 """
 
 from __future__ import annotations
@@ -16,17 +19,19 @@ from pathlib import Path
 
 import numpy as np
 
-from core.data import tables
+from core.data import images, tables
 from core.data.chat import answer_spans, conversation_text
 from core.errors import DataError
 
 ROLES = ("system", "user", "assistant")
 # Image, audio and video in a record: OpenAI-style content parts (a list of {"type": ...}),
-# and the image/audio columns of LLaMA-Factory's and TRL's vision datasets. Training is on
-# text only, so these lines are refused (TrainDeck trains a multimodal model's text part).
+# and the image/audio columns of LLaMA-Factory's and TRL's vision datasets. Chat examples may
+# carry images (core.data.images); audio, video, and images elsewhere are refused by name.
 MEDIA_PARTS = ("image", "image_url", "input_image", "audio", "input_audio", "video", "video_url")
 MEDIA_KEYS = ("images", "image", "audios", "audio", "videos", "video")
 NO_MEDIA = "training on image, audio or video is not supported yet; text only"
+NO_SOUND = "audio and video are not trained on; text and images are"
+IMAGE_ROLES = ("system", "user")  # where an image may be: the answers are text
 CHAT_SUFFIX = ".jsonl"
 CHAT_SUFFIXES = tables.TABLE_SUFFIXES  # a folder of chat data: its files with these endings
 
@@ -43,11 +48,19 @@ def _text(obj: dict, key: str, where: str = "") -> str:
     return value
 
 
-def refuse_media(obj: dict) -> None:
-    """BadLine for a record that carries images, audio or video (a column of them)."""
+def refuse_media(obj: dict, images_ok: bool = False) -> None:
+    """BadLine for a record that carries images, audio or video (a column of them);
+    images_ok: a ShareGPT "images" list of files is taken (chat examples)."""
     for key in MEDIA_KEYS:
+        if images_ok and key == "images" and "messages" in obj:
+            continue
         if obj.get(key):
-            raise BadLine(f"{key!r} holds media: {NO_MEDIA}")
+            why = NO_SOUND if images_ok else NO_MEDIA
+            if images_ok and key == "image":
+                why = 'an image column is not read: name the files in an "images" list'
+            if images_ok and key == "images":
+                why = "an images list goes with 'messages' and their <image> marks"
+            raise BadLine(f"{key!r} holds media: {why}")
 
 
 def refuse_media_parts(m: dict, at: str) -> None:
@@ -59,12 +72,39 @@ def refuse_media_parts(m: dict, at: str) -> None:
             raise BadLine(f"{at}.content[{n}] is of type {kind!r}: {NO_MEDIA}")
 
 
-def _content(m: dict, at: str) -> str:
-    refuse_media_parts(m, at)
+def _content(m: dict, at: str, images_ok: bool = False):
+    """A message's text, or (images_ok, a list holding an image) its parts."""
+    if isinstance(m.get("content"), list):
+        return _parts(m["content"], at, images_ok)
     return _text(m, "content", f"{at}.")
 
 
-def _messages(value, where: str) -> list[dict]:
+def _parts(parts: list, at: str, images_ok: bool):
+    """Content parts as [{"type": "text", "text"}, {"type": "image", "image": PATH}]; a list
+    of text parts alone is its text."""
+    out = []
+    for n, part in enumerate(parts):
+        where = f"{at}.content[{n}]"
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text":
+            out.append({"type": "text", "text": _text(part, "text", f"{where}.")})
+        elif images.is_image_part(part):
+            if not images_ok:
+                raise BadLine(f"{where} is of type {kind!r}: {NO_MEDIA}")
+            path = images.part_path(part)
+            if not isinstance(path, str) or not path.strip():
+                raise BadLine(f"{where}: the image part names no file ('image', 'path' or 'url')")
+            out.append({"type": "image", "image": path})
+        elif kind in MEDIA_PARTS:
+            raise BadLine(f"{where} is of type {kind!r}: {NO_SOUND if images_ok else NO_MEDIA}")
+        else:
+            raise BadLine(f"{where} must be a part with type 'text' or 'image', got {kind!r}")
+    if any(p["type"] == "image" for p in out):
+        return out
+    return "".join(p["text"] for p in out)
+
+
+def _messages(value, where: str, images_ok: bool = False) -> list[dict]:
     if not isinstance(value, list) or not value:
         raise BadLine(f"{where} must be a non-empty list of {{role, content}} objects")
     out = []
@@ -75,7 +115,39 @@ def _messages(value, where: str) -> list[dict]:
         role = m.get("role")
         if role not in ROLES:
             raise BadLine(f"{at}.role is {role!r}; allowed: {', '.join(ROLES)}")
-        out.append({"role": role, "content": _content(m, at)})
+        content = _content(m, at, images_ok)
+        if isinstance(content, list) and role not in IMAGE_ROLES:
+            raise BadLine(f"{at} holds an image in a {role} turn; images go in user turns")
+        out.append({"role": role, "content": content})
+    return out
+
+
+def _sharegpt_images(obj: dict, messages: list[dict]) -> list[dict]:
+    """ShareGPT's "images" list put where its <image> marks are, one for each."""
+    files = obj.get("images")
+    if files is None:
+        return messages
+    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+        raise BadLine("'images' must be a list of image file paths")
+    marks = sum(
+        m["content"].count(images.PLACEHOLDER) for m in messages if isinstance(m["content"], str)
+    )
+    if marks != len(files):
+        raise BadLine(
+            f"{marks} {images.PLACEHOLDER} placeholder(s) in the messages but {len(files)} "
+            "image(s) in 'images': each image needs one placeholder where it goes"
+        )
+    left, out = list(files), []
+    for n, m in enumerate(messages):
+        text = m["content"]
+        if isinstance(text, str) and images.PLACEHOLDER in text:
+            if m["role"] not in IMAGE_ROLES:
+                raise BadLine(
+                    f"'messages'[{n}] holds {images.PLACEHOLDER} in a {m['role']} turn; images "
+                    "go in user turns"
+                )
+            m = {**m, "content": images.split_placeholders(text, left)}
+        out.append(m)
     return out
 
 
@@ -94,13 +166,13 @@ def parse_example(obj) -> list[dict]:
     """One line's conversation as messages; BadLine says what is wrong."""
     if not isinstance(obj, dict):
         raise BadLine("expected a JSON object")
-    refuse_media(obj)
+    refuse_media(obj, images_ok=True)
     if "messages" in obj:
-        messages = _messages(obj["messages"], "'messages'")
+        messages = _sharegpt_images(obj, _messages(obj["messages"], "'messages'", True))
     elif "prompt" in obj or "completion" in obj:
         prompt, completion = obj.get("prompt"), obj.get("completion")
         if isinstance(prompt, list) or isinstance(completion, list):  # conversational form
-            messages = _messages(prompt, "'prompt'") + _messages(completion, "'completion'")
+            messages = _messages(prompt, "'prompt'", True) + _messages(completion, "'completion'")
         else:
             messages = [
                 {"role": "user", "content": _text(obj, "prompt")},
@@ -134,6 +206,29 @@ class Examples:
     shapes: dict = field(default_factory=dict)  # shape -> examples of it
     bad_lines: int = 0
     first_bad: str = ""
+    outside: list = field(default_factory=list)  # images named through .. out of the folder
+
+
+def resolve_images(messages: list[dict], base: Path, outside: list) -> list[dict]:
+    """The conversation with each image part's file resolved against the data file's folder
+    (base); an image out of that folder (through ..) is allowed and noted in outside."""
+    out = []
+    for m in messages:
+        if isinstance(m["content"], list):
+            parts = []
+            for p in m["content"]:
+                if p["type"] == "image":
+                    try:
+                        path = images.image_path(p["image"], base)
+                    except images.ImageProblem as e:
+                        raise BadLine(f"image {p['image']!r} {e}") from None
+                    if images.outside(path, base):
+                        outside.append(p["image"])
+                    p = {"type": "image", "image": str(path)}
+                parts.append(p)
+            m = {**m, "content": parts}
+        out.append(m)
+    return out
 
 
 def read_examples(
@@ -159,7 +254,10 @@ def read_examples(
                 raise _labelled(e) from None
         for number, obj in _records(path, columns, lambda n, r, p=path: bad(p, n, r)):
             try:
-                out.conversations.append(parse(obj))
+                parsed = parse(obj)
+                if isinstance(parsed, list):  # a conversation: its images' files
+                    parsed = resolve_images(parsed, path.parent, out.outside)
+                out.conversations.append(parsed)
             except BadLine as e:
                 bad(path, number, str(e))
                 continue
@@ -249,16 +347,24 @@ def encode_example(
     tokens: dict,
     train_on_prompts: bool,
     notes: set | None = None,
+    expand=None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(ids, weights): the conversation as the template renders it, and 1 on the tokens
     of assistant turns (their end-of-turn marks too), 0 elsewhere (1 everywhere with
-    train_on_prompts). notes collects lines for the log (core.data.chat.REASONING_NOTE)."""
+    train_on_prompts). notes collects lines for the log (core.data.chat.REASONING_NOTE).
+    expand(text, spans) -> (text, spans): the rendered text's image marks made into the
+    model's image tokens (core.data.build_chat), before tokenizing."""
     # Exactly the template's text (BOS only where the template writes it), as transformers'
     # apply_chat_template gives it: what the model sees here is what it sees in other tools.
     if train_on_prompts:  # one render; no answer spans to find
-        ids, _, _ = _token_chars(tokenizer, conversation_text(template, messages, notes, **tokens))
+        text = conversation_text(template, messages, notes, **tokens)
+        if expand is not None:
+            text, _ = expand(text, [])
+        ids, _, _ = _token_chars(tokenizer, text)
         return ids, np.ones(len(ids), dtype=np.uint8)
     text, spans = answer_spans(template, messages, notes, **tokens)
+    if expand is not None:
+        text, spans = expand(text, spans)
     ids, starts, ends = _token_chars(tokenizer, text)
     weights = np.zeros(len(ids), dtype=np.uint8)
     for start, end in spans:  # every token with a character in the span, as transformers
@@ -327,11 +433,60 @@ class Packer:
         return self.rows
 
 
+@dataclass
+class ImagePacker(Packer):
+    """A Packer whose examples carry images: each row keeps the numbers of the images its
+    image-token runs stand for (row_images). An example whose cut would split an image's
+    tokens is dropped (counted in cut_images)."""
+
+    image_id: int = -1
+    pending: list = field(default_factory=list)  # image numbers of the open row
+    row_images: list = field(default_factory=list)  # each finished row's image numbers
+    cut_images: int = 0
+
+    def add(self, ids: np.ndarray, weights: np.ndarray, numbers=()) -> None:
+        keep = len(ids) + (self.sep is not None and (not len(ids) or ids[-1] != self.sep))
+        if keep > self.row and not self.drop_long:  # truncated: whole images only
+            cut = ids[: self.row]
+            if self.row < len(ids) and ids[self.row - 1] == self.image_id == ids[self.row]:
+                self.cut_images += 1
+                self.longest = max(self.longest, keep)
+                return
+            numbers = list(numbers)[: runs(cut, self.image_id)]
+        before = self.examples
+        super().add(ids, weights)
+        if self.examples > before:
+            self.pending.extend(numbers)
+
+    def _close(self) -> None:
+        if self.ids:
+            self.row_images.append(self.pending)
+            self.pending = []
+        super()._close()
+
+
+def runs(ids: np.ndarray, token: int) -> int:
+    """How many separate runs of token ids holds (an image's tokens are one run)."""
+    hits = np.asarray(ids) == token
+    return int((hits & ~np.concatenate(([False], hits[:-1]))).sum())
+
+
 def _row_length(tokenizer, template: str, messages: list[dict], tokens: dict) -> int:
-    """An example's tokens in a packed row: its rendering, and the EOS the Packer adds."""
-    ids = encode_example(tokenizer, template, messages, tokens, True)[0]
+    """An example's tokens in a packed row: its rendering, and the EOS the Packer adds (its
+    images' tokens not counted: the model's count is known when the data is prepared)."""
+    ids = encode_example(tokenizer, template, _text_of(messages), tokens, True)[0]
     eos = tokenizer.eos_id
     return len(ids) + (eos is not None and (not len(ids) or ids[-1] != eos))
+
+
+def _text_of(messages: list[dict]) -> list[dict]:
+    """The conversation with its image parts left out (any template renders it)."""
+    return [
+        {**m, "content": "".join(p.get("text", "") for p in m["content"])}
+        if isinstance(m["content"], list)
+        else m
+        for m in messages
+    ]
 
 
 def long_line(long: int, total: int, seq_len: int, longest: int, cut: int, drop: bool) -> str:
@@ -381,7 +536,10 @@ def summary(
     row = seq_len + 1  # as the Packer: a row of seq_len + 1 tokens, EOS after each example
     lengths = [_row_length(tokenizer, template, m, tokens) for m in sample]
     long = [k for k in lengths if k > row]
+    shown = sum(len(images.conversation_images(m)) for m in found.conversations)
     line = f"chat data: {n:,} examples ({shapes}); "
+    if shown:
+        line += f"{shown:,} images (their tokens counted when prepared); "
     if not long:
         line += f"none longer than seq_len {seq_len:,}"
     elif step > 1:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from core.config import methods
 from core.config.methods.base import PAIRS
-from core.data import chatdata, preference, tables
+from core.data import chatdata, images, preference, tables
 from core.data.build_chat import build_chat, held_out_split  # noqa: F401 (held_out_split: report)
 from core.data.build_text import build_text
 from core.data.cache import (  # noqa: F401 (Progress, PrepareCancelled: the trainer, tests)
@@ -167,9 +167,17 @@ def prepare(
     clean_stale(cache)
     if target.exists():
         manifest = read_manifest(target)
-        if manifest is not None:
+        changed = images.changed_images(manifest.get("image_files", ())) if manifest else []
+        if manifest is not None and not changed:
             return target, manifest
-        log(f"data cache: {target} is damaged; rebuilding it")
+        if changed:  # the rows stay, but the pixels (and the fingerprint) would not be theirs
+            more = f" and {len(changed) - 1} more" if len(changed) > 1 else ""
+            log(
+                f"data cache: images changed since it was prepared ({changed[0]}{more}); "
+                "preparing again"
+            )
+        else:
+            log(f"data cache: {target} is damaged; rebuilding it")
         shutil.rmtree(target, ignore_errors=True)
     try:
         build = build_text if spec.chat is None else build_chat  # one builder a data kind

@@ -15,6 +15,7 @@ import torch
 
 from core.data import tables
 from core.data.chatdata import START
+from core.data.images import ImageStore
 from core.data.sources import find_sources
 from core.data.tokenizer import Tokenizer
 from core.errors import DataError
@@ -49,6 +50,16 @@ class _WindowReader:
         return np.frombuffer(raw, dtype=self.dtype)
 
 
+class Rows(tuple):
+    """A batch (inputs, targets, weights, segments) with its rows' images' pixel values
+    (None: no images), which the model's forward takes as images=."""
+
+    def __new__(cls, parts, images=None):
+        out = super().__new__(cls, parts)
+        out.images = images
+        return out
+
+
 class TokenData:
     """The token file of a cache entry: train/validation split and sampler. Text is one
     stream that windows start anywhere in; chat data is packed rows (manifest "row") with a
@@ -80,6 +91,8 @@ class TokenData:
         self.train = tokens[:n_train]
         self.val = tokens[n_train:]
         self.generator = torch.Generator().manual_seed(seed)
+        # chat examples with images: each row's processed pixels (core.data.images)
+        self.images = ImageStore(self.folder, manifest) if manifest.get("images") else None
 
     @property
     def is_chat(self) -> bool:
@@ -106,7 +119,10 @@ class TokenData:
         raw = np.stack([self._mask.read(base + int(s), n) for s in starts])
         mask = torch.from_numpy((raw[:, 1:] & 1).astype(np.float32))
         segments = torch.from_numpy(np.cumsum((raw[:, :-1] & START) > 0, axis=1))
-        return chunk[:, :-1], chunk[:, 1:], mask, segments
+        pixels = None
+        if self.images is not None:  # the rows' images, in the order their tokens come
+            pixels = self.images.batch([(base + int(s)) // self.row for s in starts])
+        return Rows((chunk[:, :-1], chunk[:, 1:], mask, segments), pixels)
 
     @property
     def is_pairs(self) -> bool:
@@ -162,6 +178,12 @@ class TokenData:
             first = int(np.argmax(weights > 0)) if weights.any() else n
             n = max(1, first)
         return torch.from_numpy(self._reader.read(len(self.train), n).astype(np.int64))
+
+    def prompt_images(self):
+        """The pixel values of prompt()'s images (None: none): the first held-out row's."""
+        if self.images is None:
+            return None
+        return self.images.batch([len(self.train) // self.row])
 
     def state_dict(self) -> dict:
         return {"generator": self.generator.get_state()}

@@ -402,7 +402,9 @@ class SelfAttention(nn.Module):
         drop = self.dropout if self.training else 0.0
         t = q.shape[2]
         window = self.window if causal and self.window is not None and t > self.window else None
-        if causal and k.shape[2] == t and self._holds_scores(mask, window, drop, q.device):
+        if causal and getattr(mask, "bidirectional", False):  # images (core.models.vision)
+            y = self._scores(q, k, v, False, mask.whole(t, window, q.device), drop, gqa)
+        elif causal and k.shape[2] == t and self._holds_scores(mask, window, drop, q.device):
             y = chunked_causal(
                 lambda q, k, v, m: self._scores(q, k, v, False, m, drop, gqa),
                 q,
@@ -779,7 +781,7 @@ class GPT(nn.Module):
             )
         return rope if positions.dim() == 1 else tuple(r.unsqueeze(1) for r in rope)
 
-    def forward(self, idx, targets=None, loss_mask=None, segments=None, real=None):
+    def forward(self, idx, targets=None, loss_mask=None, segments=None, real=None, images=None):
         """As nanoGPT's. Without targets: (hidden, penalty): the final normed stream (B, T,
         hidden_dim), which output_head() turns into logits and core.models.loss's
         sequence_logps and token_logps take (the objectives that want more than the mean
@@ -789,12 +791,17 @@ class GPT(nn.Module):
         so the whole vocabulary's logits never exist at once. segments (B, T): packed
         examples (chat data) numbered; each attends only to itself and counts positions
         from 0, as it would alone. real (B, T): 1 where a token is not padding, for the MoE
-        routing statistics and aux loss (None: every token)."""
+        routing statistics and aux loss (None: every token). images (N, 3, H, W): the pixel
+        values of the images whose tokens idx holds, in order, for the attached vision tower
+        (core.models.vision)."""
         self._mark_real(real)
         positions, mask = packed(segments) if segments is not None else (None, None)
         starts = None if positions is None else positions == 0
         masks = [starts if b.linear else mask for b in self.blocks]  # a DeltaNet: its starts
         x, rope = self._embed(idx, positions)
+        if images is not None:  # the tower's embeddings at the image tokens
+            x, mask = self.vision.place(idx, x, images, mask)
+            masks = [starts if b.linear else mask for b in self.blocks]
         side = self._side(idx, x)
         x = self.drop(x)
         streams = self._offload_streams(x)
@@ -824,9 +831,9 @@ class GPT(nn.Module):
         loss = lm_loss(self.output_head(), hidden, targets, loss_mask, fused=self.config.fused)
         return None, loss if penalty is None else loss + penalty
 
-    def logits(self, idx, segments=None):
+    def logits(self, idx, segments=None, images=None):
         """The logits of idx (B, T, vocab): the head over forward's hidden states."""
-        hidden, _ = self(idx, segments=segments)
+        hidden, _ = self(idx, segments=segments, images=images)
         return self.output_head()(hidden)
 
     def _mark_real(self, real) -> None:
@@ -891,13 +898,16 @@ class GPT(nn.Module):
         )
 
     @torch.no_grad()
-    def forward_cached(self, idx, cache: KVCache | None = None, valid=None, last: bool = False):
+    def forward_cached(
+        self, idx, cache: KVCache | None = None, valid=None, last: bool = False, images=None
+    ):
         """Logits of idx (B, T) after the tokens in cache (None: none before), and the cache
         with idx added: generating n tokens costs O(n) forward work instead of O(n^2).
         valid (B, T): False over padding, on either side of a row (default: all tokens);
         each row's tokens follow its own cached ones. last: only each row's last token's
         logits (B, V). The same network as forward: embedding scale, RoPE kinds, sliding
-        windows, post-norms and soft-caps."""
+        windows, post-norms and soft-caps; images: as forward's, for the image tokens of
+        idx."""
         if valid is None:
             valid = torch.ones_like(idx, dtype=torch.bool)
         if cache is not None and self._rope_switches(cache, valid):
@@ -915,9 +925,13 @@ class GPT(nn.Module):
         long = self._long(k_valid.sum(1))
         self._mark_real(valid)  # sampling's routing statistics leave its padding out too
         x, rope = self._embed(idx, positions, long)
+        if images is not None:  # the tower's embeddings at the image tokens
+            x, _ = self.vision.place(idx, x, images)
         side = self._side(idx, x)
         windows = {block.attn.window for block in self.blocks if not block.linear}
         masks = masks_for(windows, positions, k_pos, k_valid, first=cache is None)
+        if images is not None:  # an image's tokens see each other (Gemma 3)
+            masks = self.vision.cached_masks(masks, positions, k_pos, k_valid, ids)
         layers = []
         for i, block in enumerate(self.blocks):
             past = None if cache is None else cache.layers[i]
@@ -935,11 +949,14 @@ class GPT(nn.Module):
         return bool((self._long(cache.lengths() + valid.sum(1)) != cache.long).any())
 
     @torch.no_grad()
-    def generate(self, idx, n_new: int, generator: torch.Generator, temperature: float = 0.8):
-        """Sample n_new tokens after idx with its own generator, so training RNG is untouched."""
+    def generate(
+        self, idx, n_new: int, generator: torch.Generator, temperature: float = 0.8, images=None
+    ):
+        """Sample n_new tokens after idx with its own generator, so training RNG is untouched
+        (images: the pixel values of idx's images)."""
         context = min(self.config.seq_len, 4096)  # bounds a sample's cost for long contexts
         for _ in range(n_new):
-            logits = self.logits(idx[:, -context:])
+            logits = self.logits(idx[:, -context:], images=images)
             probs = F.softmax(logits[:, -1, :].float() / temperature, dim=-1)
             nxt = torch.multinomial(probs, 1, generator=generator)
             idx = torch.cat((idx, nxt), dim=1)

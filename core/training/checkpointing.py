@@ -98,6 +98,8 @@ def checkpoint_state(
     (core.training.state.RunState), its config, and its progress (step, best evaluation,
     last loss, schedule plan, clock)."""
     model = lora.adapter_state(run.model) if adapters_only else run.model.state_dict()
+    if not adapters_only:  # a frozen vision tower is the base's (core.models.vision): not kept
+        model = {k: v for k, v in model.items() if not k.startswith("vision.")}
     return {
         "format_version": ckpt.FORMAT_VERSION,
         "step": step,

@@ -8,7 +8,7 @@ import math
 import torch
 
 from core.data.windows import TokenData
-from core.training.steps import autocast, to_device
+from core.training.steps import autocast, media, to_device
 
 
 def validation_loss(
@@ -32,9 +32,11 @@ def _validation_loss(
 ) -> float:
     model.eval()
     losses, weights = [], []
-    for x, y, mask, seg in data.val_batches(windows, batch):
+    for rows in data.val_batches(windows, batch):
+        x, y, mask, seg = rows
         with autocast(device, precision):
-            _, loss = train_model(*(to_device(t, device) for t in (x, y, mask, seg)))
+            parts = (to_device(t, device) for t in (x, y, mask, seg))
+            _, loss = train_model(*parts, **media(rows, device))
         losses.append(loss.float())
         # chat: a mean over the scored tokens of all windows, not of per-batch means
         weights.append(float(mask.sum()) if mask is not None else 1.0)
@@ -56,8 +58,10 @@ def sample_text(model, data: TokenData, tokens: int, seed: int, device, precisio
     model.eval()
     gen = torch.Generator(device=device).manual_seed(seed)
     prompt = data.prompt()[None].to(device)
+    images = getattr(data, "prompt_images", lambda: None)()  # the question's pictures
+    extra = {} if images is None else {"images": images.to(device)}
     with autocast(device, precision):
-        out = model.generate(prompt, tokens, gen)
+        out = model.generate(prompt, tokens, gen, **extra)
     model.train()
     return data.tokenizer.decode(out[0].tolist())
 

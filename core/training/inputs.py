@@ -19,10 +19,12 @@ from core.data.prompts import PromptData
 from core.data.sources import data_changes, sure_changes
 from core.data.tokenizer import Tokenizer
 from core.data.windows import TokenData
-from core.errors import CheckpointError
+from core.errors import CheckpointError, DataError
 from core.models import deltanet, lora, quant
 from core.models.model import GPT, GPTConfig
+from core.models.vision import attach
 from core.platform import heap
+from core.weights import vision
 from core.weights.loader import Pretrained, drop_pages
 
 
@@ -42,6 +44,8 @@ def prepare_data(
     allow_change."""
     sources = mix.sources_of(cfg)
     specs = [mix.source_spec(cfg, src, events.on_prepare) for src in sources]
+    if pretrained is not None:  # how the model sees images, where it does (else: text only)
+        vision.tell_specs(specs, pretrained, cfg.image_max_pixels)
     mix.check_pairs_alone(specs, sources)  # before any source is prepared
     if saved:
         tokenizer = Tokenizer.from_json(saved["tokenizer_json"], saved.get("tokenizer_meta"))
@@ -58,6 +62,11 @@ def prepare_data(
         parts.append(TokenData(folder, manifest, cfg.seq_len, cfg.seed))
         tokenizer = tokenizer or parts[0].tokenizer  # one tokenizer for every source
     data = parts[0]
+    if len(parts) > 1 and any(p.images is not None for p in parts):
+        raise DataError(
+            "data: chat data with images trains from one data source for now; join the "
+            "sources into one file (images and text examples may mix in it)"
+        )
     if len(parts) > 1:
         data = MixedData(parts, mix.source_names(sources), mix.weights_of(cfg, parts), cfg.seed)
     if saved and data_info(data)["fingerprint"] != saved["fingerprint"]:
@@ -183,6 +192,18 @@ def build_model(
     elif bits == 16:  # the frozen base in 16 bits: half its memory
         lora.freeze_to(model, torch.bfloat16 if precision == "bf16" else torch.float16)
     return model
+
+
+def attach_vision(model: GPT, pretrained: Pretrained, log) -> None:
+    """The base's vision tower and projector in the model's forward pass (chat data with
+    images), frozen: LoRA and full fine-tuning train the language model."""
+    tower = vision.load_vision(pretrained.folder, pretrained.hf_config)
+    attach(model, tower, trains=False)
+    n = sum(p.numel() for p in tower.parameters())
+    log(
+        f"vision: {tower.options.kind} tower and projector ({n:,} parameters) in the forward "
+        "pass, frozen; the loss is on the answers' text only"
+    )
 
 
 def _materialize(model: GPT, dtype: torch.dtype) -> None:

@@ -119,6 +119,8 @@ def build(
     # ones: its resume stays bit for bit.
     fused = state is None or bool((state.get("model_config") or {}).get("fused"))
     model = inputs.build_model(cfg, pretrained, device, precision, log, fused)
+    if getattr(data, "images", None) is not None:  # the tower in the forward pass
+        inputs.attach_vision(model, pretrained, log)
     model = model.to(device)
     use_kernels(cfg, model, device, log)
     optimizer = optim.make(model, cfg)

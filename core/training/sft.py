@@ -8,7 +8,7 @@ from core.config.spec import TrainConfig
 from core.training import evaluation, steps
 from core.training.objectives import Objective
 from core.training.state import RunState
-from core.training.steps import BatchAhead, autocast, to_device
+from core.training.steps import BatchAhead, autocast, media, on_device
 
 
 class SFT(Objective):
@@ -24,9 +24,10 @@ class SFT(Objective):
         return self.chunks
 
     def micro_loss(self, run: RunState, cfg: TrainConfig, starts):
-        x, y, mask, seg = self._batch(run, starts)
+        batch = self._batch(run, starts)
+        x, y, mask, seg = batch
         with autocast(run.device, run.precision):
-            _, loss = run.train_model(x, y, mask, seg)
+            _, loss = run.train_model(x, y, mask, seg, **media(batch))
         following = [i + 1 for i, c in enumerate(self.chunks) if c is starts]
         if following and following[0] < len(self.chunks) and steps.ahead_on(run.device):
             self._fetch(run, self.chunks[following[0]])  # while this forward runs
@@ -42,7 +43,7 @@ class SFT(Objective):
     def _batch(self, run: RunState, chunk) -> tuple:
         batch = self.ahead.take(chunk) if self.ahead is not None else None
         if batch is None:
-            batch = tuple(to_device(t, run.device) for t in run.data.train_batch(chunk))
+            batch = on_device(run.data.train_batch(chunk), run.device)
         return batch
 
     def evaluate(self, run: RunState, cfg: TrainConfig) -> tuple[float, dict, str]:

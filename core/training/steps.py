@@ -9,6 +9,8 @@ import contextlib
 import numpy as np
 import torch
 
+from core.data.windows import Rows
+
 OOM_ADVICE = (
     "lower batch_size first, then hidden_dim, then n_layers, or train on the CPU (--device cpu)"
 )
@@ -57,7 +59,7 @@ class BatchAhead:
 
     def put(self, starts: torch.Tensor, batch: tuple) -> None:
         self.key = starts.numpy().copy()  # host tensors: no device sync
-        self.batch = tuple(to_device(t, self.device) for t in batch)
+        self.batch = on_device(batch, self.device)
 
     def take(self, starts: torch.Tensor) -> tuple | None:
         """The batch fetched for starts, or None; either way nothing is kept."""
@@ -69,6 +71,21 @@ class BatchAhead:
 
     def clear(self) -> None:
         self.key = self.batch = None
+
+
+def on_device(batch, device: torch.device):
+    """A batch's tensors on the device, its rows' images (core.data.windows.Rows) too."""
+    images = getattr(batch, "images", None)
+    return Rows(tuple(to_device(t, device) for t in batch), to_device(images, device))
+
+
+def media(batch, device: torch.device | None = None) -> dict:
+    """The forward's images= of a batch whose rows hold images (core.data.windows.Rows),
+    moved to device where one is given; {} for the rest."""
+    images = getattr(batch, "images", None)
+    if images is None:
+        return {}
+    return {"images": images if device is None else to_device(images, device)}
 
 
 def grad_sync(train_model, distributed: bool, last: bool):

@@ -9,12 +9,17 @@ context length the window slides forward by half a context and the cache is rebu
 from __future__ import annotations
 
 import codecs
+import json
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
+import numpy as np
 import torch
 
 from core.data.chat import chat_ids
 from core.data.tokenizer import Tokenizer
+from core.errors import DataError
 from core.models.model import GPT
 from core.weights.loader import Loaded, checkpoint_path, load  # noqa: F401 (the loader's API, here too)
 
@@ -48,9 +53,12 @@ def generate_ids(
     use_cache: bool = True,
     should_stop: Callable[[], bool] | None = None,
     stop_ids: list[int] | tuple = (),
+    images=None,
 ) -> Iterator[int]:
     """Yield n_new token ids after prompt. The window over which the model looks is the same
-    with and without the cache: once it is full it moves forward by half a context."""
+    with and without the cache: once it is full it moves forward by half a context. images
+    (N, 3, H, W): the pixel values of the prompt's images (a model with a vision tower),
+    seen while the window holds the whole prompt."""
     context = model.config.seq_len
     device = next(model.parameters()).device
     gen = torch.Generator().manual_seed(seed)
@@ -63,13 +71,14 @@ def generate_ids(
         if len(tokens) - start > context:
             start = len(tokens) - context // 2
         window = tokens[start:]
+        seen = {"images": images.to(device)} if images is not None and start == 0 else {}
         with torch.no_grad():
             if not use_cache:
-                logits = model.logits(torch.tensor([window], device=device))
+                logits = model.logits(torch.tensor([window], device=device), **seen)
                 logits = logits[:, -1]
             elif cache is None or cache_start != start:
                 ids = torch.tensor([window], device=device)
-                logits, cache = model.forward_cached(ids, last=True)
+                logits, cache = model.forward_cached(ids, last=True, **seen)
                 cache_start = start
             else:
                 last = torch.tensor([[window[-1]]], device=device)
@@ -115,13 +124,79 @@ def prompt_ids(tok: Tokenizer, prompt: str) -> list[int]:
 
 
 def start_ids(
-    tok: Tokenizer, prompt: str, chat: bool, system: str | None = None, history=()
+    tok: Tokenizer,
+    prompt: str,
+    chat: bool,
+    system: str | None = None,
+    history=(),
+    seeing: Seeing | None = None,
 ) -> tuple[list[int], list[int], list[str]]:
     """(prompt ids, stop ids, stop strings): a plain prompt runs to the length asked; a chat
     prompt is a user message (after history, the conversation so far) in the model's
-    template and ends at the model's end of turn."""
+    template and ends at the model's end of turn. seeing: images the prompt shows (a chat
+    prompt: in the user's message, before its text; a plain one: before the prompt)."""
+    shown = seeing.paths if seeing is not None else []
     if not chat:
-        return prompt_ids(tok, prompt), [], []
+        marks = "".join(seeing.spec.text(seeing.spec.tokens) for _ in shown) if shown else ""
+        return prompt_ids(tok, marks + prompt), [], []
     messages = [{"role": "system", "content": system}] if system else []
-    messages += [*history, {"role": "user", "content": prompt}]
-    return chat_ids(tok, messages), tok.stop_ids, tok.stop_strings
+    content = prompt
+    if shown:
+        content = [{"type": "image", "image": str(p)} for p in shown]
+        content.append({"type": "text", "text": prompt})
+    messages += [*history, {"role": "user", "content": content}]
+    spec = seeing.spec if shown else None
+    return chat_ids(tok, messages, images=spec), tok.stop_ids, tok.stop_strings
+
+
+@dataclass
+class Seeing:
+    """The images a prompt shows, as the model sees them: its ImageSpec, the files, their
+    pixel values (N, 3, H, W)."""
+
+    spec: object
+    paths: list
+    pixels: torch.Tensor
+
+
+def check_images(paths, flag: str = "--image") -> list:
+    """Each image file decoded and checked before any model is loaded (RGB PIL images);
+    one line naming the flag and the file for a bad one."""
+    from core.data import images
+
+    out = []
+    for p in paths:
+        try:
+            out.append(images.open_rgb(Path(p)))
+        except images.ImageProblem as e:
+            raise DataError(f"{flag}: {p} {e}") from None
+    return out
+
+
+def seeing(loaded, paths, pictures, flag: str = "--image") -> Seeing:
+    """The model's view of checked pictures (check_images), and its vision tower attached to
+    loaded.model; one line where the model has none TrainDeck runs."""
+    from core.data import images
+    from core.models.vision import attach
+    from core.weights import vision
+    from core.weights.loader import resolve_folder
+
+    if loaded.base is not None:
+        folder, hf = resolve_folder(loaded.base["init_from"]), loaded.base["hf_config"]
+    else:
+        folder = Path(loaded.checkpoint)
+        hf = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    if vision.kind_of(hf) is None:
+        raise DataError(
+            f"{flag}: this model reads text only here (no vision tower TrainDeck runs); "
+            "images need a vision model (Gemma 3 4B and up)"
+        )
+    try:
+        spec = vision.image_spec(folder, hf, loaded.tokenizer)
+        pixels = [images.normalized(images.resized(p, spec), spec) for p in pictures]
+    except (images.ImageProblem, DataError) as e:
+        raise DataError(f"{flag}: {e}") from None
+    device = next(loaded.model.parameters()).device
+    if not hasattr(loaded.model, "vision"):
+        attach(loaded.model, vision.load_vision(folder, hf).to(device))
+    return Seeing(spec, list(paths), torch.from_numpy(np.stack(pixels)))

@@ -500,6 +500,13 @@ def load_weights(model: GPT, state: dict, assign: bool = False) -> None:
     """A checkpoint's weights into model: all of them, or (a LoRA fine-tune of a
     pretrained model) only the adapters, the base being loaded already. assign: use the
     state's tensors themselves (memory-mapped ones stay mapped)."""
+    if not state.get("adapters_only") and hasattr(model, "vision"):
+        # a frozen vision tower (core.models.vision) comes from the base, not the checkpoint
+        missing, unexpected = model.load_state_dict(state["model"], strict=False, assign=assign)
+        missing = [k for k in missing if not k.startswith("vision.")]
+        if missing or unexpected:
+            raise RuntimeError(f"weights differ: {(missing or unexpected)[0]}")
+        return
     if not state.get("adapters_only"):
         model.load_state_dict(state["model"], assign=assign)
         return

@@ -75,7 +75,7 @@ def test_a_bad_line_is_named_with_its_number_and_can_be_skipped(tmp_path):
         json.dumps({"messages": [{"role": "user", "content": "x"}]}): "no assistant message",
         json.dumps({"text": "x"}): "no 'messages'",
         json.dumps({"prompt": "a", "completion": 3}): "'completion' must be a string",
-        # image and audio content: refused until image training exists
+        # audio content and image URLs: refused (local images train: tests/core/test_images.py)
         json.dumps(
             {
                 "messages": [
@@ -83,16 +83,16 @@ def test_a_bad_line_is_named_with_its_number_and_can_be_skipped(tmp_path):
                         "role": "user",
                         "content": [
                             {"type": "text", "text": "What is it?"},
-                            {"type": "image_url", "image_url": {"url": "cat.png"}},
+                            {"type": "image_url", "image_url": {"url": "https://x.org/a.png"}},
                         ],
                     },
                     {"role": "assistant", "content": "A cat."},
                 ]
             }
-        ): "'messages'[0].content[1] is of type 'image_url': training on image, audio",
+        ): "image 'https://x.org/a.png' is a URL: only local files are read",
         json.dumps(
             {"prompt": "<audio>Transcribe", "completion": "hi", "audios": ["a.wav"]}
-        ): "'audios' holds media: training on image, audio or video is not supported",
+        ): "'audios' holds media: audio and video are not trained on; text and images are",
     }
     for line, what in cases.items():
         path.write_text(f"{good}\n\n{line}\n{good}\n", encoding="utf-8")

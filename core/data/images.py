@@ -1,0 +1,366 @@
+"""Images in chat data: the parts that name them, reading them with Pillow, the checkpoint's own
+image processing (as its preprocessor_config.json says), and the cache's store of processed
+pixels.
+
+Two forms of a record carry images (core.data.chatdata parses them):
+    {"messages": [{"role": "user", "content": [{"type": "image", "image": "cat.png"},
+                                               {"type": "text", "text": "What is this?"}]}, ...]}
+      (also "path" or "url" for a local file; paths are relative to the data file)
+    {"messages": [{"role": "user", "content": "<image>What is this?"}, ...],
+     "images": ["cat.png"]}                                    (ShareGPT, as LLaMA-Factory)
+
+An image is PNG, JPEG or WebP; EXIF orientation is applied, transparency composited on white
+(as transformers' convert_to_rgb) and palette or grey images become RGB. Each bad image is one
+line naming the data file, its line and the image, before any training.
+
+What a model does with an image (ImageSpec) comes from the model's folder (core.weights.vision
+makes it): how the template marks an image, the tokens the mark expands to, and how pixels are
+resized and normalized. The cache keeps each image resized (uint8) once, so a second run does
+not decode again; normalizing happens per batch (exact and cheap).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+FORMATS = ("PNG", "JPEG", "WEBP")
+MIN_SIDE = 8  # pixels: smaller shows nothing a model could learn from
+MAX_PIXELS = 89_478_485  # Pillow's decompression-bomb limit (a 20,000 x 20,000 image is over)
+PLACEHOLDER = "<image>"  # ShareGPT's mark of where an image of the "images" list goes
+IMAGE_KEYS = ("image", "path", "url")  # an image part's keys naming its file
+
+
+class ImageProblem(ValueError):
+    """What is wrong with one image (the caller adds the file, line and image)."""
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    """How a model sees an image: the text its chat template writes for an image part
+    (placeholder), what that text becomes for an image of n tokens (before + token * n +
+    after), and its image processor's settings (preprocessor_config.json)."""
+
+    kind: str  # "fixed": resized to height x width (SigLIP: Gemma 3)
+    placeholder: str  # what the template writes for an image part
+    token: str  # the image token, repeated once per embedding the tower gives
+    token_id: int
+    before: str
+    after: str
+    tokens: int  # embeddings an image gives (fixed size)
+    height: int
+    width: int
+    resample: int = 2  # PIL's BILINEAR
+    rescale: float = 1 / 255
+    mean: tuple = (0.5, 0.5, 0.5)
+    std: tuple = (0.5, 0.5, 0.5)
+    do_rescale: bool = True
+    do_normalize: bool = True
+    max_pixels: int | None = None  # --image-max-pixels: a cap on an image's resized pixels
+
+    def key(self) -> dict:
+        """What the cache key holds of it: everything that changes the rows or pixels."""
+        return asdict(self)
+
+    def text(self, n_tokens: int) -> str:
+        return self.before + self.token * n_tokens + self.after
+
+
+# -- reading ------------------------------------------------------------------------------------
+
+
+def image_path(value, base: Path) -> Path:
+    """An image part's file: a local path (or file:// URL), relative to the data file's
+    folder; ImageProblem for what is not one."""
+    if not isinstance(value, str) or not value.strip():
+        raise ImageProblem("must name an image file (a path string)")
+    text = value.strip()
+    if text.startswith(("http://", "https://", "data:")):
+        raise ImageProblem("is a URL: only local files are read; download it and give its path")
+    if text.startswith("file://"):
+        text = text[len("file://") :]
+    path = Path(text).expanduser()
+    return path if path.is_absolute() else base / path
+
+
+def outside(path: Path, base: Path) -> bool:
+    """Whether path leaves the data file's folder (through ..): allowed, and logged."""
+    try:
+        Path(os.path.normpath(path)).relative_to(os.path.normpath(base))
+    except ValueError:
+        return True
+    return False
+
+
+def open_rgb(path: Path):
+    """The image at path decoded whole and checked, as an RGB PIL image with its EXIF
+    orientation applied; ImageProblem for a missing, unreadable, damaged, tiny or huge one."""
+    from PIL import Image, ImageOps, UnidentifiedImageError
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(path) as im:
+                check_header(im.format, *im.size)
+                im.load()  # a truncated or damaged file fails here, not in training
+                return to_rgb(ImageOps.exif_transpose(im))
+    except FileNotFoundError:
+        raise ImageProblem("does not exist") from None
+    except IsADirectoryError:
+        raise ImageProblem("is a folder, not an image file") from None
+    except UnidentifiedImageError:
+        raise ImageProblem("is not an image Pillow can read (PNG, JPEG or WebP)") from None
+    except Image.DecompressionBombError as e:  # over twice the limit: Pillow's own check
+        raise ImageProblem(
+            f"is over the {MAX_PIXELS:,}-pixel limit that guards against decompression bombs "
+            f"(Pillow: {str(e).rstrip('.')}); resize it"
+        ) from None
+    except PermissionError:
+        raise ImageProblem("cannot be read (permission denied)") from None
+    except (OSError, SyntaxError, ValueError) as e:  # Pillow's damaged-file errors
+        if isinstance(e, ImageProblem):
+            raise
+        raise ImageProblem(f"is damaged ({e})") from None
+
+
+def check_header(fmt: str | None, width: int, height: int) -> None:
+    """The cheap facts of an image from its header: its format and size."""
+    if fmt not in FORMATS:
+        raise ImageProblem(f"is a {fmt or 'unknown'} image; PNG, JPEG or WebP are read")
+    if width * height > MAX_PIXELS:
+        raise ImageProblem(
+            f"is {width:,}x{height:,} ({width * height:,} pixels), over the {MAX_PIXELS:,}-pixel "
+            "limit that guards against decompression bombs; resize it"
+        )
+    if min(width, height) < MIN_SIDE:
+        raise ImageProblem(
+            f"is {width}x{height} pixels; an image needs at least {MIN_SIDE} pixels a side"
+        )
+
+
+def to_rgb(im):
+    """RGB as transformers' convert_to_rgb makes it: transparency composited on white."""
+    from PIL import Image
+
+    if "A" in im.getbands() or im.info.get("transparency") is not None:
+        im = im.convert("RGBA")
+        white = Image.new("RGBA", im.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, im).convert("RGB")
+    return im.convert("RGB")
+
+
+def file_facts(path: Path) -> dict:
+    """What the cache keeps of an image file to know it again: path, size, mtime, hash."""
+    st = path.stat()
+    return {
+        "path": str(path),
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+    }
+
+
+def changed_images(facts: list[dict]) -> list[str]:
+    """The images (of a cache entry's manifest) that are gone or hold other bytes now; a
+    file with the same size and mtime is taken as unchanged without reading it."""
+    out = []
+    for f in facts:
+        path = Path(f["path"])
+        try:
+            st = path.stat()
+        except OSError:
+            out.append(f"{path} (gone)")
+            continue
+        if st.st_size == f["size"] and st.st_mtime_ns == f["mtime_ns"]:
+            continue
+        if hashlib.sha256(path.read_bytes()).hexdigest() != f["sha256"]:
+            out.append(str(path))
+    return out
+
+
+# -- the checkpoint's processing ----------------------------------------------------------------
+
+
+def resized(im, spec: ImageSpec) -> np.ndarray:
+    """The image as the model's processor resizes it: uint8 (3, H, W)."""
+    h, w = spec.height, spec.width
+    if spec.max_pixels and h * w > spec.max_pixels:  # a fixed-size tower: the cap is its size
+        raise ImageProblem(
+            f"--image-max-pixels {spec.max_pixels:,} is below this model's fixed image size "
+            f"{w}x{h}; raise it or leave it unset"
+        )
+    out = im.resize((w, h), resample=spec.resample)
+    return np.ascontiguousarray(np.asarray(out, dtype=np.uint8).transpose(2, 0, 1))
+
+
+def normalized(pixels: np.ndarray, spec: ImageSpec) -> np.ndarray:
+    """uint8 (3, H, W) -> float32 pixel values, as transformers' PIL image processor makes
+    them (rescaled in float64, cast, then (x - mean) / std in float32)."""
+    x = pixels.astype(np.float64) * spec.rescale if spec.do_rescale else pixels
+    x = x.astype(np.float32)
+    if spec.do_normalize:
+        mean = np.array(spec.mean, dtype=np.float32)
+        std = np.array(spec.std, dtype=np.float32)
+        x = ((x.T - mean) / std).T
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def image_tokens(spec: ImageSpec, pixels: np.ndarray) -> int:
+    """Embeddings the tower gives for these processed pixels."""
+    return spec.tokens
+
+
+def marks_expanded(text: str, spec: ImageSpec, counts: list[int]) -> tuple[str, list]:
+    """A rendered conversation with each image mark its template wrote made into the model's
+    image tokens (as its processor does: counts[i] for the i-th), and where the text grew:
+    [(position in text, characters added)]."""
+    pieces = text.split(spec.placeholder)
+    if len(pieces) - 1 != len(counts):
+        raise ImageProblem(
+            f"the chat template wrote {len(pieces) - 1} image mark(s) ({spec.placeholder!r}) "
+            f"for {len(counts)} image(s); this model's template does not show images as its "
+            "processor expects"
+        )
+    out, shifts, at = [pieces[0]], [], len(pieces[0])
+    for piece, n in zip(pieces[1:], counts, strict=True):
+        expanded = spec.text(n)
+        shifts.append((at, len(expanded) - len(spec.placeholder)))
+        out += [expanded, piece]
+        at += len(spec.placeholder) + len(piece)
+    return "".join(out), shifts
+
+
+# -- parts of a message -------------------------------------------------------------------------
+
+
+def is_image_part(part) -> bool:
+    return isinstance(part, dict) and part.get("type") in ("image", "image_url", "input_image")
+
+
+def part_path(part: dict):
+    """The file an image part names (its "image", "path" or "url"; OpenAI's image_url's
+    url), unresolved."""
+    if part.get("type") == "image_url":
+        inner = part.get("image_url")
+        return inner.get("url") if isinstance(inner, dict) else inner
+    for key in IMAGE_KEYS + ("image_url",):
+        if part.get(key) is not None:
+            return part[key]
+    return None
+
+
+def split_placeholders(text: str, paths: list) -> list[dict]:
+    """ShareGPT content with <image> marks as parts, taking the next paths in turn."""
+    parts: list[dict] = []
+    pieces = text.split(PLACEHOLDER)
+    for i, piece in enumerate(pieces):
+        if i:
+            parts.append({"type": "image", "image": paths.pop(0)})
+        if piece:
+            parts.append({"type": "text", "text": piece})
+    return parts
+
+
+def conversation_images(messages: list[dict]) -> list[str]:
+    """The image files a parsed conversation names, in order."""
+    return [
+        p["image"]
+        for m in messages
+        if isinstance(m["content"], list)
+        for p in m["content"]
+        if p.get("type") == "image"
+    ]
+
+
+# -- the cache's store ----------------------------------------------------------------------------
+
+
+@dataclass
+class ImageWriter:
+    """Processed images into an entry's images.bin, each distinct file once; rows name
+    theirs (row_images.npy: each row's images, flat; row_starts.npy: where each row's begin)."""
+
+    folder: Path
+    spec: ImageSpec
+    index: list = field(default_factory=list)  # [offset, channels, height, width] an image
+    by_file: dict = field(default_factory=dict)  # sha256 -> image number
+    facts: dict = field(default_factory=dict)  # path -> file_facts
+    offset: int = 0
+    rows: list = field(default_factory=list)  # each row's image numbers (train, then val)
+
+    def __post_init__(self):
+        self.file = open(self.folder / "images.bin", "wb")  # noqa: SIM115 (closed in finish)
+
+    def add(self, path: Path, pixels: np.ndarray, facts: dict) -> int:
+        """The image's number, writing its pixels unless the same file's are there."""
+        self.facts[str(path)] = facts
+        known = self.by_file.get(facts["sha256"])
+        if known is not None:
+            return known
+        self.file.write(pixels.tobytes())
+        self.index.append([self.offset, *pixels.shape])
+        self.offset += pixels.nbytes
+        self.by_file[facts["sha256"]] = len(self.index) - 1
+        return len(self.index) - 1
+
+    def finish(self, rows: list[list[int]]) -> dict:
+        """Close the store with each row's image numbers (train rows, then val rows); what
+        the manifest says of it (and the hash that joins the entry's content hash)."""
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.file.close()
+        index = np.array(self.index, dtype=np.int64).reshape(-1, 4)
+        flat = np.array([i for r in rows for i in r], dtype=np.int64)
+        starts = np.cumsum([0] + [len(r) for r in rows]).astype(np.int64)
+        np.save(self.folder / "image_index.npy", index)
+        np.save(self.folder / "row_images.npy", flat)
+        np.save(self.folder / "row_starts.npy", starts)
+        digest = hashlib.blake2b(digest_size=16)
+        for f in sorted(self.facts.values(), key=lambda f: f["path"]):
+            digest.update(f"{f['path']}\0{f['sha256']}\0".encode())
+        digest.update(flat.tobytes())
+        return {
+            "images": len(self.index),
+            "image_files": sorted(self.facts.values(), key=lambda f: f["path"]),
+            "image_spec": self.spec.key(),
+            "image_hash": digest.hexdigest(),
+        }
+
+
+def spec_of(saved: dict) -> ImageSpec:
+    """An ImageSpec from its key() (JSON turns its tuples into lists)."""
+    return ImageSpec(**{**saved, "mean": tuple(saved["mean"]), "std": tuple(saved["std"])})
+
+
+class ImageStore:
+    """A cache entry's processed images, read by row: a batch's pixel values."""
+
+    def __init__(self, folder: Path, manifest: dict):
+        self.spec = spec_of(manifest["image_spec"])
+        self.index = np.load(folder / "image_index.npy")
+        self.flat = np.load(folder / "row_images.npy")
+        self.starts = np.load(folder / "row_starts.npy")
+        size = int(self.index[-1, 0] + np.prod(self.index[-1, 1:])) if len(self.index) else 0
+        self.pixels = np.memmap(folder / "images.bin", dtype=np.uint8, mode="r", shape=(size,))
+
+    def row_images(self, row: int) -> list[int]:
+        return self.flat[self.starts[row] : self.starts[row + 1]].tolist()
+
+    def image(self, number: int) -> np.ndarray:
+        offset, *shape = (int(v) for v in self.index[number])
+        return np.asarray(self.pixels[offset : offset + math.prod(shape)]).reshape(shape)
+
+    def batch(self, rows: list[int]):
+        """The pixel values (N, 3, H, W) float32 of the rows' images in order (None: none)."""
+        import torch
+
+        images = [self.image(i) for r in rows for i in self.row_images(r)]
+        if not images:
+            return None
+        return torch.from_numpy(np.stack([normalized(p, self.spec) for p in images]))

@@ -1,0 +1,157 @@
+"""A composite checkpoint's vision part, as TrainDeck runs it: which classes' towers are built
+(core.models.vision), how their chat template marks an image and what the mark expands to,
+their image processing (preprocessor_config.json, core.data.images.ImageSpec), and their
+tower and projector weights read from the base's files.
+
+Gemma 3 (Gemma3ForConditionalGeneration: SigLIP at a fixed size, pan-and-scan off) is built;
+other composites train on text (core.weights.composite) and refuse image data in one line.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+
+from core.data.images import ImageSpec
+from core.errors import DataError
+from core.models.vision import Vision, VisionOptions
+from core.weights import composite
+from core.weights.loader import read_weights
+
+BUILT = {"gemma3": "Gemma3ForConditionalGeneration"}  # model_type -> the class built
+
+
+def kind_of(hf: dict) -> str | None:
+    """The tower kind TrainDeck runs for this config.json (None: text only here)."""
+    if "vision" not in composite.towers(hf):
+        return None
+    kind = hf.get("model_type")
+    return kind if kind in BUILT else None
+
+
+def options(hf: dict) -> VisionOptions | None:
+    kind = kind_of(hf)
+    if kind is None:
+        return None
+    text = composite.text_config(hf)
+    return VisionOptions(
+        kind=kind,
+        config=hf["vision_config"],
+        token_id=_token_id(hf, "image"),
+        tokens=int(hf.get("mm_tokens_per_image", 256)),
+        text_hidden=int(text["hidden_size"]),
+        bidirectional=True,  # Gemma 3: an image's tokens see each other
+    )
+
+
+def _token_id(hf: dict, what: str) -> int:
+    """Gemma 3's image / boi / eoi token ids, under either name transformers has used."""
+    keys = {
+        "image": ("image_token_id", "image_token_index"),
+        "boi": ("boi_token_id", "boi_token_index"),
+        "eoi": ("eoi_token_id", "eoi_token_index"),
+    }[what]
+    for key in keys:
+        if hf.get(key) is not None:
+            return int(hf[key])
+    raise DataError(f"images: config.json names no {what} token ({' or '.join(keys)})")
+
+
+def preprocessor(folder: Path) -> dict:
+    """The image processor's settings: preprocessor_config.json (as released checkpoints
+    have it), else processor_config.json's image_processor (as transformers 5 saves one)."""
+    for name, key in (("preprocessor_config.json", None), ("processor_config.json", "image")):
+        path = Path(folder) / name
+        if not path.is_file():
+            continue
+        try:
+            found = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise DataError(f"images: {path} cannot be read ({e})") from None
+        if key is None:
+            return found
+        if isinstance(found.get("image_processor"), dict):
+            return found["image_processor"]
+    raise DataError(
+        f"images: {folder} has no preprocessor_config.json: its image processing is unknown; "
+        "copy it from the model's original folder"
+    )
+
+
+def image_spec(folder, hf: dict, tokenizer, max_pixels: int | None = None) -> ImageSpec | None:
+    """How this model sees images (None: a text-only model, or a class not built here)."""
+    kind = kind_of(hf)
+    if kind is None:
+        return None
+    pre = preprocessor(folder)
+    size = pre.get("size") or {}
+    side = int(hf["vision_config"].get("image_size", 896))
+    token = _token_text(tokenizer, _token_id(hf, "image"))
+    boi = _token_text(tokenizer, _token_id(hf, "boi"))
+    eoi = _token_text(tokenizer, _token_id(hf, "eoi"))
+    return ImageSpec(
+        kind="fixed",
+        placeholder=boi,  # Gemma 3's template writes <start_of_image> for an image part
+        token=token,
+        token_id=_token_id(hf, "image"),
+        before=f"\n\n{boi}",  # as Gemma3Processor's full_image_sequence
+        after=f"{eoi}\n\n",
+        tokens=int(hf.get("mm_tokens_per_image", pre.get("image_seq_length", 256))),
+        height=int(size.get("height", side)),
+        width=int(size.get("width", side)),
+        resample=int(pre.get("resample", 2)),
+        rescale=float(pre.get("rescale_factor", 1 / 255)),
+        mean=tuple(pre.get("image_mean", (0.5, 0.5, 0.5))),
+        std=tuple(pre.get("image_std", (0.5, 0.5, 0.5))),
+        do_rescale=bool(pre.get("do_rescale", True)),
+        do_normalize=bool(pre.get("do_normalize", True)),
+        max_pixels=max_pixels,
+    )
+
+
+def tell_specs(specs, pretrained, max_pixels: int | None) -> None:
+    """Each data spec told how the model sees images (a problem with its files is said only
+    where the data has images: text trains as ever)."""
+    seen, why = None, ""
+    try:
+        seen = image_spec(pretrained.folder, pretrained.hf_config, pretrained.tokenizer, max_pixels)
+    except DataError as e:
+        why = str(e).removeprefix("images: ")
+    for spec in specs:
+        spec.images, spec.images_problem = seen, why
+
+
+def _token_text(tokenizer, token_id: int) -> str:
+    text = tokenizer.hf.id_to_token(token_id) if tokenizer.kind != "bytes" else None
+    if text is None:
+        raise DataError(
+            f"images: token {token_id} of config.json is not in the model's tokenizer; its "
+            "tokenizer files do not belong to this checkpoint"
+        )
+    return text
+
+
+def tower_state(folder) -> dict[str, torch.Tensor]:
+    """The base's tower and projector tensors under the Vision module's names (fp32)."""
+    out = {}
+    for name, t in read_weights(Path(folder)).items():
+        if composite.text_name(name) is not None:
+            continue
+        name = re.sub(r"^model\.", "", name)
+        name = name.replace("vision_tower.vision_model.", "vision_tower.")
+        if name.startswith("vision_tower.head.") or not name.startswith(
+            ("vision_tower.", "multi_modal_projector.")
+        ):
+            continue  # SigLIP's pooling head: Gemma 3 reads every patch
+        out[name] = t.float()
+    return out
+
+
+def load_vision(folder, hf: dict) -> Vision:
+    """The tower and projector of the base at folder, in fp32, frozen."""
+    vision = Vision(options(hf))
+    vision.load_state_dict(tower_state(folder))
+    return vision.requires_grad_(False)

@@ -1,0 +1,147 @@
+"""Tiny vision-language checkpoints for the image tests, saved as transformers saves them:
+the composite, a tokenizer with the class's image tokens and its real chat template, and the
+processor files (preprocessor_config.json, processor_config.json), so transformers' own
+AutoProcessor and model are the reference. Also small images of every kind a user brings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from hf_models import TEXT
+
+TEMPLATES = Path(__file__).parent / "fixtures" / "chat_templates"
+GEMMA3_SPECIALS = ["<bos>", "<eos>", "<pad>", "<start_of_turn>", "<end_of_turn>"]
+GEMMA3_IMAGE = ["<start_of_image>", "<image_soft_token>", "<end_of_image>"]
+IMAGE_SIZE = 56  # the tiny tower's: 4 x 4 patches of 14, pooled 2 x 2 into 4 tokens
+IMAGE_TOKENS = 4
+
+
+def gemma3_tokenizer(folder: Path):
+    """A byte-level BPE with Gemma 3's turn and image tokens and its real chat template."""
+    from transformers import PreTrainedTokenizerFast
+
+    from core.data.tokenizer import train_bpe
+
+    hf = train_bpe([TEXT + " red green blue circle square triangle colour shape"], 512).hf
+    hf.add_special_tokens(GEMMA3_SPECIALS + GEMMA3_IMAGE)
+    template = (TEMPLATES / "google-gemma-3-4b-it.jinja").read_text(encoding="utf-8")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=hf,
+        bos_token="<bos>",
+        eos_token="<end_of_turn>",
+        pad_token="<pad>",
+        chat_template=template,
+        extra_special_tokens={
+            "boi_token": "<start_of_image>",
+            "image_token": "<image_soft_token>",
+            "eoi_token": "<end_of_image>",
+        },
+    )
+    tok.save_pretrained(folder)
+    return tok
+
+
+def make_gemma3_vision(folder, layers: int = 6, width: int = 32, seed: int = 0, std: float = 0.3):
+    """A tiny Gemma3ForConditionalGeneration that reads images: SigLIP of 4 x 4 patches
+    pooled into 4 image tokens; its processor saved beside it. Returns (model, processor)."""
+    import transformers as t
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = gemma3_tokenizer(folder)
+    ids = {name: tok.convert_tokens_to_ids(name) for name in GEMMA3_IMAGE}
+    text = t.Gemma3TextConfig(
+        vocab_size=len(tok) + 3,
+        hidden_size=width,
+        intermediate_size=48,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        query_pre_attn_scalar=16,
+        sliding_window=8,
+        max_position_embeddings=256,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=tok.bos_token_id,
+    )
+    vision = t.SiglipVisionConfig(
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        image_size=IMAGE_SIZE,
+        patch_size=14,
+        vision_use_head=False,
+    )
+    config = t.Gemma3Config(
+        text_config=text,
+        vision_config=vision,
+        mm_tokens_per_image=IMAGE_TOKENS,
+        image_token_id=ids["<image_soft_token>"],
+        boi_token_index=ids["<start_of_image>"],
+        eoi_token_index=ids["<end_of_image>"],
+    )
+    torch.manual_seed(seed)
+    model = t.Gemma3ForConditionalGeneration(config)
+    for p in model.parameters():  # the towers' init leaves some zero: every tensor differs
+        p.data.normal_(0, std)
+    model = model.float().eval()
+    model.generation_config = t.GenerationConfig(eos_token_id=[tok.eos_token_id])
+    model.save_pretrained(folder)
+    images = t.Gemma3ImageProcessorPil(
+        size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+        image_mean=[0.5] * 3,
+        image_std=[0.5] * 3,
+        do_pan_and_scan=False,
+    )
+    processor = t.Gemma3Processor(
+        image_processor=images,
+        tokenizer=tok,
+        chat_template=tok.chat_template,
+        image_seq_length=IMAGE_TOKENS,
+    )
+    processor.save_pretrained(folder)
+    return model, processor
+
+
+def reloaded(folder):
+    """transformers' model as from_pretrained reads the folder (fp32), the reference."""
+    import transformers as t
+
+    return t.Gemma3ForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+# -- images ----------------------------------------------------------------------------------
+
+
+def picture(size=(40, 30), seed: int = 0) -> np.ndarray:
+    """Random RGB pixels (H, W, 3) uint8."""
+    return np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+
+
+def save_image(path: Path, kind: str = "png", size=(40, 30), seed: int = 0) -> Path:
+    """An image file of a kind: png, jpeg, webp, rgba (PNG with transparency), palette (a
+    P-mode PNG), grey, exif (a JPEG whose EXIF says rotate 90 degrees)."""
+    from PIL import Image
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    im = Image.fromarray(picture(size, seed))
+    if kind == "rgba":
+        alpha = Image.fromarray(picture(size, seed + 1)[:, :, 0])
+        im.putalpha(alpha)
+        im.save(path, "PNG")
+    elif kind == "palette":
+        im.convert("P", palette=Image.Palette.ADAPTIVE, colors=16).save(path, "PNG")
+    elif kind == "grey":
+        im.convert("L").save(path, "PNG")
+    elif kind == "exif":
+        exif = Image.Exif()
+        exif[0x0112] = 6  # orientation: rotate 90 clockwise to show
+        im.save(path, "JPEG", exif=exif, quality=95)
+    else:
+        im.save(path, {"png": "PNG", "jpeg": "JPEG", "webp": "WEBP"}[kind])
+    return path
