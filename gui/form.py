@@ -147,12 +147,25 @@ AUTO_TEXTS = {"compile": "auto: on a GPU"}  # what an unset yes/no field does
 
 
 class IntSpin(_NoWheelUnlessFocused, QSpinBox):
-    def __init__(self, name: str):
+    """optional: one below the field's minimum shows "auto" and reads back as None."""
+
+    def __init__(self, name: str, optional: bool = False):
         super().__init__()
         _, low, high, _ = LIMITS[name]
-        self.setRange(int(low), INT_MAX if high is None else min(int(high), INT_MAX))
+        self.optional = optional
+        self.setRange(int(low) - optional, INT_MAX if high is None else min(int(high), INT_MAX))
+        if optional:
+            self.setSpecialValueText(AUTO)
         self.setGroupSeparatorShown(True)
         self.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
+
+    def field_value(self) -> int | None:
+        if self.optional and self.value() == self.minimum():
+            return None
+        return self.value()
+
+    def set_field_value(self, value: int | None) -> None:
+        self.setValue(self.minimum() if value is None else value)
 
 
 class FloatSpin(_NoWheelUnlessFocused, QDoubleSpinBox):
@@ -526,7 +539,7 @@ class ConfigForm(QWidget):
             w.setPlaceholderText(spec.placeholder)
             w.textChanged.connect(self._edited)
         elif KINDS[name] is int:
-            w = IntSpin(name)
+            w = IntSpin(name, optional=spec.optional)
             w.valueChanged.connect(self._edited)
         else:
             w = FloatSpin(name, optional=spec.optional)
@@ -612,7 +625,7 @@ class ConfigForm(QWidget):
         elif isinstance(w, QLineEdit):
             text = "" if value is None else value
             w.setText(", ".join(text) if isinstance(text, list) else str(text))
-        elif isinstance(w, FloatSpin):
+        elif isinstance(w, (FloatSpin, IntSpin)):
             w.set_field_value(value)
         else:
             w.setValue(value)
@@ -627,7 +640,7 @@ class ConfigForm(QWidget):
             return w.currentText()
         if isinstance(w, QLineEdit):
             return w.text().strip()
-        if isinstance(w, FloatSpin):
+        if isinstance(w, (FloatSpin, IntSpin)):
             return w.field_value()
         return w.value()
 

@@ -171,6 +171,12 @@ def test_fields_carry_ranges_and_tooltips_from_core(make_window):
     changed = dataclasses.replace(window.form.validated(), beta2=0.99, bias=False, grad_clip=0.5)
     window.form.set_config(changed)
     assert window.form.validated() == changed
+    # An optional whole number (unset: "auto") round-trips unset and set.
+    assert window.form.validated().image_max_pixels is None
+    assert window.form.widgets["image_max_pixels"].text() == "auto"
+    sized = dataclasses.replace(changed, image_max_pixels=50_176)
+    window.form.set_config(sized)
+    assert window.form.validated() == sized
 
 
 def test_the_biases_box_shows_only_for_models_that_have_biases(make_window):
