@@ -166,7 +166,10 @@ def build_config(args) -> tuple[TrainConfig, Path, Path | None]:
             Path(args.data_cache) if args.data_cache else default_cache_dir(), "--data-cache"
         )
     if args.resume:
-        cfg, resume_file, run = resume_config(args.resume, root, args.preset, _overrides(args))
+        world = World.from_env()
+        cfg, resume_file, run = resume_config(
+            args.resume, root, args.preset, _overrides(args), world.size, world.launched
+        )
         if run.resume_note:
             print(run.resume_note)
             run.log(run.resume_note)

@@ -30,6 +30,11 @@ class World:
         )
 
     @property
+    def launched(self) -> bool:
+        """Started by torchrun (which sets WORLD_SIZE), with one process or several."""
+        return "WORLD_SIZE" in os.environ
+
+    @property
     def enabled(self) -> bool:
         return self.size > 1
 
