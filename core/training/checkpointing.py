@@ -102,15 +102,20 @@ class Checkpointer:
         where = Path(err.filename) if getattr(err, "filename", None) else self.folder.path
         free = free_bytes(where)
         space = f" ({free / 1e6:,.0f} MB free)" if free is not None else ""
-        if self.written_step >= 0 and self.folder.latest.is_file():
-            good = (
-                f"the last good checkpoint is step {self.written_step} ({self.folder.latest}); "
-                f"free some space, then resume with: python -m core.train --resume "
-                f"{self.folder.path}"
-            )
-        else:
-            good = "no checkpoint was saved yet; free some space and start again"
-        return f"disk full: no space left on the device holding {where}{space}; {good}"
+        return f"disk full: no space left on the device holding {where}{space}; " + (
+            self.last_good("free some space, then ")
+            if self.written_step >= 0
+            else "no checkpoint was saved yet; free some space and start again"
+        )
+
+    def last_good(self, first: str = "") -> str:
+        """Where the run can go on from: the last whole checkpoint and the command."""
+        if self.written_step < 0 or not self.folder.latest.is_file():
+            return "no checkpoint was saved yet"
+        return (
+            f"the last good checkpoint is step {self.written_step} ({self.folder.latest}); "
+            f"{first}resume with: python -m core.train --resume {self.folder.path}"
+        )
 
 
 def checkpoint_state(

@@ -13,7 +13,6 @@ DDP's and one process's at the same global batch.
 from __future__ import annotations
 
 import os
-import sys
 import warnings
 
 import torch
@@ -33,17 +32,6 @@ def check(cfg, world, environ=os.environ) -> None:
             "torchrun --standalone --nproc_per_node N -m core.train ... --shard "
             "(docs/multi-gpu.md)",
             field="shard",
-        )
-
-
-def check_backend(device_type: str, platform: str = sys.platform) -> None:
-    """NCCL, which CUDA's process groups use, is not built into PyTorch on Windows."""
-    if device_type == "cuda" and platform == "win32":
-        raise ConfigError(
-            "device: several processes on CUDA need NCCL, which PyTorch on Windows does not "
-            "have; on Windows split the layers over the GPUs in one process instead "
-            "(docs/multi-gpu.md)",
-            field="device",
         )
 
 

@@ -156,6 +156,9 @@ class Trainer:
             if is_disk_full(e):
                 error = self.saver.disk_full_message(e)
                 raise DiskFullError(error) from None
+            if (lost := self.world.failure_line(e)) is not None:  # a peer died or hangs
+                error = f"{lost}; {self.saver.last_good()}"
+                raise TrainingError(error) from None
             error = f"{type(e).__name__}: {e}"
             if self.folder.path.is_dir():
                 self.folder.log(traceback.format_exc())
