@@ -17,7 +17,6 @@ import torch.distributed as dist
 
 from core.errors import ConfigError
 
-
 TIMEOUT_ENV = "TRAINDECK_DIST_TIMEOUT"  # seconds a collective waits for every process
 DEFAULT_TIMEOUT_S = 600.0  # NCCL's own default; a checkpoint or evaluation fits in it
 # What gloo and NCCL say when a peer is gone or silent (they raise plain RuntimeErrors)
@@ -91,10 +90,11 @@ class World:
             return f"cuda:{self.local_rank}"
         return requested
 
-    def init(self, device: torch.device) -> bool:
-        """Join the process group; True if this call created it. A collective that waits
-        longer than timeout_s() for another process fails instead of hanging."""
-        if not self.enabled or dist.is_initialized():
+    def init(self, device: torch.device, alone_too: bool = False) -> bool:
+        """Join the process group (alone_too: torchrun's one process as well, which FSDP2
+        needs); True if this call created it. A collective that waits longer than
+        timeout_s() for another process fails instead of hanging."""
+        if not (self.enabled or (alone_too and self.launched)) or dist.is_initialized():
             return False
         if device.type == "cuda":
             check_backend(device.type)

@@ -60,7 +60,7 @@ def setup(given: RunInputs, progress: Progress, events, stop) -> RunState:
     if cfg.eval_data:  # a wrong path or a short text is named before any data is prepared
         check_eval_data(cfg.eval_data, cfg.seq_len)
     device = resolve_device(world.device_name(cfg.device))
-    world.init(device)
+    world.init(device, alone_too=cfg.shard)
     precision = resolve_precision(cfg.precision, device)
     data = objective.load_data(
         cfg,
