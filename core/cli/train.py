@@ -314,6 +314,16 @@ def print_estimate(cfg: TrainConfig) -> None:
     on_gpu = gpu_index(cfg.device, len(found)) is not None
     est = estimate(cfg, on_gpu=on_gpu)
     where = "a CUDA GPU" if on_gpu else "the CPU (add --device cuda for a GPU estimate)"
+    if cfg.shard:  # each process's share (core.training.sharding)
+        from core.training.sharding import rank_estimate
+
+        world = World.from_env()
+        processes = world.size if world.launched else max(2, len(found))
+        est = rank_estimate(est, cfg, processes)
+        where += (
+            f", per process sharded over {processes} (weights, gradients and optimizer "
+            "divided; the root and two blocks gathered whole as 'weight copies')"
+        )
     print(
         f"Estimate for preset {cfg.preset or 'custom'} on {where}: "
         f"batch {cfg.batch_size}x{cfg.grad_accum}, seq {cfg.seq_len}, "

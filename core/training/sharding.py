@@ -12,6 +12,7 @@ DDP's and one process's at the same global batch.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 
@@ -107,4 +108,37 @@ def load_shards(model: nn.Module, optimizers, folder, adapters_only: bool) -> No
         model_state_dict=state["model"],
         optim_state_dict=state["optimizer"],
         options=StateDictOptions(strict=not adapters_only),
+    )
+
+
+def unit_params(c) -> tuple[int, int]:
+    """(the root's parameters: embeddings, final norm, untied head; the largest block's)."""
+    from core.models.params import meta_model
+
+    model = meta_model(c)
+    blocks = [sum(p.numel() for p in b.parameters()) for b in model.blocks]
+    return model.num_params() - sum(blocks), max(blocks)
+
+
+def rank_estimate(est, cfg, processes: int):
+    """est (core.training.estimate.Estimate, one process) for one of `processes` sharded
+    ones: weights, gradients, optimizer state and the checkpoint copy divided among them,
+    plus what is gathered whole at once: the root (its embeddings and head stay gathered
+    from forward to backward), the block that computes and the next one being fetched,
+    each in the compute dtype, and the computing block's gradients before they are
+    reduce-scattered."""
+    from core.training.estimate import model_shape
+
+    root, block = unit_params(model_shape(cfg))
+    n = max(1, processes)
+    compute = 2 if est.weight_casts else 4  # bf16/fp16 copies under mixed precision
+    trained = est.trained or est.n_params
+    block_grads = 4 * block * trained // max(1, est.n_params)  # LoRA: its adapters' share
+    return dataclasses.replace(
+        est,
+        weights=est.weights // n,
+        gradients=est.gradients // n + block_grads,
+        optimizer=est.optimizer // n,
+        weight_casts=compute * (root + 2 * block),
+        snapshot=est.snapshot // n,
     )
