@@ -110,10 +110,16 @@ class Checkpointer:
 
     def last_good(self, first: str = "") -> str:
         """Where the run can go on from: the last whole checkpoint and the command."""
-        if self.written_step < 0 or not self.folder.latest.is_file():
+        step = self.written_step
+        if step < 0 and not self.writes and self.folder.latest.is_file():
+            try:  # another rank writes the checkpoints: what is on disk
+                step = int(ckpt.load(self.folder.latest)["step"])
+            except Exception:
+                step = -1
+        if step < 0 or not self.folder.latest.is_file():
             return "no checkpoint was saved yet"
         return (
-            f"the last good checkpoint is step {self.written_step} ({self.folder.latest}); "
+            f"the last good checkpoint is step {step} ({self.folder.latest}); "
             f"{first}resume with: python -m core.train --resume {self.folder.path}"
         )
 

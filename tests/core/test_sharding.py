@@ -158,3 +158,18 @@ def test_a_dead_peer_is_named_and_a_silent_one_is_a_timeout(tmp_path, monkeypatc
     monkeypatch.setenv("TRAINDECK_DIST_TIMEOUT", "soon")
     with pytest.raises(ConfigError, match="TRAINDECK_DIST_TIMEOUT: expected seconds"):
         distributed.timeout_s()
+
+
+def test_the_estimate_per_sharded_process_divides_the_state_and_adds_the_gathered_units():
+    from core.training.estimate import estimate, model_shape
+    from core.training.sharding import rank_estimate, unit_params
+
+    cfg = tiny_config(hidden_dim=64, n_layers=4, optimizer="adamw")
+    one = estimate(cfg, "fp32", on_gpu=False)
+    two = rank_estimate(one, cfg, 2)
+    root, block = unit_params(model_shape(cfg))
+    assert root + 4 * block == one.n_params
+    assert (two.weights, two.optimizer) == (one.weights // 2, one.optimizer // 2)
+    assert two.gradients == one.gradients // 2 + 4 * block  # a block's, before its reduce
+    assert two.weight_casts == 4 * (root + 2 * block)  # the root, one block and the next
+    assert two.allocator_peak < one.allocator_peak
