@@ -208,7 +208,10 @@ def build_config(args) -> tuple[TrainConfig, Path, Path | None]:
             Path(args.data_cache) if args.data_cache else default_cache_dir(), "--data-cache"
         )
     if args.resume:
-        cfg, resume_file, run = resume_config(args.resume, root, args.preset, _overrides(args))
+        world = World.from_env()
+        cfg, resume_file, run = resume_config(
+            args.resume, root, args.preset, _overrides(args), world.size, world.launched
+        )
         if run.resume_note:
             print(run.resume_note)
             run.log(run.resume_note)
@@ -354,6 +357,16 @@ def print_estimate(cfg: TrainConfig) -> None:
     on_gpu = gpu_index(cfg.device, len(found)) is not None
     est = estimate(cfg, on_gpu=on_gpu)
     where = "a CUDA GPU" if on_gpu else "the CPU (add --device cuda for a GPU estimate)"
+    if cfg.shard:  # each process's share (core.training.sharding)
+        from core.training.sharding import rank_estimate
+
+        world = World.from_env()
+        processes = world.size if world.launched else max(2, len(found))
+        est = rank_estimate(est, cfg, processes)
+        where += (
+            f", per process sharded over {processes} (weights, gradients and optimizer "
+            "divided; the root and two blocks gathered whole as 'weight copies')"
+        )
     print(
         f"Estimate for preset {cfg.preset or 'custom'} on {where}: "
         f"batch {cfg.batch_size}x{cfg.grad_accum}, seq {cfg.seq_len}, "

@@ -364,6 +364,12 @@ class ExecutionFields:
         label="Offload checkpoints to RAM",
         group=EXECUTION,
     )
+    shard: bool = spec(
+        False,
+        "under torchrun: shard every block's weights, gradients and optimizer state across "
+        "the processes (FSDP2), so a model that does not fit one GPU trains on several "
+        "(docs/multi-gpu.md)",
+    )
     deterministic: bool = spec(
         False,
         "deterministic kernels, so CUDA runs repeat bit for bit (slower)",

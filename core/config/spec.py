@@ -419,8 +419,37 @@ def from_dict(d: dict, base: TrainConfig | None = None, source: str = "config") 
     return dataclasses.replace(base, **d)
 
 
-def compare_for_resume(saved: TrainConfig, requested: TrainConfig) -> tuple[list[str], list[str]]:
-    """Return (refused, allowed) human-readable differences between two configs."""
+def for_processes(
+    cfg: TrainConfig, saved: int, processes: int, launched: bool, changes: dict
+) -> TrainConfig:
+    """A resumed config on another number of processes than saved it: the same sequences a
+    step (batch_size x grad_accum x processes), by grad_accum where it divides, else by
+    batch_size; and without torchrun (launched false) not sharded, unless asked for.
+    What the user set on the command line (changes) is theirs."""
+    if cfg.shard and not launched and "shard" not in changes:
+        cfg = dataclasses.replace(cfg, shard=False)
+    if saved == processes or {"batch_size", "grad_accum"} & set(changes):
+        return cfg
+    per_step = cfg.batch_size * cfg.grad_accum * saved
+    for batch, accum in (
+        (cfg.batch_size, per_step // (cfg.batch_size * processes)),
+        (per_step // (cfg.grad_accum * processes), cfg.grad_accum),
+    ):
+        if accum >= 1 and batch >= 1 and batch * accum * processes == per_step:
+            return dataclasses.replace(cfg, batch_size=batch, grad_accum=accum)
+    raise ConfigError(
+        f"batch_size: the run trained on {per_step} sequences a step ({saved} processes), which "
+        f"{processes} processes cannot share evenly; resume on a number of processes that "
+        f"divides {per_step}, or set --batch-size and --grad-accum (the run changes)",
+        field="batch_size",
+    )
+
+
+def compare_for_resume(
+    saved: TrainConfig, requested: TrainConfig, saved_processes: int = 1, processes: int = 1
+) -> tuple[list[str], list[str]]:
+    """Return (refused, allowed) human-readable differences between two configs; the
+    effective batch counts each one's processes (torchrun)."""
     refused, allowed = [], []
     for f in fields(TrainConfig):
         old, new = getattr(saved, f.name), getattr(requested, f.name)
@@ -443,13 +472,19 @@ def compare_for_resume(saved: TrainConfig, requested: TrainConfig) -> tuple[list
             continue  # judged together below
         else:
             allowed.append(change)
-    old_eff = saved.batch_size * saved.grad_accum
-    new_eff = requested.batch_size * requested.grad_accum
-    if (saved.batch_size, saved.grad_accum) != (requested.batch_size, requested.grad_accum):
+    old_eff = saved.batch_size * saved.grad_accum * saved_processes
+    new_eff = requested.batch_size * requested.grad_accum * processes
+    if (saved.batch_size, saved.grad_accum, saved_processes) != (
+        requested.batch_size,
+        requested.grad_accum,
+        processes,
+    ):
         change = (
             f"batch_size x grad_accum {saved.batch_size}x{saved.grad_accum} -> "
             f"{requested.batch_size}x{requested.grad_accum}"
         )
+        if saved_processes != processes:
+            change += f", processes {saved_processes} -> {processes}"
         if old_eff == new_eff:
             allowed.append(change + " (same effective batch)")
         else:

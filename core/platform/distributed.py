@@ -6,11 +6,52 @@ single-GPU or CPU run takes exactly the code path it always did.
 
 from __future__ import annotations
 
+import datetime
 import os
+import sys
+import time
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+
+from core.errors import ConfigError
+
+TIMEOUT_ENV = "TRAINDECK_DIST_TIMEOUT"  # seconds a collective waits for every process
+DEFAULT_TIMEOUT_S = 600.0  # NCCL's own default; a checkpoint or evaluation fits in it
+# What gloo and NCCL say when a peer is gone or silent (they raise plain RuntimeErrors)
+LOST_PEER_WORDS = ("Connection reset", "Connection closed", "Timed out", "NCCL", "gloo")
+
+
+def timeout_s() -> float:
+    text = os.environ.get(TIMEOUT_ENV, "")
+    try:
+        value = float(text) if text else DEFAULT_TIMEOUT_S
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise ConfigError(f"{TIMEOUT_ENV}: expected seconds above 0, got {text!r}")
+    return value
+
+
+def check_backend(device_type: str, platform: str = sys.platform) -> None:
+    """NCCL, which CUDA's process groups use, is not built into PyTorch on Windows."""
+    if device_type == "cuda" and platform == "win32":
+        raise ConfigError(
+            "device: several processes on CUDA GPUs need NCCL, which PyTorch on Windows does "
+            "not have; on Windows train in one process (docs/multi-gpu.md)",
+            field="device",
+        )
+
+
+def _alive(pid: int) -> bool:
+    """A process on this machine that has not exited (a zombie has)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 @dataclass
@@ -19,6 +60,7 @@ class World:
     rank: int = 0
     local_rank: int = 0
     owns_group: bool = field(default=False, compare=False)  # init() created the group
+    pids: list[int] = field(default_factory=list, compare=False)  # by rank, after init()
 
     @classmethod
     def from_env(cls) -> World:
@@ -28,6 +70,11 @@ class World:
             int(env.get("RANK", "0")),
             int(env.get("LOCAL_RANK", "0")),
         )
+
+    @property
+    def launched(self) -> bool:
+        """Started by torchrun (which sets WORLD_SIZE), with one process or several."""
+        return "WORLD_SIZE" in os.environ
 
     @property
     def enabled(self) -> bool:
@@ -43,15 +90,51 @@ class World:
             return f"cuda:{self.local_rank}"
         return requested
 
-    def init(self, device: torch.device) -> bool:
-        """Join the process group; True if this call created it."""
-        if not self.enabled or dist.is_initialized():
+    def init(self, device: torch.device, alone_too: bool = False) -> bool:
+        """Join the process group (alone_too: torchrun's one process as well, which FSDP2
+        needs); True if this call created it. A collective that waits longer than
+        timeout_s() for another process fails instead of hanging."""
+        if not (self.enabled or (alone_too and self.launched)) or dist.is_initialized():
             return False
         if device.type == "cuda":
+            check_backend(device.type)
             torch.cuda.set_device(device)
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        timeout = datetime.timedelta(seconds=timeout_s())
+        dist.init_process_group(backend, timeout=timeout)
         self.owns_group = True
+        # Every process's id, so a failed collective can name the one that died.
+        self.pids = self.gather(torch.tensor([os.getpid()])).tolist()
         return True
+
+    def failure_line(self, err: BaseException) -> str | None:
+        """One line for a collective that failed because another process died or hangs
+        (None: err is something else)."""
+        text = str(err)
+        if not self.enabled or not (
+            isinstance(err, dist.DistError) or any(w in text for w in LOST_PEER_WORDS)
+        ):
+            return None
+        dead = self._dead_peers()
+        if dead:
+            names = ", ".join(f"rank {r} (pid {self.pids[r]})" for r in dead)
+            return f"{names} stopped (killed or crashed), so rank {self.rank} stops too"
+        if "timed out" in text.lower() or "timeout" in text.lower():
+            return (
+                f"rank {self.rank} waited {timeout_s():g} s for the other processes in a "
+                f"collective and gave up: one of them hangs ({TIMEOUT_ENV} sets the wait)"
+            )
+        return f"rank {self.rank} lost the other processes of the run ({text.splitlines()[0]})"
+
+    def _dead_peers(self, wait_s: float = 3.0) -> list[int]:
+        """The ranks whose process has exited; a socket closes as a killed process is torn
+        down, a moment before it counts as exited, so this looks again for a while."""
+        end = time.monotonic() + wait_s
+        while True:
+            dead = [r for r, pid in enumerate(self.pids) if r != self.rank and not _alive(pid)]
+            if dead or time.monotonic() > end:
+                return dead
+            time.sleep(0.1)
 
     def mean(self, t: torch.Tensor) -> torch.Tensor:
         if self.enabled:

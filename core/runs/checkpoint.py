@@ -10,6 +10,7 @@ import shutil
 import struct
 import threading
 import uuid
+import warnings
 import zlib
 from pathlib import Path
 
@@ -147,9 +148,42 @@ def load(path: Path, mmap: bool = False) -> dict:
     return state
 
 
+SHARDS_DIR = "shards"  # inside checkpoints/: one folder of Distributed Checkpoint files a save
+
+
+def shards_of(path: Path, state: dict) -> Path | None:
+    """The folder of a sharded checkpoint's model and optimizer (FSDP2, `--shard`): its
+    file names the folder beside it; None for a checkpoint that holds its model itself."""
+    name = state.get("shards")
+    return Path(path).parent / name if name else None
+
+
+def read_shards(folder: Path, part: str = "model") -> dict[str, torch.Tensor]:
+    """One part ("model" or "optimizer") of a sharded checkpoint, whole, in one process: the
+    tensors every rank wrote, joined, as the single-file checkpoint holds them."""
+    import torch.distributed.checkpoint as dcp
+
+    folder = Path(folder)
+    if not (folder / ".metadata").is_file():
+        raise CheckpointError(f"checkpoint: {folder} is missing or not whole (no .metadata)")
+    meta = dcp.FileSystemReader(folder).read_metadata()
+    prefix = part + "."
+    out = {}
+    for key, item in meta.state_dict_metadata.items():
+        if key.startswith(prefix) and hasattr(item, "size"):  # tensors; not plain values
+            out[key[len(prefix) :]] = torch.empty(item.size, dtype=item.properties.dtype)
+    with warnings.catch_warnings():  # "assuming ... a single process": as meant
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load({part: out}, checkpoint_id=folder, no_dist=True)
+    return out
+
+
 def load_model_state(path: Path, mmap: bool = False) -> dict:
-    """load, and refuse in one line a checkpoint without a model, its config and step."""
+    """load, and refuse in one line a checkpoint without a model, its config and step. A
+    sharded checkpoint's model is read whole from its shards."""
     state = load(path, mmap)
+    if (shards := shards_of(path, state)) is not None:
+        state["model"] = read_shards(shards)
     if not state.keys() >= MODEL_KEYS or not isinstance(state["config"], dict):
         raise CheckpointError(f"checkpoint: {path} is not a TrainDeck checkpoint (no model)")
     return state

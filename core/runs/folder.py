@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from core.config.spec import TrainConfig, from_dict, validate
+from core.config.spec import TrainConfig, for_processes, from_dict, validate
 from core.errors import CheckpointError, ConfigError
 from core.platform.atomic import disk_full_as_enospc, writable_problem, write_text
 
@@ -300,17 +300,28 @@ def check_resume_out(run: RunFolder, out: str | Path | None) -> None:
 
 
 def resume_config(
-    spec: str, root: Path, preset: str | None = None, changes: dict | None = None
+    spec: str,
+    root: Path,
+    preset: str | None = None,
+    changes: dict | None = None,
+    processes: int = 1,
+    launched: bool = False,
 ) -> tuple[TrainConfig, Path, RunFolder]:
     """(config, checkpoint, run folder) to continue a run: the checkpoint's own config, then a
-    preset if one is named, then the user's changes. The trainer judges the differences."""
+    preset if one is named, then the user's changes; on another number of processes than
+    saved it (launched: under torchrun), the same sequences a step. The trainer judges the
+    differences."""
     from core.config.presets import load_preset, to_config
 
     ckpt_file, run = resolve_resume(spec, root)
-    base = validate(from_dict(checkpoint_summary(ckpt_file)["config"], source=str(ckpt_file)))
+    summary = checkpoint_summary(ckpt_file)
+    base = validate(from_dict(summary["config"], source=str(ckpt_file)))
     if preset:
         base = to_config(load_preset(preset), base)
-    return validate(dataclasses.replace(base, **(changes or {}))), ckpt_file, run
+    cfg = validate(dataclasses.replace(base, **(changes or {})))
+    saved = int(summary.get("processes") or processes)
+    cfg = for_processes(cfg, saved, processes, launched, changes or {})
+    return cfg, ckpt_file, run
 
 
 class SilentFolder(RunFolder):

@@ -40,6 +40,18 @@ def orthogonalize(g: torch.Tensor, steps: int = 5) -> torch.Tensor:
     return (x.T if tall else x).to(g.dtype)
 
 
+def whole(t: torch.Tensor, f) -> torch.Tensor:
+    """f(t) for a function of the whole matrix; a sharded t (FSDP2's DTensor) is gathered,
+    and each process keeps its own rows of the result, so every shard gets the update one
+    process would make."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if not isinstance(t, DTensor):
+        return f(t)
+    full = f(t.full_tensor())  # the same on every process
+    return distribute_tensor(full, t.device_mesh, t.placements, src_data_rank=None)
+
+
 class Muon(torch.optim.Optimizer):
     """Momentum, orthogonalised: the update of torch.optim.Muon (nesterov, decoupled weight
     decay, lr scaled by sqrt(max(1, rows/cols))). Written here because torch's runs its
@@ -57,7 +69,7 @@ class Muon(torch.optim.Optimizer):
                     continue
                 buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p))
                 buf.lerp_(p.grad, 1 - mu)
-                update = orthogonalize(p.grad.lerp(buf, mu))
+                update = whole(p.grad.lerp(buf, mu), orthogonalize)
                 p.mul_(1 - lr * wd)
                 p.add_(update, alpha=-lr * max(1.0, p.size(0) / p.size(1)) ** 0.5)
 

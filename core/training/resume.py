@@ -13,11 +13,15 @@ from core.training.time_budget import describe_plan
 from core.weights.loader import Pretrained, fingerprint
 
 
-def load_resume_state(path: Path, cfg: TrainConfig, pretrained: Pretrained | None, log) -> dict:
-    """The checkpoint's state, once its settings and base model agree with this run."""
+def load_resume_state(
+    path: Path, cfg: TrainConfig, pretrained: Pretrained | None, log, processes: int = 1
+) -> dict:
+    """The checkpoint's state, once its settings and base model agree with this run (on
+    this many processes)."""
     state = ckpt.load(path)
     saved = validate(from_dict(state["config"], source=str(path)))
-    refused, allowed = compare_for_resume(saved, cfg)
+    before = saved_processes(state, processes)
+    refused, allowed = compare_for_resume(saved, cfg, before, processes)
     if refused:
         raise CheckpointError(
             f"resume: {path} was trained with different settings: "
@@ -27,6 +31,12 @@ def load_resume_state(path: Path, cfg: TrainConfig, pretrained: Pretrained | Non
         log(f"resume: allowed change {change}")
     check_base(path, state.get("base"), pretrained)
     return state
+
+
+def saved_processes(state: dict, processes: int) -> int:
+    """How many processes trained the checkpoint (one written before it was recorded: as
+    many as now)."""
+    return int(state["meta"].get("processes") or processes)
 
 
 def check_base(path: Path, saved: dict | None, pretrained: Pretrained | None) -> None:

@@ -20,7 +20,7 @@ from core.platform.device import resolve_device, resolve_precision
 from core.runs import checkpoint as ckpt
 from core.runs.events import clear_requests
 from core.runs.folder import check_out
-from core.training import inputs, objectives, optim, resume
+from core.training import inputs, objectives, optim, resume, sharding
 from core.training.planner import heap_choice
 from core.training.schedule import max_steps_for, plan_for
 from core.training.state import Progress, RunInputs, RunState
@@ -44,6 +44,7 @@ def setup(given: RunInputs, progress: Progress, events, stop) -> RunState:
         events.on_log(message)
 
     heap.chosen_mode()  # a bad TRAINDECK_HEAP is refused before any work
+    sharding.check(cfg, world)
     if world.main:  # a folder that is not ours is refused before any data is prepared
         check_out(folder.path, resuming=given.resume_from is not None)
     objective = objectives.make(cfg)
@@ -52,11 +53,16 @@ def setup(given: RunInputs, progress: Progress, events, stop) -> RunState:
         lock.acquire()
     state = None
     if given.resume_from:
-        state = resume.load_resume_state(given.resume_from, cfg, given.pretrained, log)
+        state = resume.load_resume_state(given.resume_from, cfg, given.pretrained, log, world.size)
+        if cfg.shard and ckpt.shards_of(given.resume_from, state) is None:
+            raise CheckpointError(
+                f"resume: {given.resume_from} holds its model whole (saved without --shard); "
+                "resume it without --shard (a sharded run's checkpoints resume either way)"
+            )
     if cfg.eval_data:  # a wrong path or a short text is named before any data is prepared
         check_eval_data(cfg.eval_data, cfg.seq_len)
     device = resolve_device(world.device_name(cfg.device))
-    world.init(device)
+    world.init(device, alone_too=cfg.shard)
     precision = resolve_precision(cfg.precision, device)
     data = objective.load_data(
         cfg,
@@ -123,10 +129,12 @@ def build(
         inputs.attach_vision(model, pretrained, log)
     model = model.to(device)
     use_kernels(cfg, model, device, log)
+    if cfg.shard:  # before the optimizer: its state is made for the shards
+        sharding.shard(model, device, precision)
     optimizer = optim.make(model, cfg)
     scaler = torch.amp.GradScaler("cuda", enabled=precision == "fp16")
     train_model = compiled_model(cfg, model, device, log)
-    if given.world.enabled:
+    if given.world.enabled and not cfg.shard:
         ids = [device.index] if device.type == "cuda" else None
         train_model = DistributedDataParallel(train_model, device_ids=ids)
     run = RunState(
@@ -180,8 +188,12 @@ def restore(given: RunInputs, run: RunState, state: dict, progress: Progress, lo
     checkpoint's step, plan (progress holds this config's plan from step 0), best value and
     clock into progress."""
     try:
-        load_weights(run.model, state)
-        run.optimizer.load_state_dict(state["optimizer"])
+        if (shards := ckpt.shards_of(given.resume_from, state)) is not None:
+            adapters = bool(state.get("adapters_only"))
+            sharding.load_shards(run.model, run.optimizer, shards, adapters)
+        else:
+            load_weights(run.model, state)
+            run.optimizer.load_state_dict(state["optimizer"])
     except (RuntimeError, ValueError, KeyError) as e:
         raise CheckpointError(
             f"resume: {given.resume_from} does not fit this model ({e})"

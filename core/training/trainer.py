@@ -32,7 +32,7 @@ from core.runs import checkpoint as ckpt
 from core.runs.events import TrainControl, TrainEvents
 from core.runs.folder import RunFolder, SilentFolder
 from core.runs.lock import RunLock
-from core.training import evaluation, metrics, resume, setup, steps
+from core.training import evaluation, metrics, resume, setup, sharding, steps
 from core.training.checkpointing import Checkpointer, checkpoint_state
 from core.training.clock import Clock
 from core.training.objectives import StepSignals
@@ -160,6 +160,9 @@ class Trainer:
             if is_disk_full(e):
                 error = self.saver.disk_full_message(e)
                 raise DiskFullError(error) from None
+            if (lost := self.world.failure_line(e)) is not None:  # a peer died or hangs
+                error = f"{lost}; {self.saver.last_good()}"
+                raise TrainingError(error) from None
             error = f"{type(e).__name__}: {e}"
             if self.folder.path.is_dir():
                 self.folder.log(traceback.format_exc())
@@ -225,7 +228,8 @@ class Trainer:
         for i, chunk in enumerate(chunks):
             if self.fault is not None:
                 self.fault(self.step + 1, i)
-            with grad_sync(self.train_model, self.world.enabled, last=i == len(chunks) - 1):
+            ddp = self.world.enabled and not self.cfg.shard  # FSDP2 reduces every micro-batch
+            with grad_sync(self.train_model, ddp, last=i == len(chunks) - 1):
                 loss, sums = objective.micro_loss(run, cfg, chunk)
                 if sums is not None:
                     signal_sums = sums if signal_sums is None else signal_sums + sums
@@ -429,9 +433,15 @@ class Trainer:
 
     def save_checkpoint(self, best: bool = False) -> Path:
         self._emit_metrics()
+        shards = None
+        if self.cfg.shard:  # every rank writes its own part (core.training.sharding)
+
+            def shards(folder):
+                sharding.save_shards(self.model, self.optimizer, folder, self.adapters_only)
+
         with self.clock.not_training():
             return self.saver.save(
-                self._state, self.step, best, self.max_steps, self.events.on_checkpoint
+                self._state, self.step, best, self.max_steps, self.events.on_checkpoint, shards
             )
 
     def _state(self) -> dict:
@@ -449,6 +459,7 @@ class Trainer:
             self.adapters_only,
             shape.to_dict(),
             resume.limit_of(self.cfg),
+            sharded=self.cfg.shard,
         )
 
     def _emit_metrics(self) -> None:
@@ -507,7 +518,7 @@ class Trainer:
         with self.clock.not_training():
             val = self._record_eval(f"step {self.step}")
             text = ""
-            if self.world.main:
+            if self.world.main or self.cfg.shard:  # sharded: every rank holds a part
                 text = evaluation.sample_text(
                     self.model,
                     self.data,
@@ -516,7 +527,7 @@ class Trainer:
                     self.device,
                     self.precision,
                 )
-            if text:
+            if text and self.world.main:
                 self.folder.append_sample(self.step, text)
                 self.events.on_sample(self.step, text)
             if val < self.best_val:

@@ -1,0 +1,144 @@
+"""FSDP2 under torchrun (`--shard`): each block's weights, gradients and optimizer state are
+split across the processes, gathered for a block's forward and backward only, so a model that
+does not fit one card trains on several.
+
+Each transformer block is one FSDP unit; the root (embeddings, final norm, head, tied to the
+embeddings where the model ties them) is the last. A LoRA run's frozen base is sharded with
+its adapters; gradients exist only for what trains. On CUDA in bf16 the blocks compute in
+bf16 from fp32 master weights (MixedPrecisionPolicy), gradients reduced in fp32, as one card's
+autocast does. Gradients are reduce-scattered after every micro-batch: a step's mean equals
+DDP's and one process's at the same global batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+
+import torch
+import torch.nn as nn
+
+from core.errors import ConfigError
+
+
+def check(cfg, world, environ=os.environ) -> None:
+    """--shard's setup, in one line before any work: under torchrun, a batch the processes
+    can share."""
+    if not cfg.shard:
+        return
+    if "WORLD_SIZE" not in environ:
+        raise ConfigError(
+            "shard: shards a model across the processes torchrun starts; run "
+            "torchrun --standalone --nproc_per_node N -m core.train ... --shard "
+            "(docs/multi-gpu.md)",
+            field="shard",
+        )
+
+
+def shard(model: nn.Module, device: torch.device, precision: str) -> None:
+    """Turn model (a GPT) into FSDP2 units in place: one a block, then the root."""
+    from torch.distributed.fsdp import (
+        MixedPrecisionPolicy,
+        fully_shard,
+        register_fsdp_forward_method,
+    )
+
+    policy = MixedPrecisionPolicy()
+    if device.type == "cuda" and precision in ("bf16", "fp16"):
+        half = torch.bfloat16 if precision == "bf16" else torch.float16
+        policy = MixedPrecisionPolicy(param_dtype=half, reduce_dtype=torch.float32)
+    for block in model.blocks:
+        fully_shard(block, mp_policy=policy)
+        register_fsdp_forward_method(block, "cached")  # generation's per-block step
+    fully_shard(model, mp_policy=policy)
+    register_fsdp_forward_method(model, "forward_cached")
+
+
+def is_sharded(model: nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def clip_grad_norm(model: nn.Module, max_norm: float) -> None:
+    """torch's clip over sharded gradients too: their norm is the whole model's."""
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    return norm
+
+
+def _state_dicts(model: nn.Module, optimizers, adapters_only: bool) -> tuple[dict, dict]:
+    """The model's and optimizer's state keyed by parameter name (each rank's shards under
+    FSDP2, whole tensors otherwise): the form Distributed Checkpoint writes and reshards."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from core.models import lora
+
+    model_sd, optim_sd = get_state_dict(model, optimizers.all)
+    if adapters_only:  # a LoRA checkpoint holds what trains; the base is on disk already
+        kept = lora.adapter_state(model).keys()
+        model_sd = {k: v for k, v in model_sd.items() if k in kept}
+    return model_sd, optim_sd
+
+
+def save_shards(model: nn.Module, optimizers, folder, adapters_only: bool) -> None:
+    """Every rank writes its shards of the model and optimizer into folder (fsynced)."""
+    import torch.distributed.checkpoint as dcp
+
+    model_sd, optim_sd = _state_dicts(model, optimizers, adapters_only)
+    dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=folder)
+
+
+def load_shards(model: nn.Module, optimizers, folder, adapters_only: bool) -> None:
+    """A sharded checkpoint's model and optimizer into this run's, on any number of
+    processes, sharded or not: Distributed Checkpoint reads each rank's part of every
+    tensor, whatever the split it was written with."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    model_sd, optim_sd = _state_dicts(model, optimizers, adapters_only)
+    state = {"model": model_sd, "optimizer": optim_sd}
+    with warnings.catch_warnings():  # one process: "assuming ... a single process", as meant
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load(state, checkpoint_id=folder, no_dist=not dist.is_initialized())
+    set_state_dict(
+        model,
+        optimizers.all,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optimizer"],
+        options=StateDictOptions(strict=not adapters_only),
+    )
+
+
+def unit_params(c) -> tuple[int, int]:
+    """(the root's parameters: embeddings, final norm, untied head; the largest block's)."""
+    from core.models.params import meta_model
+
+    model = meta_model(c)
+    blocks = [sum(p.numel() for p in b.parameters()) for b in model.blocks]
+    return model.num_params() - sum(blocks), max(blocks)
+
+
+def rank_estimate(est, cfg, processes: int):
+    """est (core.training.estimate.Estimate, one process) for one of `processes` sharded
+    ones: weights, gradients, optimizer state and the checkpoint copy divided among them,
+    plus what is gathered whole at once: the root (its embeddings and head stay gathered
+    from forward to backward), the block that computes and the next one being fetched,
+    each in the compute dtype, and the computing block's gradients before they are
+    reduce-scattered."""
+    from core.training.estimate import model_shape
+
+    root, block = unit_params(model_shape(cfg))
+    n = max(1, processes)
+    compute = 2 if est.weight_casts else 4  # bf16/fp16 copies under mixed precision
+    trained = est.trained or est.n_params
+    block_grads = 4 * block * trained // max(1, est.n_params)  # LoRA: its adapters' share
+    return dataclasses.replace(
+        est,
+        weights=est.weights // n,
+        gradients=est.gradients // n + block_grads,
+        optimizer=est.optimizer // n,
+        weight_casts=compute * (root + 2 * block),
+        snapshot=est.snapshot // n,
+    )
