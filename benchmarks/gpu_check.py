@@ -1947,6 +1947,12 @@ def main(argv=None) -> int:
         return record(argv[1:])
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="folder for gpu_check.json, .md and .png")
+    p.add_argument(
+        "--record",
+        metavar="FILE [FOLDER]",
+        help="instead of a check: keep a device's gpu_check.json as FOLDER/<device>-<date>.json "
+        "(default FOLDER: docs/gpu); given first, with no other flag",
+    )
     p.add_argument("--budget", type=float, default=BUDGET_S, help="seconds for all sections")
     p.add_argument("--only", help="sections, letters or names, comma separated (a,b or memory)")
     p.add_argument("--smoke", action="store_true", help="every section at toy size")

@@ -128,17 +128,22 @@ class Gemma3Projector(nn.Module):
         return (h @ self.mm_input_projection_weight).to(x.dtype)
 
 
+# The towers built so far, by the kind a family's vision options name: (tower, projector).
+TOWERS = {"gemma3": (SiglipTower, Gemma3Projector)}
+
+
 class Vision(nn.Module):
     """A checkpoint's tower and projector: pixel values -> the language model's embeddings of
     its images' tokens, placed where those tokens are."""
 
     def __init__(self, o: VisionOptions):
         super().__init__()
-        if o.kind != "gemma3":
+        if o.kind not in TOWERS:
             raise ValueError(f"vision: {o.kind!r} towers are not built")
+        tower, projector = TOWERS[o.kind]
         self.options = o
-        self.vision_tower = SiglipTower(o.config)
-        self.multi_modal_projector = Gemma3Projector(o.config, o.tokens, o.text_hidden)
+        self.vision_tower = tower(o.config)
+        self.multi_modal_projector = projector(o.config, o.tokens, o.text_hidden)
 
     def forward(self, pixels):
         """(N, 3, H, W) -> (N * tokens, text width): the images' embeddings in order."""
