@@ -61,7 +61,7 @@ def is_sharded(model: nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def clip_grad_norm(model: nn.Module, max_norm: float) -> None:
+def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
     """torch's clip over sharded gradients too: their norm is the whole model's."""
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
     return norm
