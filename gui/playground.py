@@ -7,10 +7,11 @@ keeps the GPU and its memory to itself) and on the GPU when the window is idle a
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from pathlib import Path
 
-from PySide6.QtCore import QThread, Signal
+from PySide6.QtCore import QEvent, Qt, QThread, Signal
 from PySide6.QtGui import QFontDatabase
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -24,18 +25,30 @@ from PySide6.QtWidgets import (
     QPlainTextEdit,
     QPushButton,
     QSpinBox,
+    QToolButton,
     QVBoxLayout,
     QWidget,
 )
 
 from core.data.chat import set_thinking
+from core.data.images import conversation_images
 from core.errors import UserError
 from core.platform.device import inference_device
 from core.runs.folder import list_runs
-from core.use.generate import generate_ids, load, start_ids, stream_text
+from core.use.generate import (
+    check_images,
+    generate_ids,
+    image_refusal,
+    load,
+    seeing,
+    start_ids,
+    stream_text,
+)
 from gui.export_dialog import ExportDialog
+from gui.thumbnails import thumbnail_label
 
 PROMPT_LINES = 3  # the prompt box's height; the output box takes the rest
+IMAGE_FILTER = "Images (*.png *.jpg *.jpeg *.webp)"  # what core.data.images reads
 
 
 def text_height(edit: QPlainTextEdit, lines: int) -> int:
@@ -79,12 +92,14 @@ class GenerateThread(QThread):
         chat=False,
         history=(),
         thinking=None,
+        images=(),
     ):
         super().__init__()
         self.target, self.which, self.device = target, which, device
         self.prompt, self.options, self.chat = prompt, options, chat
         self.history = list(history)  # chat: the conversation before this prompt
         self.thinking = thinking  # chat: None keeps the run's setting (core.data.chat)
+        self.images = [str(p) for p in images]  # files the prompt shows (a vision model)
         self.answer = ""  # the text generated, as shown
         self._stop = threading.Event()
 
@@ -105,9 +120,18 @@ class GenerateThread(QThread):
             tok = model.tokenizer
             if self.chat and self.thinking:
                 set_thinking(tok, self.thinking)
-            ids, stops, until = start_ids(tok, self.prompt, self.chat, history=self.history)
+            shown = self._seeing(model)
+            ids, stops, until = start_ids(
+                tok, self.prompt, self.chat, history=self.history, seeing=shown
+            )
+            pixels = shown.pixels if shown else None
             new = generate_ids(
-                model.model, ids, should_stop=self._stop.is_set, stop_ids=stops, **self.options
+                model.model,
+                ids,
+                should_stop=self._stop.is_set,
+                stop_ids=stops,
+                images=pixels,
+                **self.options,
             )
             for piece in stream_text(tok, new, hide=stops, until=until):
                 self.answer += piece
@@ -116,6 +140,16 @@ class GenerateThread(QThread):
             self.failed.emit(str(e))
         except Exception as e:  # the thread must never die silently
             self.failed.emit(f"{type(e).__name__}: {e}")
+
+    def _seeing(self, model):
+        """The images the model sees, as core.generate's --image: a chat's earlier images
+        (in its history) first, then this prompt's; None when there are none."""
+        earlier = conversation_images(self.history) if self.chat else []
+        every = [*earlier, *self.images]
+        if not every:
+            return None
+        shown = seeing(model, every, check_images(every, "image"), "image")
+        return dataclasses.replace(shown, paths=self.images)
 
 
 class Playground(QWidget):
@@ -128,10 +162,15 @@ class Playground(QWidget):
         self.runs_root = Path(runs_root)
         self.training_active = training_active
         self.thread: GenerateThread | None = None
+        self.images: list[Path] = []  # the files the next prompt shows
 
         browse = self._make_widgets()
         self._make_chat()
+        self._make_images()
         self._lay_out(browse)
+        self.setAcceptDrops(True)  # an image file dropped anywhere on the Playground
+        for box in (self.prompt, self.output):  # the text boxes would take it as text
+            box.viewport().installEventFilter(self)
         self.refresh_runs()
 
     def _make_widgets(self) -> QPushButton:
@@ -198,6 +237,17 @@ class Playground(QWidget):
             "Thinking setting; template's own: what the template does unasked"
         )
 
+    def _make_images(self) -> None:
+        self.image_button = QPushButton("Image…")
+        self.image_button.clicked.connect(self._choose_images)
+        self.image_strip = QHBoxLayout()  # a thumbnail and its remove button per image
+        self.image_strip.setContentsMargins(0, 0, 0, 0)
+        self.image_strip.addStretch(1)
+        self.image_row = QWidget()
+        self.image_row.setLayout(self.image_strip)
+        self.image_row.setVisible(False)
+        self.run_combo.currentTextChanged.connect(self._update_image_button)
+
     def _lay_out(self, browse: QPushButton) -> None:
         top = QHBoxLayout()
         top.addWidget(QLabel("Run"))
@@ -225,7 +275,11 @@ class Playground(QWidget):
         knobs.addWidget(self.stop_button, 1, 6)
         layout = QVBoxLayout(self)
         layout.addLayout(top)
-        layout.addWidget(self.prompt)
+        prompt_row = QHBoxLayout()
+        prompt_row.addWidget(self.prompt, 1)
+        prompt_row.addWidget(self.image_button, 0, Qt.AlignmentFlag.AlignTop)
+        layout.addLayout(prompt_row)
+        layout.addWidget(self.image_row)
         layout.addLayout(knobs)
         layout.addWidget(self.status)
         layout.addWidget(self.output, 1)
@@ -252,6 +306,7 @@ class Playground(QWidget):
 
     def refresh_runs(self, current: str | Path | None = None) -> None:
         fill_run_combo(self.run_combo, self.runs_root, current)
+        self._update_image_button()
 
     def _browse(self) -> None:
         folder = QFileDialog.getExistingDirectory(self, "Run folder", str(self.runs_root))
@@ -281,11 +336,14 @@ class Playground(QWidget):
         }
         prompt = self.prompt.toPlainText()
         chat = self.chat.isChecked()
+        images = list(self.images)
+        shown = "".join(f"[image {p.name}] " for p in images)  # which images it answers
         if chat:  # the transcript grows; the prompt box is ready for the next message
-            self._append(("\n\n" if self.history else "") + f"You: {prompt}\n\nModel: ")
+            self._append(("\n\n" if self.history else "") + f"You: {shown}{prompt}\n\nModel: ")
             self.prompt.clear()
+            self.clear_images()  # they are in the conversation now
         else:
-            self.output.setPlainText(prompt)
+            self.output.setPlainText(shown.rstrip() + ("\n" if shown else "") + prompt)
         which = self.which.currentText()
         thread = GenerateThread(
             self.target(),
@@ -296,6 +354,7 @@ class Playground(QWidget):
             chat,
             self.history,
             self.thinking.currentData(),
+            images,
         )
         thread.epoch = self._chat_epoch
         thread.loaded.connect(lambda line: self.status.setText(f"Generating with {line}…"))
@@ -333,9 +392,13 @@ class Playground(QWidget):
     def _done(self) -> None:
         thread, self.thread = self.thread, None
         if thread.chat and thread.epoch == self._chat_epoch:  # not a chat begun afresh since
+            content = thread.prompt
+            if thread.images:  # the user's turn holds its images, as core.generate --chat
+                parts = [{"type": "image", "image": p} for p in thread.images]
+                content = [*parts, {"type": "text", "text": thread.prompt}]
             self.history = [
                 *self.history,
-                {"role": "user", "content": thread.prompt},
+                {"role": "user", "content": content},
                 {"role": "assistant", "content": thread.answer},
             ]
         text = self.status.text()
@@ -346,6 +409,107 @@ class Playground(QWidget):
         self.generate_button.setEnabled(True)
         self.stop_button.setEnabled(False)
         self.generation_done.emit()
+
+    # -- images --------------------------------------------------------------------------
+
+    def _update_image_button(self, *_) -> None:
+        """The Image… button is off, with the reason as its tooltip, for a text-only model."""
+        reason = image_refusal(self.target())
+        self.image_button.setEnabled(not reason)
+        self.image_button.setToolTip(
+            f"Images: {reason}"
+            if reason
+            else "Show the model an image (PNG, JPEG or WebP) with the prompt; or drop one here"
+        )
+
+    def _choose_images(self) -> None:
+        files, _ = QFileDialog.getOpenFileNames(self, "Image", "", IMAGE_FILTER)
+        if files:
+            self.add_images(files)
+
+    def add_images(self, files) -> bool:
+        """Attach image files to the next prompt; a dialog with the one-line reason for a
+        model without a vision tower or a file that is not a readable image."""
+        reason = image_refusal(self.target())
+        if reason:
+            QMessageBox.warning(self, "Playground", f"Images: {reason}")
+            return False
+        added = False
+        for f in files:
+            try:
+                check_images([f], "image")
+            except UserError as e:
+                QMessageBox.critical(self, "Playground", str(e))
+                continue
+            self.images.append(Path(f))
+            added = True
+        self._show_images()
+        return added
+
+    def remove_image(self, index: int) -> None:
+        del self.images[index]
+        self._show_images()
+
+    def clear_images(self) -> None:
+        self.images = []
+        self._show_images()
+
+    def _show_images(self) -> None:
+        """The strip: each image's thumbnail with a × that removes it."""
+        while self.image_strip.count() > 1:  # all but the closing stretch
+            widget = self.image_strip.takeAt(0).widget()
+            if widget is not None:
+                widget.setParent(None)  # gone from the strip now, deleted later
+                widget.deleteLater()
+        for i, path in enumerate(self.images):
+            self.image_strip.insertWidget(i, self._image_item(i, path))
+        self.image_row.setVisible(bool(self.images))
+
+    def _image_item(self, index: int, path: Path) -> QWidget:
+        item = QWidget()
+        item.setObjectName("image_item")
+        box = QHBoxLayout(item)
+        box.setContentsMargins(0, 0, 6, 0)
+        box.setSpacing(2)
+        box.addWidget(thumbnail_label(path))
+        remove = QToolButton()
+        remove.setText("×")
+        remove.setObjectName("remove_image")
+        remove.setToolTip(f"Remove {path.name}")
+        remove.clicked.connect(lambda: self.remove_image(index))
+        box.addWidget(remove, 0, Qt.AlignmentFlag.AlignTop)
+        return item
+
+    @staticmethod
+    def _dropped_files(event) -> list[str]:
+        urls = event.mimeData().urls() if event.mimeData().hasUrls() else []
+        return [u.toLocalFile() for u in urls if u.isLocalFile()]
+
+    def eventFilter(self, watched, event) -> bool:
+        """Files dropped on the prompt or output box come to the Playground as images."""
+        kinds = (QEvent.Type.DragEnter, QEvent.Type.DragMove, QEvent.Type.Drop)
+        if event.type() in kinds and self._dropped_files(event):
+            {
+                QEvent.Type.DragEnter: self.dragEnterEvent,
+                QEvent.Type.DragMove: self.dragMoveEvent,
+                QEvent.Type.Drop: self.dropEvent,
+            }[event.type()](event)
+            return True
+        return super().eventFilter(watched, event)
+
+    def dragEnterEvent(self, event) -> None:
+        if self._dropped_files(event):
+            event.acceptProposedAction()
+
+    def dragMoveEvent(self, event) -> None:
+        if self._dropped_files(event):
+            event.acceptProposedAction()
+
+    def dropEvent(self, event) -> None:
+        files = self._dropped_files(event)
+        if files:
+            event.acceptProposedAction()
+            self.add_images(files)
 
     # -- export --------------------------------------------------------------------------
 

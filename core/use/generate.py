@@ -134,7 +134,8 @@ def start_ids(
     """(prompt ids, stop ids, stop strings): a plain prompt runs to the length asked; a chat
     prompt is a user message (after history, the conversation so far) in the model's
     template and ends at the model's end of turn. seeing: images the prompt shows (a chat
-    prompt: in the user's message, before its text; a plain one: before the prompt)."""
+    prompt: in the user's message, before its text; a plain one: before the prompt); its
+    pixels are those of the history's image parts, then of its paths."""
     shown = seeing.paths if seeing is not None else []
     if not chat:
         marks = "".join(seeing.spec.text(seeing.spec.tokens) for _ in shown) if shown else ""
@@ -145,8 +146,56 @@ def start_ids(
         content = [{"type": "image", "image": str(p)} for p in shown]
         content.append({"type": "text", "text": prompt})
     messages += [*history, {"role": "user", "content": content}]
-    spec = seeing.spec if shown else None
+    spec = seeing.spec if seeing is not None else None  # history's images count too
     return chat_ids(tok, messages, images=spec), tok.stop_ids, tok.stop_strings
+
+
+NEEDS_VISION = "images need a vision model (Gemma 3 4B and up)"
+TEXT_ONLY = f"this model reads text only here (no vision tower TrainDeck runs); {NEEDS_VISION}"
+
+
+def image_refusal(target: str | Path) -> str:
+    """Why the model at target cannot take images ("" when it can, or when its files do not
+    say yet), from its config files alone: a model folder's config.json, a run's or a
+    checkpoint's base (config.yaml's init_from). Nothing is downloaded or loaded."""
+    import yaml
+
+    from core.weights import vision
+    from core.weights.loader import is_hub_id, is_model_folder
+
+    if not str(target).strip():
+        return ""
+    path = Path(str(target)).expanduser()
+    source: str | Path = path
+    if path.exists() and not is_model_folder(path):
+        folder = path if path.is_dir() else path.parent
+        configs = [folder / "config.yaml", folder.parent / "config.yaml"]
+        found = next((c for c in configs if c.is_file()), None)
+        if found is None:
+            return ""
+        try:
+            source = (yaml.safe_load(found.read_text(encoding="utf-8")) or {}).get("init_from")
+        except (OSError, yaml.YAMLError):
+            return ""
+        if not source:
+            return f"a model trained from scratch reads text only; {NEEDS_VISION}"
+    config = _cached_config(source) if is_hub_id(source) else Path(source) / "config.json"
+    try:
+        hf = json.loads(config.read_text(encoding="utf-8")) if config else None
+    except (OSError, ValueError):
+        return ""
+    return "" if hf is None or vision.kind_of(hf) else TEXT_ONLY
+
+
+def _cached_config(repo_id) -> Path | None:
+    """A hub model's config.json where the cache has it (None: not downloaded yet)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(str(repo_id), "config.json")
+    except Exception:
+        return None
+    return Path(found) if isinstance(found, str) else None
 
 
 @dataclass
@@ -187,10 +236,7 @@ def seeing(loaded, paths, pictures, flag: str = "--image") -> Seeing:
         folder = Path(loaded.checkpoint)
         hf = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     if vision.kind_of(hf) is None:
-        raise DataError(
-            f"{flag}: this model reads text only here (no vision tower TrainDeck runs); "
-            "images need a vision model (Gemma 3 4B and up)"
-        )
+        raise DataError(f"{flag}: {TEXT_ONLY}")
     try:
         spec = vision.image_spec(folder, hf, loaded.tokenizer)
         pixels = [images.normalized(images.resized(p, spec), spec) for p in pictures]
