@@ -43,12 +43,13 @@ from core.config.spec import (
 )
 from core.data import preference, tables
 from core.data.chat import thinking_vars
-from core.data.describe import data_line, preview_data
+from core.data.describe import data_line, preview_data, preview_images
 from core.data.sources import find_sources
 from core.errors import ConfigError, UserError
 from core.platform import compiling
 from core.weights import families
 from core.weights.loader import apply_pretrained
+from gui.data_preview import DataPreview
 
 INT_MAX = 2**31 - 1  # QSpinBox holds a C int
 
@@ -482,11 +483,7 @@ class ConfigForm(QWidget):
         top_layout.setContentsMargins(0, 0, 0, 0)
         top_layout.addWidget(self.data)
         top_layout.addWidget(self.data_info)
-        self.data_preview = QLabel()  # a table's layout, columns and first rows
-        self.data_preview.setObjectName("data_preview")
-        self.data_preview.setTextFormat(Qt.TextFormat.PlainText)
-        self.data_preview.setWordWrap(True)  # never wider than the form
-        self.data_preview.setStyleSheet("color: #555; font-family: monospace; font-size: 11px;")
+        self.data_preview = DataPreview()  # a table's layout, first rows and their images
         self.data_preview.setVisible(False)
         top_layout.addWidget(self.data_preview)
         self.boxes: dict[str, QGroupBox] = {}
@@ -744,9 +741,7 @@ class ConfigForm(QWidget):
         self._data_info_key = key
         tokenizer = pretrained.tokenizer if pretrained is not None else None
         self.data_info.setText(data_line(cfg, tokenizer))
-        preview = preview_data(cfg)
-        self.data_preview.setText(preview)
-        self.data_preview.setVisible(bool(preview))
+        self.data_preview.set_preview(preview_data(cfg), preview_images(cfg))
 
     def _method_follows_data(self, cfg: TrainConfig) -> None:
         """Preference pairs train with DPO and nothing else does: the method that fits, on

@@ -4,6 +4,7 @@ anything (a chat file's examples are read to count them, as the window always di
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from core.config import methods
@@ -92,19 +93,58 @@ def describe_mix(cfg: TrainConfig) -> str:
     return f"mixed with {n} more source{'s' if n > 1 else ''} ({how})"
 
 
+def previewed_file(cfg: TrainConfig) -> Path | None:
+    """The table a preview shows: the data file, or a folder's first table."""
+    if cfg.data is None:
+        return None
+    path = Path(cfg.data).expanduser()
+    if path.is_dir():
+        path = next((f for f in sorted(path.rglob("*")) if tables.is_table(f)), path)
+    return path if path.is_file() and tables.is_table(path) else None
+
+
 def preview_data(cfg: TrainConfig) -> str:
     """A table's layout, column mapping and first rows (the first table of a folder); empty
     for text files and the embedded corpus."""
-    if cfg.data is None:
-        return ""
-    path = Path(cfg.data).expanduser()
+    path = Path(cfg.data).expanduser() if cfg.data is not None else None
     try:
-        if path.is_dir():
-            path = next((f for f in sorted(path.rglob("*")) if tables.is_table(f)), path)
-        if not (path.is_file() and tables.is_table(path)):
+        path = previewed_file(cfg)
+        if path is None:
             return ""
         return tables.preview(path, tables.columns_of(cfg), width=70)
     except OSError as e:
         return f"cannot read {path} ({e.strerror})"
     except UserError as e:
         return str(e)
+
+
+@dataclass(frozen=True)
+class PreviewImage:
+    """An image a previewed row names: as written, its file (None where it names none that
+    can be read), and what is wrong with the name ("" when nothing)."""
+
+    name: str
+    path: Path | None
+    problem: str = ""
+
+
+def preview_images(cfg: TrainConfig, n: int = 3) -> list[list[PreviewImage]]:
+    """The images of each row preview_data shows (paths relative to the data file), in order;
+    empty rows for a file without images, an empty list for no preview."""
+    from core.data import images
+
+    try:
+        path = previewed_file(cfg)
+        records = tables.first_records(path, tables.columns_of(cfg), n) if path else []
+    except (OSError, UserError):
+        return []
+    rows = []
+    for record in records:
+        row = []
+        for name in tables.record_images(record):
+            try:
+                row.append(PreviewImage(name, images.image_path(name, path.parent)))
+            except images.ImageProblem as e:
+                row.append(PreviewImage(name, None, f"{name} {e}"))
+        rows.append(row)
+    return rows

@@ -467,14 +467,61 @@ def _cut(value, width: int) -> str:
     return text if len(text) <= width else text[: max(1, width - 1)] + "\u2026"
 
 
+def _content_text(content) -> str:
+    """A message's content as text: a list of parts with each image as [image NAME]."""
+    if not isinstance(content, list):
+        return str(content)
+    words = []
+    for part in content:
+        if not isinstance(part, dict):
+            words.append(str(part))
+        elif part.get("type") == "text":
+            words.append(str(part.get("text", "")))
+        else:
+            name = next((part[k] for k in ("image", "path", "url") if part.get(k)), "")
+            words.append(f"[{part.get('type')} {Path(str(name)).name}]".replace(" ]", "]"))
+    return " ".join(words)
+
+
 def _row_text(record: dict, layout: str, width: int) -> str:
     if layout == "messages" and isinstance(record.get("messages"), list):
         turns = [m for m in record["messages"] if isinstance(m, dict)]
         each = max(12, width // max(1, len(turns)))
-        return " | ".join(_cut(f"{m.get('role')}: {m.get('content')}", each) for m in turns)
+        return " | ".join(
+            _cut(f"{m.get('role')}: {_content_text(m.get('content'))}", each) for m in turns
+        )
     keys = [k for k in SHOWN.get(layout, record) if k in record]
     each = max(12, width // max(1, len(keys)))
     return " | ".join(_cut(f"{k}: {record[k]}", each) for k in keys)
+
+
+def record_images(record) -> list[str]:
+    """The image files a record names, in order, as written: its image parts' (in any of its
+    messages, prompt, chosen or rejected turns) and a ShareGPT "images" list."""
+    found: list[str] = []
+
+    def walk(value) -> None:
+        if isinstance(value, dict):
+            if value.get("type") in ("image", "image_url", "input_image"):
+                name = next((value[k] for k in ("image", "path", "url") if value.get(k)), None)
+                if isinstance(value.get("image_url"), dict | str):
+                    url = value["image_url"]
+                    name = url.get("url") if isinstance(url, dict) else url
+                if isinstance(name, str):
+                    found.append(name)
+                return
+            for v in value.values():
+                walk(v)
+        elif isinstance(value, list):
+            for v in value:
+                walk(v)
+
+    if isinstance(record, dict):
+        walk({k: v for k, v in record.items() if k != "images"})
+        listed = record.get("images")
+        if isinstance(listed, list):
+            found += [f for f in listed if isinstance(f, str)]
+    return found
 
 
 def preview(path: str | Path, columns: dict | None = None, n: int = 3, width: int = 110) -> str:
