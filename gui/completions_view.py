@@ -1,5 +1,6 @@
 """GRPO's latest sampled completions with each one's rewards (the run folder's
-completions.jsonl, its last step): the view that shows reward hacking before the curves do."""
+completions.jsonl, its last step): the view that shows reward hacking before the curves do.
+A prompt that showed images names them in an image column (file names)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from PySide6.QtWidgets import (
 )
 
 TAIL_BYTES = 1 << 20  # a step's rows are a few hundred KB at most
+IMAGE_KEYS = ("image", "images")  # a row's prompt's images (GRPO prompts with images)
 
 
 def last_step(path: Path) -> dict | None:
@@ -34,6 +36,16 @@ def last_step(path: Path) -> dict | None:
         except ValueError:
             continue  # a line being written, or cut by the tail
     return None
+
+
+def image_names(row: dict) -> str:
+    """The file names of the images a row's prompt showed ("image": a path, "images": a
+    list of them), comma-separated; "" for none."""
+    found = []
+    for key in IMAGE_KEYS:
+        value = row.get(key)
+        found += value if isinstance(value, list) else [value] if value else []
+    return ", ".join(Path(str(v)).name for v in found)
 
 
 def _number(v) -> str:
@@ -64,15 +76,18 @@ class CompletionsView(QWidget):
     def show_rows(self, step: int, rows: list[dict]) -> None:
         self.step = step
         names = list(rows[0]["rewards"]) if rows else []
-        fixed = ("prompt", "completion", "rewards", "reward", "advantage")
+        fixed = ("prompt", "completion", "rewards", "reward", "advantage", *IMAGE_KEYS)
         extra = [k for k in (rows[0] if rows else {}) if k not in fixed]
-        headers = ["prompt", "completion", "reward", "advantage", *names, *extra]
+        seen = any(image_names(r) for r in rows)  # a column for prompts that showed images
+        headers = ["prompt", *(["image"] if seen else []), "completion", "reward", "advantage"]
+        headers += [*names, *extra]
         self.table.setColumnCount(len(headers))
         self.table.setHorizontalHeaderLabels(headers)
         self.table.setRowCount(len(rows))
         for i, row in enumerate(rows):
             cells = [
                 row["prompt"],
+                *([image_names(row)] if seen else []),
                 row["completion"],
                 _number(row["reward"]),
                 _number(row["advantage"]),
@@ -83,7 +98,7 @@ class CompletionsView(QWidget):
                 self.table.setItem(i, j, QTableWidgetItem(text))
         header = self.table.horizontalHeader()
         header.setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
-        header.setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)
+        header.setSectionResizeMode(headers.index("completion"), QHeaderView.ResizeMode.Stretch)
         self.table.setColumnWidth(0, 220)
         mean = sum(r["reward"] or 0 for r in rows) / max(1, len(rows))
         self.title.setText(f"step {step}: {len(rows)} sampled completions, mean reward {mean:.3f}")

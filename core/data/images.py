@@ -255,6 +255,16 @@ def part_path(part: dict):
     return None
 
 
+def named_marks(text: str, spec: ImageSpec, names: list[str]) -> str:
+    """Decoded text with each image's tokens (its before, token run and after) as
+    [image NAME], in order: what a sample shows instead of hundreds of image tokens."""
+    import re
+
+    run = re.escape(spec.before) + f"(?:{re.escape(spec.token)})+" + re.escape(spec.after)
+    left = iter(names)
+    return re.sub(run, lambda _: f"[image {Path(next(left, '') or '?').name}]", text)
+
+
 def split_placeholders(text: str, paths: list) -> list[dict]:
     """ShareGPT content with <image> marks as parts, taking the next paths in turn."""
     parts: list[dict] = []
@@ -293,6 +303,7 @@ class ImageWriter:
     facts: dict = field(default_factory=dict)  # path -> file_facts
     offset: int = 0
     rows: list = field(default_factory=list)  # each row's image numbers (train, then val)
+    names: list = field(default_factory=list)  # each image's file (the first with its pixels)
 
     def __post_init__(self):
         self.file = open(self.folder / "images.bin", "wb")  # noqa: SIM115 (closed in finish)
@@ -305,6 +316,7 @@ class ImageWriter:
             return known
         self.file.write(pixels.tobytes())
         self.index.append([self.offset, *pixels.shape])
+        self.names.append(str(path))
         self.offset += pixels.nbytes
         self.by_file[facts["sha256"]] = len(self.index) - 1
         return len(self.index) - 1
@@ -330,6 +342,7 @@ class ImageWriter:
             "image_files": sorted(self.facts.values(), key=lambda f: f["path"]),
             "image_spec": self.spec.key(),
             "image_hash": digest.hexdigest(),
+            "image_names": self.names,  # what samples name (not in the hash: no pixels)
         }
 
 
@@ -348,9 +361,14 @@ class ImageStore:
         self.starts = np.load(folder / "row_starts.npy")
         size = int(self.index[-1, 0] + np.prod(self.index[-1, 1:])) if len(self.index) else 0
         self.pixels = np.memmap(folder / "images.bin", dtype=np.uint8, mode="r", shape=(size,))
+        self.names = manifest.get("image_names") or []  # older entries have none
 
     def row_images(self, row: int) -> list[int]:
         return self.flat[self.starts[row] : self.starts[row + 1]].tolist()
+
+    def row_names(self, row: int) -> list[str]:
+        """The files of a row's images, in order ("" for an entry that kept no names)."""
+        return [self.names[i] if i < len(self.names) else "" for i in self.row_images(row)]
 
     def image(self, number: int) -> np.ndarray:
         offset, *shape = (int(v) for v in self.index[number])

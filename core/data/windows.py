@@ -185,6 +185,12 @@ class TokenData:
             return None
         return self.images.batch([len(self.train) // self.row])
 
+    def prompt_image_names(self) -> list[str]:
+        """The files of prompt()'s images (empty: none)."""
+        if self.images is None:
+            return []
+        return self.images.row_names(len(self.train) // self.row)
+
     def state_dict(self) -> dict:
         return {"generator": self.generator.get_state()}
 

@@ -63,7 +63,12 @@ def sample_text(model, data: TokenData, tokens: int, seed: int, device, precisio
     with autocast(device, precision):
         out = model.generate(prompt, tokens, gen, **extra)
     model.train()
-    return data.tokenizer.decode(out[0].tolist())
+    text = data.tokenizer.decode(out[0].tolist())
+    if images is not None:  # each image named where its tokens were
+        from core.data.images import named_marks
+
+        text = named_marks(text, data.images.spec, data.prompt_image_names())
+    return text
 
 
 @torch.no_grad()
