@@ -64,10 +64,11 @@ def sample_text(model, data: TokenData, tokens: int, seed: int, device, precisio
         out = model.generate(prompt, tokens, gen, **extra)
     model.train()
     text = data.tokenizer.decode(out[0].tolist())
-    if images is not None:  # each image named where its tokens were
+    store = getattr(data, "images", None)
+    if images is not None and store is not None:  # each image named where its tokens were
         from core.data.images import named_marks
 
-        text = named_marks(text, data.images.spec, data.prompt_image_names())
+        text = named_marks(text, store.spec, data.prompt_image_names())
     return text
 
 
