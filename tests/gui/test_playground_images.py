@@ -39,9 +39,11 @@ def drop(widget, paths) -> QDropEvent:
     return enter
 
 
-def cli_answer(capsys, folder, picture, prompt, chat: bool) -> str:
-    args = [str(folder), "--prompt", prompt, "--temperature", "0", "--max-new-tokens", "6"]
-    args += ["--image", str(picture)] + (["--chat"] if chat else [])
+def cli_answer(capsys, pg, pictures, prompt, chat: bool) -> str:
+    """core.generate's answer on the Playground's model and device, greedy."""
+    args = [pg.target(), "--prompt", prompt, "--temperature", "0", "--max-new-tokens", "6"]
+    args += ["--device", pg.device()]
+    args += [a for p in pictures for a in ("--image", str(p))] + (["--chat"] if chat else [])
     assert generate_main(args) == 0
     out = capsys.readouterr().out
     return out.removesuffix("\n") if chat else out.removeprefix(prompt).removesuffix("\n")
@@ -72,14 +74,20 @@ def test_playground_answers_about_an_image_as_core_generate_does(
 
     # a plain prompt: the image's tokens before it, as core.generate without --chat
     shown = answer(pg, qtbot, "colour:")
-    want = cli_answer(capsys, gemma3, picture, "colour:", chat=False)
+    want = cli_answer(capsys, pg, [picture], "colour:", chat=False)
     assert shown == "[image red.png]\ncolour:" + want
     assert pg.images == [picture]  # kept for the next try
+    second = save_image(tmp_path / "blue.jpg", "jpeg", (80, 80), 4)
+    assert pg.add_images([second])  # several images, in order, as --image repeated
+    shown = answer(pg, qtbot, "colour:")
+    want = cli_answer(capsys, pg, [picture, second], "colour:", chat=False)
+    assert shown == "[image red.png] [image blue.jpg]\ncolour:" + want
+    pg.remove_image(1)
 
     # chat: the image goes in the user's turn, as core.generate --chat
     pg.chat.setChecked(True)
     shown = answer(pg, qtbot, "What colour?")
-    want = cli_answer(capsys, gemma3, picture, "What colour?", chat=True)
+    want = cli_answer(capsys, pg, [picture], "What colour?", chat=True)
     assert shown == f"You: [image red.png] What colour?\n\nModel: {want}"
     assert pg.images == [] and pg.image_row.isHidden()  # sent: it is in the conversation
     image_part = {"type": "image", "image": str(picture)}
