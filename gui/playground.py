@@ -3,6 +3,7 @@
 Generation runs in its own QThread and streams text back through a queued signal, so the
 window never waits on it. Its model copy lives on the CPU while a run is training (the run
 keeps the GPU and its memory to itself) and on the GPU when the window is idle and one exists.
+A vision model also sees images (Image… or files dropped on the tab), as core.generate --image.
 """
 
 from __future__ import annotations
@@ -153,7 +154,8 @@ class GenerateThread(QThread):
 
 
 class Playground(QWidget):
-    """Run and checkpoint pickers, a prompt, sampling controls, Generate / Stop, Export."""
+    """Run and checkpoint pickers, a prompt and its images, sampling controls, Generate /
+    Stop, Export."""
 
     generation_done = Signal()
 
