@@ -19,7 +19,7 @@ from core.cli.generate import main as generate_main  # noqa: E402
 @pytest.fixture(scope="module")
 def gemma3(tmp_path_factory):
     folder = tmp_path_factory.mktemp("vision") / "gemma3"
-    make_gemma3_vision(folder)
+    make_gemma3_vision(folder, layers=2)
     return folder
 
 
