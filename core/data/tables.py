@@ -467,6 +467,17 @@ def _cut(value, width: int) -> str:
     return text if len(text) <= width else text[: max(1, width - 1)] + "\u2026"
 
 
+IMAGE_PARTS = ("image", "image_url", "input_image")  # the part types naming an image file
+
+
+def _part_file(part: dict):
+    """The file an image part names ("image", "path" or "url"; OpenAI's image_url.url)."""
+    inner = part.get("image_url")
+    if inner is not None:
+        return inner.get("url") if isinstance(inner, dict) else inner
+    return next((part[k] for k in ("image", "path", "url") if part.get(k)), None)
+
+
 def _content_text(content) -> str:
     """A message's content as text: a list of parts with each image as [image NAME]."""
     if not isinstance(content, list):
@@ -477,9 +488,10 @@ def _content_text(content) -> str:
             words.append(str(part))
         elif part.get("type") == "text":
             words.append(str(part.get("text", "")))
+        elif part.get("type") in IMAGE_PARTS:
+            words.append(f"[image {Path(str(_part_file(part) or '?')).name}]")
         else:
-            name = next((part[k] for k in ("image", "path", "url") if part.get(k)), "")
-            words.append(f"[{part.get('type')} {Path(str(name)).name}]".replace(" ]", "]"))
+            words.append(f"[{part.get('type')}]")
     return " ".join(words)
 
 
@@ -502,11 +514,8 @@ def record_images(record) -> list[str]:
 
     def walk(value) -> None:
         if isinstance(value, dict):
-            if value.get("type") in ("image", "image_url", "input_image"):
-                name = next((value[k] for k in ("image", "path", "url") if value.get(k)), None)
-                if isinstance(value.get("image_url"), dict | str):
-                    url = value["image_url"]
-                    name = url.get("url") if isinstance(url, dict) else url
+            if value.get("type") in IMAGE_PARTS:
+                name = _part_file(value)
                 if isinstance(name, str):
                     found.append(name)
                 return

@@ -72,6 +72,7 @@ def test_a_missing_image_or_a_url_shows_its_reason_and_text_rows_show_none(make_
     parts = [
         {"type": "image", "image": "gone.png"},
         {"type": "image", "url": "https://example.com/cat.png"},
+        {"type": "image_url", "image_url": {"url": "file://gone2.png"}},  # OpenAI's form
         {"type": "text", "text": "?"},
     ]
     data = tmp_path / "d.jsonl"
@@ -81,8 +82,10 @@ def test_a_missing_image_or_a_url_shows_its_reason_and_text_rows_show_none(make_
     )
     form = make_window().form
     form.data.set_value(str(data))
-    gone, url = form.data_preview.thumbnails()
+    gone, url, openai = form.data_preview.thumbnails()
     assert gone.text() == "gone.png does not exist"
+    assert openai.text() == "gone2.png does not exist"
+    assert "user: [image gone.png] [image cat" in form.data_preview.text()  # cut to fit
     assert url.text().startswith("https://example.com/cat.png is a URL: only local files")
     plain = tmp_path / "plain.jsonl"
     write_jsonl(plain, [{"prompt": "a", "completion": "b"}])
