@@ -145,3 +145,151 @@ def save_image(path: Path, kind: str = "png", size=(40, 30), seed: int = 0) -> P
     else:
         im.save(path, {"png": "PNG", "jpeg": "JPEG", "webp": "WEBP"}[kind])
     return path
+
+
+# -- Qwen3-VL and Qwen3.5: dynamic resolution ----------------------------------------------------
+
+QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+QWEN_IMAGE = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"]
+QWEN_PATCH = 8  # the tiny towers' patch side: merged 2 x 2, an image's sides are multiples of 16
+
+
+def qwen_tokenizer(folder: Path):
+    """A byte-level BPE with Qwen's turn and vision tokens and Qwen3.5's real chat template
+    (it writes an image part as <|vision_start|><|image_pad|><|vision_end|>, as Qwen3-VL's)."""
+    from transformers import PreTrainedTokenizerFast
+
+    from core.data.tokenizer import train_bpe
+
+    hf = train_bpe([TEXT + " red green blue circle square triangle colour shape"], 512).hf
+    hf.add_special_tokens(QWEN_SPECIALS + QWEN_IMAGE)
+    template = (TEMPLATES / "Qwen-Qwen3.5-35B-A3B.jinja").read_text(encoding="utf-8")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=hf,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        chat_template=template,
+    )
+    tok.save_pretrained(folder)
+    return tok
+
+
+def qwen_image_processor(max_pixels: int = 48 * 48):
+    import transformers as t
+
+    return t.Qwen2VLImageProcessorPil(
+        patch_size=QWEN_PATCH,
+        merge_size=2,
+        temporal_patch_size=2,
+        size={"shortest_edge": 16 * 16, "longest_edge": max_pixels},
+        image_mean=[0.5] * 3,
+        image_std=[0.5] * 3,
+    )
+
+
+def make_qwen_vision(folder, kind: str = "qwen3_vl", seed: int = 0, std: float = 0.3):
+    """A tiny Qwen3VLForConditionalGeneration (kind "qwen3_vl": 3 vision blocks, DeepStack
+    from the first two into the first two language layers) or Qwen3_5ForConditionalGeneration
+    ("qwen3_5": hybrid language layers, no DeepStack), patches of 8 merged 2 x 2, its
+    processor saved beside it. Returns (model, processor)."""
+    import transformers as t
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = qwen_tokenizer(folder)
+    ids = {name: tok.convert_tokens_to_ids(name) for name in QWEN_IMAGE}
+    common = dict(
+        vocab_size=len(tok) + 3,
+        hidden_size=32,
+        intermediate_size=48,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
+    vision = dict(
+        depth=3,
+        hidden_size=16,
+        intermediate_size=32,
+        num_heads=2,
+        patch_size=QWEN_PATCH,
+        spatial_merge_size=2,
+        temporal_patch_size=2,
+        out_hidden_size=32,
+        num_position_embeddings=16,
+    )
+    tokens = dict(
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=False,
+    )
+    if kind == "qwen3_vl":
+        text = t.Qwen3VLTextConfig(
+            num_hidden_layers=3,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "mrope_section": [3, 3, 2],
+            },
+            **common,
+        )
+        vis = t.Qwen3VLVisionConfig(**vision, deepstack_visual_indexes=[0, 1])
+        config, cls = (
+            t.Qwen3VLConfig(text_config=text, vision_config=vis, **tokens),
+            t.Qwen3VLForConditionalGeneration,
+        )
+    else:
+        text = t.Qwen3_5TextConfig(
+            num_hidden_layers=4,
+            linear_key_head_dim=8,
+            linear_value_head_dim=8,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.5,
+                "mrope_section": [2, 1, 1],
+            },
+            **common,
+        )
+        vis = t.Qwen3_5VisionConfig(**vision)
+        config, cls = (
+            t.Qwen3_5Config(text_config=text, vision_config=vis, **tokens),
+            t.Qwen3_5ForConditionalGeneration,
+        )
+    torch.manual_seed(seed)
+    model = cls(config)
+    for p in model.parameters():  # the towers' init leaves some zero: every tensor differs
+        p.data.normal_(0, std)
+    model = model.float().eval()
+    model.generation_config = t.GenerationConfig(eos_token_id=[tok.eos_token_id])
+    model.save_pretrained(folder)
+    processor = qwen_image_processor()  # Qwen3VLProcessor needs torchvision (its videos)
+    processor.save_pretrained(folder)
+    return model, processor
+
+
+def qwen_inputs(processor, tok, text: str, pictures: list):
+    """transformers' inputs for text whose <|image_pad|> marks the pictures (PIL images):
+    the image processor's pixel values and grids, each mark repeated once per token (as
+    Qwen3VLProcessor.replace_image_token), and the token types the model asks for."""
+    out = processor(images=pictures, return_tensors="pt") if pictures else {}
+    pieces = text.split("<|image_pad|>")
+    grids = out["image_grid_thw"].tolist() if pictures else []
+    expanded = pieces[0]
+    for piece, (t, h, w) in zip(pieces[1:], grids, strict=True):
+        expanded += "<|image_pad|>" * (t * h * w // 4) + piece
+    ids = torch.tensor([tok(expanded)["input_ids"]])
+    image = tok.convert_tokens_to_ids("<|image_pad|>")
+    return {**out, "input_ids": ids, "mm_token_type_ids": (ids == image).int()}
+
+
+def qwen_reloaded(folder):
+    import transformers as t
+
+    return t.AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).eval()

@@ -27,8 +27,12 @@ import os
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
 
 FORMATS = ("PNG", "JPEG", "WEBP")
 MIN_SIDE = 8  # pixels: smaller shows nothing a model could learn from
@@ -47,7 +51,7 @@ class ImageSpec:
     (placeholder), what that text becomes for an image of n tokens (before + token * n +
     after), and its image processor's settings (preprocessor_config.json)."""
 
-    kind: str  # "fixed": resized to height x width (SigLIP: Gemma 3)
+    kind: str  # "fixed": resized to height x width (SigLIP: Gemma 3); "dynamic": Qwen's
     placeholder: str  # what the template writes for an image part
     token: str  # the image token, repeated once per embedding the tower gives
     token_id: int
@@ -63,6 +67,13 @@ class ImageSpec:
     do_rescale: bool = True
     do_normalize: bool = True
     max_pixels: int | None = None  # --image-max-pixels: a cap on an image's resized pixels
+    # "dynamic" (Qwen2VLImageProcessor: Qwen3-VL, Qwen3.5): sides resized to multiples of
+    # patch_size * merge_size within min_pixels..longest pixels, cut into patches
+    patch_size: int = 0
+    merge_size: int = 1
+    temporal_patch_size: int = 1
+    min_pixels: int = 0
+    longest: int = 0  # the processor's own most pixels (size.longest_edge)
 
     def key(self) -> dict:
         """What the cache key holds of it: everything that changes the rows or pixels."""
@@ -187,8 +198,34 @@ def changed_images(facts: list[dict]) -> list[str]:
 # -- the checkpoint's processing ----------------------------------------------------------------
 
 
+def smart_resize(height: int, width: int, spec: ImageSpec) -> tuple[int, int]:
+    """Qwen's dynamic size (transformers' smart_resize): each side a multiple of patch_size *
+    merge_size, the pixels within min_pixels and the processor's (or the cap's, the lower)
+    most, the aspect ratio kept as near as those allow."""
+    factor = spec.patch_size * spec.merge_size
+    most = min(spec.longest, spec.max_pixels) if spec.max_pixels else spec.longest
+    if max(height, width) / min(height, width) > 200:
+        raise ImageProblem(
+            f"is {width}x{height} pixels; this model reads images of an aspect ratio under 200"
+        )
+    h, w = round(height / factor) * factor, round(width / factor) * factor
+    if h * w > most:
+        beta = math.sqrt(height * width / most)
+        h = max(factor, math.floor(height / beta / factor) * factor)
+        w = max(factor, math.floor(width / beta / factor) * factor)
+    elif h * w < spec.min_pixels:
+        beta = math.sqrt(spec.min_pixels / (height * width))
+        h = math.ceil(height * beta / factor) * factor
+        w = math.ceil(width * beta / factor) * factor
+    return h, w
+
+
 def resized(im, spec: ImageSpec) -> np.ndarray:
     """The image as the model's processor resizes it: uint8 (3, H, W)."""
+    if spec.kind == "dynamic":
+        h, w = smart_resize(im.height, im.width, spec)
+        out = im.resize((w, h), resample=spec.resample)
+        return np.ascontiguousarray(np.asarray(out, dtype=np.uint8).transpose(2, 0, 1))
     h, w = spec.height, spec.width
     if spec.max_pixels and h * w > spec.max_pixels:  # a fixed-size tower: the cap is its size
         raise ImageProblem(
@@ -212,8 +249,60 @@ def normalized(pixels: np.ndarray, spec: ImageSpec) -> np.ndarray:
 
 
 def image_tokens(spec: ImageSpec, pixels: np.ndarray) -> int:
-    """Embeddings the tower gives for these processed pixels."""
+    """Embeddings the tower gives for these processed (resized) pixels: Qwen's one per
+    merge_size x merge_size patches."""
+    if spec.kind == "dynamic":
+        _, h, w = pixels.shape
+        return (h // spec.patch_size) * (w // spec.patch_size) // spec.merge_size**2
     return spec.tokens
+
+
+def patchify(x: np.ndarray, spec: ImageSpec) -> np.ndarray:
+    """Normalized pixels (C, H, W) -> Qwen's patches (grid_h * grid_w, C * T * P * P), as
+    transformers' Qwen2VLImageProcessor lays them out: merge_size x merge_size blocks of
+    patches together, each patch repeated temporal_patch_size times (a still image)."""
+    c, h, w = x.shape
+    p, m, t = spec.patch_size, spec.merge_size, spec.temporal_patch_size
+    gh, gw = h // p, w // p
+    patches = x.reshape(c, gh // m, m, p, gw // m, m, p).transpose(1, 4, 2, 5, 0, 3, 6)
+    patches = np.broadcast_to(
+        patches[:, :, :, :, :, None], (*patches.shape[:5], t, *patches.shape[5:])
+    )
+    return np.ascontiguousarray(patches.reshape(gh * gw, c * t * p * p), dtype=np.float32)
+
+
+@dataclass
+class Patches:
+    """A batch's images as a dynamic-resolution tower takes them: every image's patches in
+    one (patches, C * T * P * P) tensor and each image's (t, h, w) grid of patches (N, 3), as
+    transformers' pixel_values and image_grid_thw. Moves as a tensor does (to, pin_memory)."""
+
+    values: torch.Tensor
+    grid: torch.Tensor
+
+    def to(self, *args, **kwargs) -> Patches:
+        values = self.values.to(*args, **kwargs)
+        return Patches(values, self.grid.to(values.device))
+
+    def pin_memory(self) -> Patches:
+        return Patches(self.values.pin_memory(), self.grid)
+
+    def __len__(self) -> int:
+        return len(self.grid)
+
+
+def pixel_batch(resized_images: list[np.ndarray], spec: ImageSpec):
+    """Resized images (uint8 (3, H, W) each) as the forward pass takes them: a fixed-size
+    tower's (N, 3, H, W) float32 pixel values, or a dynamic one's Patches."""
+    import torch
+
+    normed = [normalized(p, spec) for p in resized_images]
+    if spec.kind != "dynamic":
+        return torch.from_numpy(np.stack(normed))
+    p = spec.patch_size
+    grid = [[1, x.shape[1] // p, x.shape[2] // p] for x in normed]
+    values = np.concatenate([patchify(x, spec) for x in normed])
+    return Patches(torch.from_numpy(values), torch.tensor(grid, dtype=torch.long))
 
 
 def marks_expanded(text: str, spec: ImageSpec, counts: list[int]) -> tuple[str, list]:
@@ -376,9 +465,7 @@ class ImageStore:
 
     def batch(self, rows: list[int]):
         """The pixel values (N, 3, H, W) float32 of the rows' images in order (None: none)."""
-        import torch
-
         images = [self.image(i) for r in rows for i in self.row_images(r)]
         if not images:
             return None
-        return torch.from_numpy(np.stack([normalized(p, self.spec) for p in images]))
+        return pixel_batch(images, self.spec)

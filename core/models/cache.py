@@ -21,6 +21,8 @@ class KVCache:
     valid: torch.Tensor  # (B, K) False over padding
     ids: torch.Tensor  # (B, K) the tokens: LongRoPE's switch makes the keys again from them
     long: torch.Tensor  # (B,) rows whose keys use LongRoPE's long factors
+    # Qwen's images: what the rotary positions of later tokens add to their 1-D ones (B,)
+    rope_delta: torch.Tensor | None = None
 
     def lengths(self) -> torch.Tensor:
         """Each row's tokens so far (B,)."""

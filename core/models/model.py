@@ -634,6 +634,23 @@ def packed(segments: torch.Tensor) -> tuple[torch.Tensor, Segments]:
     return index - first, Segments(segments)
 
 
+def deepstack(x, layer: int, deep):
+    """x with Qwen3-VL's DeepStack features of this language layer added at the image
+    tokens (deep: (where (B, T), [features (N, D) of the first layers]); None: x)."""
+    if deep is None or layer >= len(deep[1]):
+        return x
+    where, feats = deep
+    added = x[where] + feats[layer].to(x.dtype)
+    return x.masked_scatter(where.unsqueeze(-1), added)
+
+
+def rope_delta(positions, valid):
+    """Each row's furthest 3-D position + 1 minus its tokens (B,): what the positions of the
+    tokens after a prompt with images add to their 1-D ones (transformers' rope_deltas)."""
+    top = positions.masked_fill(~valid[None], -1).amax(dim=(0, 2))
+    return top + 1 - valid.sum(1)
+
+
 class SoftcappedHead:
     """head(x) soft-capped: cap * tanh(logits / cap). Not an nn.Linear, so the loss takes
     its checkpointed chunks (core.models.loss.fusable) rather than the fused kernel."""
@@ -781,6 +798,21 @@ class GPT(nn.Module):
             )
         return rope if positions.dim() == 1 else tuple(r.unsqueeze(1) for r in rope)
 
+    def _mrope(self, positions):
+        """cos and sin (B, 1, T, rotary) of 3-D positions (3, B, T) (Qwen's M-RoPE,
+        interleaved: rotary pair j turns by the row's position where j % 3 == 1 within the
+        height section, the column's where j % 3 == 2 within the width one, else time)."""
+        c = self.config
+        inv = rope_frequencies(c).to(positions.device)
+        section = self.vision.options.mrope_section
+        axis = torch.zeros(inv.shape[0], dtype=torch.long, device=positions.device)
+        for a in (1, 2):
+            axis[a : section[a] * 3 : 3] = a
+        freqs = positions[..., None].float() * inv  # (3, B, T, pairs)
+        picked = freqs.gather(0, axis.expand_as(freqs[:1])).squeeze(0)
+        emb = torch.cat((picked, picked), dim=-1).unsqueeze(1)
+        return emb.cos(), emb.sin()
+
     def forward(self, idx, targets=None, loss_mask=None, segments=None, real=None, images=None):
         """As nanoGPT's. Without targets: (hidden, penalty): the final normed stream (B, T,
         hidden_dim), which output_head() turns into logits and core.models.loss's
@@ -799,12 +831,15 @@ class GPT(nn.Module):
         starts = None if positions is None else positions == 0
         masks = [starts if b.linear else mask for b in self.blocks]  # a DeltaNet: its starts
         x, rope = self._embed(idx, positions)
+        deep = None
         if images is not None:  # the tower's embeddings at the image tokens
-            x, mask = self.vision.place(idx, x, images, mask)
+            x, mask, mrope, deep = self.vision.see(idx, x, images, mask, starts)
             masks = [starts if b.linear else mask for b in self.blocks]
+            if mrope is not None:  # Qwen: 3-D positions where a row holds an image
+                rope = self._mrope(mrope)
         side = self._side(idx, x)
         x = self.drop(x)
-        streams = self._offload_streams(x)
+        streams = None if deep is not None else self._offload_streams(x)
         if streams is not None:
             x = run_blocks(self.blocks, x, [(rope, m) for m in masks], streams)
         elif self.config.grad_checkpointing and self.training:
@@ -814,14 +849,15 @@ class GPT(nn.Module):
                     x = checkpoint(block, x, rope, m, None, side, use_reentrant=False)
                 else:
                     x = block(x, rope, m, None, side)
+                x = deepstack(x, i, deep)
         elif self._remakes():
             remake = Remake()  # the adapters' inputs are remade in backward, not kept
             with remake.hooks():
-                for block, m in zip(self.blocks, masks, strict=True):
-                    x = block(x, rope, m, remake, side)
+                for i, (block, m) in enumerate(zip(self.blocks, masks, strict=True)):
+                    x = deepstack(block(x, rope, m, remake, side), i, deep)
         else:
-            for block, m in zip(self.blocks, masks, strict=True):
-                x = block(x, rope, m, None, side)
+            for i, (block, m) in enumerate(zip(self.blocks, masks, strict=True)):
+                x = deepstack(block(x, rope, m, None, side), i, deep)
         aux = self.router_aux_loss()
         if aux is not None and self.training and torch.is_grad_enabled():
             self.moe_meter.add([self.blocks[i].mlp for i in self.moe_layers], aux)
@@ -924,9 +960,17 @@ class GPT(nn.Module):
             k_pos, k_valid, ids = positions, valid, idx
         long = self._long(k_valid.sum(1))
         self._mark_real(valid)  # sampling's routing statistics leave its padding out too
-        x, rope = self._embed(idx, positions, long)
+        delta = None if cache is None else cache.rope_delta
+        shifted = positions if delta is None else positions + delta[:, None]
+        x, rope = self._embed(idx, shifted, long)
+        deep = None
         if images is not None:  # the tower's embeddings at the image tokens
-            x, _ = self.vision.place(idx, x, images)
+            if cache is not None and delta is None and hasattr(self.vision, "merge"):
+                raise ValueError("images: Qwen's images come in the first pass (no cache)")
+            x, _, mrope, deep = self.vision.see(idx, x, images, valid=valid)
+            if mrope is not None:  # Qwen: 3-D positions; the tokens after go on from the top
+                rope = self._mrope(mrope)
+                delta = rope_delta(mrope, valid)
         side = self._side(idx, x)
         windows = {block.attn.window for block in self.blocks if not block.linear}
         masks = masks_for(windows, positions, k_pos, k_valid, first=cache is None)
@@ -937,12 +981,13 @@ class GPT(nn.Module):
             past = None if cache is None else cache.layers[i]
             mask = valid if block.linear else masks[block.attn.window]  # a DeltaNet: its state
             x, kv = block.cached(x, past, rope, mask, side)
+            x = deepstack(x, i, deep)
             layers.append(kv)
         if last:  # each row's last token
             end = valid.shape[1] - 1 - valid.flip(1).long().argmax(1)
             x = x[torch.arange(x.shape[0], device=x.device), end]
         logits = self.output_head()(self.ln_f(x))
-        return logits, KVCache(layers, k_pos, k_valid, ids, long)
+        return logits, KVCache(layers, k_pos, k_valid, ids, long, delta)
 
     def _rope_switches(self, cache: KVCache, valid) -> bool:
         """Whether adding valid's tokens takes a row past LongRoPE's original context."""

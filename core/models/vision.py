@@ -34,6 +34,9 @@ class VisionOptions:
     tokens: int  # embeddings an image gives
     text_hidden: int
     bidirectional: bool = False
+    # Qwen (core.models.vision_qwen): the language model's interleaved M-RoPE sections
+    # (time, height, width rotary pairs), which its 3-D positions turn by
+    mrope_section: tuple | None = None
 
 
 class SiglipAttention(nn.Module):
@@ -151,6 +154,11 @@ class Vision(nn.Module):
         with torch.set_grad_enabled(trains and torch.is_grad_enabled()):
             out = self.multi_modal_projector(self.vision_tower(pixels))
         return out.reshape(-1, out.shape[-1])
+
+    def see(self, idx, x, pixels, mask=None, restart=None, valid=None):
+        """place's (x, mask), and no 3-D positions nor DeepStack features (Qwen's see:
+        core.models.vision_qwen)."""
+        return (*self.place(idx, x, pixels, mask), None, None)
 
     def place(self, idx, x, pixels, mask=None):
         """x (B, T, D) with the images' embeddings at their tokens, and the attention mask

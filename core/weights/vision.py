@@ -18,10 +18,15 @@ import torch
 from core.data.images import ImageSpec
 from core.errors import DataError
 from core.models.vision import Vision, VisionOptions
+from core.models.vision_qwen import QwenVision
 from core.weights import composite
 from core.weights.loader import read_weights
 
 BUILT = {"gemma3": "Gemma3ForConditionalGeneration"}  # model_type -> the class built
+# Qwen's dynamic-resolution towers (core.models.vision_qwen): Qwen3-VL's with DeepStack
+QWEN = {"qwen3_vl": "Qwen3VLForConditionalGeneration", "qwen3_5": "Qwen3_5ForConditionalGeneration"}
+BUILT.update(QWEN)
+MROPE_SECTIONS = {"qwen3_vl": (24, 20, 20), "qwen3_5": (11, 11, 10)}  # transformers' defaults
 
 
 def kind_of(hf: dict) -> str | None:
@@ -37,6 +42,8 @@ def options(hf: dict) -> VisionOptions | None:
     if kind is None:
         return None
     text = composite.text_config(hf)
+    if kind in QWEN:
+        return qwen_options(hf, kind, text)
     return VisionOptions(
         kind=kind,
         config=hf["vision_config"],
@@ -47,10 +54,24 @@ def options(hf: dict) -> VisionOptions | None:
     )
 
 
+def qwen_options(hf: dict, kind: str, text: dict) -> VisionOptions:
+    rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
+    return VisionOptions(
+        kind=kind,
+        config=hf["vision_config"],
+        token_id=_token_id(hf, "image"),
+        tokens=0,  # as many as the image's size gives
+        text_hidden=int(text["hidden_size"]),
+        mrope_section=tuple(rope.get("mrope_section") or MROPE_SECTIONS[kind]),
+    )
+
+
 def _token_id(hf: dict, what: str) -> int:
     """Gemma 3's image / boi / eoi token ids, under either name transformers has used."""
     keys = {
         "image": ("image_token_id", "image_token_index"),
+        "start": ("vision_start_token_id",),
+        "end": ("vision_end_token_id",),
         "boi": ("boi_token_id", "boi_token_index"),
         "eoi": ("eoi_token_id", "eoi_token_index"),
     }[what]
@@ -87,6 +108,8 @@ def image_spec(folder, hf: dict, tokenizer, max_pixels: int | None = None) -> Im
     if kind is None:
         return None
     pre = preprocessor(folder)
+    if kind in QWEN:
+        return qwen_spec(pre, hf, tokenizer, max_pixels)
     size = pre.get("size") or {}
     side = int(hf["vision_config"].get("image_size", 896))
     token = _token_text(tokenizer, _token_id(hf, "image"))
@@ -109,6 +132,36 @@ def image_spec(folder, hf: dict, tokenizer, max_pixels: int | None = None) -> Im
         do_rescale=bool(pre.get("do_rescale", True)),
         do_normalize=bool(pre.get("do_normalize", True)),
         max_pixels=max_pixels,
+    )
+
+
+def qwen_spec(pre: dict, hf: dict, tokenizer, max_pixels: int | None) -> ImageSpec:
+    """Qwen2VLImageProcessor's settings: its template writes <|vision_start|><|image_pad|>
+    <|vision_end|> for an image, and the processor repeats <|image_pad|> once per token."""
+    v, size = hf["vision_config"], pre.get("size") or {}
+    token = _token_text(tokenizer, _token_id(hf, "image"))
+    return ImageSpec(
+        kind="dynamic",
+        placeholder=token,
+        token=token,
+        token_id=_token_id(hf, "image"),
+        before="",
+        after="",
+        tokens=0,
+        height=0,
+        width=0,
+        resample=int(pre.get("resample", 3)),  # PIL's BICUBIC
+        rescale=float(pre.get("rescale_factor", 1 / 255)),
+        mean=tuple(pre.get("image_mean", (0.5, 0.5, 0.5))),
+        std=tuple(pre.get("image_std", (0.5, 0.5, 0.5))),
+        do_rescale=bool(pre.get("do_rescale", True)),
+        do_normalize=bool(pre.get("do_normalize", True)),
+        max_pixels=max_pixels,
+        patch_size=int(pre.get("patch_size", v.get("patch_size", 16))),
+        merge_size=int(pre.get("merge_size", v.get("spatial_merge_size", 2))),
+        temporal_patch_size=int(pre.get("temporal_patch_size", v.get("temporal_patch_size", 2))),
+        min_pixels=int(size.get("shortest_edge", pre.get("min_pixels", 56 * 56))),
+        longest=int(size.get("longest_edge", pre.get("max_pixels", 28 * 28 * 1280))),
     )
 
 
@@ -143,7 +196,7 @@ def tower_state(folder) -> dict[str, torch.Tensor]:
         name = re.sub(r"^model\.", "", name)
         name = name.replace("vision_tower.vision_model.", "vision_tower.")
         if name.startswith("vision_tower.head.") or not name.startswith(
-            ("vision_tower.", "multi_modal_projector.")
+            ("vision_tower.", "multi_modal_projector.", "visual.")
         ):
             continue  # SigLIP's pooling head: Gemma 3 reads every patch
         out[name] = t.float()
@@ -152,6 +205,7 @@ def tower_state(folder) -> dict[str, torch.Tensor]:
 
 def load_vision(folder, hf: dict) -> Vision:
     """The tower and projector of the base at folder, in fp32, frozen."""
-    vision = Vision(options(hf))
+    o = options(hf)
+    vision = QwenVision(o) if o.kind in QWEN else Vision(o)
     vision.load_state_dict(tower_state(folder))
     return vision.requires_grad_(False)

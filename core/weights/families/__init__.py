@@ -35,6 +35,7 @@ from core.weights.families import (
     qwen3_5,
     qwen3_5_moe,
     qwen3_moe,
+    qwen3_vl,
     smollm3,
 )
 from core.weights.families.base import (
@@ -68,6 +69,7 @@ FAMILIES: dict[str, Family] = {
         gpt_oss,
         qwen3_5,
         qwen3_5_moe,
+        qwen3_vl,
     )
 }
 SUPPORTED = tuple(FAMILIES)
