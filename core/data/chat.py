@@ -341,12 +341,13 @@ def answer_spans(
 
 
 def chat_ids(
-    tokenizer, messages: list[dict], add_generation_prompt: bool = True, images=None
+    tokenizer, messages: list[dict], add_generation_prompt: bool = True, images=None, counts=None
 ) -> list[int]:
     """Token ids of a conversation in the tokenizer's template (as transformers'
     apply_chat_template: the rendered text, encoded with no special tokens added). images:
     the model's ImageSpec (core.data.images), for a conversation with image parts: each
-    image's mark made into its tokens, as its processor does."""
+    image's mark made into its tokens, as its processor does (counts: each image's tokens,
+    where they vary by image (Qwen); else the spec's fixed count)."""
     if not tokenizer.chat_template:
         raise TemplateError(
             "chat: this model has no chat template; generate from a plain prompt instead, or "
@@ -359,5 +360,5 @@ def chat_ids(
         from core.data.images import conversation_images, marks_expanded
 
         shown = len(conversation_images(messages))
-        text, _ = marks_expanded(text, images, [images.tokens] * shown)
+        text, _ = marks_expanded(text, images, counts or [images.tokens] * shown)
     return tokenizer.encode(text)

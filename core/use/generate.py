@@ -14,7 +14,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from core.data.chat import chat_ids
@@ -138,7 +137,7 @@ def start_ids(
     pixels are those of the history's image parts, then of its paths."""
     shown = seeing.paths if seeing is not None else []
     if not chat:
-        marks = "".join(seeing.spec.text(seeing.spec.tokens) for _ in shown) if shown else ""
+        marks = "".join(seeing.spec.text(n) for n in seeing.counts) if shown else ""
         return prompt_ids(tok, marks + prompt), [], []
     messages = [{"role": "system", "content": system}] if system else []
     content = prompt
@@ -147,10 +146,11 @@ def start_ids(
         content.append({"type": "text", "text": prompt})
     messages += [*history, {"role": "user", "content": content}]
     spec = seeing.spec if seeing is not None else None  # history's images count too
-    return chat_ids(tok, messages, images=spec), tok.stop_ids, tok.stop_strings
+    counts = seeing.counts if seeing is not None else None
+    return chat_ids(tok, messages, images=spec, counts=counts), tok.stop_ids, tok.stop_strings
 
 
-NEEDS_VISION = "images need a vision model (Gemma 3 4B and up)"
+NEEDS_VISION = "images need a vision model (Gemma 3 4B and up, Qwen3-VL, Qwen3.5)"
 TEXT_ONLY = f"this model reads text only here (no vision tower TrainDeck runs); {NEEDS_VISION}"
 
 
@@ -201,11 +201,13 @@ def _cached_config(repo_id) -> Path | None:
 @dataclass
 class Seeing:
     """The images a prompt shows, as the model sees them: its ImageSpec, the files, their
-    pixel values (N, 3, H, W)."""
+    pixel values (N, 3, H, W), or a dynamic-resolution tower's Patches (Qwen), and the
+    tokens each image gives."""
 
     spec: object
     paths: list
-    pixels: torch.Tensor
+    pixels: object
+    counts: list
 
 
 def check_images(paths, flag: str = "--image") -> list:
@@ -239,10 +241,11 @@ def seeing(loaded, paths, pictures, flag: str = "--image") -> Seeing:
         raise DataError(f"{flag}: {TEXT_ONLY}")
     try:
         spec = vision.image_spec(folder, hf, loaded.tokenizer)
-        pixels = [images.normalized(images.resized(p, spec), spec) for p in pictures]
+        pixels = [images.resized(p, spec) for p in pictures]
     except (images.ImageProblem, DataError) as e:
         raise DataError(f"{flag}: {e}") from None
     device = next(loaded.model.parameters()).device
     if not hasattr(loaded.model, "vision"):
         attach(loaded.model, vision.load_vision(folder, hf).to(device))
-    return Seeing(spec, list(paths), torch.from_numpy(np.stack(pixels)))
+    counts = [images.image_tokens(spec, p) for p in pixels]
+    return Seeing(spec, list(paths), images.pixel_batch(pixels, spec), counts)
