@@ -352,6 +352,8 @@ def make_config(family: str, vocab: int, **extra):
         options.setdefault("pad_token_id", options.get("eos_token_id"))
         options.setdefault("bos_token_id", None)
         return kind(**shape, **common, **options)
+    if family == "qwen3_vl":  # Qwen3-VL's language model (its composite: vision_models.py)
+        return t.Qwen3VLTextConfig(**shape, head_dim=16, **common, **extra)
     return t.Qwen3Config(**shape, head_dim=16, **common, **extra)  # head_dim != 32 / 4
 
 

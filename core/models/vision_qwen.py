@@ -246,28 +246,29 @@ def rope_index(is_image, grid, merge: int, restart=None, valid=None):
     starts = restart.cpu().tolist() if restart is not None else [[False] * t] * b
     keep = valid.cpu().tolist() if valid is not None else [[True] * t] * b
     for r in range(b):
-        pos, i, top, n = 0, 0, 0, 0
-        while i < t:
-            if not keep[r][i]:
-                i += 1
-                continue
-            if starts[r][i]:
+        cols = [j for j in range(t) if keep[r][j]]
+        axes: list[list[int]] = [[], [], []]  # time, row, column of each token in cols
+        pos, k = 0, 0
+        while k < len(cols):
+            j = cols[k]
+            if starts[r][j]:
                 pos = 0
-            if image[r][i]:
-                gt, gh, gw = next(images)
-                h, w = gh // merge, gw // merge
-                tt = torch.arange(gt)[:, None, None].expand(gt, h, w).flatten()
-                hh = torch.arange(h)[None, :, None].expand(gt, h, w).flatten()
-                ww = torch.arange(w)[None, None, :].expand(gt, h, w).flatten()
-                cols = [j for j in range(i, t) if keep[r][j]][: gt * h * w]
-                out[:, r, cols] = torch.stack([tt, hh, ww]) + pos
-                top = max(top, int(out[:, r, cols].max()))
-                n += len(cols)
-                pos += max(gh, gw) // merge
-                i = cols[-1] + 1
-            else:
-                out[:, r, i] = pos
-                top = max(top, pos)
-                pos, i, n = pos + 1, i + 1, n + 1
-        deltas[r] = top + 1 - n
+            if not image[r][j]:
+                for a in axes:
+                    a.append(pos)
+                pos, k = pos + 1, k + 1
+                continue
+            gt, gh, gw = next(images)
+            h, w = gh // merge, gw // merge
+            for f in range(gt):
+                for y in range(h):
+                    axes[0] += [pos + f] * w
+                    axes[1] += [pos + y] * w
+                    axes[2] += range(pos, pos + w)
+            k += gt * h * w
+            pos += max(gh, gw) // merge
+        if cols:
+            found = torch.tensor([a[: len(cols)] for a in axes])
+            out[:, r, cols] = found
+            deltas[r] = int(found.max()) + 1 - len(cols)
     return out.to(is_image.device), deltas.to(is_image.device)

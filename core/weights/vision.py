@@ -3,8 +3,10 @@
 their image processing (preprocessor_config.json, core.data.images.ImageSpec), and their
 tower and projector weights read from the base's files.
 
-Gemma 3 (Gemma3ForConditionalGeneration: SigLIP at a fixed size, pan-and-scan off) is built;
-other composites train on text (core.weights.composite) and refuse image data in one line.
+Gemma 3 (Gemma3ForConditionalGeneration: SigLIP at a fixed size, pan-and-scan off) is built,
+and Qwen3-VL and Qwen3.5 (Qwen3VLForConditionalGeneration, Qwen3_5ForConditionalGeneration:
+Qwen's ViT at each image's own resolution, core.models.vision_qwen); other composites train on
+text (core.weights.composite) and refuse image data in one line.
 """
 
 from __future__ import annotations
@@ -23,10 +25,16 @@ from core.weights import composite
 from core.weights.loader import read_weights
 
 BUILT = {"gemma3": "Gemma3ForConditionalGeneration"}  # model_type -> the class built
-# Qwen's dynamic-resolution towers (core.models.vision_qwen): Qwen3-VL's with DeepStack
-QWEN = {"qwen3_vl": "Qwen3VLForConditionalGeneration", "qwen3_5": "Qwen3_5ForConditionalGeneration"}
-BUILT.update(QWEN)
-MROPE_SECTIONS = {"qwen3_vl": (24, 20, 20), "qwen3_5": (11, 11, 10)}  # transformers' defaults
+# Qwen's dynamic-resolution towers (core.models.vision_qwen; Qwen3-VL's with DeepStack), by
+# composite class -> its language model's M-RoPE sections where config.json leaves them out
+QWEN = {
+    "Qwen3VLForConditionalGeneration": (24, 20, 20),
+    "Qwen3_5ForConditionalGeneration": (11, 11, 10),
+}
+
+
+def is_qwen(hf: dict) -> bool:
+    return composite.class_name(hf) in QWEN
 
 
 def kind_of(hf: dict) -> str | None:
@@ -34,7 +42,7 @@ def kind_of(hf: dict) -> str | None:
     if "vision" not in composite.towers(hf):
         return None
     kind = hf.get("model_type")
-    return kind if kind in BUILT else None
+    return kind if kind in BUILT or is_qwen(hf) else None
 
 
 def options(hf: dict) -> VisionOptions | None:
@@ -42,7 +50,7 @@ def options(hf: dict) -> VisionOptions | None:
     if kind is None:
         return None
     text = composite.text_config(hf)
-    if kind in QWEN:
+    if is_qwen(hf):
         return qwen_options(hf, kind, text)
     return VisionOptions(
         kind=kind,
@@ -62,7 +70,7 @@ def qwen_options(hf: dict, kind: str, text: dict) -> VisionOptions:
         token_id=_token_id(hf, "image"),
         tokens=0,  # as many as the image's size gives
         text_hidden=int(text["hidden_size"]),
-        mrope_section=tuple(rope.get("mrope_section") or MROPE_SECTIONS[kind]),
+        mrope_section=tuple(rope.get("mrope_section") or QWEN[composite.class_name(hf)]),
     )
 
 
@@ -108,7 +116,7 @@ def image_spec(folder, hf: dict, tokenizer, max_pixels: int | None = None) -> Im
     if kind is None:
         return None
     pre = preprocessor(folder)
-    if kind in QWEN:
+    if is_qwen(hf):
         return qwen_spec(pre, hf, tokenizer, max_pixels)
     size = pre.get("size") or {}
     side = int(hf["vision_config"].get("image_size", 896))
@@ -206,6 +214,6 @@ def tower_state(folder) -> dict[str, torch.Tensor]:
 def load_vision(folder, hf: dict) -> Vision:
     """The tower and projector of the base at folder, in fp32, frozen."""
     o = options(hf)
-    vision = QwenVision(o) if o.kind in QWEN else Vision(o)
+    vision = QwenVision(o) if is_qwen(hf) else Vision(o)
     vision.load_state_dict(tower_state(folder))
     return vision.requires_grad_(False)

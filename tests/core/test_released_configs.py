@@ -43,6 +43,7 @@ CLASSES = {
     "gpt_oss": "GptOssConfig",
     "qwen3_5": "Qwen3_5TextConfig",
     "qwen3_5_moe": "Qwen3_5MoeTextConfig",
+    "qwen3_vl": "Qwen3VLTextConfig",
 }
 # A class's defaults that set nothing of the model TrainDeck builds: training switches
 # (dropout, caching, init), token ids (the tokenizer's files give those) and other heads'.

@@ -32,7 +32,6 @@ DEFAULTS = {
     "hidden_act": "silu",
     "max_position_embeddings": 128_000,
     "rms_norm_eps": 1e-06,
-    "tie_word_embeddings": False,
     "attention_bias": False,
     "rope_parameters": {"rope_theta": 500_000.0, "rope_type": "default"},
 }
