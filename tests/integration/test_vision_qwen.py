@@ -168,3 +168,21 @@ def test_a_lora_fine_tune_on_images_exports_the_whole_class(qwen, tmp_path):
         assert (want - base(**inputs).logits).abs().max() > 1e-3  # it trained
         got = ours(folder, run).logits(inputs["input_ids"], images=our_pixels(folder, [picture]))
         assert (got - want).abs().max() < TOLERANCE
+
+
+def test_the_generate_command_answers_about_an_image(qwen, tmp_path, capsys):
+    """core.generate MODEL --chat --image PATH --prompt TEXT: transformers' greedy answer,
+    the image's token count its own size's."""
+    from core.cli.generate import main as generate_main
+
+    folder, processor, tok = qwen
+    picture = save_image(tmp_path / "a.png", "png", (60, 35), 5)
+    inputs = reference_inputs(processor, tok, conversation([picture]), [picture])
+    with torch.no_grad():
+        out = qwen_reloaded(folder).generate(**inputs, max_new_tokens=3, do_sample=False)
+    want = tok.decode(out[0, inputs["input_ids"].shape[1] :]).split("<|im_end|>")[0]
+    assert want.strip()  # a random model says something
+    args = [str(folder), "--chat", "--prompt", "What colour?", "--temperature", "0"]
+    args += ["--max-new-tokens", "3", "--image", str(picture)]
+    assert generate_main(args) == 0
+    assert capsys.readouterr().out.strip() == want.strip()
