@@ -190,7 +190,8 @@ def qwen_image_processor(max_pixels: int = 48 * 48):
 def make_qwen_vision(folder, kind: str = "qwen3_vl", seed: int = 0, std: float = 0.3):
     """A tiny Qwen3VLForConditionalGeneration (kind "qwen3_vl": 3 vision blocks, DeepStack
     from the first two into the first two language layers) or Qwen3_5ForConditionalGeneration
-    ("qwen3_5": hybrid language layers, no DeepStack), patches of 8 merged 2 x 2, its
+    ("qwen3_5": hybrid language layers, no DeepStack; "qwen3_5_moe": Qwen3_5MoeForConditional-
+    Generation, its experts), patches of 8 merged 2 x 2, its
     processor saved beside it. Returns (model, processor)."""
     import transformers as t
 
@@ -243,7 +244,16 @@ def make_qwen_vision(folder, kind: str = "qwen3_vl", seed: int = 0, std: float =
             t.Qwen3VLForConditionalGeneration,
         )
     else:
-        text = t.Qwen3_5TextConfig(
+        moe = kind == "qwen3_5_moe"  # Qwen3.5-35B-A3B's class: 4 experts, top 2, a shared one
+        if moe:
+            common.pop("intermediate_size")
+            common.update(
+                num_experts=4,
+                num_experts_per_tok=2,
+                moe_intermediate_size=16,
+                shared_expert_intermediate_size=24,
+            )
+        text = (t.Qwen3_5MoeTextConfig if moe else t.Qwen3_5TextConfig)(
             num_hidden_layers=4,
             linear_key_head_dim=8,
             linear_value_head_dim=8,
@@ -257,10 +267,12 @@ def make_qwen_vision(folder, kind: str = "qwen3_vl", seed: int = 0, std: float =
             },
             **common,
         )
-        vis = t.Qwen3_5VisionConfig(**vision)
+        vis = (t.Qwen3_5MoeVisionConfig if moe else t.Qwen3_5VisionConfig)(**vision)
         config, cls = (
-            t.Qwen3_5Config(text_config=text, vision_config=vis, **tokens),
-            t.Qwen3_5ForConditionalGeneration,
+            (t.Qwen3_5MoeConfig if moe else t.Qwen3_5Config)(
+                text_config=text, vision_config=vis, **tokens
+            ),
+            t.Qwen3_5MoeForConditionalGeneration if moe else t.Qwen3_5ForConditionalGeneration,
         )
     torch.manual_seed(seed)
     model = cls(config)

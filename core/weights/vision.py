@@ -4,9 +4,9 @@ their image processing (preprocessor_config.json, core.data.images.ImageSpec), a
 tower and projector weights read from the base's files.
 
 Gemma 3 (Gemma3ForConditionalGeneration: SigLIP at a fixed size, pan-and-scan off) is built,
-and Qwen3-VL and Qwen3.5 (Qwen3VLForConditionalGeneration, Qwen3_5ForConditionalGeneration:
-Qwen's ViT at each image's own resolution, core.models.vision_qwen); other composites train on
-text (core.weights.composite) and refuse image data in one line.
+and Qwen3-VL and Qwen3.5 (Qwen3VLForConditionalGeneration, Qwen3_5ForConditionalGeneration and
+its MoE's: Qwen's ViT at each image's own resolution, core.models.vision_qwen); other
+composites train on text (core.weights.composite) and refuse image data in one line.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ BUILT = {"gemma3": "Gemma3ForConditionalGeneration"}  # model_type -> the class 
 QWEN = {
     "Qwen3VLForConditionalGeneration": (24, 20, 20),
     "Qwen3_5ForConditionalGeneration": (11, 11, 10),
+    "Qwen3_5MoeForConditionalGeneration": (11, 11, 10),
 }
 
 

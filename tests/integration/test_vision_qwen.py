@@ -1,8 +1,10 @@
 """Images through Qwen3-VL and Qwen3.5, proven against transformers on tiny composites built
 with their own config classes and image processor (tests/vision_models.py): the tower (2-D
 rotary, merger, Qwen3-VL's DeepStack) and the 3-D positions (M-RoPE) give transformers'
-logits with images, uncached and cached, and its greedy generation; a LoRA fine-tune on chat
-data with images runs, and its hf export loads as the original class with equal logits."""
+logits with images, uncached and cached (Qwen3.5's MoE class too), packed rows each
+example's own, and its greedy generation (core.generate --image too); a LoRA fine-tune on
+chat data with images runs, and its hf export loads as the original class with equal logits
+with images."""
 
 from __future__ import annotations
 
@@ -27,7 +29,12 @@ from core.weights.loader import load, open_pretrained  # noqa: E402
 TOLERANCE = 1e-4  # fp32, logits up to about 8
 
 
-@pytest.fixture(scope="module", params=["qwen3_vl", "qwen3_5"])
+KINDS = ["qwen3_vl", "qwen3_5"]  # and Qwen3.5's MoE class, whose logits alone are checked
+# (its transformers reference runs the delta rule and the experts slowly)
+each_kind = pytest.mark.parametrize("qwen", KINDS, indirect=True)
+
+
+@pytest.fixture(scope="module", params=[*KINDS, "qwen3_5_moe"])
 def qwen(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(request.param) / "base"
     from transformers import AutoTokenizer
@@ -86,6 +93,7 @@ def test_logits_with_images_equal_transformers_uncached_and_cached(qwen, tmp_pat
         assert (rest - want[:, -3:]).abs().max() < TOLERANCE
 
 
+@each_kind
 def test_packed_rows_count_positions_per_example(qwen, tmp_path):
     """Two examples with images packed in one row give each one's logits alone."""
     folder, processor, tok = qwen
@@ -106,6 +114,7 @@ def test_packed_rows_count_positions_per_example(qwen, tmp_path):
     assert (got - torch.cat(alone, dim=1)).abs().max() < TOLERANCE
 
 
+@each_kind
 def test_greedy_generation_with_an_image_equals_transformers(qwen, tmp_path):
     folder, processor, tok = qwen
     a = save_image(tmp_path / "a.webp", "webp", (50, 40), 3)
@@ -127,6 +136,7 @@ def test_greedy_generation_with_an_image_equals_transformers(qwen, tmp_path):
         assert list(got) == want
 
 
+@each_kind
 def test_a_lora_fine_tune_on_images_exports_the_whole_class(qwen, tmp_path):
     """A few LoRA steps on chat data with images of two sizes; the hf export is the original
     class and its logits with images are ours."""
@@ -170,6 +180,7 @@ def test_a_lora_fine_tune_on_images_exports_the_whole_class(qwen, tmp_path):
         assert (got - want).abs().max() < TOLERANCE
 
 
+@each_kind
 def test_the_generate_command_answers_about_an_image(qwen, tmp_path, capsys):
     """core.generate MODEL --chat --image PATH --prompt TEXT: transformers' greedy answer,
     the image's token count its own size's."""
