@@ -91,6 +91,9 @@ def test_logits_with_images_equal_transformers_uncached_and_cached(qwen, tmp_pat
         assert (first - want[:, :-3]).abs().max() < TOLERANCE
         rest, _ = model.forward_cached(ids[:, -3:], cache)  # text after the images, cached
         assert (rest - want[:, -3:]).abs().max() < TOLERANCE
+        text = tok("What colour is the sky today?", return_tensors="pt")["input_ids"]
+        alone = qwen_reloaded(folder)(input_ids=text).logits  # text alone: 1-D positions
+        assert (model.logits(text) - alone).abs().max() < TOLERANCE
 
 
 @each_kind
