@@ -131,11 +131,8 @@ class QwenTower(nn.Module):
             self.deepstack_merger_list = nn.ModuleList(
                 PatchMerger(v, postshuffle=True) for _ in self.deep_layers
             )
-        head = width // v["num_heads"]
-        theta = float((v.get("rope_parameters") or {}).get("rope_theta", 10000.0))
-        spatial = head // 2
-        inv = 1.0 / (theta ** (torch.arange(0, spatial, 2, dtype=torch.float) / spatial))
-        self.register_buffer("inv_freq", inv, persistent=False)
+        self.spatial = width // v["num_heads"] // 2  # rotary dims of the row, and the column
+        self.theta = float((v.get("rope_parameters") or {}).get("rope_theta", 10000.0))
 
     def forward(self, values, grid):
         proj = self.patch_embed.proj
@@ -189,8 +186,10 @@ class QwenTower(nn.Module):
     def rotary(self, grid):
         """cos and sin (patches, head) of each patch's row (first half) and column."""
         rows, cols, _ = self._rows_cols(grid)
-        pos = torch.stack([rows, cols], dim=-1).to(self.inv_freq.device)
-        freqs = pos[..., None].float() * self.inv_freq
+        steps = torch.arange(0, self.spatial, 2, dtype=torch.float) / self.spatial
+        inv = (1.0 / self.theta**steps).to(self.pos_embed.weight.device)  # fp32 in any dtype
+        pos = torch.stack([rows, cols], dim=-1).to(inv.device)
+        freqs = pos[..., None].float() * inv
         both = torch.cat([freqs[:, 0], freqs[:, 1]], dim=-1)
         emb = torch.cat([both, both], dim=-1)
         return emb.cos(), emb.sin()

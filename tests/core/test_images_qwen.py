@@ -172,3 +172,12 @@ def test_rows_expand_each_image_to_its_own_tokens(qwen, tmp_path):
     counts = (row_images.grid.prod(-1) // 4).tolist()
     assert sum(counts) == int((batch[0][0] == spec.images.token_id).sum())
     assert np.unique(counts[:2]).size == 2  # two sizes, two counts
+
+
+def test_an_image_too_narrow_for_qwen_is_one_line(qwen, tmp_path):
+    """transformers' smart_resize refuses an aspect ratio over 200; so does ours, as an
+    ImageProblem (the data line names the file and line)."""
+    folder, _ = qwen
+    path = save_image(tmp_path / "strip.png", "png", (1700, 8), 1)
+    with pytest.raises(images.ImageProblem, match="an aspect ratio under 200"):
+        images.resized(images.open_rgb(path), spec_of(folder))
