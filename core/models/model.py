@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -663,6 +664,8 @@ class SoftcappedHead:
 
 
 class GPT(nn.Module):
+    vision: Any  # an attached vision tower (core.models.vision.attach), where images come
+
     def __init__(self, c: GPTConfig):
         super().__init__()
         for name, value, allowed in (

@@ -111,6 +111,12 @@ class PatchMerger(nn.Module):
         return self.linear_fc2(F.gelu(self.linear_fc1(x)))
 
 
+class PatchEmbed(nn.Module):
+    def __init__(self, channels: int, width: int, t: int, p: int):
+        super().__init__()
+        self.proj = nn.Conv3d(channels, width, (t, p, p), stride=(t, p, p))
+
+
 class QwenTower(nn.Module):
     """Qwen3-VL's and Qwen3.5's vision model: Patches -> (merged features (tokens, D),
     DeepStack's merged features of its chosen blocks)."""
@@ -120,8 +126,7 @@ class QwenTower(nn.Module):
         width, self.merge = v["hidden_size"], v.get("spatial_merge_size", 2)
         t, p = v.get("temporal_patch_size", 2), v["patch_size"]
         self.channels, self.t, self.p = v.get("in_channels", 3), t, p
-        self.patch_embed = nn.Module()
-        self.patch_embed.proj = nn.Conv3d(self.channels, width, (t, p, p), stride=(t, p, p))
+        self.patch_embed = PatchEmbed(self.channels, width, t, p)
         self.pos_embed = nn.Embedding(v["num_position_embeddings"], width)
         self.side = int(v["num_position_embeddings"] ** 0.5)
         self.blocks = nn.ModuleList(QwenVisionBlock(v) for _ in range(v["depth"]))
