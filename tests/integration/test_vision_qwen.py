@@ -142,7 +142,10 @@ def test_greedy_generation_with_an_image_equals_transformers(qwen, tmp_path):
 @each_kind
 def test_a_lora_fine_tune_on_images_exports_the_whole_class(qwen, tmp_path):
     """A few LoRA steps on chat data with images of two sizes; the hf export is the original
-    class and its logits with images are ours."""
+    class and its logits with images are ours; PEFT's adapter on transformers' composite
+    equals the export."""
+    from peft import PeftModel
+
     folder, processor, tok = qwen
     data = tmp_path / "data"
     lines = []
@@ -171,6 +174,7 @@ def test_a_lora_fine_tune_on_images_exports_the_whole_class(qwen, tmp_path):
     kind = open_pretrained(folder).hf_config["model_type"]
     assert f"vision: {kind} tower" in log and "frozen" in log
     export(run, "hf", tmp_path / "hf", which="latest")
+    export(run, "peft", tmp_path / "peft", which="latest")
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert config["architectures"] == open_pretrained(folder).hf_config["architectures"]
     merged, base = qwen_reloaded(tmp_path / "hf"), qwen_reloaded(folder)
@@ -181,6 +185,8 @@ def test_a_lora_fine_tune_on_images_exports_the_whole_class(qwen, tmp_path):
         assert (want - base(**inputs).logits).abs().max() > 1e-3  # it trained
         got = ours(folder, run).logits(inputs["input_ids"], images=our_pixels(folder, [picture]))
         assert (got - want).abs().max() < TOLERANCE
+        adapted = PeftModel.from_pretrained(base, tmp_path / "peft").eval()
+        assert (adapted(**inputs).logits - want).abs().max() < TOLERANCE
 
 
 @each_kind
