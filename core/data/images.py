@@ -464,7 +464,8 @@ class ImageStore:
         return np.asarray(self.pixels[offset : offset + math.prod(shape)]).reshape(shape)
 
     def batch(self, rows: list[int]):
-        """The pixel values (N, 3, H, W) float32 of the rows' images in order (None: none)."""
+        """The pixel values (N, 3, H, W) float32 of the rows' images in order, or a dynamic
+        tower's Patches (pixel_batch); None: none."""
         images = [self.image(i) for r in rows for i in self.row_images(r)]
         if not images:
             return None

@@ -3,8 +3,8 @@ with their own config classes and image processor (tests/vision_models.py): the 
 rotary, merger, Qwen3-VL's DeepStack) and the 3-D positions (M-RoPE) give transformers'
 logits with images, uncached and cached (Qwen3.5's MoE class too), packed rows each
 example's own, and its greedy generation (core.generate --image too); a LoRA fine-tune on
-chat data with images runs, and its hf export loads as the original class with equal logits
-with images."""
+chat data with images runs, its hf export loads as the original class with equal logits
+with images, and its PEFT adapter on transformers' composite equals the export."""
 
 from __future__ import annotations
 
