@@ -243,36 +243,35 @@ def rope_index(is_image, grid, merge: int, restart=None, valid=None):
     restart (B, T): packed examples' first tokens, where positions start again from 0.
     valid (B, T): False over padding (given position 0, as transformers does)."""
     b, t = is_image.shape
-    out = torch.zeros(3, b, t, dtype=torch.long)
-    deltas = torch.zeros(b, dtype=torch.long)
-    images = iter(grid.tolist())
-    image = is_image.cpu().tolist()
-    starts = restart.cpu().tolist() if restart is not None else [[False] * t] * b
-    keep = valid.cpu().tolist() if valid is not None else [[True] * t] * b
-    for r in range(b):
-        cols = [j for j in range(t) if keep[r][j]]
-        axes: list[list[int]] = [[], [], []]  # time, row, column of each token in cols
-        pos, k = 0, 0
-        while k < len(cols):
-            j = cols[k]
-            if starts[r][j]:
-                pos = 0
-            if not image[r][j]:
-                for a in axes:
-                    a.append(pos)
-                pos, k = pos + 1, k + 1
-                continue
-            gt, gh, gw = next(images)
-            h, w = gh // merge, gw // merge
-            for f in range(gt):
-                for y in range(h):
-                    axes[0] += [pos + f] * w
-                    axes[1] += [pos + y] * w
-                    axes[2] += range(pos, pos + w)
-            k += gt * h * w
-            pos += max(gh, gw) // merge
-        if cols:
-            found = torch.tensor([a[: len(cols)] for a in axes])
-            out[:, r, cols] = found
-            deltas[r] = int(found.max()) + 1 - len(cols)
-    return out.to(is_image.device), deltas.to(is_image.device)
+    device = is_image.device
+    keep = valid if valid is not None else torch.ones_like(is_image)
+    rows = torch.arange(b, device=device)[:, None].expand(b, t)[keep]  # each token's row
+    image = is_image[keep]  # the tokens in order, row after row, padding left out
+    n = image.shape[0]
+    firsts = torch.ones(n, dtype=torch.bool, device=device)
+    firsts[1:] = rows[1:] != rows[:-1]  # a row starts an example too
+    if restart is not None:
+        firsts |= restart[keep]
+    grid = grid.to(device)
+    h, w = grid[:, 1] // merge, grid[:, 2] // merge
+    sizes = grid[:, 0] * h * w
+    ends = sizes.cumsum(0)
+    k = image.long().cumsum(0) - 1  # an image token's number among all images' tokens
+    which = torch.searchsorted(ends, k.clamp(min=0), right=True).clamp(max=len(grid) - 1)
+    offset = k - (ends - sizes)[which]
+    # what each token adds to the position after it: a text token 1, an image its longer
+    # side (merged) at its last token, so all of its tokens start from the same position
+    last = image & (offset == sizes[which] - 1)
+    step = torch.where(image, 0, 1) + torch.where(last, torch.maximum(h, w)[which], 0)
+    before = step.cumsum(0) - step
+    example = firsts.long().cumsum(0) - 1
+    pos = before - before[firsts][example]
+    hw = (h * w)[which]
+    extra = torch.stack([offset // hw, offset // w[which] % h[which], offset % w[which]])
+    found = pos[None] + torch.where(image[None], extra, 0)
+    out = torch.zeros(3, b, t, dtype=torch.long, device=device)
+    out[:, keep] = found
+    top = torch.full((b,), -1, dtype=torch.long, device=device)
+    top = top.scatter_reduce(0, rows, found.amax(0), "amax")
+    deltas = top + 1 - keep.sum(1)
+    return out, torch.where(keep.any(1), deltas, 0)
