@@ -968,7 +968,7 @@ class GPT(nn.Module):
         x, rope = self._embed(idx, shifted, long)
         deep = None
         if images is not None:  # the tower's embeddings at the image tokens
-            if cache is not None and delta is None and hasattr(self.vision, "merge"):
+            if cache is not None and self.vision.options.mrope_section is not None:
                 raise ValueError("images: Qwen's images come in the first pass (no cache)")
             x, _, mrope, deep = self.vision.see(idx, x, images, valid=valid)
             if mrope is not None:  # Qwen: 3-D positions; the tokens after go on from the top
