@@ -305,3 +305,158 @@ def qwen_reloaded(folder):
     import transformers as t
 
     return t.AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+# -- Gemma 4 ---------------------------------------------------------------------------------
+
+GEMMA4_SPECIALS = ["<bos>", "<eos>", "<pad>", "<|turn>", "<turn|>", "<|channel>", "<channel|>"]
+GEMMA4_IMAGE = [
+    "<|image>",
+    "<|image|>",
+    "<image|>",
+    "<|audio>",
+    "<|audio|>",
+    "<audio|>",
+    "<|video|>",
+]
+GEMMA4_PATCH = 4  # the tiny tower's patches: 4 x 4 pixels, pooled 3 x 3 into a token
+GEMMA4_TOKENS = 70  # max_soft_tokens: the least of Gemma 4's budgets (about 100 x 100 pixels)
+
+
+def gemma4_tokenizer(folder: Path):
+    """A byte-level BPE with Gemma 4's turn and image tokens and its real chat template."""
+    from transformers import PreTrainedTokenizerFast
+
+    from core.data.tokenizer import train_bpe
+
+    hf = train_bpe([TEXT + " red green blue circle square triangle colour shape"], 512).hf
+    hf.add_special_tokens(GEMMA4_SPECIALS + GEMMA4_IMAGE)
+    template = (TEMPLATES / "google-gemma-4-E2B-it.jinja").read_text(encoding="utf-8")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=hf,
+        bos_token="<bos>",
+        eos_token="<turn|>",
+        pad_token="<pad>",
+        chat_template=template,
+        extra_special_tokens={
+            "boi_token": "<|image>",
+            "image_token": "<|image|>",
+            "eoi_token": "<image|>",
+            "boa_token": "<|audio>",
+            "audio_token": "<|audio|>",
+            "eoa_token": "<audio|>",
+        },
+    )
+    tok.save_pretrained(folder)
+    return tok
+
+
+def make_gemma4_vision(folder, per_layer: bool = False, seed: int = 0, std: float = 0.3):
+    """A tiny Gemma4ForConditionalGeneration that reads images: its encoder on 4 x 4 patches
+    pooled 3 x 3 (clipped linears and standardized output, as released), a language model
+    whose image tokens see each other in sliding layers (use_bidirectional_attention
+    "vision"); per_layer: the E2B form (per-layer inputs, shared keys and values, double-wide
+    MLPs). Its processor saved beside it. Returns (model, processor)."""
+    import transformers as t
+    from hf_models import GEMMA4_CONFIGS
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = gemma4_tokenizer(folder)
+    ids = {name: tok.convert_tokens_to_ids(name) for name in GEMMA4_IMAGE}
+    shape = (
+        GEMMA4_CONFIGS["gemma4"]
+        if per_layer
+        else {
+            "num_hidden_layers": 4,
+            "layer_types": ["sliding_attention"] * 3 + ["full_attention"],
+            "head_dim": 16,
+            "global_head_dim": 16,
+            "sliding_window": 8,
+            "hidden_size_per_layer_input": 0,
+        }
+    )
+    text = t.Gemma4TextConfig(
+        vocab_size=len(tok) + 2,
+        hidden_size=32,
+        intermediate_size=48,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        use_bidirectional_attention="vision",
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=tok.bos_token_id,
+        **({**shape, "vocab_size_per_layer_input": len(tok) + 2} if per_layer else shape),
+    )
+    vision = t.Gemma4VisionConfig(
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+        patch_size=GEMMA4_PATCH,
+        pooling_kernel_size=3,
+        position_embedding_size=64,
+        use_clipped_linears=True,
+        standardize=True,
+    )
+    config = t.Gemma4Config(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=ids["<|image|>"],
+        boi_token_id=ids["<|image>"],
+        eoi_token_id=ids["<image|>"],
+        audio_token_id=ids["<|audio|>"],
+        video_token_id=ids["<|video|>"],
+    )
+    torch.manual_seed(seed)
+    model = t.Gemma4ForConditionalGeneration(config)
+    for p in model.parameters():  # the towers' init leaves some zero: every tensor differs
+        p.data.normal_(0, std)
+    for name, b in model.named_buffers():  # the clip bounds and standardizing: finite, working
+        if name.endswith(("input_min", "output_min")):
+            b.fill_(-1.5)
+        elif name.endswith(("input_max", "output_max")):
+            b.fill_(1.5)
+        elif name.endswith("std_bias"):
+            b.normal_(0, 0.3)
+        elif name.endswith("std_scale"):
+            b.uniform_(0.5, 1.5)
+    model = model.float().eval()
+    model.generation_config = t.GenerationConfig(eos_token_id=[tok.eos_token_id])
+    model.save_pretrained(folder)
+    images = t.Gemma4ImageProcessorPil(
+        patch_size=GEMMA4_PATCH, max_soft_tokens=GEMMA4_TOKENS, pooling_kernel_size=3
+    )
+    images.save_pretrained(folder)  # preprocessor_config.json, as released
+    processor = _images_only()(
+        feature_extractor=None,
+        image_processor=images,
+        tokenizer=tok,
+        video_processor=None,
+        chat_template=tok.chat_template,
+        image_seq_length=GEMMA4_TOKENS,
+    )
+    return model, processor
+
+
+def _images_only():
+    import transformers as t
+
+    class ImagesOnly(t.Gemma4Processor):
+        """transformers' Gemma4Processor without its audio and video halves (its video
+        processor needs torchvision): text and images processed as its own."""
+
+        def check_argument_for_proper_class(self, name, arg):
+            return None if arg is None else super().check_argument_for_proper_class(name, arg)
+
+    return ImagesOnly
+
+
+def reloaded4(folder):
+    """transformers' Gemma 4 as from_pretrained reads the folder (fp32), the reference."""
+    import transformers as t
+
+    return t.Gemma4ForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval()

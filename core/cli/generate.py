@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="an image the prompt shows (PNG, JPEG or WebP; may repeat): with --chat in the "
         "user's message before its text; a model with a vision tower (Gemma 3 4B and up, "
-        "Qwen3-VL, Qwen3.5)",
+        "Gemma 4, Qwen3-VL, Qwen3.5)",
     )
     p.add_argument("--prompt-file", help="read the prompt from this file")
     p.add_argument("--max-new-tokens", type=non_negative(int), default=200, metavar="N")

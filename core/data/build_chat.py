@@ -204,7 +204,7 @@ def _text_only(spec: DataSpec, examples) -> None:
             raise DataError(
                 f"data: {origin}: image {found[0]}: this model reads text only here (no "
                 "vision tower TrainDeck runs); train on images with a vision model (Gemma 3 "
-                "4B and up, Qwen3-VL, Qwen3.5), or remove the image parts"
+                "4B and up, Gemma 4, Qwen3-VL, Qwen3.5), or remove the image parts"
             )
 
 

@@ -51,7 +51,8 @@ class ImageSpec:
     (placeholder), what that text becomes for an image of n tokens (before + token * n +
     after), and its image processor's settings (preprocessor_config.json)."""
 
-    kind: str  # "fixed": resized to height x width (SigLIP: Gemma 3); "dynamic": Qwen's
+    kind: str  # "fixed": resized to height x width (SigLIP: Gemma 3); "dynamic": Qwen's;
+    # "pooled_patches": Gemma 4's (aspect kept, patch_size patches, pooling^2 of them a token)
     placeholder: str  # what the template writes for an image part
     token: str  # the image token, repeated once per embedding the tower gives
     token_id: int
@@ -74,6 +75,9 @@ class ImageSpec:
     temporal_patch_size: int = 1
     min_pixels: int = 0
     longest: int = 0  # the processor's own most pixels (size.longest_edge)
+    # "pooled_patches" (Gemma 4): patches pooled pooling x pooling into a token; tokens: the
+    # most an image gives (its max_soft_tokens)
+    pooling: int = 0
 
     def key(self) -> dict:
         """What the cache key holds of it: everything that changes the rows or pixels."""
@@ -226,6 +230,8 @@ def resized(im, spec: ImageSpec) -> np.ndarray:
         h, w = smart_resize(im.height, im.width, spec)
         out = im.resize((w, h), resample=spec.resample)
         return np.ascontiguousarray(np.asarray(out, dtype=np.uint8).transpose(2, 0, 1))
+    if spec.kind == "pooled_patches":
+        return _gemma4_resized(im, spec)
     h, w = spec.height, spec.width
     if spec.max_pixels and h * w > spec.max_pixels:  # a fixed-size tower: the cap is its size
         raise ImageProblem(
@@ -250,10 +256,13 @@ def normalized(pixels: np.ndarray, spec: ImageSpec) -> np.ndarray:
 
 def image_tokens(spec: ImageSpec, pixels: np.ndarray) -> int:
     """Embeddings the tower gives for these processed (resized) pixels: Qwen's one per
-    merge_size x merge_size patches."""
+    merge_size x merge_size patches, Gemma 4's one per pooling x pooling patches."""
     if spec.kind == "dynamic":
         _, h, w = pixels.shape
         return (h // spec.patch_size) * (w // spec.patch_size) // spec.merge_size**2
+    if spec.kind == "pooled_patches":
+        _, h, w = pixels.shape
+        return (h // spec.patch_size) * (w // spec.patch_size) // spec.pooling**2
     return spec.tokens
 
 
@@ -293,16 +302,67 @@ class Patches:
 
 def pixel_batch(resized_images: list[np.ndarray], spec: ImageSpec):
     """Resized images (uint8 (3, H, W) each) as the forward pass takes them: a fixed-size
-    tower's (N, 3, H, W) float32 pixel values, or a dynamic one's Patches."""
+    tower's (N, 3, H, W) float32 pixel values, a dynamic one's Patches, or Gemma 4's (N,
+    budget, 3 p^2 + 2): each image's patches padded to its budget, with their grid positions
+    (core.models.vision_gemma4.joined)."""
     import torch
 
     normed = [normalized(p, spec) for p in resized_images]
+    if spec.kind == "pooled_patches":
+        return torch.from_numpy(np.stack([_gemma4_patches(v, spec) for v in normed]))
     if spec.kind != "dynamic":
         return torch.from_numpy(np.stack(normed))
     p = spec.patch_size
     grid = [[1, x.shape[1] // p, x.shape[2] // p] for x in normed]
     values = np.concatenate([patchify(x, spec) for x in normed])
     return Patches(torch.from_numpy(values), torch.tensor(grid, dtype=torch.long))
+
+
+def _gemma4_size(height: int, width: int, spec: ImageSpec) -> tuple[int, int]:
+    """Gemma 4's resize: the largest size keeping the aspect ratio within max_soft_tokens x
+    pooling^2 patches, each side a multiple of pooling x patch (transformers'
+    get_aspect_ratio_preserving_size)."""
+    p, k = spec.patch_size, spec.pooling
+    patches = spec.tokens * k * k
+    factor = math.sqrt(patches * p * p / (height * width))
+    side = k * p
+    h = int(math.floor(factor * height / side)) * side
+    w = int(math.floor(factor * width / side)) * side
+    longest = (patches // k**2) * side
+    if h == 0 and w == 0:
+        raise ImageProblem(f"is {width}x{height}: too small for this model's {side}-pixel blocks")
+    if h == 0:
+        h, w = side, min(int(math.floor(width / height)) * side, longest)
+    elif w == 0:
+        w, h = side, min(int(math.floor(height / width)) * side, longest)
+    if h * w > patches * p * p:
+        raise ImageProblem(
+            f"is {width}x{height}: too elongated for this model's image budget; crop it"
+        )
+    return h, w
+
+
+def _gemma4_resized(im, spec: ImageSpec) -> np.ndarray:
+    h, w = _gemma4_size(im.height, im.width, spec)
+    if (h, w) != (im.height, im.width):
+        im = im.resize((w, h), resample=spec.resample)
+    return np.ascontiguousarray(np.asarray(im, dtype=np.uint8).transpose(2, 0, 1))
+
+
+def _gemma4_patches(values: np.ndarray, spec: ImageSpec) -> np.ndarray:
+    """float32 (3, H, W) -> (budget, 3 p^2 + 2): patches row by row, each (row, column,
+    channel) flat, then its x and y in the grid; padding: zeros at position (-1, -1)."""
+    p = spec.patch_size
+    c, h, w = values.shape
+    rows, cols = h // p, w // p
+    patches = values.reshape(c, rows, p, cols, p).transpose(1, 3, 2, 4, 0).reshape(rows * cols, -1)
+    xs, ys = np.meshgrid(np.arange(cols), np.arange(rows), indexing="xy")
+    where = np.stack([xs, ys], -1).reshape(rows * cols, 2).astype(np.float32)
+    out = np.zeros((spec.tokens * spec.pooling**2, patches.shape[1] + 2), dtype=np.float32)
+    out[:, -2:] = -1.0
+    out[: rows * cols, :-2] = patches
+    out[: rows * cols, -2:] = where
+    return out
 
 
 def marks_expanded(text: str, spec: ImageSpec, counts: list[int]) -> tuple[str, list]:

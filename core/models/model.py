@@ -55,6 +55,13 @@ from core.models.tiling import (
     tiled,
     tiles,
 )
+from core.models.vision import both_ways, text_ids
+
+
+def window_of(block) -> int | None:
+    """A block's attention window (None: full attention)."""
+    return block.attn.window
+
 
 VOCAB_SIZE = 256  # bytes: no tokenizer to download
 NORMS = ("layernorm", "rmsnorm")
@@ -836,11 +843,17 @@ class GPT(nn.Module):
         x, rope = self._embed(idx, positions)
         deep = None
         if images is not None:  # the tower's embeddings at the image tokens
+            plain = mask
             x, mask, mrope, deep = self.vision.see(idx, x, images, mask, starts)
-            masks = [starts if b.linear else mask for b in self.blocks]
+            o = self.vision.options  # Gemma 4: an image's tokens see each other in sliding
+            masks = [  # layers only
+                starts if b.linear else mask if both_ways(o, window_of(b)) else plain
+                for b in self.blocks
+            ]
             if mrope is not None:  # Qwen: 3-D positions where a row holds an image
                 rope = self._mrope(mrope)
-        side = self._side(idx, x)
+        # what the per-layer inputs read (Gemma 4: the pad token at an image's tokens)
+        side = self._side(idx if images is None else text_ids(self.vision.options, idx), x)
         x = self.drop(x)
         streams = None if deep is not None else self._offload_streams(x)
         if streams is not None:
@@ -974,7 +987,7 @@ class GPT(nn.Module):
             if mrope is not None:  # Qwen: 3-D positions; the tokens after go on from the top
                 rope = self._mrope(mrope)
                 delta = rope_delta(mrope, valid)
-        side = self._side(idx, x)
+        side = self._side(idx if images is None else text_ids(self.vision.options, idx), x)
         windows = {block.attn.window for block in self.blocks if not block.linear}
         masks = masks_for(windows, positions, k_pos, k_valid, first=cache is None)
         if images is not None:  # an image's tokens see each other (Gemma 3)

@@ -9,6 +9,8 @@ values of the images in the order their tokens come). Frozen unless trained.
 
 Gemma 3: SigLIP (patches of a fixed-size image, learned positions, pre-norm layers) and its
 projector (patch features pooled to mm_tokens_per_image, a Gemma RMSNorm, one matrix).
+Gemma 4: its encoder and embed_vision (core.models.vision_gemma4): images of their own aspect
+ratio, each its own count of tokens, which see each other in the sliding layers only.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from core.models.cache import attention_mask
+from core.models.vision_gemma4 import Gemma4Projector, Gemma4VisionTower
 
 
 @dataclass(frozen=True)
@@ -28,15 +31,19 @@ class VisionOptions:
     token, the tokens an image gives, the language model's width, and whether an image's
     tokens attend to each other both ways (Gemma 3)."""
 
-    kind: str  # "gemma3"
+    kind: str  # "gemma3", "gemma4"
     config: dict  # the checkpoint's vision_config
     token_id: int
-    tokens: int  # embeddings an image gives
+    tokens: int  # embeddings an image gives (Gemma 4: at most; its count varies per image)
     text_hidden: int
     bidirectional: bool = False
     # Qwen (core.models.vision_qwen): the language model's interleaved M-RoPE sections
     # (time, height, width rotary pairs), which its 3-D positions turn by
     mrope_section: tuple | None = None
+    # Gemma 4: an image's tokens see each other in the sliding layers only (full: causal)
+    sliding_only: bool = False
+    # Gemma 4: the id its per-layer table reads at an image token (the pad token's)
+    text_id: int | None = None
 
 
 class SiglipAttention(nn.Module):
@@ -132,7 +139,10 @@ class Gemma3Projector(nn.Module):
 
 
 # The towers built so far, by the kind a family's vision options name: (tower, projector).
-TOWERS = {"gemma3": (SiglipTower, Gemma3Projector)}
+TOWERS: dict[str, tuple[type[nn.Module], type[nn.Module]]] = {
+    "gemma3": (SiglipTower, Gemma3Projector)
+}
+TOWERS["gemma4"] = (Gemma4VisionTower, Gemma4Projector)
 
 
 class Vision(nn.Module):
@@ -146,13 +156,17 @@ class Vision(nn.Module):
         tower, projector = TOWERS[o.kind]
         self.options = o
         self.vision_tower = tower(o.config)
-        self.multi_modal_projector = projector(o.config, o.tokens, o.text_hidden)
+        # the projector under the checkpoint's name (Gemma 4: embed_vision)
+        self.projector_name = getattr(projector, "name", "multi_modal_projector")
+        setattr(self, self.projector_name, projector(o.config, o.tokens, o.text_hidden))
 
     def forward(self, pixels):
-        """(N, 3, H, W) -> (N * tokens, text width): the images' embeddings in order."""
+        """(N, 3, H, W) -> (N * tokens, text width): the images' embeddings in order
+        (Gemma 4: its joined patches, core.models.vision_gemma4)."""
         trains = any(p.requires_grad for p in self.parameters())
+        projector = getattr(self, self.projector_name)
         with torch.set_grad_enabled(trains and torch.is_grad_enabled()):
-            out = self.multi_modal_projector(self.vision_tower(pixels))
+            out = projector(self.vision_tower(pixels))
         return out.reshape(-1, out.shape[-1])
 
     def see(self, idx, x, pixels, mask=None, restart=None, valid=None):
@@ -181,12 +195,28 @@ class Vision(nn.Module):
         same = same & k_valid[:, None, :]
         out = {}
         for w, m in masks.items():
+            if not both_ways(self.options, w):
+                out[w] = m
+                continue
             base = attention_mask(q_pos, k_pos, k_valid, w) if m is None else m
             extra = same
             if w is not None:  # a sliding layer: keys within the window behind the query
                 extra = extra & (k_pos[:, None, :] > q_pos[:, :, None] - w)
             out[w] = base | extra.unsqueeze(1)
         return out
+
+
+def both_ways(o: VisionOptions, window) -> bool:
+    """Whether a layer of this attention window (None: full) lets an image's tokens see each
+    other (Gemma 3: every layer; Gemma 4: sliding layers only; Qwen: none)."""
+    return o.bidirectional and not (o.sliding_only and window is None)
+
+
+def text_ids(o: VisionOptions, idx):
+    """idx as the per-layer inputs read it: image tokens as the pad token (Gemma 4)."""
+    if o.text_id is None:
+        return idx
+    return torch.where(idx == o.token_id, o.text_id, idx)
 
 
 def place(x, where, embeds):

@@ -150,7 +150,7 @@ def start_ids(
     return chat_ids(tok, messages, images=spec, counts=counts), tok.stop_ids, tok.stop_strings
 
 
-NEEDS_VISION = "images need a vision model (Gemma 3 4B and up, Qwen3-VL, Qwen3.5)"
+NEEDS_VISION = "images need a vision model (Gemma 3 4B and up, Gemma 4, Qwen3-VL, Qwen3.5)"
 TEXT_ONLY = f"this model reads text only here (no vision tower TrainDeck runs); {NEEDS_VISION}"
 
 

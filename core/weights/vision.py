@@ -4,9 +4,11 @@ their image processing (preprocessor_config.json, core.data.images.ImageSpec), a
 tower and projector weights read from the base's files.
 
 Gemma 3 (Gemma3ForConditionalGeneration: SigLIP at a fixed size, pan-and-scan off) is built,
-and Qwen3-VL and Qwen3.5 (Qwen3VLForConditionalGeneration, Qwen3_5ForConditionalGeneration and
-its MoE's: Qwen's ViT at each image's own resolution, core.models.vision_qwen); other
-composites train on text (core.weights.composite) and refuse image data in one line.
+Gemma 4 (Gemma4ForConditionalGeneration's vision encoder: aspect kept, tokens per image vary,
+core.models.vision_gemma4), and Qwen3-VL and Qwen3.5 (Qwen3VLForConditionalGeneration,
+Qwen3_5ForConditionalGeneration and its MoE's: Qwen's ViT at each image's own resolution,
+core.models.vision_qwen); other composites train on text (core.weights.composite) and
+refuse image data in one line.
 """
 
 from __future__ import annotations
@@ -38,6 +40,10 @@ def is_qwen(hf: dict) -> bool:
     return composite.class_name(hf) in QWEN
 
 
+BUILT["gemma4"] = "Gemma4ForConditionalGeneration"  # its encoder (core.models.vision_gemma4)
+GEMMA4_SOFT_TOKENS = (70, 140, 280, 560, 1120)  # max_soft_tokens its processor allows
+
+
 def kind_of(hf: dict) -> str | None:
     """The tower kind TrainDeck runs for this config.json (None: text only here)."""
     if "vision" not in composite.towers(hf):
@@ -53,6 +59,8 @@ def options(hf: dict) -> VisionOptions | None:
     text = composite.text_config(hf)
     if is_qwen(hf):
         return qwen_options(hf, kind, text)
+    if kind in OWN:
+        return OWN[kind][0](hf, text)
     return VisionOptions(
         kind=kind,
         config=hf["vision_config"],
@@ -72,6 +80,23 @@ def qwen_options(hf: dict, kind: str, text: dict) -> VisionOptions:
         tokens=0,  # as many as the image's size gives
         text_hidden=int(text["hidden_size"]),
         mrope_section=tuple(rope.get("mrope_section") or QWEN[composite.class_name(hf)]),
+    )
+
+
+def _gemma4_options(hf: dict, text: dict) -> VisionOptions:
+    """Gemma 4: tokens vary per image (at most max_soft_tokens); an image's tokens see each
+    other in the sliding layers where use_bidirectional_attention is "vision"; the per-layer
+    table reads the pad token at an image token (as transformers' Gemma4Model)."""
+    pad = text.get("pad_token_id")
+    return VisionOptions(
+        kind="gemma4",
+        config=hf["vision_config"],
+        token_id=_token_id(hf, "image"),
+        tokens=max(GEMMA4_SOFT_TOKENS),
+        text_hidden=int(text["hidden_size"]),
+        bidirectional=text.get("use_bidirectional_attention") == "vision",
+        sliding_only=True,
+        text_id=int(pad) if pad is not None and text.get("hidden_size_per_layer_input") else None,
     )
 
 
@@ -119,6 +144,8 @@ def image_spec(folder, hf: dict, tokenizer, max_pixels: int | None = None) -> Im
     pre = preprocessor(folder)
     if is_qwen(hf):
         return qwen_spec(pre, hf, tokenizer, max_pixels)
+    if kind in OWN:
+        return OWN[kind][1](pre, hf, tokenizer, max_pixels)
     size = pre.get("size") or {}
     side = int(hf["vision_config"].get("image_size", 896))
     token = _token_text(tokenizer, _token_id(hf, "image"))
@@ -174,6 +201,58 @@ def qwen_spec(pre: dict, hf: dict, tokenizer, max_pixels: int | None) -> ImageSp
     )
 
 
+def _gemma4_spec(pre: dict, hf: dict, tokenizer, max_pixels: int | None) -> ImageSpec:
+    """Gemma 4's processor: the image resized (bicubic) keeping its aspect ratio to at most
+    max_soft_tokens x k^2 patches, sides multiples of k x patch, rescaled to [0, 1], cut into
+    patches; the template's <|image|> becomes boi + image x (its tokens) + eoi.
+    --image-max-pixels picks the largest of Gemma 4's token budgets within it."""
+    patch = int(pre.get("patch_size", hf["vision_config"].get("patch_size", 16)))
+    k = int(pre.get("pooling_kernel_size", hf["vision_config"].get("pooling_kernel_size", 3)))
+    soft = int(pre.get("max_soft_tokens", pre.get("image_seq_length", 280)))
+    if soft not in GEMMA4_SOFT_TOKENS:
+        raise DataError(
+            f"images: preprocessor_config.json's max_soft_tokens is {soft}; Gemma 4's processor "
+            f"allows {', '.join(map(str, GEMMA4_SOFT_TOKENS))}"
+        )
+    if max_pixels:
+        fits = [
+            s for s in GEMMA4_SOFT_TOKENS if s <= soft and s * k * k * patch * patch <= max_pixels
+        ]
+        if not fits:
+            least = GEMMA4_SOFT_TOKENS[0] * k * k * patch * patch
+            raise DataError(
+                f"images: --image-max-pixels {max_pixels:,} is below Gemma 4's smallest image "
+                f"budget ({least:,} pixels: {GEMMA4_SOFT_TOKENS[0]} tokens); raise it"
+            )
+        soft = max(fits)
+    token = _token_text(tokenizer, _token_id(hf, "image"))
+    return ImageSpec(
+        kind="pooled_patches",
+        placeholder=token,  # Gemma 4's template writes <|image|> for an image part
+        token=token,
+        token_id=_token_id(hf, "image"),
+        before=_token_text(tokenizer, _token_id(hf, "boi")),  # as Gemma4Processor
+        after=_token_text(tokenizer, _token_id(hf, "eoi")),
+        tokens=soft,
+        height=0,
+        width=0,
+        resample=int(pre.get("resample", 3)),
+        rescale=float(pre.get("rescale_factor", 1 / 255)),
+        mean=tuple(pre.get("image_mean", (0.0, 0.0, 0.0))),
+        std=tuple(pre.get("image_std", (1.0, 1.0, 1.0))),
+        do_rescale=bool(pre.get("do_rescale", True)),
+        do_normalize=bool(pre.get("do_normalize", False)),
+        max_pixels=max_pixels,
+        patch_size=patch,
+        pooling=k,
+    )
+
+
+# The kinds whose options and image processing are their own: (options, image spec) makers.
+OWN = {}
+OWN["gemma4"] = (_gemma4_options, _gemma4_spec)
+
+
 def tell_specs(specs, pretrained, max_pixels: int | None) -> None:
     """Each data spec told how the model sees images (a problem with its files is said only
     where the data has images: text trains as ever)."""
@@ -205,7 +284,7 @@ def tower_state(folder) -> dict[str, torch.Tensor]:
         name = re.sub(r"^model\.", "", name)
         name = name.replace("vision_tower.vision_model.", "vision_tower.")
         if name.startswith("vision_tower.head.") or not name.startswith(
-            ("vision_tower.", "multi_modal_projector.", "visual.")
+            ("vision_tower.", "multi_modal_projector.", "visual.", "embed_vision.")
         ):
             continue  # SigLIP's pooling head: Gemma 3 reads every patch
         out[name] = t.float()

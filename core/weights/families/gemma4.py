@@ -31,6 +31,8 @@ def full_layer_shape(hf: dict, types: list[str], source: str) -> tuple[int, int 
     """(head_dim, kv heads or None) of the full-attention layers: per_layer_config's, or
     global_head_dim and num_global_key_value_heads as transformers fills them in."""
     overrides = hf.get("per_layer_config")
+    if overrides == {}:  # as transformers 5 saves one whose full layers have the plain shape
+        return hf.get("head_dim") or 256, None
     if overrides is None:
         kv = hf.get("num_global_key_value_heads") if hf.get("attention_k_eq_v") else None
         return int(hf.get("global_head_dim") or 512), kv
