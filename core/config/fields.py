@@ -496,8 +496,8 @@ class ReadingFields:
     image_max_pixels: int | None = spec(
         None,
         "chat data with images: the most pixels an image is resized to (a model of dynamic "
-        "resolution); a fixed-size tower (Gemma 3) resizes to its own size (default: the "
-        "model's processor's)",
+        "resolution; Gemma 4: the largest of its token budgets within it); a fixed-size tower "
+        "(Gemma 3) resizes to its own size (default: the model's processor's)",
         label="Image max pixels",
         group=ADVANCED,
         low=784,
