@@ -370,6 +370,13 @@ class ExecutionFields:
         "the processes (FSDP2), so a model that does not fit one GPU trains on several "
         "(docs/multi-gpu.md)",
     )
+    devices: str = spec(
+        "",
+        "split the model's layers across these devices in one process, e.g. cuda:0,cuda:1: "
+        "consecutive blocks on each card in proportion to its free memory; any OS, no NCCL "
+        "(docs/multi-gpu.md). cpu,cpu stands in for two cards (tests). Empty: one device",
+        optional=True,
+    )
     deterministic: bool = spec(
         False,
         "deterministic kernels, so CUDA runs repeat bit for bit (slower)",

@@ -138,6 +138,30 @@ def _coerce(name: str, value):
     return value
 
 
+def _devices(text) -> str:
+    """--devices: two or more of cpu / cuda:N, comma-separated; "" (or None): one device.
+    cpu may repeat (it stands in for cards in tests); a card may not."""
+    if not text:
+        return ""
+    if isinstance(text, list | tuple):
+        text = ",".join(str(t) for t in text)
+    names = [n.strip() for n in str(text).split(",") if n.strip()]
+    for name in names:
+        if name != "cpu" and not (name.startswith("cuda:") and name[5:].isdigit()):
+            raise ConfigError(
+                f"devices: expected cuda:N (or cpu) names separated by commas, got {name!r}",
+                field="devices",
+            )
+    cards = [n for n in names if n != "cpu"]
+    if len(names) < 2 or len(set(cards)) < len(cards):
+        raise ConfigError(
+            f"devices: a layer split needs two or more different devices, got {text!r}; "
+            "for one device use --device",
+            field="devices",
+        )
+    return ",".join(names)
+
+
 def validate(cfg: TrainConfig) -> TrainConfig:
     """Check every field; return a new config with values coerced to their types."""
     values = {}
@@ -155,6 +179,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise ConfigError(
             f"device: expected auto, cpu, cuda or cuda:N, got {device!r}", field="device"
         )
+    values["devices"] = _devices(values["devices"])
     if values["hidden_dim"] % values["n_heads"]:
         raise ConfigError(
             f"hidden_dim: {values['hidden_dim']} must be divisible by n_heads "
@@ -424,10 +449,15 @@ def for_processes(
 ) -> TrainConfig:
     """A resumed config on another number of processes than saved it: the same sequences a
     step (batch_size x grad_accum x processes), by grad_accum where it divides, else by
-    batch_size; and without torchrun (launched false) not sharded, unless asked for.
+    batch_size; and without torchrun (launched false) not sharded, unless asked for; a
+    layer split (devices) given up where --device or torchrun says otherwise.
     What the user set on the command line (changes) is theirs."""
     if cfg.shard and not launched and "shard" not in changes:
         cfg = dataclasses.replace(cfg, shard=False)
+    # A layer split's checkpoint holds whole tensors: --device (or torchrun) resumes it on
+    # one device per process, unsplit.
+    if cfg.devices and "devices" not in changes and (launched or "device" in changes):
+        cfg = dataclasses.replace(cfg, devices="")
     if saved == processes or {"batch_size", "grad_accum"} & set(changes):
         return cfg
     per_step = cfg.batch_size * cfg.grad_accum * saved

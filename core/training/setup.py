@@ -20,7 +20,7 @@ from core.platform.device import resolve_device, resolve_precision
 from core.runs import checkpoint as ckpt
 from core.runs.events import clear_requests
 from core.runs.folder import check_out
-from core.training import inputs, objectives, optim, resume, sharding
+from core.training import inputs, objectives, optim, resume, sharding, split
 from core.training.planner import heap_choice
 from core.training.schedule import max_steps_for, plan_for
 from core.training.state import Progress, RunInputs, RunState
@@ -45,6 +45,7 @@ def setup(given: RunInputs, progress: Progress, events, stop) -> RunState:
 
     heap.chosen_mode()  # a bad TRAINDECK_HEAP is refused before any work
     sharding.check(cfg, world)
+    split.check(cfg, world)
     if world.main:  # a folder that is not ours is refused before any data is prepared
         check_out(folder.path, resuming=given.resume_from is not None)
     objective = objectives.make(cfg)
@@ -61,7 +62,8 @@ def setup(given: RunInputs, progress: Progress, events, stop) -> RunState:
             )
     if cfg.eval_data:  # a wrong path or a short text is named before any data is prepared
         check_eval_data(cfg.eval_data, cfg.seq_len)
-    device = resolve_device(world.device_name(cfg.device))
+    first = split.names(cfg)[0] if cfg.devices else cfg.device  # a split's home: the first
+    device = resolve_device(world.device_name(first))
     world.init(device, alone_too=cfg.shard)
     precision = resolve_precision(cfg.precision, device)
     data = objective.load_data(
@@ -127,7 +129,10 @@ def build(
     model = inputs.build_model(cfg, pretrained, device, precision, log, fused)
     if getattr(data, "images", None) is not None:  # the tower in the forward pass
         inputs.attach_vision(model, pretrained, log)
-    model = model.to(device)
+    if cfg.devices:  # each block onto its card (core.training.split), the rest on the first
+        place_split(cfg, model, precision, device, log)
+    else:
+        model = model.to(device)
     use_kernels(cfg, model, device, log)
     if cfg.shard:  # before the optimizer: its state is made for the shards
         sharding.shard(model, device, precision)
@@ -153,6 +158,17 @@ def build(
     )
     objective.prepare(run, cfg, log, events, stop)
     return run
+
+
+def place_split(cfg, model, precision: str, device, log) -> None:
+    """The layer split: the plan by the estimate and each device's free memory."""
+    from core.training.estimate import estimate
+
+    est = estimate(cfg, precision, on_gpu=device.type == "cuda")
+    devices = [torch.device(n) for n in split.names(cfg)]
+    plan, _ = split.card_estimates(est, cfg, split.free_memory(devices))
+    split.place(model, plan)
+    log(f"layer split over {len(devices)} devices: {plan.describe()}")
 
 
 def use_kernels(cfg, model, device, log) -> None:

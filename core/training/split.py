@@ -1,0 +1,255 @@
+"""A layer split in one process (`--devices cuda:0,cuda:1`): consecutive transformer blocks on
+each card, in proportion to its free memory, the cards used in turn. No process group and no
+NCCL, so it runs on any OS, Windows included (docs/multi-gpu.md).
+
+The root (embeddings, final norm, head, the loss, a vision tower) stays on the first device,
+where the batches are: a head tied to the embeddings is one tensor, and the targets and masks
+need no move. The planner counts the root on the first card, so that card takes fewer blocks.
+
+The model's forward has no device branch: each placed block's class becomes a subclass whose
+forward (and generation's cached step) first moves what it is handed, the stream and its
+extras (positions' cos and sin, masks, packed segments, per-layer inputs), to the block's
+device, and the last block moves its output home, as FSDP2's fully_shard swaps a block's class.
+The state dict's names do not change and its tensors are whole: a split run's checkpoint
+resumes on one device, and one device's on a split.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn as nn
+
+from core.errors import ConfigError
+
+MARGIN = 0.9  # of a card's free memory the plan fills (the estimate's 10% margin)
+
+
+def names(cfg) -> list[str]:
+    return [n for n in cfg.devices.split(",") if n] if cfg.devices else []
+
+
+def check(cfg, world, cuda_count: int | None = None) -> None:
+    """--devices' setup, in one line before any work: two or more devices that exist, one
+    process (no --shard, no torchrun), and what the split does not carry yet."""
+    if not cfg.devices:
+        return
+    if cfg.shard or world.launched:
+        raise ConfigError(
+            "devices: a layer split runs in one process; it does not combine with --shard or "
+            "torchrun (shard over processes, or split in one: docs/multi-gpu.md)",
+            field="devices",
+        )
+    if cfg.offload_checkpoints:
+        raise ConfigError(
+            "devices: --offload-checkpoints does not combine with a layer split yet; "
+            "use --grad-checkpointing alone",
+            field="devices",
+        )
+    from core.training.estimate import model_shape
+
+    if model_shape(cfg).moe:
+        raise ConfigError(
+            "devices: a mixture of experts does not split across devices yet (its routing "
+            "statistics are pooled over the layers); train it on one device or with --shard",
+            field="devices",
+        )
+    if cuda_count is None:
+        from core.platform.device import cuda_device_count
+
+        cuda_count = cuda_device_count()
+    for name in names(cfg):
+        if name != "cpu" and int(name[5:]) >= cuda_count:
+            found = f"cuda:0..cuda:{cuda_count - 1}" if cuda_count else "no CUDA GPU"
+            raise ConfigError(
+                f"devices: {name} does not exist; this machine has {found}", field="devices"
+            )
+
+
+def free_memory(devices: list[torch.device]) -> list[int]:
+    """Each device's free bytes (a CUDA card's from the driver; the CPU's free RAM)."""
+    import psutil
+
+    out = []
+    for d in devices:
+        if d.type == "cuda":
+            out.append(int(torch.cuda.mem_get_info(d)[0]))
+        else:
+            out.append(int(psutil.virtual_memory().available))
+    return out
+
+
+@dataclasses.dataclass
+class Plan:
+    """Which device each block goes on (indices into devices), and each device's estimated
+    bytes at the step's peak."""
+
+    devices: list[str]
+    blocks: list[int]  # per block: its device's index
+    loads: list[int]  # per device: bytes
+
+    def counts(self) -> list[int]:
+        return [self.blocks.count(i) for i in range(len(self.devices))]
+
+    def describe(self) -> str:
+        parts = []
+        for i, (name, n) in enumerate(zip(self.devices, self.counts(), strict=True)):
+            first = self.blocks.index(i) if n else 0
+            layers = f"layers {first}-{first + n - 1}" if n else "no layers"
+            root = " + embeddings, head and loss" if i == 0 else ""
+            parts.append(f"{name}: {layers}{root} (~{self.loads[i] / 1024**3:.2f} GiB)")
+        return "; ".join(parts)
+
+
+def plan(devices: list[str], free: list[int], root: int, blocks: list[int]) -> Plan:
+    """Consecutive blocks on each device so that each one's load (bytes; the root's counts
+    on the first) is as near its share of the whole as whole blocks allow, the share in
+    proportion to its free memory. Every device gets one block at least."""
+    n = len(devices)
+    if len(blocks) < n:
+        raise ConfigError(
+            f"devices: {n} devices but the model has {len(blocks)} layers; split over at "
+            f"most {len(blocks)}",
+            field="devices",
+        )
+    total = root + sum(blocks)
+    weights = [max(1, f) for f in free]
+    targets = [total * w / sum(weights) for w in weights]
+    where, loads, d = [], [root] + [0] * (n - 1), 0
+    for i, size in enumerate(blocks):
+        left = len(blocks) - i  # blocks still to place, this one included
+        must_move = left <= n - 1 - d  # each later device needs one
+        full = d < n - 1 and loads[d] + size / 2 > targets[d] and where.count(d) > 0
+        if d < n - 1 and (must_move or full):
+            d += 1
+        where.append(d)
+        loads[d] += size
+    return Plan(devices, where, loads)
+
+
+def unit_sizes(cfg, est) -> tuple[int, list[int]]:
+    """(the root's bytes, each block's) at the step's peak under est (a one-device
+    core.training.estimate.Estimate): weights, gradients, optimizer state and weight copies
+    in proportion to the parameters; activations per block; the logits on the root."""
+    from core.models.params import meta_model
+    from core.training.estimate import model_shape
+
+    model = meta_model(model_shape(cfg))
+    per_block = [sum(p.numel() for p in b.parameters()) for b in model.blocks]
+    total = max(1, model.num_params())
+    held = est.weights + est.gradients + est.optimizer + est.weight_casts
+    acts = est.activations // max(1, len(per_block))
+    blocks = [held * p // total + acts for p in per_block]
+    root = held * (total - sum(per_block)) // total + est.logits
+    return root, blocks
+
+
+def card_estimates(est, cfg, free: list[int]) -> tuple[Plan, list]:
+    """The plan for cfg's devices with these free bytes, and est (one device's) for each
+    device: its blocks' share of the weights, gradients, optimizer, weight copies and
+    activations; the logits and the root's share on the first; a CUDA context on each."""
+    root, blocks = unit_sizes(cfg, est)
+    p = plan(names(cfg), [int(f * MARGIN) for f in free], root, blocks)
+    whole = max(1, root + sum(blocks) - est.logits)
+    out = []
+    for i in range(len(p.devices)):
+        own = sum(b for b, d in zip(blocks, p.blocks, strict=True) if d == i)
+        share = (own + (root - est.logits if i == 0 else 0)) / whole
+        acts = est.activations * p.blocks.count(i) // max(1, len(blocks))
+        out.append(
+            dataclasses.replace(
+                est,
+                weights=int(est.weights * share),
+                gradients=int(est.gradients * share),
+                optimizer=int(est.optimizer * share),
+                weight_casts=int(est.weight_casts * share),
+                activations=acts,
+                logits=est.logits if i == 0 else 0,
+                snapshot=int(est.snapshot * share),
+                fragmentation=int(est.fragmentation * share),
+                step_parts={},
+            )
+        )
+    return p, out
+
+
+def _moved(value, device: torch.device):
+    """value on device: tensors, tuples and lists of them, and the objects that carry per-row
+    extras to the blocks (packed segments, image masks, per-layer inputs and shared keys and
+    values), those moved in place: later blocks read what earlier ones add to them."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, tuple | list):
+        return type(value)(_moved(v, device) for v in value)
+    if isinstance(value, dict):
+        for k, v in value.items():
+            value[k] = _moved(v, device)
+        return value
+    if isinstance(value, _carriers()):
+        for k, v in vars(value).items():
+            setattr(value, k, _moved(v, device))
+    return value  # None, a Remake, numbers
+
+
+def _carriers() -> tuple[type, ...]:
+    from core.models.per_layer import Side
+    from core.models.tiling import Segments
+    from core.models.vision import ImageBlocks
+
+    return (Segments, Side, ImageBlocks)
+
+
+class _Placed:
+    """A block on its own device: it takes its inputs there and (the last) gives its output
+    back to the first device. Mixed into the block's class by place()."""
+
+    split_device: torch.device
+    split_home: torch.device | None
+
+    def forward(self, *args, **kwargs):
+        args, kwargs = _moved(args, self.split_device), _moved(kwargs, self.split_device)
+        out = super().forward(*args, **kwargs)
+        return out if self.split_home is None else out.to(self.split_home)
+
+    def cached(self, *args, **kwargs):
+        args, kwargs = _moved(args, self.split_device), _moved(kwargs, self.split_device)
+        out, kv = super().cached(*args, **kwargs)
+        return (out if self.split_home is None else out.to(self.split_home)), kv
+
+
+_CLASSES: dict[type, type] = {}
+
+
+def _placed_class(cls: type) -> type:
+    if cls not in _CLASSES:
+        _CLASSES[cls] = type(f"Placed{cls.__name__}", (_Placed, cls), {})
+    return _CLASSES[cls]
+
+
+def place(model: nn.Module, p: Plan) -> None:
+    """model (a GPT) onto p's devices in place: the root on the first, block i on
+    p.blocks[i]'s device, each block's class made its placed subclass (once)."""
+    devices = [torch.device(n) for n in p.devices]
+    home = devices[0]
+    last = len(model.blocks) - 1
+    for i, (block, d) in enumerate(zip(model.blocks, p.blocks, strict=True)):
+        block.to(devices[d])
+        if not isinstance(block, _Placed):
+            block.__class__ = _placed_class(type(block))
+        block.split_device = devices[d]
+        block.split_home = home if i == last and d != 0 else None
+    blocks = model.blocks
+    model.blocks = nn.ModuleList()  # the root alone, then the blocks back as they are
+    model.to(home)
+    model.blocks = blocks
+
+
+def placed_devices(model: nn.Module) -> list[torch.device]:
+    """The devices a model's blocks are on, in order, each once (one: not split)."""
+    out: list[torch.device] = []
+    for b in model.blocks:
+        d = getattr(b, "split_device", None)
+        if d is not None and d not in out:
+            out.append(d)
+    return out

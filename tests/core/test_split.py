@@ -1,0 +1,176 @@
+"""The layer split in one process (--devices, core.training.split), with two CPU devices
+standing in for two cards: the placement follows the planner, every block boundary moves the
+stream and its extras (the moves are counted), and logits, gradients and whole runs equal one
+device's, exactly: the computation is the same, kernel for kernel."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from helpers import StopAfter, tiny_config
+
+from core.config.spec import TrainConfig, validate
+from core.errors import ConfigError
+from core.models.model import GPT, GPTConfig
+from core.platform.distributed import World
+from core.runs import checkpoint as ckpt
+from core.runs.folder import read_metrics
+from core.training import split
+from core.training.estimate import estimate
+from core.training.trainer import Trainer
+
+GIB = 1024**3
+
+
+def losses(run_dir):
+    train, evals = read_metrics(run_dir / "metrics.jsonl")
+    return [(r["step"], r["loss"]) for r in train], [(r["step"], r["val_loss"]) for r in evals]
+
+
+def test_the_planner_shares_the_layers_in_proportion_to_free_memory():
+    # a 24 GiB card beside one with 8 free: three quarters of the load on the first
+    p = split.plan(["cuda:0", "cuda:1"], [24 * GIB, 8 * GIB], 0, [GIB] * 8)
+    assert p.counts() == [6, 2] and p.blocks == [0] * 6 + [1] * 2
+    # the root (embeddings, head, logits) counts on the first card: it takes fewer blocks
+    p = split.plan(["cuda:0", "cuda:1"], [16 * GIB, 16 * GIB], 4 * GIB, [GIB] * 8)
+    assert p.counts() == [2, 6] and p.loads == [6 * GIB, 6 * GIB]
+    # three cards, each gets one block at least even where one has far more memory
+    p = split.plan(["cuda:0", "cuda:1", "cuda:2"], [80 * GIB, GIB, GIB], 0, [GIB] * 4)
+    assert p.counts() == [2, 1, 1]
+    assert "cuda:0: layers 0-1 + embeddings" in p.describe()
+    with pytest.raises(ConfigError, match="devices: 3 devices but the model has 2 layers"):
+        split.plan(["cpu", "cpu", "cpu"], [GIB] * 3, 0, [GIB] * 2)
+
+
+def test_the_estimate_per_card_adds_up_to_one_devices():
+    cfg = tiny_config(n_layers=4, devices="cuda:0,cuda:1")
+    est = estimate(cfg, "bf16", on_gpu=True)
+    plan, cards = split.card_estimates(est, cfg, [8 * GIB, 8 * GIB])
+    assert plan.counts() in ([2, 2], [1, 3])
+    for name in ("weights", "gradients", "optimizer", "activations", "logits"):
+        parts = sum(getattr(c, name) for c in cards)
+        assert parts == pytest.approx(getattr(est, name), rel=0.02, abs=64), name
+    assert cards[1].logits == 0 and cards[0].logits == est.logits
+    assert all(c.cuda_context == est.cuda_context for c in cards)  # each card has its own
+
+
+def test_wrong_setups_are_one_line_before_any_work(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(ConfigError, match="devices: a layer split needs two or more"):
+        tiny_config(devices="cuda:0")
+    with pytest.raises(ConfigError, match="devices: a layer split needs two or more"):
+        tiny_config(devices="cuda:1,cuda:1")
+    with pytest.raises(ConfigError, match="devices: expected cuda:N"):
+        tiny_config(devices="cuda:0,gpu1")
+    cfg = tiny_config(devices="cuda:0,cuda:1")
+    with pytest.raises(ConfigError, match=r"devices: cuda:1 does not exist.*cuda:0\.\.cuda:0"):
+        split.check(cfg, World(), cuda_count=1)
+    with pytest.raises(ConfigError, match="devices: .* no CUDA GPU"):
+        split.check(cfg, World(), cuda_count=0)
+    with pytest.raises(ConfigError, match="does not combine with --shard or torchrun"):
+        split.check(tiny_config(devices="cpu,cpu", shard=True), World(), 2)
+    monkeypatch.setenv("WORLD_SIZE", "1")  # torchrun's one process
+    with pytest.raises(ConfigError, match="does not combine with --shard or torchrun"):
+        split.check(tiny_config(devices="cpu,cpu"), World(), 2)
+
+
+def test_a_split_run_is_refused_before_its_folder_exists(tmp_path, capsys):
+    from core.cli.train import main as train_main
+
+    run_dir = tmp_path / "run"
+    code = train_main(["--preset", "cpu-tiny", "--devices", "cuda:0,cuda:7", "--out", str(run_dir)])
+    assert code == 2 and not run_dir.exists()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and re.search(r"devices: cuda:[07] does not exist", err[0])
+
+
+def counting_moves(monkeypatch) -> list:
+    """Every value the split moves, with the device it moves it to."""
+    seen = []
+    moved = split._moved
+
+    def counted(value, device):
+        seen.append((type(value).__name__, str(device)))
+        return moved(value, device)
+
+    monkeypatch.setattr(split, "_moved", counted)
+    return seen
+
+
+def two_models(c: GPTConfig) -> tuple[GPT, GPT]:
+    torch.manual_seed(0)
+    one = GPT(c)
+    two = GPT(c)
+    two.load_state_dict(one.state_dict())
+    split.place(two, split.Plan(["cpu", "cpu"], [0, 0, 1], [0, 0]))
+    return one, two
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_logits_and_gradients_equal_one_devices(monkeypatch, packed):
+    c = GPTConfig(hidden_dim=32, n_layers=3, n_heads=2, seq_len=16, vocab_size=64, dropout=0.0)
+    c.positions, c.norm, c.mlp, c.bias = "rope", "rmsnorm", "swiglu", False
+    c.grad_checkpointing = True
+    one, two = two_models(c)
+    assert [b.split_device for b in two.blocks] == [torch.device("cpu")] * 3
+    assert [type(b).__name__ for b in two.blocks] == ["PlacedBlock"] * 3
+    assert two.state_dict().keys() == one.state_dict().keys()  # checkpoints keep their names
+    seen = counting_moves(monkeypatch)
+    idx = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1))
+    segments = torch.tensor([[0] * 6 + [1] * 10, [0] * 16]) if packed else None
+    for m in (one, two):
+        m.train()
+        _, loss = m(idx, idx.roll(-1, 1), segments=segments)
+        loss.backward()
+        m.loss = loss
+    assert torch.equal(one.loss, two.loss)
+    for (name, a), b in zip(one.named_parameters(), two.parameters(), strict=True):
+        assert torch.equal(a.grad, b.grad), name
+    # each block took its stream and rope's (cos, sin) to its device (again when recomputed),
+    # the segments too when packed; the last gave its output back
+    kinds = {k for k, _ in seen}
+    assert {"tuple", "Tensor"} <= kinds and ("Segments" in kinds) == packed
+    one.eval(), two.eval()
+    assert torch.equal(one.logits(idx), two.logits(idx))
+    a, _ = one.forward_cached(idx)
+    b, _ = two.forward_cached(idx)
+    assert torch.equal(a, b)  # generation's cached step goes through the same moves
+
+
+def split_config(**kw) -> TrainConfig:
+    return tiny_config(n_layers=3, **kw)
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("split") / "run"
+    assert Trainer(split_config(max_steps=12), run_dir).run()["status"] == "finished"
+    return run_dir
+
+
+def test_a_split_run_trains_as_one_device_and_resumes_across_split_and_unsplit(straight, tmp_path):
+    run_dir = tmp_path / "run"
+    cfg = split_config(max_steps=12, devices="cpu,cpu")
+    first = Trainer(cfg, run_dir).run(None, StopAfter(5))
+    assert first["step"] == 5
+    log = (run_dir / "train.log").read_text()
+    assert "layer split over 2 devices: cpu: layers 0-" in log
+    assert losses(run_dir)[0] == losses(straight)[0][:5]  # the same steps, exactly
+    # the split's checkpoint resumes on one device ...
+    latest = run_dir / "checkpoints" / "latest.pt"
+    Trainer(split_config(max_steps=12), run_dir, resume_from=latest).run(None, StopAfter(3))
+    assert ckpt.load(latest)["step"] == 8
+    # ... and one device's on the split again, to the same end as the uninterrupted run
+    Trainer(cfg, run_dir, resume_from=latest).run()
+    assert losses(run_dir) == losses(straight)
+
+
+def test_a_resumed_split_gives_up_the_split_where_device_is_given():
+    from core.config.spec import for_processes
+
+    cfg = validate(TrainConfig(devices="cuda:0,cuda:1", max_steps=3))
+    assert for_processes(cfg, 1, 1, False, {}).devices == "cuda:0,cuda:1"
+    assert for_processes(cfg, 1, 1, False, {"device": "cuda:0"}).devices == ""
+    assert for_processes(cfg, 1, 2, True, {}).devices == ""
