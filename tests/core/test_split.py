@@ -140,28 +140,28 @@ def test_logits_and_gradients_equal_one_devices(monkeypatch, packed):
 
 
 def split_config(**kw) -> TrainConfig:
-    return tiny_config(n_layers=3, **kw)
+    return tiny_config(n_layers=3, max_steps=8, eval_every=4, eval_batches=1, **kw)
 
 
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("split") / "run"
-    assert Trainer(split_config(max_steps=12), run_dir).run()["status"] == "finished"
+    assert Trainer(split_config(), run_dir).run()["status"] == "finished"
     return run_dir
 
 
 def test_a_split_run_trains_as_one_device_and_resumes_across_split_and_unsplit(straight, tmp_path):
     run_dir = tmp_path / "run"
-    cfg = split_config(max_steps=12, devices="cpu,cpu")
-    first = Trainer(cfg, run_dir).run(None, StopAfter(5))
-    assert first["step"] == 5
+    cfg = split_config(devices="cpu,cpu")
+    first = Trainer(cfg, run_dir).run(None, StopAfter(3))
+    assert first["step"] == 3
     log = (run_dir / "train.log").read_text()
     assert "layer split over 2 devices: cpu: layers 0-" in log
-    assert losses(run_dir)[0] == losses(straight)[0][:5]  # the same steps, exactly
+    assert losses(run_dir)[0] == losses(straight)[0][:3]  # the same steps, exactly
     # the split's checkpoint resumes on one device ...
     latest = run_dir / "checkpoints" / "latest.pt"
-    Trainer(split_config(max_steps=12), run_dir, resume_from=latest).run(None, StopAfter(3))
-    assert ckpt.load(latest)["step"] == 8
+    Trainer(split_config(), run_dir, resume_from=latest).run(None, StopAfter(2))
+    assert ckpt.load(latest)["step"] == 5
     # ... and one device's on the split again, to the same end as the uninterrupted run
     Trainer(cfg, run_dir, resume_from=latest).run()
     assert losses(run_dir) == losses(straight)
@@ -174,3 +174,43 @@ def test_a_resumed_split_gives_up_the_split_where_device_is_given():
     assert for_processes(cfg, 1, 1, False, {}).devices == "cuda:0,cuda:1"
     assert for_processes(cfg, 1, 1, False, {"device": "cuda:0"}).devices == ""
     assert for_processes(cfg, 1, 2, True, {}).devices == ""
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory):
+    pytest.importorskip("transformers")
+    from hf_models import TEXT, make_model
+
+    root = tmp_path_factory.mktemp("split-pretrained")
+    shape = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4}
+    make_model(root / "model", "llama", num_key_value_heads=2, num_hidden_layers=3, **shape)
+    (root / "text.txt").write_text(TEXT * 5, encoding="utf-8")
+    return root
+
+
+@pytest.mark.parametrize("bits", ["auto", "4"])
+def test_lora_and_a_4_bit_base_train_split_as_on_one_device(pretrained, tmp_path, bits):
+    if bits == "4":
+        pytest.importorskip("bitsandbytes")
+    runs = {}
+    for devices in ("", "cpu,cpu"):
+        cfg = tiny_config(
+            init_from=str(pretrained / "model"),
+            tokenizer="model",
+            lr=None,
+            data=str(pretrained / "text.txt"),
+            lora_rank=8,
+            base_bits=bits,
+            max_steps=3,
+            eval_every=3,
+            ckpt_every=3,
+            eval_batches=1,
+            dropout=0.0,
+            sample_tokens=0,
+            devices=devices,
+        )
+        run_dir = tmp_path / (devices or "one")
+        assert Trainer(cfg, run_dir).run()["status"] == "finished"
+        runs[devices] = losses(run_dir)
+    assert runs["cpu,cpu"] == runs[""]
+    assert "layer split over 2 devices" in (tmp_path / "cpu,cpu" / "train.log").read_text()
