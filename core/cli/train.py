@@ -355,8 +355,12 @@ def print_estimate(cfg: TrainConfig) -> None:
 
     found = gpus()
     on_gpu = gpu_index(cfg.device, len(found)) is not None
+    if cfg.devices:  # a layer split: a GPU estimate where any of its devices is a card
+        on_gpu = any(n != "cpu" for n in cfg.devices.split(","))
     est = estimate(cfg, on_gpu=on_gpu)
     where = "a CUDA GPU" if on_gpu else "the CPU (add --device cuda for a GPU estimate)"
+    if cfg.devices:
+        where = f"one device, to be split over {cfg.devices}"
     if cfg.shard:  # each process's share (core.training.sharding)
         from core.training.sharding import rank_estimate
 
@@ -374,6 +378,9 @@ def print_estimate(cfg: TrainConfig) -> None:
         + (f", {line}" if (line := checkpoint_line(cfg, on_gpu)) else "")
     )
     print(est.report())
+    if cfg.devices:  # each device's share under the layer split (core.training.split)
+        print_split(cfg, est, found, cpu_info()["ram_free_bytes"])
+        return
     if not on_gpu:  # which C heap the figures are for, and what this machine's will hold
         print(heap_line(cfg, peak=est.device_total))
     free = found[0]["free_bytes"] if on_gpu and found else cpu_info()["ram_free_bytes"]
@@ -387,6 +394,14 @@ def print_estimate(cfg: TrainConfig) -> None:
             from core.training.planner import fit_pretrained
 
             print(f"Fit to this GPU: {fit_pretrained(cfg, free)[1]}")
+
+
+def print_split(cfg: TrainConfig, est, found: list[dict], ram_free) -> None:
+    from core.training.split import card_rows, free_of
+
+    print(f"Per device, layers split over {cfg.devices} (10% margin kept):")
+    for row in card_rows(cfg, est, free_of(cfg, found, ram_free)):
+        print("  " + row.line())
 
 
 def prepare_only(cfg: TrainConfig, cache_dir: str | None) -> int:

@@ -253,3 +253,48 @@ def placed_devices(model: nn.Module) -> list[torch.device]:
         if d is not None and d not in out:
             out.append(d)
     return out
+
+
+def free_of(cfg, found: list[dict], ram_free: int | None) -> list[int]:
+    """Each of cfg's devices' free bytes from core.platform.hardware.gpus()'s list (a card
+    missing or unread: 0) and the CPU's free RAM, without touching the cards."""
+    by_index = {g["index"]: g.get("free_bytes") or 0 for g in found}
+    return [
+        int(ram_free or 0) if n == "cpu" else int(by_index.get(int(n[5:]), 0)) for n in names(cfg)
+    ]
+
+
+@dataclasses.dataclass
+class CardRow:
+    """One device's line of the split's estimate."""
+
+    device: str
+    layers: str
+    total: int  # bytes at the peak, as NVML would show
+    free: int
+    fits: bool
+
+    def line(self) -> str:
+        verdict = "fits" if self.fits else "does NOT fit"
+        return (
+            f"{self.device:<7} {self.layers:<34} {self.total / 1024**2:>10.1f} MiB of "
+            f"{self.free / 1024**3:.1f} GiB free - {verdict}"
+        )
+
+
+def card_rows(cfg, est, free: list[int]) -> list[CardRow]:
+    """The split's estimate per device (est: one device's), each against its free memory
+    with the 10% margin kept."""
+    from core.training.estimate import usable_bytes
+
+    p, cards = card_estimates(est, cfg, free)
+    rows = []
+    for i, (name, card) in enumerate(zip(p.devices, cards, strict=True)):
+        n = p.blocks.count(i)
+        first = p.blocks.index(i) if n else 0
+        layers = f"layers {first}-{first + n - 1}" if n else "no layers"
+        if i == 0:
+            layers += " + embeddings, head, loss"
+        total = card.device_total
+        rows.append(CardRow(name, layers, total, free[i], total <= usable_bytes(free[i])))
+    return rows

@@ -214,3 +214,22 @@ def test_lora_and_a_4_bit_base_train_split_as_on_one_device(pretrained, tmp_path
         runs[devices] = losses(run_dir)
     assert runs["cpu,cpu"] == runs[""]
     assert "layer split over 2 devices" in (tmp_path / "cpu,cpu" / "train.log").read_text()
+
+
+def test_estimate_prints_a_row_per_card(monkeypatch, capsys):
+    from core.cli.train import main as train_main
+    from core.platform import hardware
+
+    cards = [
+        {"index": 0, "name": "RTX 4090", "free_bytes": 22 * GIB, "total_bytes": 24 * GIB},
+        {"index": 1, "name": "RTX 3090", "free_bytes": 11 * GIB, "total_bytes": 24 * GIB},
+    ]
+    monkeypatch.setattr(hardware, "gpus", lambda: cards)
+    code = train_main(["--preset", "cpu", "--devices", "cuda:0,cuda:1", "--estimate"])
+    assert code == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line.startswith("  cuda:")]
+    assert [r[0] for r in rows] == ["cuda:0", "cuda:1"]
+    assert "22.0 GiB free - fits" in out and "11.0 GiB free - fits" in out
+    # the 22 GiB card takes the larger share of the 6 layers, the embeddings and head too
+    assert rows[0][1:3] == ["layers", "0-3"] and rows[1][1:3] == ["layers", "4-5"]
