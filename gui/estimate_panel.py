@@ -9,6 +9,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QGroupBox, QHBoxLayout, QLabel, QProgressBar, QPushButton, QVBoxLayout
 
 from core.config.spec import TrainConfig
+from core.training import split
 from core.training.estimate import SAFETY_MARGIN, base_saving, estimate, usable_bytes
 from core.training.planner import (
     Rung,
@@ -31,6 +32,7 @@ class Fit:
     report: str
     components: list[str] = field(default_factory=list)  # the peak by component, a line each
     heap: str = ""  # the CPU: which C heap the estimate is for, and what this machine's holds
+    cards: list = field(default_factory=list)  # a layer split: each card's CardRow
 
     @property
     def usable(self) -> int | None:
@@ -38,9 +40,17 @@ class Fit:
 
     @property
     def fits(self) -> bool:
+        if self.cards:
+            return all(c.fits for c in self.cards)
         return self.usable is None or self.need <= self.usable
 
     def describe(self) -> str:
+        if self.cards:  # a layer split: each card's share against its own free memory
+            return f"layers split over {len(self.cards)} GPUs:\n" + "\n".join(
+                f"{c.device}: {c.layers}, ~{c.total / GiB:.2f} GiB of {c.free / GiB:.1f} GiB "
+                f"free — {'fits' if c.fits else 'does NOT fit'}"
+                for c in self.cards
+            )
         where = "VRAM" if self.on_gpu else "RAM"
         if self.free is None:
             return f"needs ~{self.need / GiB:.2f} GiB (free {where} unknown)"
@@ -49,6 +59,8 @@ class Fit:
 
 
 def judge(cfg: TrainConfig, info: HardwareInfo) -> Fit:
+    if cfg.devices and info.gpus:
+        return judge_split(cfg, info)
     gpu = info.gpu_for(cfg.device)
     if gpu is not None:
         est = estimate(cfg, on_gpu=True)
@@ -58,6 +70,15 @@ def judge(cfg: TrainConfig, info: HardwareInfo) -> Fit:
         free, on_gpu = info.cpu.get("ram_free_bytes"), False
     heap = "" if on_gpu else heap_line(cfg, peak=est.device_total)
     return Fit(est.device_total, free, on_gpu, est.report(), est.components_lines(), heap)
+
+
+def judge_split(cfg: TrainConfig, info: HardwareInfo) -> Fit:
+    """A layer split: each card's estimate (core.training.split); the bar shows the card
+    nearest its limit."""
+    est = estimate(cfg, on_gpu=True)
+    rows = split.card_rows(cfg, est, split.free_of(cfg, info.gpus, info.cpu.get("ram_free_bytes")))
+    worst = max(rows, key=lambda r: r.total / max(1, usable_bytes(r.free)))
+    return Fit(worst.total, worst.free, True, est.report(), est.components_lines(), cards=rows)
 
 
 def context_hint(cfg: TrainConfig, info: HardwareInfo) -> tuple[str, bool]:

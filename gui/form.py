@@ -494,6 +494,7 @@ class ConfigForm(QWidget):
             layout.addWidget(box)
         for group in METHOD_BOXES.values():
             self.boxes[group].setVisible(False)  # until its method is chosen
+        self.split = self._split_box(gpu_count)
         self.advanced_toggle = QToolButton()
         self.advanced_toggle.setText("Advanced settings")
         self.advanced_toggle.setCheckable(True)
@@ -580,6 +581,24 @@ class ConfigForm(QWidget):
         grid.setColumnStretch(3, 1)
         return box
 
+    def _split_box(self, gpu_count: int) -> QCheckBox:
+        """ "Split layers across N GPUs" (--devices cuda:0,...), under Execution where this
+        machine has several: the layers on each card by its free memory, in one process."""
+        box = QCheckBox(f"Split layers across {gpu_count} GPUs")
+        box.setObjectName("devices")
+        box.setToolTip(
+            "Put consecutive layers on each GPU, in proportion to its free memory, in one "
+            "process: for a model too large for one card. Any OS, Windows included (no NCCL); "
+            "the cards compute in turn, so it is no faster than one card. The estimate shows "
+            "each card's share (docs/multi-gpu.md)"
+        )
+        box.toggled.connect(self._edited)
+        box.setVisible(gpu_count >= 2)
+        self._gpu_count = gpu_count
+        grid = self.boxes[EXECUTION].layout()
+        grid.addWidget(box, grid.rowCount(), 0, 1, 4)
+        return box
+
     def _toggle_advanced(self, shown: bool) -> None:
         self.advanced.setVisible(shown)
         arrow = Qt.ArrowType.DownArrow if shown else Qt.ArrowType.RightArrow
@@ -601,6 +620,7 @@ class ConfigForm(QWidget):
                     self._set_widget(w, getattr(cfg, name))
             self.data.set_value(cfg.data)
             self.data.set_mix(cfg.extra_data, cfg.data_weights)
+            self.split.setChecked(bool(cfg.devices) and self._gpu_count >= 2)
         finally:
             self._loading = False
         self._edited()
@@ -680,6 +700,8 @@ class ConfigForm(QWidget):
         values["reward"] = [r.strip() for r in values["reward"].split(",") if r.strip()]
         values["data"] = self.data.value()
         values["extra_data"], values["data_weights"] = self.data.extra(), self.data.weights()
+        split = self.split.isChecked() and self._gpu_count >= 2
+        values["devices"] = ",".join(f"cuda:{i}" for i in range(self._gpu_count)) if split else ""
         return dataclasses.replace(self._base, **values)
 
     def validated(self) -> TrainConfig:

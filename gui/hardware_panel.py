@@ -65,6 +65,16 @@ def recommended_line(g: dict) -> str:
     return f"<i>{text[0].upper()}{text[1:]}</i>"
 
 
+def split_line(gpus: list[dict]) -> str:
+    """Several cards: how one model can use them all (docs/multi-gpu.md)."""
+    free = sum(g.get("free_bytes") or 0 for g in gpus)
+    return (
+        f"<i>{len(gpus)} GPUs, {free / GiB:.1f} GiB free together: a model too large for one "
+        f"can have its layers split across them (Execution: Split layers across {len(gpus)} "
+        "GPUs), or be sharded with torchrun on Linux</i>"
+    )
+
+
 def cpu_line(cpu: dict) -> str:
     return (
         "<b>no CUDA GPU — training on CPU</b><br>"
@@ -124,6 +134,8 @@ class HardwarePanel(QGroupBox):
         self.info = info
         if info.gpus:
             lines = [gpu_line(g) for g in info.gpus] + [recommended_line(info.gpus[0])]
+            if len(info.gpus) >= 2:
+                lines.append(split_line(info.gpus))
             self.label.setText("<br>".join(lines))
         else:
             self.label.setText(cpu_line(info.cpu))

@@ -21,6 +21,7 @@ from PySide6.QtWidgets import (
 
 from core.config import methods
 from core.config.methods.base import Curve
+from core.platform.hardware import CARD_FIELDS
 from core.runs import experts
 from core.runs.signals import CURVES, EVAL_KEYS, PLOTS
 from gui.experts_plot import ExpertStrip
@@ -106,6 +107,7 @@ def fixed_label(widest: str) -> QLabel:
 
 CurveSpec = Curve  # a curve: a record field drawn in a plot (core.config.methods.base)
 
+CARD_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#8c564b", "#e377c2")
 STRIP = "experts"  # the Experts heat strip: a step's load, not a curve (gui/experts_plot.py)
 METHOD_PLOTS = {p.name: p for p in methods.plots()}  # beside the loss once a run reports
 SMOOTH_KEY = "loss_smooth"
@@ -123,6 +125,7 @@ class PlotPanel(QWidget):
         self._total_line: pg.InfiniteLine | None = None
         self._next_plot = 0
         self._load_record: dict | None = None  # the latest step record with an expert load
+        self._card_dashed: dict[str, bool] = {}  # a layer split's per-card curves: dashed?
         self._load_version = 0
         self._load_drawn = 0
 
@@ -268,6 +271,8 @@ class PlotPanel(QWidget):
         else:
             spec = self.specs[key]
         pen = pg.mkPen(spec.color, width=spec.width)
+        if self._card_dashed.get(key):
+            pen.setStyle(Qt.PenStyle.DashLine)
         kwargs = {"pen": pen, "name": spec.label, "antialias": spec.antialias}
         if spec.symbol:
             kwargs.update(symbol=spec.symbol, symbolSize=5, symbolBrush=spec.color)
@@ -294,6 +299,7 @@ class PlotPanel(QWidget):
                 series.append(step, value)
         if record.get(experts.LOAD) is not None:
             self._set_load_record(record)
+        self._add_cards(step, record)
         total = record.get("nvml_total_mb")
         if total and self._total_line is None:
             self.set_device_total(total)
@@ -312,6 +318,8 @@ class PlotPanel(QWidget):
             if pairs:
                 xs, ys = zip(*pairs, strict=True)
                 series.extend(xs, ys)
+        for r in train:
+            self._add_cards(r["step"], r)
         totals = [r["nvml_total_mb"] for r in train if r.get("nvml_total_mb")]
         if totals:
             self.set_device_total(totals[-1])
@@ -319,12 +327,41 @@ class PlotPanel(QWidget):
         if loaded:
             self._set_load_record(loaded[-1])
 
+    def _add_cards(self, step: int, record: dict) -> None:
+        """A layer split's memory per card ({device: MiB} fields): one line a card and field
+        on the memory plot, made on first sight (one card: none, the plot as it was)."""
+        for field in CARD_FIELDS:
+            for n, (device, value) in enumerate((record.get(field) or {}).items()):
+                key = f"{field}:{device}"
+                if key not in self.series:
+                    what = "reserved" if field == "card_reserved_mb" else "used (NVML)"
+                    dash = field == "card_used_mb"  # the card's NVML line beside its own
+                    color = CARD_COLORS[n % len(CARD_COLORS)]
+                    self.specs[key] = CurveSpec(key, "memory", f"{device} {what}", color)
+                    self.series[key] = Series()
+                    self._card_dashed[key] = dash
+                if value is not None:
+                    self.series[key].append(step, value)
+
+    def _drop_cards(self) -> None:
+        """The last run's per-card lines, gone with it."""
+        for key in list(self._card_dashed):
+            curve = self.curves.pop(key, None)
+            if curve is not None:
+                item = self.plots["memory"].getPlotItem()
+                item.removeItem(curve)
+                if item.legend is not None:
+                    item.legend.removeItem(curve)
+            for table in (self.series, self.specs, self._drawn, self._card_dashed):
+                table.pop(key, None)
+
     def _set_load_record(self, record: dict) -> None:
         """Kept as it came; parsed and drawn by the timer, at most once a tick."""
         self._load_record = record
         self._load_version += 1
 
     def clear(self) -> None:
+        self._drop_cards()
         for series in self.series.values():
             series.clear()
         self._load_record = None

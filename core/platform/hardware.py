@@ -104,6 +104,22 @@ def memory_stats(device: torch.device, watch: NvmlWatch | None = None) -> dict:
     return {"rss_mb": round(psutil.Process().memory_info().rss / MB, 1)}
 
 
+CARD_FIELDS = ("card_reserved_mb", "card_used_mb")  # a layer split's, by device name
+
+
+def card_stats(devices: list[torch.device], watches: dict) -> dict:
+    """A layer split's memory per card for a train record, each field {device: MiB}: the
+    allocator's reserved bytes, and NVML's used memory where every card's watch (watches:
+    {device: NvmlWatch}) has read it."""
+    reserved = {str(d): round(torch.cuda.memory_reserved(d) / MB, 1) for d in devices}
+    out = {"card_reserved_mb": reserved}
+    used = {str(d): (watches.get(d).latest if watches.get(d) else {}) for d in devices}
+    used = {k: v.get("nvml_used_mb") for k, v in used.items()}
+    if all(v is not None for v in used.values()):
+        out["card_used_mb"] = used
+    return out
+
+
 def gpus() -> list[dict]:
     """Every CUDA GPU: name, VRAM total/free, capability, bf16, driver."""
     if not torch.cuda.is_available():

@@ -27,12 +27,12 @@ from core.platform.atomic import is_disk_full
 from core.platform.compiling import is_compiled
 from core.platform.device import is_oom
 from core.platform.distributed import World
-from core.platform.hardware import NvmlWatch, memory_stats, nvml
+from core.platform.hardware import NvmlWatch, card_stats, memory_stats, nvml
 from core.runs import checkpoint as ckpt
 from core.runs.events import TrainControl, TrainEvents
 from core.runs.folder import RunFolder, SilentFolder
 from core.runs.lock import RunLock
-from core.training import evaluation, metrics, resume, setup, sharding, steps
+from core.training import evaluation, metrics, resume, setup, sharding, split, steps
 from core.training.checkpointing import Checkpointer, checkpoint_state
 from core.training.clock import Clock
 from core.training.objectives import StepSignals
@@ -100,6 +100,7 @@ class Trainer:
         self._before_step = None  # (data state, RNG state) while a step runs
         self._compiling: float | None = None  # when a compiled run's first step began
         self._nvml: NvmlWatch | None = None  # a GPU's NVML, read on its own thread
+        self._cards: dict = {}  # a layer split's cards: {device: its NvmlWatch or None}
         self.plan: Plan | None = None
         # What the run is built from (model, data, optimizer, objective): made by setup once
         # the input is known good; None until then.
@@ -170,6 +171,9 @@ class Trainer:
         finally:
             if self._nvml is not None:
                 self._nvml.stop()
+            for watch in self._cards.values():
+                if watch is not None and watch is not self._nvml:
+                    watch.stop()
             if status == "failed":
                 self._end("failed", error)
 
@@ -337,12 +341,25 @@ class Trainer:
             self.step, self.plan, self.best_val = progress.step, progress.plan, progress.best_val
             self.clock.before, self.clock.paused_total = progress.elapsed_s, progress.paused_s
 
+    def _split_cards(self) -> dict:
+        """A layer split over CUDA cards: each card's NVML watch (the first's is _nvml),
+        so the records carry the memory of every card ({}: one device)."""
+        cards = [d for d in split.placed_devices(self.model) if d.type == "cuda"]
+        if len(cards) < 2:
+            return {}
+        on = nvml() is not None
+        return {
+            d: self._nvml if d == self.device else (NvmlWatch(d.index).start() if on else None)
+            for d in cards
+        }
+
     def _announce(self) -> None:
         """The start of this session's steps: the start event, the log lines, and the base
         model's own validation loss when a fine-tune starts."""
         cfg, trainable = self.cfg, lora.trainable_params(self.model)
         if self.device.type == "cuda" and nvml() is not None:
             self._nvml = NvmlWatch(self.device.index or 0).start()
+        self._cards = self._split_cards()
         self.clock.start()
         resumed = self.resume_from is not None
         start = metrics.start_record(self.run_state, cfg, self.step, self.max_steps, resumed)
@@ -477,6 +494,8 @@ class Trainer:
             "tokens_per_s": round(tokens / self.clock.training_seconds(), 1),
             "memory": memory_stats(self.device, self._nvml),
         }
+        if self._cards:  # a layer split: every card's memory too
+            common["memory"].update(card_stats(list(self._cards), self._cards))
         if warning := self.spill.check(common["memory"]):
             self.log(warning)
         steps = [(p.step, p.lr) for p in pending]

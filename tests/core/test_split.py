@@ -158,6 +158,8 @@ def test_a_split_run_trains_as_one_device_and_resumes_across_split_and_unsplit(s
     log = (run_dir / "train.log").read_text()
     assert "layer split over 2 devices: cpu: layers 0-" in log
     assert losses(run_dir)[0] == losses(straight)[0][:3]  # the same steps, exactly
+    train, _ = read_metrics(run_dir / "metrics.jsonl")
+    assert not any("card_reserved_mb" in r for r in train)  # no cards: records as they were
     # the split's checkpoint resumes on one device ...
     latest = run_dir / "checkpoints" / "latest.pt"
     Trainer(split_config(), run_dir, resume_from=latest).run(None, StopAfter(2))
@@ -233,3 +235,24 @@ def test_estimate_prints_a_row_per_card(monkeypatch, capsys):
     assert "22.0 GiB free - fits" in out and "11.0 GiB free - fits" in out
     # the 22 GiB card takes the larger share of the 6 layers, the embeddings and head too
     assert rows[0][1:3] == ["layers", "0-3"] and rows[1][1:3] == ["layers", "4-5"]
+
+
+def test_a_split_runs_records_carry_each_cards_memory(monkeypatch):
+    from core.platform import hardware
+
+    reserved = {0: 900 * 1024**2, 1: 512 * 1024**2}
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d: reserved[d.index])
+
+    class Watch:
+        def __init__(self, used):
+            self.latest = {"nvml_used_mb": used} if used is not None else {}
+
+    cards = [torch.device("cuda", 0), torch.device("cuda", 1)]
+    stats = hardware.card_stats(cards, {cards[0]: Watch(1200.0), cards[1]: Watch(800.0)})
+    assert stats == {
+        "card_reserved_mb": {"cuda:0": 900.0, "cuda:1": 512.0},
+        "card_used_mb": {"cuda:0": 1200.0, "cuda:1": 800.0},
+    }
+    # without NVML (or before its first reading) only the allocator's figures
+    stats = hardware.card_stats(cards, {cards[0]: None, cards[1]: Watch(None)})
+    assert set(stats) == {"card_reserved_mb"}
