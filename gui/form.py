@@ -723,6 +723,7 @@ class ConfigForm(QWidget):
         self.widgets["vocab_size"].setEnabled(self.widgets["tokenizer"].currentText() == "bpe")
         for name in PRETRAINED_FIXED:
             self.widgets[name].setEnabled(self._pretrained is None)
+        self.widgets["device"].setEnabled(not self.split.isChecked())  # the split names them
         # Llama-style models have no such biases: the box shows only where it means something.
         bias, arch = self.widgets["bias"], self.widgets["arch"].currentText()
         bias.setVisible(bias.isChecked() if self._pretrained else arch == "gpt2")

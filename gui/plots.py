@@ -107,7 +107,7 @@ def fixed_label(widest: str) -> QLabel:
 
 CurveSpec = Curve  # a curve: a record field drawn in a plot (core.config.methods.base)
 
-CARD_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#8c564b", "#e377c2")
+CARD_COLORS = ("#17becf", "#bcbd22", "#8c564b", "#e377c2", "#7f7f7f", "#000000")  # not in CURVES
 STRIP = "experts"  # the Experts heat strip: a step's load, not a curve (gui/experts_plot.py)
 METHOD_PLOTS = {p.name: p for p in methods.plots()}  # beside the loss once a run reports
 SMOOTH_KEY = "loss_smooth"

@@ -45,7 +45,7 @@ def test_two_cards_are_listed_and_the_split_is_offered_with_each_cards_estimate(
     assert not box.isChecked() and window.form.config().devices == ""
     box.setChecked(True)
     cfg = window.form.validated()
-    assert cfg.devices == "cuda:0,cuda:1"
+    assert cfg.devices == "cuda:0,cuda:1" and not window.form.widgets["device"].isEnabled()
     fit = window.estimate.fit
     assert [c.device for c in fit.cards] == ["cuda:0", "cuda:1"] and fit.fits
     shown = window.estimate.label.text()
