@@ -39,7 +39,8 @@ def check_backend(device_type: str, platform: str = sys.platform) -> None:
     if device_type == "cuda" and platform == "win32":
         raise ConfigError(
             "device: several processes on CUDA GPUs need NCCL, which PyTorch on Windows does "
-            "not have; on Windows train in one process (docs/multi-gpu.md)",
+            "not have; on Windows train in one process: one GPU, or the layers split across "
+            "them with --devices cuda:0,cuda:1 (docs/multi-gpu.md)",
             field="device",
         )
 

@@ -256,3 +256,10 @@ def test_a_split_runs_records_carry_each_cards_memory(monkeypatch):
     # without NVML (or before its first reading) only the allocator's figures
     stats = hardware.card_stats(cards, {cards[0]: None, cards[1]: Watch(None)})
     assert set(stats) == {"card_reserved_mb"}
+
+
+def test_nccl_on_windows_points_to_the_split():
+    from core.platform import distributed
+
+    with pytest.raises(ConfigError, match="NCCL.*--devices cuda:0,cuda:1"):
+        distributed.check_backend("cuda", "win32")
