@@ -140,7 +140,8 @@ def _coerce(name: str, value):
 
 def _devices(text) -> str:
     """--devices: two or more of cpu / cuda:N, comma-separated; "" (or None): one device.
-    cpu may repeat (it stands in for cards in tests); a card may not."""
+    cpu may repeat (it stands in for cards in tests) but not mix with cards; a card may not
+    repeat."""
     if not text:
         return ""
     if isinstance(text, list | tuple):
@@ -153,6 +154,11 @@ def _devices(text) -> str:
                 field="devices",
             )
     cards = [n for n in names if n != "cpu"]
+    if cards and len(cards) < len(names):  # a card's kernels (Liger, Triton) on CPU tensors
+        raise ConfigError(
+            f"devices: cards only (cuda:0,cuda:1), or cpu,cpu standing in for them; got {text!r}",
+            field="devices",
+        )
     if len(names) < 2 or len(set(cards)) < len(cards):
         raise ConfigError(
             f"devices: a layer split needs two or more different devices, got {text!r}; "

@@ -16,6 +16,7 @@ resumes on one device, and one device's on a split.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import torch
@@ -174,6 +175,7 @@ def card_estimates(est, cfg, free: list[int]) -> tuple[Plan, list]:
     return p, out
 
 
+@torch.compiler.disable  # eager at a compiled block's edge: the block's graph stays whole
 def _moved(value, device: torch.device):
     """value on device: tensors, tuples and lists of them, and the objects that carry per-row
     extras to the blocks (packed segments, image masks, per-layer inputs and shared keys and
@@ -209,13 +211,21 @@ class _Placed:
 
     def forward(self, *args, **kwargs):
         args, kwargs = _moved(args, self.split_device), _moved(kwargs, self.split_device)
-        out = super().forward(*args, **kwargs)
+        with _current(self.split_device):
+            out = super().forward(*args, **kwargs)
         return out if self.split_home is None else out.to(self.split_home)
 
     def cached(self, *args, **kwargs):
         args, kwargs = _moved(args, self.split_device), _moved(kwargs, self.split_device)
-        out, kv = super().cached(*args, **kwargs)
+        with _current(self.split_device):
+            out, kv = super().cached(*args, **kwargs)
         return (out if self.split_home is None else out.to(self.split_home)), kv
+
+
+def _current(device: torch.device):
+    """The block's card as the current one: Triton kernels (Liger's) launch on the current
+    device, not their tensors'."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 _CLASSES: dict[type, type] = {}

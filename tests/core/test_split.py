@@ -64,6 +64,8 @@ def test_wrong_setups_are_one_line_before_any_work(monkeypatch):
         tiny_config(devices="cuda:1,cuda:1")
     with pytest.raises(ConfigError, match="devices: expected cuda:N"):
         tiny_config(devices="cuda:0,gpu1")
+    with pytest.raises(ConfigError, match="devices: cards only"):
+        tiny_config(devices="cuda:0,cpu")
     cfg = tiny_config(devices="cuda:0,cuda:1")
     with pytest.raises(ConfigError, match=r"devices: cuda:1 does not exist.*cuda:0\.\.cuda:0"):
         split.check(cfg, World(), cuda_count=1)
