@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 
 import torch
 import torch.nn as nn
@@ -194,6 +195,7 @@ def _moved(value, device: torch.device):
     return value  # None, a Remake, numbers
 
 
+@functools.cache
 def _carriers() -> tuple[type, ...]:
     from core.models.per_layer import Side
     from core.models.tiling import Segments

@@ -106,18 +106,40 @@ def two_models(c: GPTConfig) -> tuple[GPT, GPT]:
     one = GPT(c)
     two = GPT(c)
     two.load_state_dict(one.state_dict())
-    split.place(two, split.Plan(["cpu", "cpu"], [0, 0, 1], [0, 0]))
+    where = [0] * (c.n_layers - 1) + [1]
+    split.place(two, split.Plan(["cpu", "cpu"], where, [0, 0]))
     return one, two
 
 
+def gemma4_like() -> dict:
+    """Gemma 4's per-layer inputs and a layer reusing another's keys and values: what
+    reaches the blocks beside the stream (Side), moved with it."""
+    from core.models.per_layer import PerLayer
+
+    per_layer = PerLayer(input_dim=8, kv_shared_layers=1, layer_scalar=True)
+    return {"per_layer": per_layer, "layer_types": ["sliding_attention", "full_attention"] * 2}
+
+
 @pytest.mark.parametrize("packed", [False, True])
-def test_logits_and_gradients_equal_one_devices(monkeypatch, packed):
-    c = GPTConfig(hidden_dim=32, n_layers=3, n_heads=2, seq_len=16, vocab_size=64, dropout=0.0)
+@pytest.mark.parametrize("extra", [{}, "gemma4"])
+def test_logits_and_gradients_equal_one_devices(monkeypatch, packed, extra):
+    more = gemma4_like() if extra == "gemma4" else {}
+    n = 4 if more else 3
+    c = GPTConfig(
+        hidden_dim=32,
+        n_layers=n,
+        n_heads=2,
+        seq_len=16,
+        vocab_size=64,
+        dropout=0.0,
+        sliding_window=4 if more else None,
+        **more,
+    )
     c.positions, c.norm, c.mlp, c.bias = "rope", "rmsnorm", "swiglu", False
     c.grad_checkpointing = True
     one, two = two_models(c)
-    assert [b.split_device for b in two.blocks] == [torch.device("cpu")] * 3
-    assert [type(b).__name__ for b in two.blocks] == ["PlacedBlock"] * 3
+    assert [b.split_device for b in two.blocks] == [torch.device("cpu")] * n
+    assert [type(b).__name__ for b in two.blocks] == ["PlacedBlock"] * n
     assert two.state_dict().keys() == one.state_dict().keys()  # checkpoints keep their names
     seen = counting_moves(monkeypatch)
     idx = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1))
@@ -134,6 +156,7 @@ def test_logits_and_gradients_equal_one_devices(monkeypatch, packed):
     # the segments too when packed; the last gave its output back
     kinds = {k for k, _ in seen}
     assert {"tuple", "Tensor"} <= kinds and ("Segments" in kinds) == packed
+    assert "Side" in kinds  # what the blocks take beside the stream (Gemma 4: its inputs)
     one.eval(), two.eval()
     assert torch.equal(one.logits(idx), two.logits(idx))
     a, _ = one.forward_cached(idx)
