@@ -130,50 +130,66 @@ def plan(devices: list[str], free: list[int], root: int, blocks: list[int]) -> P
     return Plan(devices, where, loads)
 
 
-def unit_sizes(cfg, est) -> tuple[int, list[int]]:
-    """(the root's bytes, each block's) at the step's peak under est (a one-device
-    core.training.estimate.Estimate): weights, gradients, optimizer state and weight copies
-    in proportion to the parameters; activations per block; the logits on the root."""
-    from core.models.params import meta_model
-    from core.training.estimate import model_shape
+@dataclasses.dataclass
+class Units:
+    """What one device's estimate is made of: each block's share and the root's of the
+    parameters (weights, weight copies) and of what trains (gradients, optimizer state: a
+    LoRA run's adapters live in the blocks, one set each)."""
 
-    model = meta_model(model_shape(cfg))
-    per_block = [sum(p.numel() for p in b.parameters()) for b in model.blocks]
-    total = max(1, model.num_params())
-    held = est.weights + est.gradients + est.optimizer + est.weight_casts
-    acts = est.activations // max(1, len(per_block))
-    blocks = [held * p // total + acts for p in per_block]
-    root = held * (total - sum(per_block)) // total + est.logits
-    return root, blocks
+    block_params: list[float]
+    root_params: float
+    block_trained: list[float]
+    root_trained: float
+
+    @classmethod
+    def of(cls, cfg, est) -> Units:
+        from core.models.params import meta_model
+        from core.training.estimate import model_shape
+
+        model = meta_model(model_shape(cfg))
+        per_block = [sum(p.numel() for p in b.parameters()) for b in model.blocks]
+        total = max(1, model.num_params())
+        params = [p / total for p in per_block]
+        root = 1.0 - sum(params)
+        if 0 < est.trained < est.n_params:  # LoRA: the adapters, in the blocks only
+            return cls(params, root, [1 / len(per_block)] * len(per_block), 0.0)
+        return cls(params, root, params, root)
+
+
+def _card(est, u: Units, blocks: list[int], root: bool):
+    """est (one device's) for the device holding these blocks (indices), and the root."""
+    params = sum(u.block_params[i] for i in blocks) + (u.root_params if root else 0.0)
+    trained = sum(u.block_trained[i] for i in blocks) + (u.root_trained if root else 0.0)
+    return dataclasses.replace(
+        est,
+        weights=int(est.weights * params),
+        gradients=int(est.gradients * trained),
+        optimizer=int(est.optimizer * trained),
+        weight_casts=int(est.weight_casts * params),
+        activations=est.activations * len(blocks) // max(1, len(u.block_params)),
+        logits=est.logits if root else 0,
+        generation=est.generation * len(blocks) // max(1, len(u.block_params)),  # KV cache
+        snapshot=int(est.snapshot * params),
+        fragmentation=int(est.fragmentation * params),
+        step_parts={},
+    )
 
 
 def card_estimates(est, cfg, free: list[int]) -> tuple[Plan, list]:
-    """The plan for cfg's devices with these free bytes, and est (one device's) for each
-    device: its blocks' share of the weights, gradients, optimizer, weight copies and
-    activations; the logits and the root's share on the first; a CUDA context on each."""
-    root, blocks = unit_sizes(cfg, est)
+    """The plan for cfg's devices with these free bytes (the 10% margin kept), and est (one
+    device's) for each device: its blocks' share of the weights, gradients, optimizer state,
+    weight copies and activations; the root's share and the logits on the first; a CUDA
+    context on each."""
+    u = Units.of(cfg, est)
+    n = len(u.block_params)
+    root = _card(est, u, [], True).allocator_peak
+    blocks = [_card(est, u, [i], False).allocator_peak for i in range(n)]
     p = plan(names(cfg), [int(f * MARGIN) for f in free], root, blocks)
-    whole = max(1, root + sum(blocks) - est.logits)
-    out = []
-    for i in range(len(p.devices)):
-        own = sum(b for b, d in zip(blocks, p.blocks, strict=True) if d == i)
-        share = (own + (root - est.logits if i == 0 else 0)) / whole
-        acts = est.activations * p.blocks.count(i) // max(1, len(blocks))
-        out.append(
-            dataclasses.replace(
-                est,
-                weights=int(est.weights * share),
-                gradients=int(est.gradients * share),
-                optimizer=int(est.optimizer * share),
-                weight_casts=int(est.weight_casts * share),
-                activations=acts,
-                logits=est.logits if i == 0 else 0,
-                snapshot=int(est.snapshot * share),
-                fragmentation=int(est.fragmentation * share),
-                step_parts={},
-            )
-        )
-    return p, out
+    cards = []
+    for d in range(len(p.devices)):
+        mine = [i for i in range(n) if p.blocks[i] == d]
+        cards.append(_card(est, u, mine, d == 0))
+    return p, cards
 
 
 @torch.compiler.disable  # eager at a compiled block's edge: the block's graph stays whole
