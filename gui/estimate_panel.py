@@ -41,16 +41,19 @@ class Fit:
     @property
     def fits(self) -> bool:
         if self.cards:
-            return all(c.fits for c in self.cards)
+            return all(c.fits is not False for c in self.cards)
         return self.usable is None or self.need <= self.usable
 
     def describe(self) -> str:
         if self.cards:  # a layer split: each card's share against its own free memory
-            return f"layers split over {len(self.cards)} GPUs:\n" + "\n".join(
-                f"{c.device}: {c.layers}, ~{c.total / GiB:.2f} GiB of {c.free / GiB:.1f} GiB "
-                f"free — {'fits' if c.fits else 'does NOT fit'}"
+            lines = [
+                f"{c.device}: {c.layers}, ~{c.total / GiB:.2f} GiB (free unknown)"
+                if c.free is None
+                else f"{c.device}: {c.layers}, ~{c.total / GiB:.2f} GiB of {c.free / GiB:.1f} "
+                f"GiB free — {'fits' if c.fits else 'does NOT fit'}"
                 for c in self.cards
-            )
+            ]
+            return f"layers split over {len(self.cards)} GPUs:\n" + "\n".join(lines)
         where = "VRAM" if self.on_gpu else "RAM"
         if self.free is None:
             return f"needs ~{self.need / GiB:.2f} GiB (free {where} unknown)"
@@ -77,7 +80,7 @@ def judge_split(cfg: TrainConfig, info: HardwareInfo) -> Fit:
     nearest its limit."""
     est = estimate(cfg, on_gpu=True)
     rows = split.card_rows(cfg, est, split.free_of(cfg, info.gpus, info.cpu.get("ram_free_bytes")))
-    worst = max(rows, key=lambda r: r.total / max(1, usable_bytes(r.free)))
+    worst = max(rows, key=lambda r: r.total / max(1, usable_bytes(r.free or 0)))
     return Fit(worst.total, worst.free, True, est.report(), est.components_lines(), cards=rows)
 
 

@@ -283,13 +283,11 @@ def placed_devices(model: nn.Module) -> list[torch.device]:
     return out
 
 
-def free_of(cfg, found: list[dict], ram_free: int | None) -> list[int]:
+def free_of(cfg, found: list[dict], ram_free: int | None) -> list[int | None]:
     """Each of cfg's devices' free bytes from core.platform.hardware.gpus()'s list (a card
-    missing or unread: 0) and the CPU's free RAM, without touching the cards."""
-    by_index = {g["index"]: g.get("free_bytes") or 0 for g in found}
-    return [
-        int(ram_free or 0) if n == "cpu" else int(by_index.get(int(n[5:]), 0)) for n in names(cfg)
-    ]
+    missing or unread: None) and the CPU's free RAM, without touching the cards."""
+    by_index = {g["index"]: g.get("free_bytes") for g in found}
+    return [ram_free if n == "cpu" else by_index.get(int(n[5:])) for n in names(cfg)]
 
 
 @dataclasses.dataclass
@@ -299,15 +297,15 @@ class CardRow:
     device: str
     layers: str
     total: int  # bytes at the peak, as NVML would show
-    free: int
-    fits: bool
+    free: int | None  # None: unknown (the card not found here)
+    fits: bool | None
 
     def line(self) -> str:
+        mib = f"{self.device:<7} {self.layers:<34} {self.total / 1024**2:>10.1f} MiB"
+        if self.free is None:
+            return f"{mib} (free memory unknown)"
         verdict = "fits" if self.fits else "does NOT fit"
-        return (
-            f"{self.device:<7} {self.layers:<34} {self.total / 1024**2:>10.1f} MiB of "
-            f"{self.free / 1024**3:.1f} GiB free - {verdict}"
-        )
+        return f"{mib} of {self.free / 1024**3:.1f} GiB free - {verdict}"
 
 
 def card_rows(cfg, est, free: list[int]) -> list[CardRow]:
@@ -315,7 +313,9 @@ def card_rows(cfg, est, free: list[int]) -> list[CardRow]:
     with the 10% margin kept."""
     from core.training.estimate import usable_bytes
 
-    p, cards = card_estimates(est, cfg, free)
+    known = [f for f in free if f is not None]
+    guess = [f if f is not None else min(known, default=1) for f in free]  # unknown: alike
+    p, cards = card_estimates(est, cfg, guess)
     rows = []
     for i, (name, card) in enumerate(zip(p.devices, cards, strict=True)):
         n = p.blocks.count(i)
@@ -323,6 +323,7 @@ def card_rows(cfg, est, free: list[int]) -> list[CardRow]:
         layers = f"layers {first}-{first + n - 1}" if n else "no layers"
         if i == 0:
             layers += " + embeddings, head, loss"
-        total = card.device_total
-        rows.append(CardRow(name, layers, total, free[i], total <= usable_bytes(free[i])))
+        total, f = card.device_total, free[i]
+        fits = None if f is None else total <= usable_bytes(f)
+        rows.append(CardRow(name, layers, total, f, fits))
     return rows

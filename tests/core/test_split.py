@@ -288,3 +288,13 @@ def test_nccl_on_windows_points_to_the_split():
 
     with pytest.raises(ConfigError, match="NCCL.*--devices cuda:0,cuda:1"):
         distributed.check_backend("cuda", "win32")
+
+
+def test_estimate_says_when_a_cards_free_memory_is_unknown(monkeypatch, capsys):
+    from core.cli.train import main as train_main
+    from core.platform import hardware
+
+    monkeypatch.setattr(hardware, "gpus", lambda: [])  # planned on another machine
+    assert train_main(["--preset", "cpu", "--devices", "cuda:0,cuda:1", "--estimate"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  cuda:")]
+    assert len(rows) == 2 and all(r.endswith("MiB (free memory unknown)") for r in rows)
