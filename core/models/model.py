@@ -648,7 +648,8 @@ def deepstack(x, layer: int, deep):
     if deep is None or layer >= len(deep[1]):
         return x
     where, feats = deep
-    added = x[where] + feats[layer].to(x.dtype)
+    where = where.to(x.device)  # a layer split (core.training.split): x on the layer's card
+    added = x[where] + feats[layer].to(x.device, x.dtype)
     return x.masked_scatter(where.unsqueeze(-1), added)
 
 
