@@ -241,6 +241,15 @@ def test_lora_and_a_4_bit_base_train_split_as_on_one_device(pretrained, tmp_path
         runs[devices] = losses(run_dir)
     assert runs["cpu,cpu"] == runs[""]
     assert "layer split over 2 devices" in (tmp_path / "cpu,cpu" / "train.log").read_text()
+    if bits == "auto":  # the split run's adapter exports as one device's does, byte for byte
+        from core.use.export import export
+
+        for name in ("one", "cpu,cpu"):
+            export(tmp_path / name, "peft", tmp_path / f"peft-{name}", which="latest")
+        one, two = (
+            tmp_path / f"peft-{n}" / "adapter_model.safetensors" for n in ("one", "cpu,cpu")
+        )
+        assert one.read_bytes() == two.read_bytes()
 
 
 def test_estimate_prints_a_row_per_card(monkeypatch, capsys):
