@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+from typing import Any, cast
 
 import torch
 import torch.nn as nn
@@ -193,7 +194,7 @@ def card_estimates(est, cfg, free: list[int]) -> tuple[Plan, list]:
 
 
 @torch.compiler.disable  # eager at a compiled block's edge: the block's graph stays whole
-def _moved(value, device: torch.device):
+def _moved(value, device: torch.device) -> Any:
     """value on device: tensors, tuples and lists of them, and the objects that carry per-row
     extras to the blocks (packed segments, image masks, per-layer inputs and shared keys and
     values), those moved in place: later blocks read what earlier ones add to them."""
@@ -230,13 +231,13 @@ class _Placed:
     def forward(self, *args, **kwargs):
         args, kwargs = _moved(args, self.split_device), _moved(kwargs, self.split_device)
         with _current(self.split_device):
-            out = super().forward(*args, **kwargs)
+            out = cast(Any, super()).forward(*args, **kwargs)  # the block's own class
         return out if self.split_home is None else out.to(self.split_home)
 
     def cached(self, *args, **kwargs):
         args, kwargs = _moved(args, self.split_device), _moved(kwargs, self.split_device)
         with _current(self.split_device):
-            out, kv = super().cached(*args, **kwargs)
+            out, kv = cast(Any, super()).cached(*args, **kwargs)
         return (out if self.split_home is None else out.to(self.split_home)), kv
 
 
