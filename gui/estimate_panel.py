@@ -86,7 +86,10 @@ def judge_split(cfg: TrainConfig, info: HardwareInfo) -> Fit:
 
 def context_hint(cfg: TrainConfig, info: HardwareInfo) -> tuple[str, bool]:
     """The longest context that fits the device cfg runs on, and whether cfg's is past it;
-    ("", False) when what is free is unknown."""
+    ("", False) when what is free is unknown, or for a layer split (each card's share is in
+    the estimate)."""
+    if cfg.devices:
+        return "", False
     gpu = info.gpu_for(cfg.device)
     free = gpu.get("free_bytes") if gpu is not None else info.cpu.get("ram_free_bytes")
     if free is None:

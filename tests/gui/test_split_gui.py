@@ -43,7 +43,9 @@ def test_two_cards_are_listed_and_the_split_is_offered_with_each_cards_estimate(
     box = window.form.split
     assert box.isVisibleTo(window.form) and box.text() == "Split layers across 2 GPUs"
     assert not box.isChecked() and window.form.config().devices == ""
+    assert window.form.context_hint.isVisibleTo(window.form)  # one card's longest context
     box.setChecked(True)
+    assert not window.form.context_hint.isVisibleTo(window.form)  # not a split's
     cfg = window.form.validated()
     assert cfg.devices == "cuda:0,cuda:1" and not window.form.widgets["device"].isEnabled()
     fit = window.estimate.fit
