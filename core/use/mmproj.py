@@ -2,10 +2,11 @@
 towers and projectors as llama.cpp's own converter writes them (convert_hf_to_gguf.py's
 MmprojModel subclasses: Gemma3VisionModel, Qwen3VLVisionModel, Gemma4VisionAudioModel), so
 llama.cpp's mtmd (llama-server --mmproj, llama-mtmd-cli) and the apps on it see images with
-the fine-tuned text model. The towers are the base's, as training keeps them; their tensors
-go through the names and the few changes the converter makes (Gemma 3's +1 on its soft
-embedding norm, Qwen3.5's temporal patch split, Gemma 4's patch layout), nothing else. Those
-are each family's own (core.weights.families: a Family's projector, as its chat format);
+the fine-tuned text model. The towers are the composite's as the hf export writes them: the
+base's, or as trained where they trained (--train-vision). Their tensors go through the
+names and the few changes the converter makes (Gemma 3's +1 on its soft embedding norm,
+Qwen3.5's temporal patch split, Gemma 4's patch layout), nothing else. Those are each
+family's own (core.weights.families: a Family's projector, as its chat format);
 this module writes the file."""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from core.use import towers
 from core.use.common import ExportError
 from core.weights import composite, families
 from core.weights.families import Projector
-from core.weights.loader import Loaded, read_weights
+from core.weights.loader import Loaded
 
 NAME = "mmproj-model.gguf"
 
@@ -93,16 +94,29 @@ def check(loaded: Loaded) -> dict | None:
     proj = projector_of(hf)
     if proj is None or proj.problem(hf["vision_config"]):
         return None
-    try:
-        pre = json.loads(loaded.base["files"].get("preprocessor_config.json") or "{}")
-    except ValueError:
-        pre = {}
+    pre = _preprocessor(loaded.base["files"])
     if not isinstance(pre, dict) or not {"image_mean", "image_std"} <= set(pre):
         raise ExportError(
             f"mmproj: {loaded.base['init_from']} has no preprocessor_config.json with "
             "image_mean and image_std, which the projector file needs"
         )
     return pre
+
+
+def _preprocessor(files: dict) -> dict:
+    """The image processor's settings among the base's kept files: preprocessor_config.json
+    (released checkpoints), else processor_config.json's image_processor (what transformers 5
+    saves), as core.weights.vision.preprocessor reads them from a folder."""
+    for name, key in (("preprocessor_config.json", None), ("processor_config.json", "image")):
+        try:
+            found = json.loads(files.get(name) or "{}")
+        except ValueError:
+            continue
+        if key is not None and isinstance(found, dict):
+            found = found.get("image_processor") or {}
+        if found:
+            return found
+    return {}
 
 
 def write_mmproj(loaded: Loaded, folder: Path, quant: str, log) -> Path | None:
@@ -115,7 +129,7 @@ def write_mmproj(loaded: Loaded, folder: Path, quant: str, log) -> Path | None:
     if pre is None:
         return None
     path = folder / NAME
-    tensors = read_weights(towers.base_folder(loaded))  # memory-mapped: towers alone are read
+    tensors = towers.composite_state(loaded, {})  # the towers as trained (or as they came)
     count, kinds = write(path, hf, pre, tensors, quant)
     log(
         f"mmproj: {path.name}, {count} tensors of the {kinds} (projector {projector_of(hf).vision})"

@@ -1,0 +1,98 @@
+"""The GGUF and Ollama exports of a Gemma 3 composite fine-tuned with images: the text GGUF,
+the projector file (mmproj) holding the tower and projector as the hf export has them, and a
+Modelfile with both FROMs. (That llama.cpp's mtmd sees images through them as transformers
+does: tests/integration/test_vision_llamacpp.py, where llama-cpp-python is installed.)"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+gguf = pytest.importorskip("gguf")
+
+from helpers import tiny_config  # noqa: E402
+from vision_models import make_gemma3_vision, save_image  # noqa: E402
+
+from core.training.trainer import Trainer  # noqa: E402
+from core.use import mmproj  # noqa: E402
+from core.use.export import export  # noqa: E402
+
+# llama.cpp's names of a few tower and projector tensors, and the end of the composite's
+NAMES = {
+    "v.blk.0.attn_q.weight": "encoder.layers.0.self_attn.q_proj.weight",
+    "v.blk.1.ffn_down.weight": "encoder.layers.1.mlp.fc2.weight",
+    "v.patch_embd.weight": "embeddings.patch_embedding.weight",
+    "mm.input_projection.weight": "multi_modal_projector.mm_input_projection_weight",
+}
+
+
+def named(tensors: dict, end: str) -> torch.Tensor:
+    """The one tensor whose name ends so (transformers' versions prefix them differently)."""
+    (name,) = [n for n in tensors if n.endswith(end) and "language_model" not in n]
+    return tensors[name]
+
+
+def image_run(tmp_path, **fields):
+    """A tiny Gemma 3 composite (saved by transformers 5: processor_config.json, no
+    preprocessor_config.json) fine-tuned on chat data with images: (base folder, run)."""
+    folder = tmp_path / "base"
+    make_gemma3_vision(folder, layers=2)
+    data = tmp_path / "data"
+    lines = []
+    for i in range(8):
+        save_image(data / f"{i % 2}.png", "png", (40, 30), i % 2)
+        user = {"role": "user", "content": [{"type": "image", "image": f"{i % 2}.png"}]}
+        user["content"].append({"type": "text", "text": "What colour?"})
+        answer = {"role": "assistant", "content": "red" if i % 2 else "blue"}
+        lines.append(json.dumps({"messages": [user, answer]}))
+    (data / "chat.jsonl").write_text("\n".join(lines), encoding="utf-8")
+    cfg = tiny_config(
+        init_from=str(folder),
+        tokenizer="model",
+        data=str(data / "chat.jsonl"),
+        lr=3e-2,
+        max_steps=2,
+        eval_every=2,
+        ckpt_every=2,
+        dropout=0.0,
+        sample_tokens=0,
+        seq_len=40,
+        **fields,
+    )
+    Trainer(cfg, tmp_path / "run").run()
+    return folder, tmp_path / "run"
+
+
+def mmproj_tensors(path) -> dict[str, torch.Tensor]:
+    reader = gguf.GGUFReader(str(path))
+    return {t.name: torch.from_numpy(t.data.copy()) for t in reader.tensors}
+
+
+def hf_tensors(folder) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "model.safetensors"))
+
+
+def test_the_ollama_export_of_an_image_fine_tune_holds_the_tower_and_both_froms(tmp_path):
+    """LoRA on the language model, tower frozen: the Modelfile names the text GGUF and the
+    mmproj; the mmproj's tower and projector are the hf export's (the base's), f32 as asked."""
+    folder, run = image_run(tmp_path, lora_rank=4)
+    said = []
+    export(run, "ollama", tmp_path / "out", quant="f32", which="latest", log=said.append)
+    export(run, "hf", tmp_path / "hf", which="latest")
+    lines = (tmp_path / "out" / "Modelfile").read_text().splitlines()
+    assert lines[:2] == ["FROM ./model.gguf", f"FROM ./{mmproj.NAME}"]
+    assert any(line.startswith(f"mmproj: {mmproj.NAME}, ") for line in said)
+    ours, hf, base = (
+        mmproj_tensors(tmp_path / "out" / mmproj.NAME),
+        hf_tensors(tmp_path / "hf"),
+        hf_tensors(folder),
+    )
+    for name, end in NAMES.items():
+        got = ours[name]
+        assert got.dtype == torch.float32 and torch.equal(got, named(hf, end)), name
+        assert torch.equal(named(hf, end), named(base, end)), name  # frozen: the base's
