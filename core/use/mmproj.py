@@ -106,14 +106,16 @@ def check(loaded: Loaded) -> dict | None:
 def _preprocessor(files: dict) -> dict:
     """The image processor's settings among the base's kept files: preprocessor_config.json
     (released checkpoints), else processor_config.json's image_processor (what transformers 5
-    saves), as core.weights.vision.preprocessor reads them from a folder."""
+    saves), as core.weights.vision.preprocessor reads them from a folder, with the processor's
+    image_seq_length (Gemma 3's image tokens, which released files keep beside the rest)."""
     for name, key in (("preprocessor_config.json", None), ("processor_config.json", "image")):
         try:
             found = json.loads(files.get(name) or "{}")
         except ValueError:
             continue
         if key is not None and isinstance(found, dict):
-            found = found.get("image_processor") or {}
+            top = {k: v for k, v in found.items() if k == "image_seq_length"}
+            found = {**top, **(found.get("image_processor") or {})}
         if found:
             return found
     return {}
