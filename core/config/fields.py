@@ -118,6 +118,16 @@ class ModelFields:
         high=4096,
         arch=True,
     )
+    train_vision: bool = spec(
+        False,
+        "vision models on chat data with images: the vision tower and its projector train "
+        "too (under LoRA: adapters on their linear layers, a projector without any trains "
+        "whole; under full fine-tuning: every weight of theirs); default: frozen",
+        label="Train vision tower",
+        group=MODEL,
+        arch=True,
+        state=True,
+    )
     lora_alpha: float | None = spec(
         None,
         "LoRA scale numerator (the update is alpha / rank * B A); default: 2 x rank",

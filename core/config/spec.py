@@ -219,6 +219,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     _check_base_bits(values)
     _check_method(values)
     _check_experts(values)
+    _check_vision(values)
     if values["offload_checkpoints"] and not values["grad_checkpointing"]:
         raise ConfigError(
             "offload_checkpoints: offloads gradient checkpointing's saved inputs; turn on "
@@ -278,6 +279,16 @@ def _check_experts(values: dict) -> None:
                 "model has no experts",
                 field=name,
             )
+
+
+def _check_vision(values: dict) -> None:
+    """The tower trains only where there is one: a pretrained vision model's."""
+    if values.get("train_vision") and values["init_from"] is None:
+        raise ConfigError(
+            "train_vision: needs a pretrained vision model (init_from); a new model has no "
+            "vision tower",
+            field="train_vision",
+        )
 
 
 def _check_method(values: dict) -> None:

@@ -206,6 +206,27 @@ def apply_config(model, cfg) -> None:
             m.router_start = [p.detach().clone() for p in m.router.parameters()]
 
 
+def adapt_vision(vision: nn.Module, rank: int, alpha: float, dropout: float) -> None:
+    """--train-vision under LoRA, on a vision tower and its projector (core.models.vision):
+    adapters on every linear layer of both; a projector with no linear layer (Gemma 3's is
+    one matrix held as a parameter) trains whole, as PEFT's modules_to_save would."""
+    linears = [(n, m) for n, m in vision.named_modules() if type(m) is nn.Linear]
+    smallest = min((min(m.in_features, m.out_features) for _, m in linears), default=rank)
+    if rank > smallest:
+        raise ConfigError(
+            f"lora_rank: {rank} is larger than the vision tower's smallest adapted dimension "
+            f"({smallest}); lower it or leave train_vision off",
+            field="lora_rank",
+        )
+    vision.requires_grad_(False)
+    for name, linear in linears:
+        parent_name, _, child = name.rpartition(".")
+        setattr(vision.get_submodule(parent_name), child, LoRALinear(linear, rank, alpha, dropout))
+    projector = vision.multi_modal_projector
+    if not any(isinstance(m, LoRALinear) for m in projector.modules()):
+        projector.requires_grad_(True)
+
+
 @contextlib.contextmanager
 def adapters_disabled(model):
     """The base model alone while inside: with LoRA, the reference of preference tuning
@@ -242,8 +263,13 @@ def is_router(name: str) -> bool:
 
 
 def adapter_state(model) -> dict[str, torch.Tensor]:
-    """What a LoRA run trains: the adapters, and the routers where they train."""
-    trained = {n for n, p in model.named_parameters() if p.requires_grad and is_router(n)}
+    """What a LoRA run trains: the adapters, and the routers and a vision projector where
+    they train whole."""
+    trained = {
+        n
+        for n, p in model.named_parameters()
+        if p.requires_grad and (is_router(n) or n.startswith("vision."))
+    }
     return {k: v for k, v in model.state_dict().items() if is_adapter(k) or k in trained}
 
 

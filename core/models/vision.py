@@ -260,7 +260,21 @@ class ImageBlocks:
         return m.unsqueeze(1)
 
 
-def attach(model, vision: Vision, trains: bool = False) -> None:
-    """model.vision = vision, frozen unless trains (--train-vision)."""
-    vision.requires_grad_(trains)
+def train(vision: Vision, rank: int = 0, alpha: float = 1.0, dropout: float = 0.0) -> Vision:
+    """A tower and projector made trainable (--train-vision): LoRA on their linear layers at
+    rank > 0 (core.models.lora.adapt_vision), every weight at rank 0 (full fine-tuning)."""
+    from core.models import lora
+
+    if rank:
+        lora.adapt_vision(vision, rank, alpha, dropout)
+    else:
+        vision.requires_grad_(True)
+    return vision
+
+
+def attach(model, vision: Vision, trains: bool | None = False) -> None:
+    """model.vision = vision, frozen unless trains (--train-vision); None: as it is (made
+    trainable already, core.training.inputs.train_tower)."""
+    if trains is not None:
+        vision.requires_grad_(trains)
     model.vision = vision

@@ -144,7 +144,8 @@ def checkpoint_state(
     tensors = {}
     if not sharded:
         model = lora.adapter_state(run.model) if adapters_only else run.model.state_dict()
-        if not adapters_only:  # a frozen vision tower is the base's (core.models.vision): not kept
+        if not adapters_only and not cfg.train_vision:
+            # a frozen vision tower is the base's (core.models.vision): not kept
             model = {k: v for k, v in model.items() if not k.startswith("vision.")}
         tensors = {"model": model, "optimizer": run.optimizer.state_dict()}
     return {

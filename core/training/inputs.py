@@ -22,6 +22,7 @@ from core.data.windows import TokenData
 from core.errors import CheckpointError, DataError
 from core.models import deltanet, lora, quant
 from core.models.model import GPT, GPTConfig
+from core.models import vision as vision_model
 from core.models.vision import attach
 from core.platform import heap
 from core.weights import vision
@@ -194,16 +195,27 @@ def build_model(
     return model
 
 
-def attach_vision(model: GPT, pretrained: Pretrained, log) -> None:
+def attach_vision(model: GPT, pretrained: Pretrained, cfg: TrainConfig, log) -> None:
     """The base's vision tower and projector in the model's forward pass (chat data with
-    images), frozen: LoRA and full fine-tuning train the language model."""
+    images): frozen, or with cfg.train_vision trained too (LoRA on their linear layers under
+    LoRA, every weight under full fine-tuning). It stays unquantized under QLoRA."""
     tower = vision.load_vision(pretrained.folder, pretrained.hf_config)
-    attach(model, tower, trains=False)
+    train_tower(tower, cfg)
+    attach(model, tower, trains=None)
     n = sum(p.numel() for p in tower.parameters())
+    how = "frozen"
+    if cfg.train_vision:
+        how = "LoRA on its linear layers" if cfg.lora_rank else "trained in full"
     log(
         f"vision: {tower.options.kind} tower and projector ({n:,} parameters) in the forward "
-        "pass, frozen; the loss is on the answers' text only"
+        f"pass, {how}; the loss is on the answers' text only"
     )
+
+
+def train_tower(tower, cfg: TrainConfig) -> None:
+    """A loaded (frozen) tower made trainable as cfg.train_vision says."""
+    if cfg.train_vision:
+        vision_model.train(tower, cfg.lora_rank, cfg.lora_scale_alpha, cfg.lora_dropout)
 
 
 def _materialize(model: GPT, dtype: torch.dtype) -> None:

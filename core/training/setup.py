@@ -11,7 +11,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from core.data.windows import check_eval_data, text_windows
-from core.errors import CheckpointError
+from core.errors import CheckpointError, ConfigError
 from core.models import kernels
 from core.models.tiling import MLP_TILE_TOKENS
 from core.platform import compiling, heap
@@ -77,6 +77,12 @@ def setup(given: RunInputs, progress: Progress, events, stop) -> RunState:
         log=log_early,
     )
     objective.check_data(data)  # GRPO: the columns its rewards read
+    if cfg.train_vision and getattr(data, "images", None) is None:
+        raise ConfigError(
+            "train_vision: the data holds no images, so the vision tower would not train; "
+            "train on chat data with images, or leave train_vision off",
+            field="train_vision",
+        )
     second_val = None
     if cfg.eval_data:  # the same windows every evaluation: a curve that shows forgetting
         count = cfg.eval_batches * cfg.batch_size * cfg.grad_accum
@@ -128,7 +134,7 @@ def build(
     fused = state is None or bool((state.get("model_config") or {}).get("fused"))
     model = inputs.build_model(cfg, pretrained, device, precision, log, fused)
     if getattr(data, "images", None) is not None:  # the tower in the forward pass
-        inputs.attach_vision(model, pretrained, log)
+        inputs.attach_vision(model, pretrained, cfg, log)
     if cfg.devices:  # each block onto its card (core.training.split), the rest on the first
         place_split(cfg, model, precision, device, log)
     else:

@@ -226,7 +226,9 @@ def export_peft(loaded: Loaded, folder: Path) -> None:
     tensors, modules = peft_weights(loaded)
     experts, targets = peft_expert_weights(loaded)
     routers, saved = peft_router_weights(loaded)
-    tensors.update(experts | routers)
+    tower, tower_modules, tower_saved = towers.peft_tower(loaded)  # --train-vision's
+    tensors.update(experts | routers | tower)
+    modules, saved = modules + tower_modules, saved + tower_saved
     # GPT-2's Conv1D keeps weights transposed (its table's rows say so)
     fan_in_fan_out = any(t for _, _, t in families.table(loaded.family, loaded.model.config))
     save_file(tensors, str(folder / "adapter_model.safetensors"), {"format": "pt"})

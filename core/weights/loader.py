@@ -400,6 +400,15 @@ def apply_pretrained(cfg: TrainConfig, pre: Pretrained, explicit=()) -> TrainCon
                 "mixture-of-experts models only",
                 field=name,
             )
+    if cfg.train_vision:
+        from core.weights import vision  # it reads weights through this module
+
+        if vision.kind_of(pre.hf_config) is None:
+            raise ModelSourceError(
+                f"train_vision: {pre.name} has no vision tower TrainDeck trains (Gemma 3 4B "
+                "and up have one)",
+                field="train_vision",
+            )
     seq_len = min(cfg.seq_len, c.seq_len)
     if "seq_len" in explicit:
         if cfg.seq_len > c.seq_len:
@@ -532,6 +541,13 @@ def _base_model(state: dict, cfg: TrainConfig, c: GPTConfig, path: Path, mapped=
         with torch.device("meta" if mapped else "cpu"):  # the checkpoint's tensors go in
             model = GPT(c)
     lora.apply_config(model, cfg)
+    if cfg.train_vision:  # its trained tower, in the checkpoint (over the base's, with LoRA)
+        from core.models.vision import attach, train
+        from core.weights import vision
+
+        folder = resolve_folder(base["init_from"])
+        tower = vision.load_vision(folder, base["hf_config"])
+        attach(model, train(tower, cfg.lora_rank, cfg.lora_scale_alpha, cfg.lora_dropout), None)
     return model
 
 

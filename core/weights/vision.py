@@ -275,20 +275,50 @@ def _token_text(tokenizer, token_id: int) -> str:
     return text
 
 
+def ours_name(name: str) -> str | None:
+    """A composite file's tensor name under the Vision module's names (None: not the
+    tower's or projector's, or SigLIP's pooling head, which Gemma 3 does not read)."""
+    if composite.text_name(name) is not None:
+        return None
+    name = re.sub(r"^model\.", "", name)
+    name = name.replace("vision_tower.vision_model.", "vision_tower.")
+    if name.startswith("vision_tower.head.") or not name.startswith(
+        ("vision_tower.", "multi_modal_projector.", "visual.", "embed_vision.")
+    ):
+        return None
+    return name
+
+
 def tower_state(folder) -> dict[str, torch.Tensor]:
     """The base's tower and projector tensors under the Vision module's names (fp32)."""
     out = {}
     for name, t in read_weights(Path(folder)).items():
-        if composite.text_name(name) is not None:
-            continue
-        name = re.sub(r"^model\.", "", name)
-        name = name.replace("vision_tower.vision_model.", "vision_tower.")
-        if name.startswith("vision_tower.head.") or not name.startswith(
-            ("vision_tower.", "multi_modal_projector.", "visual.", "embed_vision.")
-        ):
-            continue  # SigLIP's pooling head: Gemma 3 reads every patch
-        out[name] = t.float()
+        if (mine := ours_name(name)) is not None:
+            out[mine] = t.float()
     return out
+
+
+def file_names(names) -> dict[str, str]:
+    """The Vision module's tensor names -> the composite file's (names: the file's)."""
+    return {mine: n for n in names if (mine := ours_name(n)) is not None}
+
+
+def module_name(mine: str) -> str:
+    """A Vision module's (or tensor's) name as transformers 5's in-memory composite names it,
+    what a PEFT adapter targets: model.vision_tower.encoder.*, model.multi_modal_projector.*
+    (the Vision module keeps the class's own names below model.)."""
+    return f"model.{mine}"
+
+
+def trained_state(tower) -> dict[str, torch.Tensor]:
+    """A trained tower's tensors under the Vision module's names, adapters merged in."""
+    import copy
+
+    from core.models import lora
+
+    merged = copy.deepcopy(tower)
+    lora.merge(merged)
+    return {k: v.detach() for k, v in merged.state_dict().items()}
 
 
 def load_vision(folder, hf: dict) -> Vision:

@@ -1,0 +1,173 @@
+"""--train-vision on a tiny Gemma 3 composite built with transformers' own classes
+(tests/vision_models.py): under LoRA the tower's and projector's weights train, the hf export
+holds them merged and loads as the original class with TrainDeck's logits with images, and
+the PEFT adapter on transformers' composite equals that export; under full fine-tuning the
+checkpoint keeps the tower and a stopped run resumes bit for bit; bad uses are one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from helpers import StopAfter, tiny_config  # noqa: E402
+from vision_models import make_gemma3_vision, reloaded, save_image  # noqa: E402
+
+from core.runs.folder import read_metrics  # noqa: E402
+from core.training.trainer import Trainer  # noqa: E402
+from core.use.export import export  # noqa: E402
+from core.weights.loader import load  # noqa: E402
+
+TOLERANCE = 1e-4  # fp32, logits up to about 7
+
+
+@pytest.fixture(scope="module")
+def gemma3(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("vision") / "base"
+    # six layers: the sixth attends globally (the others slide over 8 tokens), so the
+    # answers see the image and the tower has a gradient
+    _, processor = make_gemma3_vision(folder)
+    return folder, processor
+
+
+def conversation(path, question="What colour?", answer=None):
+    user = {"role": "user", "content": [{"type": "image", "image": str(path)}]}
+    user["content"].append({"type": "text", "text": question})
+    return [user] + ([{"role": "assistant", "content": answer}] if answer else [])
+
+
+def inputs_of(processor, messages, paths):
+    from PIL import Image
+
+    text = processor.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=messages[-1]["role"] == "user"
+    )
+    pictures = [Image.open(p).convert("RGB") for p in paths]
+    return processor(text=text, images=pictures, return_tensors="pt")
+
+
+def image_data(folder, n=8):
+    lines = []
+    for i in range(n):
+        save_image(folder / f"{i % 4}.png", "png", (40, 30), i % 4)
+        messages = conversation(f"{i % 4}.png", answer="red circle" if i % 2 else "blue")
+        lines.append(json.dumps({"messages": messages}))
+    (folder / "chat.jsonl").write_text("\n".join(lines), encoding="utf-8")
+    return folder / "chat.jsonl"
+
+
+def settings(base, data, **kw):
+    values = dict(
+        init_from=str(base),
+        tokenizer="model",
+        data=str(data),
+        train_vision=True,
+        max_steps=4,
+        eval_every=4,
+        ckpt_every=2,
+        log_every=1,
+        sample_tokens=0,
+        seq_len=40,
+        batch_size=2,
+        dropout=0.0,
+    )
+    return tiny_config(**{**values, **kw})
+
+
+def tower_tensors(folder):
+    from safetensors.torch import load_file
+
+    files = load_file(str(folder / "model.safetensors"))
+    return {k: v for k, v in files.items() if "vision_tower" in k or "multi_modal" in k}
+
+
+def test_lora_on_the_tower_exports_merged_and_as_peft_on_the_composite(gemma3, tmp_path):
+    from peft import PeftModel
+
+    folder, processor = gemma3
+    data = image_data(tmp_path / "data")
+    run = tmp_path / "run"
+    Trainer(settings(folder, data, lora_rank=4, lr=3e-2), run).run()
+    assert "tower and projector" in (run / "train.log").read_text()
+    assert "LoRA on its linear layers" in (run / "train.log").read_text()
+    saved = torch.load(run / "checkpoints" / "latest.pt", weights_only=True)["model"]
+    tower_keys = [k for k in saved if k.startswith("vision.")]
+    assert any(".lora_A" in k for k in tower_keys)  # the tower's adapters
+    # Gemma 3's projector is one matrix (no linear layer): it trains whole
+    assert "vision.multi_modal_projector.mm_input_projection_weight" in tower_keys
+    export(run, "hf", tmp_path / "hf", which="latest")
+    export(run, "peft", tmp_path / "peft", which="latest")
+    before, after = tower_tensors(folder), tower_tensors(tmp_path / "hf")
+    assert before.keys() == after.keys()
+    changed = [k for k in before if not torch.equal(before[k], after[k])]
+    assert any("self_attn.q_proj.weight" in k for k in changed)  # merged adapters
+    assert any("mm_input_projection_weight" in k for k in changed)
+    assert not any("layer_norm" in k for k in changed)  # no adapter: as it came
+    adapter = json.loads((tmp_path / "peft" / "adapter_config.json").read_text())
+    assert "model.vision_tower.encoder.layers.0.self_attn.q_proj" in (adapter["target_modules"])
+    assert adapter["modules_to_save"] == ["model.multi_modal_projector"]
+    merged, base = reloaded(tmp_path / "hf"), reloaded(folder)
+    picture = data.parent / "1.png"
+    inputs = inputs_of(processor, conversation(picture), [picture])
+    with torch.no_grad():
+        want = merged(**inputs).logits
+        ours = load(run, "latest").model.eval()  # the trained tower comes with it
+        got = ours.logits(inputs["input_ids"], images=inputs["pixel_values"])
+        assert (got - want).abs().max() < TOLERANCE
+        adapted = PeftModel.from_pretrained(base, tmp_path / "peft").eval()
+        assert (adapted(**inputs).logits - want).abs().max() < TOLERANCE
+
+
+def test_full_fine_tuning_trains_the_tower_and_resumes_bitwise(gemma3, tmp_path):
+    folder, processor = gemma3
+    data = image_data(tmp_path / "data")
+    cfg = settings(folder, data, lr=1e-3)
+    Trainer(cfg, tmp_path / "straight").run()
+    Trainer(cfg, tmp_path / "split").run(None, StopAfter(2))
+    latest = tmp_path / "split" / "checkpoints" / "latest.pt"
+    saved = torch.load(latest, weights_only=True)["model"]
+    assert "vision.vision_tower.embeddings.patch_embedding.weight" in saved  # it trains
+    Trainer(cfg, tmp_path / "split", resume_from=latest).run()
+
+    def losses(run):
+        return [r["loss"] for r in read_metrics(run / "metrics.jsonl")[0]]
+
+    assert losses(tmp_path / "split") == losses(tmp_path / "straight")
+    export(tmp_path / "straight", "hf", tmp_path / "hf", which="latest")
+    before, after = tower_tensors(folder), tower_tensors(tmp_path / "hf")
+    assert all(not torch.equal(before[k], after[k]) for k in before)  # every weight trained
+    picture = data.parent / "1.png"
+    inputs = inputs_of(processor, conversation(picture), [picture])
+    with torch.no_grad():
+        want = reloaded(tmp_path / "hf")(**inputs).logits
+        model = load(tmp_path / "straight", "latest").model.eval()
+        got = model.logits(inputs["input_ids"], images=inputs["pixel_values"])
+        assert (got - want).abs().max() < TOLERANCE
+
+
+def test_train_vision_without_a_tower_or_images_is_one_line(gemma3, tmp_path, capsys):
+    from hf_models import make_model
+
+    from core.cli.train import main as train_main
+
+    folder, _ = gemma3
+    data = image_data(tmp_path / "data", 2)
+    text = tmp_path / "text.txt"
+    text.write_text("plain text to train on. " * 40, encoding="utf-8")
+    make_model(tmp_path / "qwen", "qwen3")
+    capsys.readouterr()
+    common = ["--max-steps", "1", "--seq-len", "32", "--train-vision", "--tokenizer", "model"]
+    cases = [
+        (["--init-from", str(tmp_path / "qwen"), "--data", str(text)], "has no vision tower"),
+        (["--init-from", str(folder), "--data", str(text)], "the data holds no images"),
+        (["--data", str(data)], "needs a pretrained vision model"),
+    ]
+    for args, why in cases:
+        out = tmp_path / "out"
+        assert train_main([*args, *common, "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]  # after any progress bar
+        assert err.startswith("error: train_vision: ") and why in err
+        assert not out.exists()
