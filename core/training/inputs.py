@@ -21,8 +21,8 @@ from core.data.tokenizer import Tokenizer
 from core.data.windows import TokenData
 from core.errors import CheckpointError, DataError
 from core.models import deltanet, lora, quant
-from core.models.model import GPT, GPTConfig
 from core.models import vision as vision_model
+from core.models.model import GPT, GPTConfig
 from core.models.vision import attach
 from core.platform import heap
 from core.weights import vision
