@@ -673,6 +673,8 @@ class ConfigForm(QWidget):
             cfg = dataclasses.replace(cfg, init_from=pre.name)
             if not pre.config.moe:  # the expert switches mean nothing to a dense model
                 cfg = dataclasses.replace(cfg, lora_experts=False, train_router=False)
+            if not self._has_tower():  # nor a tower's to a model without one
+                cfg = dataclasses.replace(cfg, train_vision=False)
             cfg = apply_pretrained(cfg, pre)
             if not cfg.eval_data:  # offered: a fine-tune's plot then shows forgetting
                 cfg = dataclasses.replace(cfg, eval_data="embedded")
@@ -724,6 +726,7 @@ class ConfigForm(QWidget):
         for name in PRETRAINED_FIXED:
             self.widgets[name].setEnabled(self._pretrained is None)
         self.widgets["device"].setEnabled(not self.split.isChecked())  # the split names them
+        self._show_train_vision()
         # Llama-style models have no such biases: the box shows only where it means something.
         bias, arch = self.widgets["bias"], self.widgets["arch"].currentText()
         bias.setVisible(bias.isChecked() if self._pretrained else arch == "gpt2")
@@ -731,6 +734,20 @@ class ConfigForm(QWidget):
         self.check()
         self._show_auto_lrs()
         self.changed.emit()
+
+    def _has_tower(self) -> bool:
+        """Whether the pretrained start has a vision tower TrainDeck trains."""
+        from core.weights import vision
+
+        pre = self._pretrained
+        return pre is not None and vision.kind_of(pre.hf_config or {}) is not None
+
+    def _show_train_vision(self) -> None:
+        """Train vision tower: offered only where the model has one (the tooltip says why)."""
+        box, has = self.widgets["train_vision"], self._has_tower()
+        box.setEnabled(has or box.isChecked())  # a checked box stays, to be unchecked
+        why = "" if has else "\n\nThis model has no vision tower (Gemma 3 4B and up have one)."
+        box.setToolTip(tooltip("train_vision") + why)
 
     def _show_auto_lrs(self) -> None:
         """What "auto" means for the learning rates of this config (core.config.recipe)."""
