@@ -43,9 +43,18 @@ def gemma3_tokenizer(folder: Path):
     return tok
 
 
-def make_gemma3_vision(folder, layers: int = 6, width: int = 32, seed: int = 0, std: float = 0.3):
+def make_gemma3_vision(
+    folder,
+    layers: int = 6,
+    width: int = 32,
+    seed: int = 0,
+    std: float = 0.3,
+    image_size: int = IMAGE_SIZE,
+    tower: dict | None = None,
+):
     """A tiny Gemma3ForConditionalGeneration that reads images: SigLIP of 4 x 4 patches
-    pooled into 4 image tokens; its processor saved beside it. Returns (model, processor)."""
+    pooled into 4 image tokens; its processor saved beside it. Returns (model, processor).
+    image_size and tower (SiglipVisionConfig's sizes): a larger tower (memory tests)."""
     import transformers as t
 
     folder = Path(folder)
@@ -67,12 +76,10 @@ def make_gemma3_vision(folder, layers: int = 6, width: int = 32, seed: int = 0, 
         eos_token_id=tok.eos_token_id,
         bos_token_id=tok.bos_token_id,
     )
+    sizes = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2)
     vision = t.SiglipVisionConfig(
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        image_size=IMAGE_SIZE,
+        **{**sizes, **(tower or {})},
+        image_size=image_size,
         patch_size=14,
         vision_use_head=False,
     )
@@ -92,7 +99,7 @@ def make_gemma3_vision(folder, layers: int = 6, width: int = 32, seed: int = 0, 
     model.generation_config = t.GenerationConfig(eos_token_id=[tok.eos_token_id])
     model.save_pretrained(folder)
     images = t.Gemma3ImageProcessorPil(
-        size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+        size={"height": image_size, "width": image_size},
         image_mean=[0.5] * 3,
         image_std=[0.5] * 3,
         do_pan_and_scan=False,

@@ -378,6 +378,7 @@ class Estimate:
     runtime: int = 0  # the CPU: what torch's first step loads for good (CPU_RUNTIME_BYTES)
     # activations and logits at the step's peak by component (memory_profile's names)
     step_parts: dict = field(default_factory=dict)
+    tower: TowerLoad | None = None  # a vision tower's share (in the rows above too)
 
     @property
     def allocator_peak(self) -> int:
@@ -447,8 +448,78 @@ class Estimate:
             ),
             f"tokens per optimizer step  {self.tokens_per_step:,}",
             f"FLOPs per token            {self.flops_per_token / 1e6:,.1f} M",
+            *self.tower_lines(),
         ]
         return "\n".join(lines)
+
+    def tower_lines(self) -> list[str]:
+        """The vision rows: its weights and activations (in the rows above)."""
+        t = self.tower
+        if t is None:
+            return []
+        how = f"{t.trained:,} of its parameters train" if t.trained else "frozen"
+        return [
+            f"vision tower weights       {t.weights / MB:>10.1f} MiB ({how})",
+            f"vision tower activations   {t.activations / MB:>10.1f} MiB "
+            f"({t.images:,} images a micro-batch)",
+        ]
+
+
+@dataclass
+class TowerLoad:
+    """The vision tower's share of a step (--train-vision, or images_per_row given): its
+    weights (fp32, never quantized), what trains of it, and its saved activations for the
+    images of a micro-batch."""
+
+    images: int  # images through the tower per micro-batch
+    weights: int  # all of its parameters, fp32
+    trained: int  # parameters that train (their gradients and optimizer state beside)
+    activations: int
+
+
+_TOWERS: dict[str, dict | None] = {}
+
+
+def tower_dims(cfg: TrainConfig) -> dict | None:
+    """The pretrained model's vision tower sizes (core.weights.vision.tower_dims), or None."""
+    if not cfg.init_from:
+        return None
+    if cfg.init_from not in _TOWERS:  # an estimate is asked many times (the planner's probes)
+        from core.weights import vision
+        from core.weights.loader import config_only
+
+        _TOWERS[cfg.init_from] = vision.tower_dims(config_only(cfg.init_from).hf_config)
+    return _TOWERS[cfg.init_from]
+
+
+def tower_load(
+    cfg: TrainConfig, rows: int, e: int, on_gpu: bool, images_per_row: int | None
+) -> TowerLoad | None:
+    """The tower's memory for rows of this config. Images a row: images_per_row where the
+    data is known, else the most a row can hold (seq_len over an image's tokens: a row of
+    short examples full of images). Frozen, the tower runs without gradients and keeps
+    nothing; trained, each of its layers keeps per patch what a pre-norm ViT block saves
+    (its input and norm, q, k, v, attention output, the MLP's input, inner and activation:
+    8 widths and 2 inner widths)."""
+    t = tower_dims(cfg)
+    if t is None or not (cfg.train_vision or images_per_row):
+        return None
+    per_row = images_per_row if images_per_row is not None else cfg.seq_len // (t["tokens"] + 2)
+    images = rows * max(1, per_row)
+    weights = 4 * (t["params"] + t["projector"])
+    trained, saved = 0, 0
+    if cfg.train_vision:
+        if cfg.lora_rank:
+            r = cfg.lora_rank
+            trained = sum(r * (i + o) for i, o in t["linears"]) + t["projector"]
+        else:
+            trained = t["params"] + t["projector"]
+        p, w = t["patches"], t["width"]
+        # attention without a mask: SDPA's fused kernels, CPU and GPU, keep no scores
+        block = p * (8 * w + 2 * t["inner"]) * e
+        saved = t["layers"] * block + p * w * e  # and the output the projector reads
+    pixels = 4 * t["pixels"]  # each image's pixel values, held for the step
+    return TowerLoad(images, weights, trained, images * (saved + pixels))
 
 
 OPTIMIZER_BYTES = {"adamw8bit": 2}  # a trained weight's optimizer state, when not 8
@@ -469,8 +540,14 @@ def _base_bytes(cfg: TrainConfig, c: GPTConfig, n: int, sixteen: bool) -> int:
     return bits // 8 * n
 
 
-def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True) -> Estimate:
-    """Peak memory of one micro-batch's forward/backward plus the optimizer step."""
+def estimate(
+    cfg: TrainConfig,
+    precision: str | None = None,
+    on_gpu: bool = True,
+    images_per_row: int | None = None,
+) -> Estimate:
+    """Peak memory of one micro-batch's forward/backward plus the optimizer step.
+    images_per_row: a vision model's images in a row where the data is known (tower_load)."""
     if precision is None:
         precision = pick_precision(cfg.precision, on_gpu)  # a modern GPU's choice
     c = model_shape(cfg)
@@ -517,6 +594,13 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
     optimizer = OPTIMIZER_BYTES.get(recipe.optimizer(cfg), 8) * trained
     if recipe.optimizer(cfg) == "muon":
         optimizer -= 4 * hidden_matrix_params(_counting_shape(c))
+    tower = tower_load(cfg, rows, e, on_gpu, images_per_row)
+    if tower is not None:  # its weights, what trains of it, its activations
+        weights += tower.weights
+        trained += tower.trained
+        optimizer += OPTIMIZER_BYTES.get(recipe.optimizer(cfg), 8) * tower.trained
+        parts[mp.VISION] = tower.activations
+        activations += tower.activations
     generation, grpo_logits, reference = objectives.extra_memory(cfg, c, e, weights)
     logits = grpo_logits or logits  # GRPO's loss reads the completion positions' only
     weights += reference
@@ -539,6 +623,7 @@ def estimate(cfg: TrainConfig, precision: str | None = None, on_gpu: bool = True
         generation=generation,
         generation_row=methods.of(cfg).sampling_row or "sampling",
         step_parts={k: int(v) for k, v in parts.items() if v},
+        tower=tower,
     )
 
 

@@ -34,6 +34,7 @@ MLP = "MLP intermediates"
 LOSS = "logits and loss"
 GRADS = "activation gradients"
 SLACK = "allocator slack"
+VISION = "vision tower"  # a vision model's tower activations (the estimate's row)
 ORDER = (BASELINE, WEIGHTS, TRAINABLE, SAVED, RECOMPUTE, ATTENTION, MLP, LOSS, GRADS, SLACK)
 
 PHASES = ("forward", "backward", "optimizer")

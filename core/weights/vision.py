@@ -327,3 +327,31 @@ def load_vision(folder, hf: dict) -> Vision:
     vision = QwenVision(o) if is_qwen(hf) else Vision(o)
     vision.load_state_dict(tower_state(folder))
     return vision.requires_grad_(False)
+
+
+def tower_dims(hf: dict) -> dict | None:
+    """A tower's sizes for the memory estimate (None: no tower TrainDeck runs): layers,
+    width, MLP width, heads, patches and tokens per image, pixels per image, and its and
+    its projector's parameters, their linear layers' (in, out) included."""
+    if kind_of(hf) is None:
+        return None
+    v = hf["vision_config"]
+    width, inner = int(v["hidden_size"]), int(v["intermediate_size"])
+    side, patch = int(v.get("image_size", 896)), int(v["patch_size"])
+    patches, layers = (side // patch) ** 2, int(v["num_hidden_layers"])
+    text = int(composite.text_config(hf)["hidden_size"])
+    linears = [(width, width)] * 4 + [(width, inner), (inner, width)]  # q, k, v, out; fc1, fc2
+    per_layer = 4 * (width * width + width) + 2 * width * inner + inner + width + 4 * width
+    embed = 3 * patch * patch * width + width + patches * width
+    return {
+        "layers": layers,
+        "width": width,
+        "inner": inner,
+        "heads": int(v["num_attention_heads"]),
+        "patches": patches,
+        "tokens": int(hf.get("mm_tokens_per_image", 256)),
+        "pixels": 3 * side * side,
+        "params": embed + layers * per_layer + 2 * width,
+        "linears": linears * layers,
+        "projector": width * text + width,  # Gemma 3's: one matrix and a norm, no linear
+    }

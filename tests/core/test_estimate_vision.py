@@ -1,0 +1,129 @@
+"""The estimate of a run that trains a vision tower (--train-vision) on images: its weights,
+what trains of it and its activations per image are rows of the estimate (--estimate names
+them), and the CPU estimate is within the project's 15% of the measured peak of real
+training steps on a tiny Gemma 3 composite whose tower holds most of the step's memory.
+Measured as tests/core/test_estimate_long_context.py measures (VmHWM over the resident
+memory before the run, in a subprocess, after a warm-up run)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from vision_models import make_gemma3_vision, save_image
+
+from core.config.spec import TrainConfig, validate
+from core.training.estimate import MB, estimate
+
+ROOT = Path(__file__).resolve().parents[2]
+IMAGES = 4  # images in each example; a row holds one example
+TOWER = dict(hidden_size=64, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4)
+
+PEAK = r"""
+import contextlib, ctypes, gc, io, json, sys, tempfile
+import psutil, torch
+from core.config.spec import TrainConfig, validate
+from core.training.estimate import estimate
+from core.training.trainer import Trainer
+
+torch.set_num_threads(1)
+libc = ctypes.CDLL("libc.so.6")
+values, images = json.loads(sys.argv[1]), int(sys.argv[2])
+out = []
+for warm in (True, False):  # the first run loads torch's code: its memory is the baseline
+    cfg = validate(TrainConfig(**values))
+    gc.collect()
+    libc.malloc_trim(0)
+    with open("/proc/self/clear_refs", "w") as f:  # VmHWM restarts from here
+        f.write("5")
+    before = psutil.Process().memory_info().rss
+    with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(io.StringIO()):
+        Trainer(cfg, tmp + "/run").run()
+    peak = int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0]) * 1024
+    est = estimate(cfg, on_gpu=False, images_per_row=images)
+    out.append({"est": est.device_total - est.runtime, "measured": peak - before})
+print(json.dumps(out[-1]))
+"""
+
+
+@pytest.fixture(scope="module")
+def composite(tmp_path_factory):
+    pytest.importorskip("transformers")
+    root = tmp_path_factory.mktemp("g3mem")
+    make_gemma3_vision(root / "base", layers=2, image_size=224, tower=TOWER)
+    lines = []
+    for i in range(4):
+        parts = [{"type": "image", "image": f"{(i + k) % 4}.png"} for k in range(IMAGES)]
+        save_image(root / f"{i}.png", "png", (60, 40), i)
+        user = {"role": "user", "content": [*parts, {"type": "text", "text": "Which?"}]}
+        answer = {"role": "assistant", "content": "red" if i % 2 else "blue"}
+        lines.append(json.dumps({"messages": [user, answer]}))
+    (root / "chat.jsonl").write_text("\n".join(lines), encoding="utf-8")
+    return root
+
+
+def settings(root, **kw) -> dict:
+    values = dict(
+        init_from=str(root / "base"),
+        tokenizer="model",
+        data=str(root / "chat.jsonl"),
+        train_vision=True,
+        seq_len=64,
+        batch_size=1,
+        grad_accum=1,
+        precision="fp32",
+        device="cpu",
+        dropout=0.0,
+        max_steps=1,
+        eval_every=10**9,
+        ckpt_every=10**9,
+        keep_checkpoints=0,
+        sample_tokens=0,
+        log_every=1,
+    )
+    return {**values, **kw}
+
+
+def test_the_estimate_names_the_tower_and_counts_each_image(composite):
+    cfg = validate(TrainConfig(**settings(composite)))
+    one, four = (estimate(cfg, on_gpu=False, images_per_row=k) for k in (1, 4))
+    assert one.tower.trained == four.tower.trained > 0  # full fine-tuning: all of it trains
+    assert four.tower.activations == 4 * one.tower.activations  # per image
+    assert "vision tower activations" in four.report() and "4 images" in four.report()
+    lora = validate(TrainConfig(**settings(composite, lora_rank=4)))
+    adapters = estimate(lora, on_gpu=False, images_per_row=1).tower
+    assert 0 < adapters.trained < one.tower.trained
+    frozen = estimate(validate(TrainConfig(**settings(composite, train_vision=False))))
+    assert frozen.tower is None  # text data: no tower in the step
+    # without the data's count: the most a row holds (seq_len over an image's tokens)
+    assert estimate(cfg, on_gpu=False).tower.images == 64 // (4 + 2)
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="Linux's VmHWM reset")
+@pytest.mark.parametrize("lora_rank", [0, pytest.param(4, marks=pytest.mark.slow)])
+def test_the_cpu_estimate_is_within_15_percent_of_the_measured_peak(composite, lora_rank):
+    values = settings(composite, lora_rank=lora_rank)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRAINDECK_HEAP": "lean"}
+    done = subprocess.run(
+        [sys.executable, "-c", PEAK, json.dumps(values), str(IMAGES)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    p = json.loads(done.stdout.strip().splitlines()[-1])
+    cfg = validate(TrainConfig(**values))
+    tower = estimate(cfg, on_gpu=False, images_per_row=IMAGES).tower
+    assert tower.activations > 0.4 * p["est"]  # the tower is most of what is compared
+    error = p["est"] / p["measured"] - 1
+    print(
+        f"lora_rank {lora_rank}: estimate {p['est'] / MB:.1f} MiB, measured "
+        f"{p['measured'] / MB:.1f} MiB ({error:+.1%}), tower {tower.activations / MB:.1f} MiB"
+    )
+    assert abs(error) <= 0.15, (p["est"] / MB, p["measured"] / MB, error)
