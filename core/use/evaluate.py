@@ -198,7 +198,28 @@ def read_choices(path: str | Path, template: str | None = None) -> list[dict]:
         rows.append((where, row))
     if not rows:
         raise DataError(f"choices: {path} holds no questions")
-    return [_item(row, f"{path}: {where}", template) for where, row in rows]
+    items = [_item(row, f"{path}: {where}", template) for where, row in rows]
+    for item, (where, _) in zip(items, rows, strict=True):
+        _picture(item, path.parent, f"{path}: {where}")
+    return items
+
+
+def _picture(item: dict, folder: Path, where: str) -> None:
+    """An item's "image": PATH (relative to the questions' file), decoded and checked now,
+    before any model loads: item["image"] the path, item["picture"] its RGB image."""
+    from core.data import images
+
+    value = item["doc"].get("image")
+    if value in (None, ""):
+        return
+    if not isinstance(value, str):
+        raise DataError(f"{where}: image must be a file path, got {type(value).__name__}")
+    path = Path(value) if Path(value).is_absolute() else folder / value
+    try:
+        item["picture"] = images.open_rgb(path)
+    except images.ImageProblem as e:
+        raise DataError(f"{where}: image {value} {e}") from None
+    item["image"] = path
 
 
 def _jinja(template: str):
@@ -255,7 +276,7 @@ def build_context(loaded: Loaded | None, item: dict, shots: list[dict], fmt: Que
         messages.append(["user", doc_to_text(shot, fmt.template), fmt.target_delimiter])
         answer = shot["choices"][shot["answer"]]
         messages.append(["assistant", answer, fmt.fewshot_delimiter])
-    messages.append(["user", doc_to_text(item, fmt.template), ""])
+    messages.append(["user", item.get("mark", "") + doc_to_text(item, fmt.template), ""])
     if not fmt.chat:
         return "".join(content + delim for _, content, delim in messages), fmt.target_delimiter
     system = [m for m in messages if m[0] == "system"]
@@ -296,6 +317,31 @@ def question_requests(loaded, items: list[dict], fmt: QuestionFormat, limit=None
     return scored, requests
 
 
+def _shown(loaded: Loaded, items: list[dict], fmt: QuestionFormat) -> dict:
+    """The items' images as the model sees them ({id(item): pixel values (1, 3, H, W)}), its
+    tower attached (core.use.generate.seeing); each such item's context gets the image's
+    tokens where its mark goes, before the question (item["mark"])."""
+    from core.data import images
+    from core.use.generate import seeing
+
+    pictured = [item for item in items if "picture" in item]
+    if not pictured:
+        return {}
+    if fmt.fewshot:
+        raise DataError(
+            "--fewshot: questions with images are scored zero-shot (a few-shot example's "
+            "image would not be shown); leave --fewshot out"
+        )
+    paths = [item["image"] for item in pictured]
+    seen = seeing(loaded, paths, [item["picture"] for item in pictured], "--choices")
+    out = {}
+    for n, item in enumerate(pictured):
+        count = images.image_tokens(seen.spec, images.resized(item["picture"], seen.spec))
+        item["mark"] = seen.spec.text(count)
+        out[id(item)] = seen.pixels[n : n + 1]
+    return out
+
+
 def choice_metrics(
     loaded: Loaded,
     items: list[dict],
@@ -306,11 +352,14 @@ def choice_metrics(
     """acc, acc_norm (per character of the choice) and acc_bytes (per UTF-8 byte), with their
     standard errors, and each item's picks [acc, acc_norm, acc_bytes]."""
     fmt = fmt or QuestionFormat()
+    scored = items if limit is None else items[:limit]
+    shown = _shown(loaded, scored, fmt)
     scored, requests = question_requests(loaded, items, fmt, limit)
     if not scored:
         raise DataError("choices: no questions to score")
     flat = [r for rs in requests for r in rs]
-    lls = [ll for ll, _ in scoring.loglikelihood(loaded, flat, progress)]
+    pixels = [shown.get(id(item)) for item in scored for _ in item["choices"]]
+    lls = [ll for ll, _ in scoring.loglikelihood(loaded, flat, progress, pixels)]
     hits = {"acc": [], "acc_norm": [], "acc_bytes": []}
     picks, at = [], 0
     for item in scored:

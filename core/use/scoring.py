@@ -89,6 +89,7 @@ def loglikelihood_tokens(
     loaded: Loaded,
     pairs: list[tuple[list[int], list[int]]],
     progress: Callable[[int], None] | None = None,
+    images: list | None = None,
 ) -> list[tuple[float, bool]]:
     """(sum of log p(continuation | context), whether every continuation token is the
     argmax) per (context tokens, continuation tokens), the input cut from the left to the
@@ -110,7 +111,8 @@ def loglikelihood_tokens(
         size = max(1, min(64, LOGIT_BUDGET // max(1, longest * vocab)))
         batch = order[start : start + size]
         rows = [inputs[i] + [0] * (longest - len(inputs[i])) for i in batch]
-        logits = model.logits(torch.tensor(rows, device=device))
+        ids = torch.tensor(rows, device=device)
+        logits = model.logits(ids, **_seen(model, ids, batch, images))
         for row, i in enumerate(batch):
             cont = pairs[i][1]
             end = len(inputs[i])
@@ -124,10 +126,31 @@ def loglikelihood_tokens(
     return out  # type: ignore[return-value]
 
 
-def loglikelihood(loaded: Loaded, requests: list[tuple[str, str]], progress=None):
-    """lm_eval's loglikelihood: (log-likelihood, is greedy) per (context, continuation)."""
+def _seen(model, ids: torch.Tensor, batch: list[int], images: list | None) -> dict:
+    """The forward's images= for a batch of requests: the images of those that show one, in
+    row order; a context cut to the model's through an image's tokens is refused."""
+    shown = [images[i] for i in batch if images is not None and images[i] is not None]
+    if not shown:
+        return {}
+    o = model.vision.options
+    if int((ids == o.token_id).sum()) != len(shown) * o.tokens:
+        raise DataError(
+            "--choices: a question with an image is longer than the model's context "
+            f"({max_length_of(model)} tokens): its image would be cut; shorten it"
+        )
+    return {"images": torch.cat(shown).to(_device(model))}
+
+
+def max_length_of(model) -> int:
+    return model.config.seq_len
+
+
+def loglikelihood(loaded: Loaded, requests: list[tuple[str, str]], progress=None, images=None):
+    """lm_eval's loglikelihood: (log-likelihood, is greedy) per (context, continuation).
+    images: per request, the pixel values (1, 3, H, W) of the image its context shows (its
+    tokens in the context already), or None."""
     pairs = [encode_pair(loaded.tokenizer, c, x) for c, x in requests]
-    return loglikelihood_tokens(loaded, pairs, progress)
+    return loglikelihood_tokens(loaded, pairs, progress, images)
 
 
 def rolling_windows(tokens: list[int], prefix: int, max_len: int) -> list[tuple[list, list]]:
