@@ -79,24 +79,56 @@ def _build_pairs(spec: DataSpec, listing, target: Path, tokenizer, progress_cb, 
     if examples.bad_lines:
         log(f"data: skipped {examples.bad_lines} bad line(s); the first: {examples.first_bad}")
     pairs = examples.conversations
+    prompts = chatdata.Examples(conversations=[p for p, _, _ in pairs], origins=examples.origins)
+    _text_only(spec, prompts)  # an image for a model without a vision tower: one line
+    if examples.outside:
+        log(f"data: image {examples.outside[0]} lies outside the data folder (through ..)")
+    has_images = any(images.conversation_images(p) for p in prompts.conversations)
+    tmp = temp_entry(target) if has_images else None
+    try:
+        return _pair_rows(
+            spec, listing, target, tokenizer, examples, has_images, tmp, progress_cb, cancelled, log
+        )
+    except BaseException as e:
+        if tmp is not None:
+            discard(tmp, target, e)
+        raise
+
+
+def _pair_rows(
+    spec, listing, target, tokenizer, examples, has_images, tmp, progress_cb, cancelled, log
+):
+    chat, pairs = spec.chat, examples.conversations
     tokenizer = _chat_tokenizer(spec, tokenizer, [p + c for p, c, _ in pairs], log)
     template, tokens = template_of(tokenizer), render_vars(tokenizer)
     held = held_out_split(len(pairs), spec.val_fraction, spec.sources.description)
     pad = tokenizer.eos_id if tokenizer.eos_id is not None else 0
-    out = {s: preference.PairRows(chat.seq_len + 1, pad) for s in ("train", "val")}
+    image_id = spec.images.token_id if has_images else -1
+    out = {
+        s: preference.PairRows(chat.seq_len + 1, pad, image_id=image_id) for s in ("train", "val")
+    }
+    pictures = Pictures(spec.images, tmp, False) if has_images else None
     progress = Progress(progress_cb, cancelled, sum(examples.sizes), "rendering pairs")
     t0 = time.perf_counter()
     for number, ((prompt, chosen, rejected), is_val, size) in enumerate(
         zip(pairs, held, examples.sizes, strict=True), 1
     ):
+        origin = examples.origins[number - 1]
+        files = images.conversation_images(prompt) if has_images else []
+        expand, numbers = None, []
+        if files:
+            numbers, counts = pictures.example(files, origin)
+            expand = functools.partial(expand_marks, spec.images, counts, origin)
         try:
             sides = [
-                preference.encode_side(tokenizer, template, prompt, a, tokens)
+                preference.encode_side(tokenizer, template, prompt, a, tokens, expand)
                 for a in (chosen, rejected)
             ]
         except TemplateError as e:
-            raise refused_by_template(e, examples.origins[number - 1]) from None
-        wrong = out["val" if is_val else "train"].add(*sides)
+            raise refused_by_template(e, origin) from None
+        for ids, _ in sides if files else ():
+            _image_tokens_whole(ids, np.zeros(len(ids)), spec.images, sum(counts), origin)
+        wrong = out["val" if is_val else "train"].add(*sides, numbers)
         if wrong:
             raise DataError(
                 f"data: pair {number} of {spec.sources.description}: {wrong} (seq_len "
@@ -117,7 +149,9 @@ def _build_pairs(spec: DataSpec, listing, target: Path, tokenizer, progress_cb, 
         "seq_len": chat.seq_len,
     }
     extra = {"data_format": "preference", "row": chat.seq_len + 1, "examples": examples_info}
-    return _write_row_entry(spec, listing, target, tokenizer, rows, t0, extra)
+    if pictures is not None:  # each row's images: a pair's two rows show its prompt's
+        extra.update(pictures.writer.finish(out["train"].row_images + out["val"].row_images))
+    return _write_row_entry(spec, listing, target, tokenizer, rows, t0, extra, tmp)
 
 
 def _write_row_entry(

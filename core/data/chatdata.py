@@ -52,14 +52,14 @@ def refuse_media(obj: dict, images_ok: bool = False) -> None:
     """BadLine for a record that carries images, audio or video (a column of them);
     images_ok: a ShareGPT "images" list of files is taken (chat examples)."""
     for key in MEDIA_KEYS:
-        if images_ok and key == "images" and "messages" in obj:
+        if images_ok and key == "images" and ("messages" in obj or "prompt" in obj):
             continue
         if obj.get(key):
             why = NO_SOUND if images_ok else NO_MEDIA
             if images_ok and key == "image":
                 why = 'an image column is not read: name the files in an "images" list'
             if images_ok and key == "images":
-                why = "an images list goes with 'messages' and their <image> marks"
+                why = "an images list goes with 'messages' (or a pair's 'prompt') and their <image> marks"
             raise BadLine(f"{key!r} holds media: {why}")
 
 
@@ -257,6 +257,9 @@ def read_examples(
                 parsed = parse(obj)
                 if isinstance(parsed, list):  # a conversation: its images' files
                     parsed = resolve_images(parsed, path.parent, out.outside)
+                elif isinstance(parsed, tuple):  # a pair: its prompt's images' files
+                    prompt = resolve_images(parsed[0], path.parent, out.outside)
+                    parsed = (prompt, *parsed[1:])
                 out.conversations.append(parsed)
             except BadLine as e:
                 bad(path, number, str(e))

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from core.data.chat import answer_spans
-from core.data.chatdata import BadLine, _messages, _offsets, refuse_media
+from core.data.chatdata import BadLine, _messages, _offsets, _sharegpt_images, refuse_media
 
 FIELDS = ("prompt", "chosen", "rejected")
 
@@ -44,14 +44,15 @@ def parse_pair(obj) -> tuple[list[dict], list[dict], list[dict]]:
     is wrong with it."""
     if not isinstance(obj, dict):
         raise BadLine("expected a JSON object")
-    refuse_media(obj)
+    refuse_media(obj, images_ok=True)  # the prompt may show images; the answers are text
     prompt = obj.get("prompt")
     if prompt is None:
         raise BadLine("'prompt' is missing; a preference pair needs prompt, chosen and rejected")
     if isinstance(prompt, str):
         prompt = [{"role": "user", "content": prompt}]
     else:
-        prompt = _messages(prompt, "'prompt'")
+        prompt = _messages(prompt, "'prompt'", images_ok=True)
+    prompt = _sharegpt_images(obj, prompt)  # an "images" list for the prompt's <image> marks
     chosen, rejected = _side(obj, "chosen"), _side(obj, "rejected")
     if chosen == rejected:
         raise BadLine("'chosen' and 'rejected' are the same answer: nothing to prefer")
@@ -59,12 +60,15 @@ def parse_pair(obj) -> tuple[list[dict], list[dict], list[dict]]:
 
 
 def encode_side(
-    tokenizer, template: str, prompt: list[dict], answer: list[dict], tokens: dict
+    tokenizer, template: str, prompt: list[dict], answer: list[dict], tokens: dict, expand=None
 ) -> tuple[np.ndarray, int]:
     """(ids, where the answer starts) of prompt + answer as the template renders it; the
-    answer runs from the start of its first turn to the end of the text."""
+    answer runs from the start of its first turn to the end of the text. expand(text, spans)
+    -> (text, spans): the prompt's image marks made into the model's image tokens."""
     messages = prompt + answer
     text, spans = answer_spans(template, messages, **tokens)
+    if expand is not None:
+        text, spans = expand(text, spans)
     first = spans[len(spans) - len(answer)][0]
     ids, starts = _offsets(tokenizer, text)
     return ids, int(np.searchsorted(starts, first))
@@ -94,13 +98,21 @@ class PairRows:
     truncated: int = 0  # pairs with a side cut to the row
     cut_tokens: int = 0  # tokens the cuts lost, both sides
     longest: int = 0  # the longest side, in tokens, before a cut
+    image_id: int = -1  # the image token (pairs whose prompt shows images)
+    row_images: list = field(default_factory=list)  # each row's image numbers
 
-    def add(self, chosen: tuple[np.ndarray, int], rejected: tuple[np.ndarray, int]) -> str:
-        """Add one pair; what is wrong with it instead (nothing added) when the context
-        leaves nothing to compare."""
+    def add(
+        self, chosen: tuple[np.ndarray, int], rejected: tuple[np.ndarray, int], numbers=()
+    ) -> str:
+        """Add one pair (numbers: its prompt's images, in the store); what is wrong with it
+        instead (nothing added) when the context leaves nothing to compare."""
         sides = [fit(ids, at, self.row) for ids, at in (chosen, rejected)]
         if any(len(ids) <= max(at, 1) for ids, at, _ in sides):
             return "an answer keeps no token within the context"
+        whole = [int((ids == self.image_id).sum()) for ids, _ in (chosen, rejected)]
+        cut = zip(sides, whole, strict=True)
+        if any(int((ids == self.image_id).sum()) != n for (ids, _, _), n in cut):
+            return "its prompt's image would be cut by the context (its start is cut)"
         if np.array_equal(sides[0][0], sides[1][0]):
             return "its answers differ only past the context: cut to it they are the same"
         for ids, at, _ in sides:
@@ -110,6 +122,7 @@ class PairRows:
             padded[: len(ids)] = ids
             self.ids.append(padded)
             self.weights.append(weights)
+            self.row_images.append(list(numbers))
         self.pairs += 1
         self.truncated += any(cut for _, _, cut in sides)
         lengths = [len(ids) for ids, _ in (chosen, rejected)]

@@ -132,10 +132,13 @@ class TokenData:
     def pair_batch(self, starts: torch.Tensor, val: bool = False):
         """(inputs, targets, weights, pair ids) of the pairs at starts: the chosen rows
         first, then the rejected ones in the same order; pair ids count from the file's
-        first pair (training, then held-out), for cached reference log-probs."""
+        first pair (training, then held-out), for cached reference log-probs. Rows: with
+        the pixel values of the rows' images (a prompt's images, for each of its rows)."""
         base = len(self.train) if val else 0
-        x, y, mask, _ = self._windows(base, torch.cat([starts, starts + self.row]))
-        return x, y, mask, torch.div(base + starts, 2 * self.row, rounding_mode="floor")
+        rows = self._windows(base, torch.cat([starts, starts + self.row]))
+        x, y, mask, _ = rows
+        ids = torch.div(base + starts, 2 * self.row, rounding_mode="floor")
+        return Rows((x, y, mask, ids), getattr(rows, "images", None))  # a prompt's images too
 
     def val_pair_starts(self, n_pairs: int | None = None) -> torch.Tensor:
         """Every held-out pair (at most n_pairs, evenly spread), the same every evaluation."""

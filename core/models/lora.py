@@ -225,6 +225,8 @@ def adapt_vision(vision: nn.Module, rank: int, alpha: float, dropout: float) -> 
     projector = vision.multi_modal_projector
     if not any(isinstance(m, LoRALinear) for m in projector.modules()):
         projector.requires_grad_(True)
+        # the base's values, for adapters_disabled (DPO's and GRPO's reference)
+        projector.base_values = [p.detach().clone() for p in projector.parameters()]
 
 
 @contextlib.contextmanager
@@ -236,6 +238,9 @@ def adapters_disabled(model):
     for m in layers:
         m.adapters_off = True
     trained = [swap_router(m, m.router_start) for m in routers]  # --train-router's
+    # a vision projector trained whole under LoRA (--train-vision): the base's values
+    wholes = [m for m in model.modules() if getattr(m, "base_values", None) is not None]
+    whole = [swap(m.parameters(), m.base_values) for m in wholes]
     try:
         yield model
     finally:
@@ -243,13 +248,21 @@ def adapters_disabled(model):
             m.adapters_off = False
         for m, values in zip(routers, trained, strict=True):
             swap_router(m, values)
+        for m, values in zip(wholes, whole, strict=True):
+            swap(m.parameters(), values)
 
 
 def swap_router(m: MoE, values: list[torch.Tensor]) -> list[torch.Tensor]:
     """Put values in m's router parameters in place; what they held before."""
-    before = [p.detach().clone() for p in m.router.parameters()]
+    return swap(m.router.parameters(), values)
+
+
+def swap(params, values: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Put values in params in place; what they held before."""
+    params = list(params)
+    before = [p.detach().clone() for p in params]
     with torch.no_grad():
-        for p, v in zip(m.router.parameters(), values, strict=True):
+        for p, v in zip(params, values, strict=True):
             p.copy_(v)
     return before
 

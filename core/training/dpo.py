@@ -28,7 +28,7 @@ from core.models.loss import sequence_logps
 from core.platform.atomic import atomic_write
 from core.training.objectives import Objective, StepSignals
 from core.training.state import RunState
-from core.training.steps import autocast, to_device
+from core.training.steps import autocast, media, to_device
 
 SIGNALS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies")
 
@@ -71,31 +71,33 @@ class Reference:
         self.model = model
         self.cached = None if cached is None else torch.from_numpy(cached)
 
-    def __call__(self, x, y, mask, pair_ids, precision: str):
+    def __call__(self, x, y, mask, pair_ids, precision: str, images=None):
         if self.cached is not None:
             ref = self.cached[pair_ids].to(x.device)
             return ref[:, 0], ref[:, 1]
-        return reference_logps(self.model, x, y, mask, precision)
+        return reference_logps(self.model, x, y, mask, precision, images)
 
 
 @torch.no_grad()
-def reference_logps(model, x, y, mask, precision: str):
+def reference_logps(model, x, y, mask, precision: str, images=None):
     """The adapters-off model's log-probs, in eval mode (no dropout: the same every time)."""
     was_training = model.training
     model.eval()
     try:
         with lora.adapters_disabled(model), autocast(x.device, precision):
-            logps, _ = answer_logps(model, model, x, y, mask)
+            logps, _ = answer_logps(model, model, x, y, mask, images=images)
     finally:
         model.train(was_training)
     return _split(logps.float())
 
 
-def answer_logps(model, gpt, x, y, mask, real=None):
+def answer_logps(model, gpt, x, y, mask, real=None, images=None):
     """(each row's summed log-probability of its masked targets, the MoE penalty or None):
     model runs the forward (the model as it trains may be compiled or DDP-wrapped), gpt is
-    the model itself, whose head makes the log-probabilities a chunk at a time."""
-    hidden, penalty = model(x, real=real)
+    the model itself, whose head makes the log-probabilities a chunk at a time. images: the
+    pixel values of the rows' images (a prompt that shows some), in the order of their tokens."""
+    seen = {} if images is None else {"images": images}
+    hidden, penalty = model(x, real=real, **seen)
     return sequence_logps(gpt.output_head(), hidden, y, mask), penalty
 
 
@@ -110,11 +112,13 @@ def in_use(mask: torch.Tensor) -> torch.Tensor:
 def _pair_losses(run: RunState, cfg: TrainConfig, reference, model, starts, val: bool = False):
     """(per-pair losses, chosen rewards, rejected rewards, the MoE penalty or None) of the
     pairs at starts, through model (the model as it trains, or as it evaluates)."""
-    x, y, mask, pair_ids = run.data.pair_batch(starts, val)
+    batch = run.data.pair_batch(starts, val)
+    x, y, mask, pair_ids = batch
     x, y, mask = (to_device(v, run.device) for v in (x, y, mask))
-    ref_c, ref_r = reference(x, y, mask, pair_ids, run.precision)
+    images = media(batch, run.device).get("images")
+    ref_c, ref_r = reference(x, y, mask, pair_ids, run.precision, images)
     with autocast(run.device, run.precision):
-        logps, penalty = answer_logps(model, run.model, x, y, mask, in_use(mask))
+        logps, penalty = answer_logps(model, run.model, x, y, mask, in_use(mask), images)
     chosen, rejected = _split(logps.float())
     losses = dpo_loss(chosen, rejected, ref_c, ref_r, cfg.dpo_beta, cfg.dpo_label_smoothing)
     return (*losses, penalty)
@@ -197,9 +201,11 @@ def _compute_all(run: RunState, batch_size: int, events, stop) -> np.ndarray:
         for chunk in starts.split(batch_size):
             if stop():
                 raise PrepareCancelled("dpo: stopped while computing the reference; nothing saved")
-            x, y, mask, pair_ids = data.pair_batch(chunk, val=val)
+            batch = data.pair_batch(chunk, val=val)
+            x, y, mask, pair_ids = batch
             x, y, mask = (to_device(v, run.device) for v in (x, y, mask))
-            ref_c, ref_r = reference_logps(run.model, x, y, mask, run.precision)
+            images = media(batch, run.device).get("images")
+            ref_c, ref_r = reference_logps(run.model, x, y, mask, run.precision, images)
             out[pair_ids.numpy(), 0] = ref_c.cpu().numpy()
             out[pair_ids.numpy(), 1] = ref_r.cpu().numpy()
             done += len(chunk)
