@@ -59,7 +59,7 @@ def refuse_media(obj: dict, images_ok: bool = False) -> None:
             if images_ok and key == "image":
                 why = 'an image column is not read: name the files in an "images" list'
             if images_ok and key == "images":
-                why = "an images list goes with 'messages' (or a pair's 'prompt') and their <image> marks"
+                why = "an images list goes with 'messages' (or 'prompt') and its <image> marks"
             raise BadLine(f"{key!r} holds media: {why}")
 
 
