@@ -163,16 +163,21 @@ def summary(files, columns: dict | None = None, seq_len: int = 0, render=None) -
     """One line for the window: how many pairs, how many have a side longer than seq_len
     (render(prompt, answer) -> its tokens; a sample of a large set), and which bad lines
     there are."""
-    from core.data.chatdata import SUMMARY_SAMPLE, read_examples
+    from core.data import images
+    from core.data.chatdata import SUMMARY_SAMPLE, _text_of, read_examples
 
     found = read_examples(files, True, parse_pair, columns)
     n = len(found.conversations)
     line = f"preference data: {n:,} pairs (prompt, chosen, rejected)"
     line += "; trained with DPO, the answers of each pair compared"
+    shown = sum(len(images.conversation_images(p)) for p, _, _ in found.conversations)
+    if shown:
+        line += f"; {shown:,} images in the prompts (their tokens counted when prepared)"
     if render is not None and n:
         step = max(1, n // SUMMARY_SAMPLE)
         sample = found.conversations[::step]
-        lengths = [[render(p, a) for a in (c, r)] for p, c, r in sample]
+        # any template renders the prompts with their image parts left out
+        lengths = [[render(_text_of(p), a) for a in (c, r)] for p, c, r in sample]
         long = [sides for sides in lengths if max(sides) > seq_len + 1]
         if long and step == 1:
             cut = sum(max(0, k - seq_len - 1) for sides in long for k in sides)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from core.data import images
 from core.data.chat import chat_ids
 from core.data.chatdata import BadLine, refuse_media_parts
 from core.data.tables import iter_records
@@ -27,7 +28,13 @@ def _prompt_ids(tok: Tokenizer, prompt, where: str) -> list[int]:
         ids = tok.encode(prompt)
         return [tok.bos_id, *ids] if tok.add_bos else ids
     for n, m in enumerate(prompt if isinstance(prompt, list) else ()):
-        try:  # an image or audio part: named, until image training exists
+        parts = m.get("content") if isinstance(m, dict) else None
+        if isinstance(parts, list) and any(images.is_image_part(p) for p in parts):
+            raise DataError(
+                f"{where}: prompt[{n}] shows an image: GRPO prompts are text only here "
+                "(images train with SFT and DPO); remove the image part"
+            )
+        try:  # an audio or video part: named
             refuse_media_parts(m if isinstance(m, dict) else {}, f"prompt[{n}]")
         except BadLine as e:
             raise DataError(f"{where}: {e}") from None

@@ -115,3 +115,43 @@ def test_dpo_on_pairs_with_images_equals_transformers(tmp_path):
     losses, _, _ = dpo.dpo_loss(policy[:n], policy[n:], ref[:n], ref[n:], beta)
     margin = beta * ((want_policy[:n] - want_ref[:n]) - (want_policy[n:] - want_ref[n:]))
     assert (losses + F.logsigmoid(margin)).abs().max() < TOLERANCE  # TRL's sigmoid loss
+
+
+def test_image_pairs_for_a_text_model_and_a_grpo_prompt_with_an_image_are_one_line(
+    tmp_path, capsys
+):
+    """Each before any training: one line naming the file and line, exit 2, no run folder.
+    (GRPO samples from text prompts only here; images train with SFT and DPO.)"""
+    from hf_models import make_model
+
+    from core.cli.train import main as train_main
+
+    data = pairs(tmp_path / "data")
+    make_model(tmp_path / "text", "qwen3")
+    make_gemma3_vision(tmp_path / "base", layers=2)
+    prompts = tmp_path / "prompts.jsonl"
+    parts = [{"type": "image", "image": "0.png"}, {"type": "text", "text": "Colour?"}]
+    row = {"prompt": [{"role": "user", "content": parts}], "answer": "red"}
+    prompts.write_text(json.dumps(row) + "\n" + json.dumps(row), encoding="utf-8")
+    common = ["--tokenizer", "model", "--max-steps", "1", "--seq-len", "40", "--device", "cpu"]
+    cases = [
+        (
+            ["--init-from", str(tmp_path / "text"), "--data", str(data), "--method", "dpo"],
+            f"data: {data} line 1: image ",
+            "this model reads text only here",
+        ),
+        (
+            ["--init-from", str(tmp_path / "base"), "--data", str(prompts), "--method", "grpo"]
+            + ["--reward", "answer", "--num-generations", "2", "--batch-size", "2"]
+            + ["--max-completion-tokens", "6"],
+            f"{prompts} row 1: prompt[0] shows an image",
+            "GRPO prompts are text only here",
+        ),
+    ]
+    capsys.readouterr()
+    for args, start, why in cases:
+        out = tmp_path / "out"
+        assert train_main([*args, *common, "--out", str(out)]) == 2
+        err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
+        assert len(err) == 1 and err[0].startswith(f"error: {start}") and why in err[0], err
+        assert not out.exists()
