@@ -171,3 +171,20 @@ def test_train_vision_without_a_tower_or_images_is_one_line(gemma3, tmp_path, ca
         err = capsys.readouterr().err.strip().splitlines()[-1]  # after any progress bar
         assert err.startswith("error: train_vision: ") and why in err
         assert not out.exists()
+
+
+def test_under_qlora_the_tower_stays_unquantized(gemma3, tmp_path):
+    """--base-bits 4: the language model's adapted layers are NF4, the tower's fp32 (its
+    adapters train on the unquantized weights)."""
+    from core.models.lora import LoRALinear
+
+    folder, _ = gemma3
+    data = image_data(tmp_path / "data", 4)
+    t = Trainer(settings(folder, data, lora_rank=4, base_bits="4", max_steps=1), tmp_path / "r")
+    t.run()
+    adapted = {n: m for n, m in t.model.named_modules() if isinstance(m, LoRALinear)}
+    tower = [m for n, m in adapted.items() if n.startswith("vision.")]
+    text = [m for n, m in adapted.items() if not n.startswith("vision.")]
+    assert tower and all(m.base_quantized is None for m in tower)
+    assert all(m.weight.dtype == torch.float32 for m in tower)
+    assert text and all(m.base_quantized is not None for m in text)
