@@ -9,6 +9,7 @@ import hashlib
 import os
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -78,8 +79,8 @@ def _build_pairs(spec: DataSpec, listing, target: Path, tokenizer, progress_cb, 
     )
     if examples.bad_lines:
         log(f"data: skipped {examples.bad_lines} bad line(s); the first: {examples.first_bad}")
-    pairs = examples.conversations
-    prompts = chatdata.Examples(conversations=[p for p, _, _ in pairs], origins=examples.origins)
+    pairs: list = examples.conversations  # (prompt, chosen, rejected) each
+    prompts = SimpleNamespace(conversations=[p for p, _, _ in pairs], origins=examples.origins)
     _text_only(spec, prompts)  # an image for a model without a vision tower: one line
     if examples.outside:
         log(f"data: image {examples.outside[0]} lies outside the data folder (through ..)")
@@ -98,7 +99,7 @@ def _build_pairs(spec: DataSpec, listing, target: Path, tokenizer, progress_cb, 
 def _pair_rows(
     spec, listing, target, tokenizer, examples, has_images, tmp, progress_cb, cancelled, log
 ):
-    chat, pairs = spec.chat, examples.conversations
+    chat, pairs = spec.chat, list(examples.conversations)
     tokenizer = _chat_tokenizer(spec, tokenizer, [p + c for p, c, _ in pairs], log)
     template, tokens = template_of(tokenizer), render_vars(tokenizer)
     held = held_out_split(len(pairs), spec.val_fraction, spec.sources.description)
@@ -115,9 +116,11 @@ def _pair_rows(
     ):
         origin = examples.origins[number - 1]
         files = images.conversation_images(prompt) if has_images else []
-        expand, numbers = None, []
-        if files:
-            numbers, counts = pictures.example(files, origin)
+        expand, numbers, counts = None, [], []
+        if files and pictures is not None:
+            found = pictures.example(files, origin)
+            assert found is not None  # a bad image stopped the build (skip_bad is off)
+            numbers, counts = found
             expand = functools.partial(expand_marks, spec.images, counts, origin)
         try:
             sides = [
@@ -128,7 +131,7 @@ def _pair_rows(
             raise refused_by_template(e, origin) from None
         for ids, _ in sides if files else ():
             _image_tokens_whole(ids, np.zeros(len(ids)), spec.images, sum(counts), origin)
-        wrong = out["val" if is_val else "train"].add(*sides, numbers)
+        wrong = out["val" if is_val else "train"].add(sides[0], sides[1], numbers)
         if wrong:
             raise DataError(
                 f"data: pair {number} of {spec.sources.description}: {wrong} (seq_len "

@@ -167,15 +167,16 @@ def summary(files, columns: dict | None = None, seq_len: int = 0, render=None) -
     from core.data.chatdata import SUMMARY_SAMPLE, _text_of, read_examples
 
     found = read_examples(files, True, parse_pair, columns)
-    n = len(found.conversations)
+    pairs: list = found.conversations  # (prompt, chosen, rejected) each
+    n = len(pairs)
     line = f"preference data: {n:,} pairs (prompt, chosen, rejected)"
     line += "; trained with DPO, the answers of each pair compared"
-    shown = sum(len(images.conversation_images(p)) for p, _, _ in found.conversations)
+    shown = sum(len(images.conversation_images(p)) for p, _, _ in pairs)
     if shown:
         line += f"; {shown:,} images in the prompts (their tokens counted when prepared)"
     if render is not None and n:
         step = max(1, n // SUMMARY_SAMPLE)
-        sample = found.conversations[::step]
+        sample = pairs[::step]
         # any template renders the prompts with their image parts left out
         lengths = [[render(_text_of(p), a) for a in (c, r)] for p, c, r in sample]
         long = [sides for sides in lengths if max(sides) > seq_len + 1]

@@ -334,10 +334,12 @@ def _shown(loaded: Loaded, items: list[dict], fmt: QuestionFormat) -> dict:
         )
     paths = [item["image"] for item in pictured]
     seen = seeing(loaded, paths, [item["picture"] for item in pictured], "--choices")
+    spec = seen.spec
+    assert isinstance(spec, images.ImageSpec)  # seeing refused a model that sees none
     out = {}
     for n, item in enumerate(pictured):
-        count = images.image_tokens(seen.spec, images.resized(item["picture"], seen.spec))
-        item["mark"] = seen.spec.text(count)
+        count = images.image_tokens(spec, images.resized(item["picture"], spec))
+        item["mark"] = spec.text(count)
         out[id(item)] = seen.pixels[n : n + 1]
     return out
 
