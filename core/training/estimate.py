@@ -467,9 +467,9 @@ class Estimate:
 
 @dataclass
 class TowerLoad:
-    """The vision tower's share of a step (--train-vision, or images_per_row given): its
-    weights (fp32, never quantized), what trains of it, and its saved activations for the
-    images of a micro-batch."""
+    """The vision tower's share of a step on data with images: its weights (fp32, never
+    quantized), what trains of it (--train-vision), and its saved activations for the images
+    of a micro-batch (frozen: their pixel values alone)."""
 
     images: int  # images through the tower per micro-batch
     weights: int  # all of its parameters, fp32
@@ -492,18 +492,52 @@ def tower_dims(cfg: TrainConfig) -> dict | None:
     return _TOWERS[cfg.init_from]
 
 
+_SHOWN: dict[tuple, bool] = {}
+
+
+def data_shows_images(cfg: TrainConfig) -> bool:
+    """Whether the data's first records show images (a frozen tower then runs in the step):
+    an image part anywhere in a record, or an images list. Cheap: 32 records of the first
+    file; data that cannot be read here is taken as text (preparing it says what is wrong)."""
+    key = (cfg.data, tuple(cfg.data_extensions))
+    if key not in _SHOWN:
+        _SHOWN[key] = _first_records_show_images(cfg)
+    return _SHOWN[key]
+
+
+def _first_records_show_images(cfg: TrainConfig) -> bool:
+    from core.data import images, tables
+    from core.data.sources import find_sources
+    from core.errors import UserError
+
+    def shows(value) -> bool:
+        if isinstance(value, dict):
+            return images.is_image_part(value) or any(shows(v) for v in value.values())
+        return isinstance(value, list) and any(shows(v) for v in value)
+
+    try:
+        files = find_sources(cfg.data, cfg.data_extensions, 0, chat=True).files
+        records = tables.first_records(files[0], tables.columns_of(cfg), 32) if files else []
+    except (UserError, OSError, ValueError):
+        return False
+    return any(r.get("images") or shows(r) for r in records if isinstance(r, dict))
+
+
 def tower_load(
     cfg: TrainConfig, rows: int, e: int, on_gpu: bool, images_per_row: int | None
 ) -> TowerLoad | None:
-    """The tower's memory for rows of this config. Images a row: images_per_row where the
+    """The tower's memory for rows of this config, where the data shows images (or
+    --train-vision says it will). Images a row: images_per_row where the
     data is known, else the most a row can hold (seq_len over an image's tokens: a row of
     short examples full of images). Frozen, the tower runs without gradients and keeps
     nothing; trained, each of its layers keeps per patch what a pre-norm ViT block saves
     (its input and norm, q, k, v, attention output, the MLP's input, inner and activation:
     8 widths and 2 inner widths)."""
     t = tower_dims(cfg)
-    if t is None or not (cfg.train_vision or images_per_row):
+    if t is None:
         return None
+    if not (cfg.train_vision or images_per_row or data_shows_images(cfg)):
+        return None  # text: the tower is not loaded
     per_row = images_per_row if images_per_row is not None else cfg.seq_len // (t["tokens"] + 2)
     images = rows * max(1, per_row)
     weights = 4 * (t["params"] + t["projector"])

@@ -97,8 +97,15 @@ def test_the_estimate_names_the_tower_and_counts_each_image(composite):
     lora = validate(TrainConfig(**settings(composite, lora_rank=4)))
     adapters = estimate(lora, on_gpu=False, images_per_row=1).tower
     assert 0 < adapters.trained < one.tower.trained
-    frozen = estimate(validate(TrainConfig(**settings(composite, train_vision=False))))
-    assert frozen.tower is None  # text data: no tower in the step
+    frozen = estimate(
+        validate(TrainConfig(**settings(composite, train_vision=False))), on_gpu=False
+    )
+    assert frozen.tower.trained == 0 and frozen.tower.weights == one.tower.weights
+    per_image = frozen.tower.activations / frozen.tower.images
+    assert per_image < one.tower.activations / 4  # its images' pixels alone
+    (composite / "text.txt").write_text("words " * 400, encoding="utf-8")
+    text = settings(composite, train_vision=False, data=str(composite / "text.txt"))
+    assert estimate(validate(TrainConfig(**text))).tower is None  # no tower in the step
     # without the data's count: the most a row holds (seq_len over an image's tokens)
     assert estimate(cfg, on_gpu=False).tower.images == 64 // (4 + 2)
 
