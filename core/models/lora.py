@@ -222,8 +222,8 @@ def adapt_vision(vision: nn.Module, rank: int, alpha: float, dropout: float) -> 
     for name, linear in linears:
         parent_name, _, child = name.rpartition(".")
         setattr(vision.get_submodule(parent_name), child, LoRALinear(linear, rank, alpha, dropout))
-    projector = vision.multi_modal_projector
-    if not any(isinstance(m, LoRALinear) for m in projector.modules()):
+    projector = getattr(vision, "multi_modal_projector", None)  # Qwen's merger: in the tower
+    if projector is not None and not any(isinstance(m, LoRALinear) for m in projector.modules()):
         projector.requires_grad_(True)
         # the base's values, for adapters_disabled (DPO's and GRPO's reference)
         projector.base_values = [p.detach().clone() for p in projector.parameters()]

@@ -336,6 +336,8 @@ def tower_dims(hf: dict) -> dict | None:
     if kind_of(hf) is None:
         return None
     v = hf["vision_config"]
+    if not {"image_size", "num_hidden_layers", "num_attention_heads"} <= set(v):
+        return None  # a dynamic-resolution tower (Qwen's): its patches follow each image
     width, inner = int(v["hidden_size"]), int(v["intermediate_size"])
     side, patch = int(v.get("image_size", 896)), int(v["patch_size"])
     patches, layers = (side // patch) ** 2, int(v["num_hidden_layers"])

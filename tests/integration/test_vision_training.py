@@ -194,3 +194,39 @@ def test_under_qlora_the_tower_stays_unquantized(gemma3, tmp_path):
     assert tower and all(m.base_quantized is None for m in tower)
     assert all(m.weight.dtype == torch.float32 for m in tower)
     assert text and all(m.base_quantized is not None for m in text)
+
+
+def test_a_qwen3_vl_tower_trains_under_lora_and_exports(tmp_path):
+    """The same switch on Qwen3-VL's tower (its merger has linear layers: adapters there too):
+    the hf export's logits with images are ours, and PEFT's adapter on transformers'
+    composite equals the export."""
+    from peft import PeftModel
+    from test_vision_qwen import conversation as asked
+    from test_vision_qwen import our_pixels, reference_inputs
+    from transformers import AutoTokenizer
+    from vision_models import make_qwen_vision, qwen_reloaded
+
+    folder = tmp_path / "base"
+    _, processor = make_qwen_vision(folder, "qwen3_vl")
+    tok = AutoTokenizer.from_pretrained(folder)
+    data, lines = tmp_path / "data", []
+    for i in range(8):
+        save_image(data / f"{i % 2}.png", "png", (40, 30) if i % 2 else (24, 56), i % 2)
+        answer = "red circle" if i % 2 else "blue square"
+        lines.append(json.dumps({"messages": asked([f"{i % 2}.png"], answer=answer)}))
+    (data / "chat.jsonl").write_text("\n".join(lines), encoding="utf-8")
+    cfg = settings(folder, data / "chat.jsonl", lora_rank=4, lr=3e-2, max_steps=3, seq_len=64)
+    Trainer(cfg, tmp_path / "run").run()
+    saved = torch.load(tmp_path / "run" / "checkpoints" / "latest.pt", weights_only=True)
+    assert any(k.startswith("vision.visual.merger.") and ".lora_A" in k for k in saved["model"])
+    export(tmp_path / "run", "hf", tmp_path / "hf", which="latest")
+    export(tmp_path / "run", "peft", tmp_path / "peft", which="latest")
+    picture = data / "1.png"
+    inputs = reference_inputs(processor, tok, asked([picture]), [picture])
+    with torch.no_grad():
+        want = qwen_reloaded(tmp_path / "hf")(**inputs).logits
+        model = load(tmp_path / "run", "latest").model.eval()
+        got = model.logits(inputs["input_ids"], images=our_pixels(folder, [picture]))
+        assert (got - want).abs().max() < TOLERANCE
+        adapted = PeftModel.from_pretrained(qwen_reloaded(folder), tmp_path / "peft").eval()
+        assert (adapted(**inputs).logits - want).abs().max() < TOLERANCE
