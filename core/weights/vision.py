@@ -24,7 +24,7 @@ from core.errors import DataError
 from core.models.vision import Vision, VisionOptions
 from core.models.vision_qwen import QwenVision
 from core.weights import composite
-from core.weights.loader import read_weights
+from core.weights.files import read_weights
 
 BUILT = {"gemma3": "Gemma3ForConditionalGeneration"}  # model_type -> the class built
 # Qwen's dynamic-resolution towers (core.models.vision_qwen; Qwen3-VL's with DeepStack), by
