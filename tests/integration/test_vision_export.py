@@ -35,11 +35,13 @@ def named(tensors: dict, end: str) -> torch.Tensor:
     return tensors[name]
 
 
-def image_run(tmp_path, **fields):
+def image_run(tmp_path, layers: int = 2, **fields):
     """A tiny Gemma 3 composite (saved by transformers 5: processor_config.json, no
-    preprocessor_config.json) fine-tuned on chat data with images: (base folder, run)."""
+    preprocessor_config.json) fine-tuned on chat data with images: (base folder, run).
+    Six layers: the sixth attends globally, so the answers see the image and the tower has a
+    gradient (two sliding layers over 8 tokens do not reach it)."""
     folder = tmp_path / "base"
-    make_gemma3_vision(folder, layers=2)
+    make_gemma3_vision(folder, layers=layers)
     data = tmp_path / "data"
     lines = []
     for i in range(8):
@@ -96,3 +98,21 @@ def test_the_ollama_export_of_an_image_fine_tune_holds_the_tower_and_both_froms(
         got = ours[name]
         assert got.dtype == torch.float32 and torch.equal(got, named(hf, end)), name
         assert torch.equal(named(hf, end), named(base, end)), name  # frozen: the base's
+
+
+@pytest.mark.parametrize("lora_rank", [0, 4])
+def test_the_mmproj_holds_the_tower_and_projector_as_trained(tmp_path, lora_rank):
+    """--train-vision: the mmproj is the hf export's trained tower and projector (merged
+    adapters under LoRA), not the base's."""
+    folder, run = image_run(
+        tmp_path, layers=6, lora_rank=lora_rank, train_vision=True, warmup_steps=0
+    )
+    export(run, "gguf", tmp_path / "out", quant="f32", which="latest")
+    export(run, "hf", tmp_path / "hf", which="latest")
+    ours = mmproj_tensors(tmp_path / "out" / mmproj.NAME)
+    hf, base = hf_tensors(tmp_path / "hf"), hf_tensors(folder)
+    for name, end in NAMES.items():
+        assert torch.equal(ours[name], named(hf, end)), name
+        if lora_rank and name == "v.patch_embd.weight":
+            continue  # a convolution: no adapter, as it came
+        assert not torch.equal(named(hf, end), named(base, end)), name
