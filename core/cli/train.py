@@ -246,9 +246,30 @@ def build_config(args) -> tuple[TrainConfig, Path, Path | None]:
             from core.data.chat import set_thinking
 
             set_thinking(pre.tokenizer, cfg.thinking)
-    cfg = validate(cfg)
+    cfg = validate(auto_shard(cfg))
     run_dir = Path(args.out) if args.out else new_run_dir(root, cfg.preset)
     return cfg, run_dir, None
+
+
+def auto_shard(cfg: TrainConfig) -> TrainConfig:
+    """Under torchrun on CUDA cards, --shard without asking where the estimate says the
+    whole model does not fit one card but each process's share does (planner.auto_shard)."""
+    from core.platform.hardware import gpus
+
+    world = World.from_env()
+    if cfg.shard or not world.enabled:
+        return cfg
+    found = gpus()
+    index = gpu_index(world.device_name(cfg.device), len(found))
+    if index is None or index >= len(found) or found[index]["free_bytes"] is None:
+        return cfg
+    from core.training.planner import auto_shard as why_shard
+
+    if (line := why_shard(cfg, world.size, found[index]["free_bytes"])) is None:
+        return cfg
+    if world.main:
+        print(line)
+    return dataclasses.replace(cfg, shard=True)
 
 
 def flags_alone(cfg: TrainConfig, explicit) -> TrainConfig:
@@ -393,7 +414,9 @@ def print_estimate(cfg: TrainConfig) -> None:
         if cfg.init_from:
             from core.training.planner import fit_pretrained
 
-            print(f"Fit to this GPU: {fit_pretrained(cfg, free)[1]}")
+            world = World.from_env()  # the cards a run may shard over: torchrun's, or all
+            cards = world.size if world.launched else len(found)
+            print(f"Fit to this GPU: {fit_pretrained(cfg, free, gpus=cards)[1]}")
 
 
 def print_split(cfg: TrainConfig, est, found: list[dict], ram_free) -> None:

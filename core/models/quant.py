@@ -49,8 +49,10 @@ def _quantized(m: LoRALinear, weight, bits: int, compute_dtype: torch.dtype, dev
             quant_type="nf4",
             compress_statistics=True,
         )
+        # module=q: the layer keeps the quantization state too, and bitsandbytes gives it back
+        # to a weight that lost it, as a sharded weight gathered by FSDP2 has (--shard).
         q.weight = bnb.nn.Params4bit(
-            weight, requires_grad=False, quant_type="nf4", compress_statistics=True
+            weight, requires_grad=False, quant_type="nf4", compress_statistics=True, module=q
         )
         # bitsandbytes repacks the weight for a bf16 CPU kernel the first time it runs in eval
         # mode: after an evaluation training would compute differently, and a resumed run

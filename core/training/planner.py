@@ -33,14 +33,31 @@ def context_cap(cfg: TrainConfig) -> int:
     return min(cap, model_shape(cfg).seq_len) if cfg.init_from else cap
 
 
-def longest_context(cfg: TrainConfig, budget_bytes: int, on_gpu: bool = True) -> int:
+def need(cfg: TrainConfig, processes: int = 1, on_gpu: bool = True) -> int:
+    """Device bytes cfg needs on one card: the whole run's, or one sharded process's of
+    `processes` (core.training.sharding.rank_estimate)."""
+    est = estimate(cfg, on_gpu=on_gpu)
+    if processes > 1:
+        from core.training.sharding import rank_estimate
+
+        est = rank_estimate(est, cfg, processes)
+    return est.device_total
+
+
+def fits_on(cfg: TrainConfig, free_bytes: int, processes: int = 1) -> bool:
+    return need(cfg, processes) <= usable_bytes(free_bytes)
+
+
+def longest_context(
+    cfg: TrainConfig, budget_bytes: int, on_gpu: bool = True, processes: int = 1
+) -> int:
     """The longest seq_len at which cfg (its method, batch, checkpointing, LoRA and base bits as
     they are) needs at most budget_bytes (device_total: usable_bytes of what is free), in whole
     CONTEXT_STEPs when one fits; 0 when not even the shortest context fits."""
 
     def fits_at(seq_len: int) -> bool:
         probe = dataclasses.replace(cfg, seq_len=seq_len)
-        return estimate(probe, on_gpu=on_gpu).device_total <= budget_bytes
+        return need(probe, processes, on_gpu) <= budget_bytes
 
     cap = context_cap(cfg)
     low = int(LIMITS["seq_len"][1])
@@ -70,8 +87,9 @@ def context_line(cfg: TrainConfig, free_bytes: int, on_gpu: bool) -> tuple[str, 
     return f"{cfg.seq_len:,} will NOT fit ({need / GB:.1f} GiB needed); {line}", True
 
 
-def fit_micro_batch(cfg: TrainConfig, free_bytes: int) -> TrainConfig | None:
-    """The largest micro-batch that fits, with grad_accum set to keep the effective batch.
+def fit_micro_batch(cfg: TrainConfig, free_bytes: int, processes: int = 1) -> TrainConfig | None:
+    """The largest micro-batch that fits (each sharded process's, over `processes`), with
+    grad_accum set to keep the effective batch.
 
     None when not even a micro-batch of 1 fits.
     """
@@ -80,7 +98,7 @@ def fit_micro_batch(cfg: TrainConfig, free_bytes: int) -> TrainConfig | None:
         if total % micro:
             continue
         candidate = dataclasses.replace(cfg, batch_size=micro, grad_accum=total // micro)
-        if fits(candidate, free_bytes):
+        if fits_on(candidate, free_bytes, processes):
             return candidate
     return None
 
@@ -138,31 +156,84 @@ class Rung:
 
     name: str
     config: TrainConfig
-    need_at_one: int  # device bytes at a micro-batch of 1
+    need_at_one: int  # device bytes at a micro-batch of 1 (a sharded rung: per card)
     fitted: TrainConfig | None  # at its largest micro-batch that fits; None: does not fit
     need: int = 0  # device bytes of fitted
     chosen: bool = False
     longest: int = 0  # the longest context it fits at a micro-batch of 1 (0: none)
+    processes: int = 1  # a sharded rung: the GPUs (torchrun processes) it is split over
 
 
-def walk_ladder(cfg: TrainConfig, free_bytes: int) -> list[Rung]:
-    """Every rung of the ladder with its need; the first that fits is chosen (the ones
-    below it are still judged, for the window's table)."""
-    rungs, found = [], False
+def card_ladder(cfg: TrainConfig, gpus: int) -> list[tuple[str, TrainConfig]]:
+    """The ladder on `gpus` cards: each method on one card, then (gpus > 1) the same method
+    sharded over them (FSDP2, --shard under torchrun) before the next method, so a method
+    that fits two cards comes before a leaner one that fits one. A sharded process takes
+    its share of the effective batch (the whole batch each where gpus does not divide it).
+    8-bit AdamW and offloaded checkpoints are not offered sharded."""
+    total = cfg.batch_size * cfg.grad_accum
+    each = total // gpus if total % gpus == 0 else total
+    out: list[tuple[str, TrainConfig]] = []
+    group: list[tuple[str, TrainConfig]] = []
+
+    def sharded() -> list[tuple[str, TrainConfig]]:
+        return [
+            (
+                f"{name}, sharded over {gpus} GPUs",
+                dataclasses.replace(r, shard=True, batch_size=each, grad_accum=1),
+            )
+            for name, r in group
+            if gpus > 1 and r.optimizer != "adamw8bit" and not r.offload_checkpoints
+        ]
+
     for name, rung in ladder(cfg):
+        rung = dataclasses.replace(rung, shard=False)
+        if not rung.grad_checkpointing and group:  # a method's first rung: the last is done
+            out += sharded()
+            group = []
+        group.append((name, rung))
+        out.append((name, rung))
+    return out + sharded()
+
+
+def walk_ladder(cfg: TrainConfig, free_bytes: int, gpus: int = 1) -> list[Rung]:
+    """Every rung of the ladder with its need; the first that fits is chosen (the ones
+    below it are still judged, for the window's table). With gpus > 1 (each with free_bytes
+    free) each method's rungs sharded over them follow its one-card ones, judged by each
+    card's share (card_ladder)."""
+    rungs, found = [], False
+    for name, rung in card_ladder(cfg, gpus):
+        n = gpus if rung.shard else 1
         one = dataclasses.replace(rung, batch_size=1, grad_accum=1)
-        fitted = fit_micro_batch(rung, free_bytes)
+        fitted = fit_micro_batch(rung, free_bytes, n)
         if fitted is not None:
-            fitted = fewest_checkpointed(fitted, free_bytes)
-        need = estimate(fitted).device_total if fitted else 0
-        longest = longest_context(one, usable_bytes(free_bytes))
-        rungs.append(Rung(name, rung, estimate(one).device_total, fitted, need, longest=longest))
+            fitted = fewest_checkpointed(fitted, free_bytes, n)
+        needed = need(fitted, n) if fitted else 0
+        longest = longest_context(one, usable_bytes(free_bytes), processes=n)
+        rungs.append(Rung(name, rung, need(one, n), fitted, needed, longest=longest, processes=n))
         if fitted is not None and not found:
             rungs[-1].chosen = found = True
     return rungs
 
 
-def fewest_checkpointed(cfg: TrainConfig, free_bytes: int) -> TrainConfig:
+def auto_shard(cfg: TrainConfig, processes: int, free_bytes: int) -> str | None:
+    """Why a run under torchrun over `processes` cards (free_bytes free on each) shards
+    (--shard) without being asked: the estimate says the whole model does not fit one card
+    but each process's share does. None: DDP's whole copy a card fits, or sharding does not
+    help either (the run goes on as asked, and the memory check says so)."""
+    if cfg.shard or processes < 2 or fits_on(cfg, free_bytes):
+        return None
+    if (cfg.lora_rank and cfg.base_bits == "8") or not fits_on(
+        dataclasses.replace(cfg, shard=True), free_bytes, processes
+    ):
+        return None
+    return (
+        f"sharding over {processes} processes (--shard): the whole model needs "
+        f"{need(cfg) / GB:.1f} GiB a card, more than the {usable_bytes(free_bytes) / GB:.1f} "
+        f"usable; each process's share {need(cfg, processes) / GB:.1f} GiB"
+    )
+
+
+def fewest_checkpointed(cfg: TrainConfig, free_bytes: int, processes: int = 1) -> TrainConfig:
     """Under gradient checkpointing (every block, not offloaded), the fewest checkpointed
     blocks that still fit at cfg's batch: each block left out is one less recomputed in
     backward. cfg itself where none can be left out."""
@@ -171,7 +242,7 @@ def fewest_checkpointed(cfg: TrainConfig, free_bytes: int) -> TrainConfig:
         return cfg
     for k in range(1, layers):  # memory falls as k grows: the first that fits is the fewest
         fewer = dataclasses.replace(cfg, checkpoint_blocks=k)
-        if fits(fewer, free_bytes):
+        if fits_on(fewer, free_bytes, processes):
             return fewer
     return cfg
 
@@ -185,20 +256,29 @@ def checkpoint_line(cfg: TrainConfig, on_gpu: bool = True) -> str:
     return f"{checkpointed(cfg, c, on_gpu)} of {c.n_layers} blocks checkpointed"
 
 
-def fit_pretrained(cfg: TrainConfig, free_bytes: int, rungs: list[Rung] | None = None):
+def fit_pretrained(
+    cfg: TrainConfig, free_bytes: int, rungs: list[Rung] | None = None, gpus: int = 1
+):
     """The first rung of the ladder that fits, at its largest micro-batch (the effective
     batch kept). Returns (config or None, every rung's need at batch 1 and what was chosen);
-    rungs: walk_ladder's answer when the caller has it already."""
+    rungs: walk_ladder's answer when the caller has it already; gpus: the cards a run may
+    shard over (each with free_bytes free)."""
     usable = usable_bytes(free_bytes) / GB
-    rungs = rungs if rungs is not None else walk_ladder(cfg, free_bytes)
+    rungs = rungs if rungs is not None else walk_ladder(cfg, free_bytes, gpus)
     needs = [f"{r.name} {r.need_at_one / GB:.1f} GiB" for r in rungs]
     for i, r in enumerate(rungs):
         if r.chosen:
             f = r.fitted
+            card = " per GPU" if r.processes > 1 else ""
             chosen = (
-                f"{r.name} fits ({r.need / GB:.1f} of {usable:.1f} GiB usable): batch "
+                f"{r.name} fits ({r.need / GB:.1f} of {usable:.1f} GiB usable{card}): batch "
                 f"{f.batch_size} x {f.grad_accum}"
             )
+            if r.processes > 1:
+                chosen += (
+                    " a process; run torchrun --standalone --nproc_per_node "
+                    f"{r.processes} -m core.train ... --shard"
+                )
             if ckpt := checkpoint_line(f):
                 chosen = f"{chosen}, {ckpt}"
             if i:

@@ -142,6 +142,7 @@ def build(
     use_kernels(cfg, model, device, log)
     if cfg.shard:  # before the optimizer: its state is made for the shards
         sharding.shard(model, device, precision)
+        log(sharding.held_line(model, given.world.size))
     optimizer = optim.make(model, cfg)
     scaler = torch.amp.GradScaler("cuda", enabled=precision == "fp16")
     train_model = compiled_model(cfg, model, device, log)

@@ -4,7 +4,11 @@ does not fit one card trains on several.
 
 Each transformer block is one FSDP unit; the root (embeddings, final norm, head, tied to the
 embeddings where the model ties them) is the last. A LoRA run's frozen base is sharded with
-its adapters; gradients exist only for what trains. On CUDA in bf16 the blocks compute in
+its adapters; gradients exist only for what trains. A 4-bit base (QLoRA) is sharded too:
+bitsandbytes' packed NF4 bytes are a plain tensor FSDP2 splits by rows like any weight (it
+gathers, never casts, a non-float one), and each layer keeps its quantization state, which
+bitsandbytes gives back to the gathered weight (core.models.quant).
+On CUDA in bf16 the blocks compute in
 bf16 from fp32 master weights (MixedPrecisionPolicy), gradients reduced in fp32, as one card's
 autocast does. Gradients are reduce-scattered after every micro-batch: a step's mean equals
 DDP's and one process's at the same global batch.
@@ -34,6 +38,12 @@ def check(cfg, world, environ=os.environ) -> None:
             "(docs/multi-gpu.md)",
             field="shard",
         )
+    if cfg.lora_rank and cfg.base_bits == "8":
+        raise ConfigError(
+            "base_bits: an 8-bit base cannot be sharded (bitsandbytes keeps its scales on the "
+            "weight, which FSDP2 replaces); use --base-bits 4 with --shard",
+            field="base_bits",
+        )
 
 
 def shard(model: nn.Module, device: torch.device, precision: str) -> None:
@@ -53,6 +63,22 @@ def shard(model: nn.Module, device: torch.device, precision: str) -> None:
         register_fsdp_forward_method(block, "cached")  # generation's per-block step
     fully_shard(model, mp_policy=policy)
     register_fsdp_forward_method(model, "forward_cached")
+
+
+def held_line(model: nn.Module, processes: int) -> str:
+    """What this process holds of the model's parameters after sharding, in words for the
+    log: about 1/processes of each sharded tensor (the 4-bit base's packed bytes included)."""
+    from torch.distributed.tensor import DTensor
+
+    held = whole = 0
+    for p in model.parameters():
+        local = p.to_local() if isinstance(p, DTensor) else p
+        held += local.numel() * local.element_size()
+        whole += p.numel() * p.element_size()
+    return (
+        f"sharded over {processes} processes: this one holds {held / 1024:,.0f} KiB of the "
+        f"model's {whole / 1024:,.0f} KiB of parameters"
+    )
 
 
 def is_sharded(model: nn.Module) -> bool:

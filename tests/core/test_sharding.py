@@ -173,3 +173,65 @@ def test_the_estimate_per_sharded_process_divides_the_state_and_adds_the_gathere
     assert two.gradients == one.gradients // 2 + 4 * block  # a block's, before its reduce
     assert two.weight_casts == 4 * (root + 2 * block)  # the root, one block and the next
     assert two.allocator_peak < one.allocator_peak
+
+
+def test_an_8bit_base_is_refused_with_shard_in_one_line(monkeypatch):
+    from core.training.sharding import check
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match="base_bits: an 8-bit base cannot be sharded"):
+        check(dataclasses.replace(tiny_config(shard=True, lora_rank=4), base_bits="8"), None)
+    check(dataclasses.replace(tiny_config(shard=True, lora_rank=4), base_bits="4"), None)
+
+
+GiB = 1024**3
+
+
+def billion():
+    """A ~1.3B model on CUDA: full AdamW needs ~18 GiB on one card, ~11 sharded over two."""
+    return tiny_config(
+        hidden_dim=2048, n_layers=16, n_heads=16, seq_len=1024, vocab_size=32000,
+        batch_size=1, grad_accum=4, precision="auto", device="cuda", dropout=0.0,
+    )  # fmt: skip
+
+
+def test_the_ladder_shards_over_two_cards_a_method_that_does_not_fit_one():
+    from core.training import planner
+    from core.training.estimate import estimate, usable_bytes
+    from core.training.sharding import rank_estimate
+
+    cfg, card = billion(), 16 * GiB
+    one = planner.walk_ladder(cfg, card, gpus=1)
+    assert not any(r.config.shard for r in one)
+    assert [r.name for r in one if r.chosen] == ["full fine-tuning (8-bit AdamW)"]
+    assert not one[0].fitted  # full AdamW does not fit one 16 GiB card
+
+    two = planner.walk_ladder(cfg, card, gpus=2)
+    chosen = next(r for r in two if r.chosen)
+    assert chosen.name == "full fine-tuning (AdamW), sharded over 2 GPUs"
+    assert two.index(chosen) == 2  # after the method's one-card rungs, before 8-bit AdamW
+    f = chosen.fitted
+    assert f.shard and f.batch_size * f.grad_accum == 2  # each process half the batch of 4
+    per_card = rank_estimate(estimate(f), f, 2).device_total
+    assert chosen.need == per_card <= usable_bytes(card) < estimate(f).device_total
+    assert not any("8-bit AdamW" in r.name and r.config.shard for r in two)
+    fitted, line = planner.fit_pretrained(cfg, card, gpus=2)
+    assert fitted == f and "usable per GPU" in line
+    assert "torchrun --standalone --nproc_per_node 2 -m core.train ... --shard" in line
+
+
+def test_shard_is_automatic_under_torchrun_only_where_one_card_is_too_small(monkeypatch):
+    from core.cli import train as cli
+    from core.platform import hardware
+
+    cfg, card = billion(), {"name": "RTX 4000", "total_bytes": 16 * GiB}
+    monkeypatch.setattr(hardware, "gpus", lambda: [{**card, "free_bytes": 16 * GiB}] * 2)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert not cli.auto_shard(cfg).shard  # one process: nothing to shard over
+    for k, v in {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(k, v)
+    assert cli.auto_shard(cfg).shard  # DDP's whole copy does not fit one card; a half does
+    monkeypatch.setattr(hardware, "gpus", lambda: [{**card, "free_bytes": 40 * GiB}] * 2)
+    assert not cli.auto_shard(cfg).shard  # the whole model fits each card: DDP as asked
+    monkeypatch.setattr(hardware, "gpus", lambda: [{**card, "free_bytes": 4 * GiB}] * 2)
+    assert not cli.auto_shard(cfg).shard  # nor does a half: the memory check says so

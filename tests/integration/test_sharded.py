@@ -4,6 +4,7 @@ of a pretrained-shaped mixture of experts, and a killed or silent rank ending th
 line. One process under torchrun: tests/core/test_sharding.py."""
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -101,6 +102,48 @@ def test_lora_on_a_sharded_mixture_of_experts_trains_as_one_process(tmp_path):
     assert state["adapters_only"] and "model" not in state
     saved = ckpt.read_shards(tmp_path / "sh" / "checkpoints" / state["shards"])
     assert saved and all(".lora_" in k for k in saved)  # the base is on disk already
+
+
+@pytest.mark.slow  # over ~10 s on 2 cores
+def test_qlora_sharded_over_two_ranks_trains_as_one_process_resumes_and_exports(
+    tmp_path, monkeypatch
+):
+    pytest.importorskip("bitsandbytes")
+    sys.path.insert(0, str(ROOT / "tests"))
+    from hf_models import TEXT, make_model
+
+    make_model(tmp_path / "model", "llama")
+    (tmp_path / "text.txt").write_text(TEXT * 5, encoding="utf-8")
+    args = ["--init-from", "model", "--tokenizer", "model", "--data", "text.txt"]
+    args += ["--lora-rank", "4", "--base-bits", "4", "--seq-len", "32", "--lr", "1e-2"]
+    args += ["--max-steps", "4", "--log-every", "1", "--eval-every", "2", "--eval-batches", "1"]
+    args += ["--ckpt-every", "2", "--sample-tokens", "0", "--warmup-steps", "0"]
+    args += ["--dropout", "0", "--device", "cpu"]
+    train(tmp_path, *args, "--batch-size", "2", "--shard", "--out", "sh", processes=2)
+    train(tmp_path, *args, "--batch-size", "4", "--out", "one")
+    sh = tmp_path / "sh"
+    # The same NF4 base on both sides: two ranks equal one process to fp32 rounding.
+    assert_close(losses(sh), losses(tmp_path / "one"))
+    # Each rank holds about half the parameters: the packed 4-bit base is split too.
+    held = [ln for ln in (sh / "train.log").read_text(encoding="utf-8").splitlines()]
+    held = [ln for ln in held if "sharded over 2 processes" in ln][0]
+    mine, whole = (float(x.replace(",", "")) for x in re.findall(r"([\d,]+) KiB", held))
+    assert 0.45 < mine / whole < 0.55, held
+
+    # The step-2 checkpoint resumed on two ranks: the uninterrupted run's losses exactly.
+    shutil.copytree(sh, tmp_path / "again")
+    train(tmp_path, "--resume", "again/checkpoints/step-000002.pt", processes=2)
+    assert losses(tmp_path / "again") == losses(sh)
+
+    # The exports' loader reads the sharded adapters: the one-process run's model, to rounding.
+    from core.weights.loader import load
+
+    monkeypatch.chdir(tmp_path)  # the runs name their base as given: "model"
+    a, b = load(sh, "latest").model.state_dict(), load(tmp_path / "one", "latest").model
+    b = b.state_dict()
+    assert a.keys() == b.keys()
+    for k in a:
+        assert (a[k].float() - b[k].float()).abs().max() < 1e-4, k
 
 
 def start_killable(tmp_path, name):
