@@ -286,7 +286,7 @@ def test_gpt_oss_mxfp4_experts_are_llama_cpps_bytes(tmp_path):
     ids = tok("def add(a, b): hello world 12 The quick brown fox")["input_ids"]
     loaded = load(tmp_path / "model")
     with torch.no_grad():
-        dequantized = dequantized_model(loaded, ours)(torch.tensor([ids]))[0][0].numpy()
+        dequantized = dequantized_model(loaded, ours).logits(torch.tensor([ids]))[0].numpy()
         plain = loaded.model.logits(torch.tensor([ids]))[0].numpy()
     llm = llama_cpp.Llama(
         str(ours), n_ctx=64, logits_all=True, n_threads=1, type_k=0, type_v=0, verbose=False
