@@ -426,6 +426,8 @@ def _hyperparameters(writer, loaded: Loaded) -> None:
         _expert_hparams(writer, c)
     if family.gguf_hparams is not None:
         family.gguf_hparams(writer, c)
+    if family.gguf_composite is not None:
+        family.gguf_composite(writer, c, loaded.base.get("hf_config") or {})
 
 
 def _expert_hparams(writer, c) -> None:

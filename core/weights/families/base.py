@@ -69,6 +69,9 @@ class Family:
     # (a Hugging Face name's end, the end llama.cpp's converter gives it before gguf's map)
     gguf_adapter: Callable | None = None  # (llama.cpp name, A, B, c) -> (A, B) in its order
     gguf_hparams: Callable | None = None  # (gguf writer, c) -> its own metadata keys
+    # (gguf writer, c, the composite's config.json) -> keys the converter reads from the
+    # composite's other parts (Qwen3-VL's DeepStack count from its vision_config)
+    gguf_composite: Callable | None = None
     gguf_check: Callable | None = None  # c -> why llama.cpp would run it otherwise, or None
     gguf_extra: Callable | None = None  # c -> {llama.cpp name: tensor} it adds (rope factors)
     gguf_notes: Callable | None = None  # c -> where llama.cpp runs it otherwise, and when

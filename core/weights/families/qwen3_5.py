@@ -239,7 +239,7 @@ def projector_problem(vision: dict) -> str | None:
 
 
 PROJECTOR = Projector(
-    classes=("Qwen3_5ForConditionalGeneration",),
+    classes=("Qwen3_5ForConditionalGeneration", "Qwen3VLForConditionalGeneration"),
     vision="qwen3vl_merger",
     params=projector_params,
     tensors=projector_tensors,

@@ -6,6 +6,7 @@ own, so the hf export writes the composite."""
 
 from __future__ import annotations
 
+from core.weights.families import qwen3_5
 from core.weights.families.base import Family, llama_options, llama_table
 
 
@@ -13,11 +14,19 @@ def config(hf: dict, source: str):
     return llama_options(hf, source, qk_norm=True)
 
 
-def gguf_check(c) -> str | None:
-    return (
-        "llama.cpp's qwen3vl reads DeepStack's layers beside M-RoPE; TrainDeck does not write "
-        "Qwen3-VL's GGUF yet: export hf and convert it with llama.cpp's convert_hf_to_gguf.py"
-    )
+def gguf_composite(writer, c, hf: dict) -> None:
+    """convert_hf_to_gguf.py's Qwen3VLTextModel keys: the M-RoPE sections of text_config's
+    rope parameters (padded to four; text has one position on every axis, so where a config
+    lacks them the pairs' cover is written) and the count of DeepStack layers, which
+    llama.cpp's qwen3vl needs to split the projector's wide rows."""
+    text = hf.get("text_config", {})
+    rope = text.get("rope_scaling") or text.get("rope_parameters") or {}
+    sections = list(rope.get("mrope_section") or [])
+    if not sections:
+        sections = qwen3_5.mrope_sections((c.rope_dim or c.head_dim) // 2)
+    writer.add_rope_dimension_sections((sections + [0, 0, 0, 0])[:4])
+    deep = hf.get("vision_config", {}).get("deepstack_visual_indexes", [])
+    writer.add_num_deepstack_layers(len(deep))
 
 
 # Qwen3VLTextConfig's defaults: what a released config.json may leave out
@@ -46,7 +55,8 @@ FAMILY = Family(
     config=config,
     table=llama_table,
     gguf_arch="qwen3vl",
-    gguf_check=gguf_check,
+    gguf_composite=gguf_composite,
+    projector=qwen3_5.PROJECTOR,
     chat_format="chatml",
     stops=("<|im_end|>",),
 )
