@@ -22,6 +22,10 @@ Sections, most important first (--only takes letters or names, comma separated):
   h tiers       each tier preset trains under a memory fraction equal to its tier
   i long        long context: the estimate's longest context for a 0.5B and a 1.5B model in
                 16 and 24 GB, with and without offloaded checkpoints; two of them trained
+  j multi_gpu   only where two or more GPUs are visible: a model that fits neither card alone
+                (full AdamW, its layers grown until the estimate says so), predicted per card,
+                then trained sharded (torchrun --shard) and split (--devices): tokens/s and
+                each card's NVML peak
 
 Each section predicts its GPU time from its FLOPs and bytes before it runs and is skipped,
 with a line, when that would not leave the later sections their predicted time. It writes
@@ -71,6 +75,7 @@ SECTIONS = {  # in the order they run
     "g": ("torchrun", "torchrun --nproc_per_node 1 with NCCL"),
     "h": ("tiers", "Each tier preset under a memory fraction equal to its tier"),
     "i": ("long", "Long context"),
+    "j": ("multi_gpu", "Several GPUs: sharded and split runs of a model too large for one"),
 }
 TIER_PRESETS = ("gpu-8gb", "gpu-12gb", "gpu-16gb", "gpu-24gb", "gpu-48gb", "gpu-80gb")
 # Compiled rows cost a compilation each: the largest tiers first, while the budget allows.
@@ -1804,6 +1809,194 @@ def run_long(ck, sec: Section) -> None:
         ck.report.save()
 
 
+# -- (j) several GPUs --------------------------------------------------------------------------
+
+MULTI_STEPS = 10
+MULTI_SHAPE = dict(hidden_dim=2048, n_heads=16, ffn_dim=None, seq_len=1024, batch_size=8)
+
+
+def cuda_count(ck) -> int:
+    return torch.cuda.device_count() if ck.cuda else 0
+
+
+def card_bytes(ck) -> int:
+    """The smallest visible card's total memory (the model must fit neither alone)."""
+    return min(torch.cuda.get_device_properties(i).total_memory for i in range(cuda_count(ck)))
+
+
+def multi_model(ck, card: int, cards: int = 2):
+    """Full AdamW on a width-2048 model whose layers grow until the estimate says the whole
+    run needs more than one card (card bytes each) but a sharded process's share and each
+    card's part of a layer split fit: (config, prediction) or (None, why not)."""
+    from core.training.estimate import estimate, usable_bytes
+    from core.training.planner import need
+    from core.training.split import card_rows
+
+    base = ck.base(ck.full_preset("gpu-8gb", MULTI_STEPS), MULTI_STEPS, device="cuda")
+    base = dataclasses.replace(base, **MULTI_SHAPE, lora_rank=0, grad_checkpointing=False)
+    usable = usable_bytes(card)
+    devices = ",".join(f"cuda:{i}" for i in range(cards))
+    for layers in range(2, 257, 2):
+        cfg = dataclasses.replace(base, n_layers=layers, devices=None)
+        whole = need(cfg)
+        if whole <= usable:
+            continue
+        each = dataclasses.replace(cfg, shard=True, batch_size=cfg.batch_size // cards)
+        sharded = need(each, cards)  # a process's share of the same global batch
+        split = dataclasses.replace(cfg, devices=devices)
+        rows = card_rows(split, estimate(split), [card] * cards)
+        if sharded > usable or not all(r.fits for r in rows):
+            return None, f"at {layers} layers one card is too small but so is each share"
+        prediction = {
+            "n_layers": layers,
+            "params": estimate(cfg).n_params,
+            "card_GiB": card / GiB,
+            "whole_GiB": whole / GiB,
+            "sharded_GiB_per_card": sharded / GiB,
+            "split_GiB_per_card": [r.total / GiB for r in rows],
+            "split_layers": [r.layers for r in rows],
+        }
+        return cfg, prediction
+    return None, "no width-2048 model up to 256 layers outgrows one card"
+
+
+def multi_flags(cfg, out: Path, batch: int) -> list[str]:
+    """core.train's flags for cfg (a new model, this check's shape and data), batch rows a
+    process."""
+    return [
+        *("--preset", "gpu-8gb", "--data", str(cfg.data), "--out", str(out)),
+        *("--hidden-dim", str(cfg.hidden_dim), "--n-heads", str(cfg.n_heads)),
+        *("--n-layers", str(cfg.n_layers), "--seq-len", str(cfg.seq_len)),
+        *("--batch-size", str(batch), "--grad-accum", "1"),
+        *("--max-steps", str(cfg.max_steps), "--log-every", "1", "--eval-every", "1000000"),
+        *("--ckpt-every", "1000000", "--sample-tokens", "0", "--no-compile"),
+    ]
+
+
+def multi_commands(cfg, work: Path, cards: int = 2) -> dict[str, list[str]]:
+    """The sharded run (torchrun, one process a card, --shard, each its share of the batch)
+    and the split one (one process, --devices over every card, the whole batch), each its
+    own run folder: the same global batch."""
+    devices = ",".join(f"cuda:{i}" for i in range(cards))
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    return {
+        "sharded": [
+            *(*torchrun, "--nproc_per_node", str(cards), "-m", "core.train"),
+            *multi_flags(cfg, work / "sharded", cfg.batch_size // cards),
+            "--shard",
+        ],
+        "split": [
+            *(sys.executable, "-m", "core.train"),
+            *multi_flags(cfg, work / "split", cfg.batch_size),
+            *("--devices", devices),
+        ],
+    }
+
+
+class CardPeaks:
+    """Each card's largest NVML 'used' reading above what it held before, read on its own
+    thread every 0.2 s while a run goes on (the same measure for both runs)."""
+
+    def __init__(self, cards: int):
+        import threading
+
+        import pynvml
+
+        pynvml.nvmlInit()
+        self.nvml = pynvml
+        self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(cards)]
+        self.before = self.read()
+        self.peaks = list(self.before)
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self.poll, daemon=True)
+        self.thread.start()
+
+    def read(self) -> list[int]:
+        return [self.nvml.nvmlDeviceGetMemoryInfo(h).used for h in self.handles]
+
+    def poll(self) -> None:
+        while not self.done.wait(0.2):
+            self.peaks = [max(a, b) for a, b in zip(self.peaks, self.read(), strict=True)]
+
+    def stop(self) -> list[float]:
+        self.done.set()
+        self.thread.join()
+        return [(p - b) / MiB for p, b in zip(self.peaks, self.before, strict=True)]
+
+
+def plan_multi(ck, full: bool) -> list[Job]:
+    """Nothing where fewer than two GPUs are visible (the H100 plan included): the section
+    then says so in a line."""
+    cards = cuda_count(ck)
+    if full or cards < 2:
+        return []
+    cfg, _ = multi_model(ck, card_bytes(ck), cards)
+    if cfg is None:
+        return []
+    return [
+        Job(f"{mode} over {cards} GPUs", cfg, Work.PROCESS, process=True, fixed_s=30.0)
+        for mode in ("sharded", "split")
+    ]
+
+
+def run_multi(ck, sec: Section) -> None:
+    cards = cuda_count(ck)
+    if cards < 2:
+        sec.lines.append(f"skipped: {cards} CUDA GPU(s) visible; this section needs 2 or more")
+        return
+    cfg, prediction = multi_model(ck, card_bytes(ck), cards)
+    if cfg is None:
+        sec.lines.append(f"skipped: {prediction}")
+        return
+    sec.data["predicted"] = prediction
+    sec.lines.append(
+        "predicted: {params:,} parameters, {n_layers} layers; the whole run {whole_GiB:.1f} GiB "
+        "against {card_GiB:.1f} GiB a card; sharded {sharded_GiB_per_card:.1f} GiB a card; "
+        "split {split}".format(
+            **prediction,
+            split=", ".join(
+                f"{g:.1f} GiB ({layers})"
+                for g, layers in zip(
+                    prediction["split_GiB_per_card"], prediction["split_layers"], strict=True
+                )
+            ),
+        )
+    )
+    env = {**os.environ, "PYTHONPATH": _pythonpath()}
+    for (mode, cmd), job in zip(
+        multi_commands(cfg, ck.work, cards).items(), ck.plans[sec.key], strict=True
+    ):
+        if not sec.allows(ck, job):
+            continue
+        fresh_memory(ck.cuda)
+        peaks, t = CardPeaks(cards), time.perf_counter()
+        try:
+            proc = subprocess.run(
+                cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=max(60, ck.left())
+            )
+            rc, text = proc.returncode, proc.stdout + proc.stderr
+        except subprocess.TimeoutExpired:
+            rc, text = "timeout", ""
+        used = peaks.stop()
+        sec.rows.append(multi_row(mode, rc, ck.work / mode, used, time.perf_counter() - t))
+        if rc != 0:
+            sec.lines.append(f"{mode}: last lines: " + " / ".join(text.strip().splitlines()[-3:]))
+        ck.report.save()
+
+
+def multi_row(mode: str, rc, run_dir: Path, used: list[float], wall: float) -> dict:
+    """A run's row: its median tokens/s after the first two steps, each card's NVML peak."""
+    from core.runs.folder import read_metrics
+
+    rates = []
+    if (run_dir / "metrics.jsonl").exists():
+        records, _ = read_metrics(run_dir / "metrics.jsonl")
+        rates = sorted(r["tokens_per_s"] for r in records[2:] if r.get("tokens_per_s"))
+    row = {"run": mode, "exit code": rc, "tokens/s": rates[len(rates) // 2] if rates else None}
+    row.update({f"cuda:{i} NVML peak MiB": mib for i, mib in enumerate(used)})
+    return {**row, "wall s": wall}
+
+
 PLANS = {
     SPEED: (plan_speed, run_speed),
     "a": (plan_memory, run_memory),
@@ -1815,6 +2008,7 @@ PLANS = {
     "g": (plan_torchrun, run_torchrun),
     "h": (plan_tiers, run_tiers),
     "i": (plan_long, run_long),
+    "j": (plan_multi, run_multi),
 }
 
 

@@ -3,6 +3,7 @@ so it cannot rot before a GPU appears; its budget logic and its sizing are check
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 import signal
@@ -222,7 +223,7 @@ def test_an_unknown_section_is_one_line_and_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [
         "error: --only: unknown section 'nope'; allowed: s speed, a memory, b throughput, "
-        "c vs_peft, d oom, e precision, f nvml, g torchrun, h tiers, i long"
+        "c vs_peft, d oom, e precision, f nvml, g torchrun, h tiers, i long, j multi_gpu"
     ]
 
 
@@ -297,3 +298,50 @@ def test_the_shrunk_card_holds_half_the_micro_batch_but_not_all_of_it(monkeypatc
     assert estimate(half).allocator_peak < allowed < estimate(cfg).allocator_peak
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H100 80GB HBM3")
     assert gpu_check.card_peak() == 989e12
+
+
+def test_the_multi_gpu_section_says_it_needs_two_gpus_where_fewer_are_visible(smoke):
+    _, _, data = smoke
+    sec = data["sections"]["multi_gpu"]
+    assert sec["status"] == "ok" and sec["rows"] == []
+    assert sec["lines"] == ["skipped: 0 CUDA GPU(s) visible; this section needs 2 or more"]
+    assert sec["predicted_gpu_s"] == 0  # the one-H100 plan holds none of it
+
+
+def test_the_multi_gpu_section_plans_a_model_that_fits_neither_card_alone(tmp_path, monkeypatch):
+    """Two mocked 16 GiB cards: the estimate of the chosen model's whole run is over one
+    card's usable memory, a sharded process's share of the same global batch and each card's
+    part of the layer split are under it; the commands run it sharded under torchrun and
+    split over both cards."""
+    from core.training.estimate import usable_bytes
+
+    args = argparse.Namespace(smoke=True, device="cpu", budget=60, out=str(tmp_path), only=None)
+    ck = gpu_check.Check(args)
+    card = 16 * gpu_check.GiB
+    monkeypatch.setattr(gpu_check, "cuda_count", lambda ck: 2)
+    monkeypatch.setattr(gpu_check, "card_bytes", lambda ck: card)
+    cfg, predicted = gpu_check.multi_model(ck, card)
+    usable = usable_bytes(card) / gpu_check.GiB
+    assert predicted["whole_GiB"] > usable >= predicted["sharded_GiB_per_card"]
+    assert max(predicted["split_GiB_per_card"]) <= usable
+    assert predicted["split_layers"][0].startswith("layers 0-")
+    smaller = gpu_check.dataclasses.replace(cfg, n_layers=cfg.n_layers - 2)
+    from core.training.planner import need
+
+    assert need(smaller) <= usable_bytes(card)  # the fewest layers that outgrow one card
+    jobs = gpu_check.plan_multi(ck, False)
+    assert [j.label for j in jobs] == ["sharded over 2 GPUs", "split over 2 GPUs"]
+    assert gpu_check.plan_multi(ck, True) == []
+    cmds = gpu_check.multi_commands(cfg, tmp_path)
+    sharded, split = cmds["sharded"], cmds["split"]
+    assert sharded[sharded.index("--nproc_per_node") + 1] == "2" and "--shard" in sharded
+    assert sharded[sharded.index("--batch-size") + 1] == str(cfg.batch_size // 2)
+    assert split[split.index("--devices") + 1] == "cuda:0,cuda:1" and "--shard" not in split
+    assert split[split.index("--batch-size") + 1] == str(cfg.batch_size)
+    for cmd in (sharded, split):
+        assert cmd[cmd.index("--n-layers") + 1] == str(cfg.n_layers)
+    # the flags parse as core.train's
+    from core.cli.train import build_parser
+
+    parsed = build_parser().parse_args(split[split.index("core.train") + 1 :])
+    assert parsed.devices == "cuda:0,cuda:1" and parsed.n_layers == cfg.n_layers
