@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -157,6 +158,9 @@ def main() -> None:
     ap.add_argument("--lora-rank", type=int, default=0, help="0: full fine-tune of the LM")
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--tokens", type=int, default=16, help="image tokens: 16 (pooled 2x2) or 64")
+    ap.add_argument(
+        "--keep", type=Path, help="copy the base, the run and the held-out pictures here"
+    )
     args = ap.parse_args()
 
     from helpers import tiny_config
@@ -208,6 +212,9 @@ def main() -> None:
         seconds = time.perf_counter() - t0
         after = scored(load(tmp / "run", "latest").model)
         _, evals = read_metrics(tmp / "run" / "metrics.jsonl")
+        if args.keep:  # e.g. to open the run in the window's Playground
+            for part in ("base", "run", "data/held"):
+                shutil.copytree(tmp / part, args.keep / part, dirs_exist_ok=True)
     print(f"training: {args.train} pictures x 2 questions, {args.steps} steps, {seconds:.0f} s")
     print(f"val_loss: {evals[0]['val_loss']:.3f} -> {evals[-1]['val_loss']:.3f}")
     print("| question | chance | before | after |")
