@@ -194,12 +194,20 @@ def qwen_image_processor(max_pixels: int = 48 * 48):
     )
 
 
-def make_qwen_vision(folder, kind: str = "qwen3_vl", seed: int = 0, std: float = 0.3):
+def make_qwen_vision(
+    folder,
+    kind: str = "qwen3_vl",
+    seed: int = 0,
+    std: float = 0.3,
+    tower: dict | None = None,
+    max_pixels: int = 48 * 48,
+):
     """A tiny Qwen3VLForConditionalGeneration (kind "qwen3_vl": 3 vision blocks, DeepStack
     from the first two into the first two language layers) or Qwen3_5ForConditionalGeneration
     ("qwen3_5": hybrid language layers, no DeepStack; "qwen3_5_moe": Qwen3_5MoeForConditional-
     Generation, its experts), patches of 8 merged 2 x 2, its
-    processor saved beside it. Returns (model, processor)."""
+    processor saved beside it (images up to max_pixels). tower: vision config values over
+    the tiny ones. Returns (model, processor)."""
     import transformers as t
 
     folder = Path(folder)
@@ -228,6 +236,7 @@ def make_qwen_vision(folder, kind: str = "qwen3_vl", seed: int = 0, std: float =
         out_hidden_size=32,
         num_position_embeddings=16,
     )
+    vision.update(tower or {})
     tokens = dict(
         image_token_id=ids["<|image_pad|>"],
         video_token_id=ids["<|video_pad|>"],
@@ -288,7 +297,7 @@ def make_qwen_vision(folder, kind: str = "qwen3_vl", seed: int = 0, std: float =
     model = model.float().eval()
     model.generation_config = t.GenerationConfig(eos_token_id=[tok.eos_token_id])
     model.save_pretrained(folder)
-    processor = qwen_image_processor()  # Qwen3VLProcessor needs torchvision (its videos)
+    processor = qwen_image_processor(max_pixels)  # Qwen3VLProcessor needs torchvision (its videos)
     processor.save_pretrained(folder)
     return model, processor
 

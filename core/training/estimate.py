@@ -458,10 +458,15 @@ class Estimate:
         if t is None:
             return []
         how = f"{t.trained:,} of its parameters train" if t.trained else "frozen"
+        seen = f"{t.images:,} images a micro-batch"
+        if t.patches:
+            where = (
+                "the data's longest example" if t.known else "the most a row holds: an overestimate"
+            )
+            seen += f", {t.patches:,} patches; {where}"
         return [
             f"vision tower weights       {t.weights / MB:>10.1f} MiB ({how})",
-            f"vision tower activations   {t.activations / MB:>10.1f} MiB "
-            f"({t.images:,} images a micro-batch)",
+            f"vision tower activations   {t.activations / MB:>10.1f} MiB ({seen})",
         ]
 
 
@@ -475,6 +480,8 @@ class TowerLoad:
     weights: int  # all of its parameters, fp32
     trained: int  # parameters that train (their gradients and optimizer state beside)
     activations: int
+    patches: int = 0  # a dynamic tower's patches per micro-batch (0: a fixed-size tower)
+    known: bool = True  # a dynamic tower's images read from the data (else the most a row holds)
 
 
 _TOWERS: dict[str, dict | None] = {}
@@ -538,22 +545,153 @@ def tower_load(
         return None
     if not (cfg.train_vision or images_per_row or data_shows_images(cfg)):
         return None  # text: the tower is not loaded
+    if t.get("dynamic"):
+        return _dynamic_load(cfg, t, rows, e)
     per_row = images_per_row if images_per_row is not None else cfg.seq_len // (t["tokens"] + 2)
     images = rows * max(1, per_row)
     weights = 4 * (t["params"] + t["projector"])
     trained, saved = 0, 0
     if cfg.train_vision:
-        if cfg.lora_rank:
-            r = cfg.lora_rank
-            trained = sum(r * (i + o) for i, o in t["linears"]) + t["projector"]
-        else:
-            trained = t["params"] + t["projector"]
+        trained = _tower_trained(cfg, t)
         p, w = t["patches"], t["width"]
         # attention without a mask: SDPA's fused kernels, CPU and GPU, keep no scores
         block = p * (8 * w + 2 * t["inner"]) * e
         saved = t["layers"] * block + p * w * e  # and the output the projector reads
     pixels = 4 * t["pixels"]  # each image's pixel values, held for the step
     return TowerLoad(images, weights, trained, images * (saved + pixels))
+
+
+def _tower_trained(cfg: TrainConfig, t: dict) -> int:
+    """The tower's parameters that train under --train-vision: LoRA's adapters on every
+    linear layer (and a projector with none, whole), or all of them."""
+    if not cfg.lora_rank:
+        return t["params"] + t["projector"]
+    whole = t.get("whole", t["projector"])
+    return sum(cfg.lora_rank * (i + o) for i, o in t["linears"]) + whole
+
+
+@dataclass
+class ImageRows:
+    """What a row's images ask of a dynamic tower: its images and their patches, from the
+    data's longest example (known) or the most a row holds (an overestimate)."""
+
+    images: int
+    patches: int
+    known: bool
+
+
+_DYNAMIC: dict[tuple, ImageRows] = {}
+
+
+def image_rows(cfg: TrainConfig, t: dict) -> ImageRows:
+    """A row's images for a dynamic tower (Qwen's): the first records' example with the most
+    patches (each image resized as the processor resizes it), else a row of seq_len tokens
+    all images at the processor's (or --image-max-pixels') most pixels."""
+    key = (cfg.init_from, cfg.data, tuple(cfg.data_extensions), cfg.image_max_pixels)
+    if key not in _DYNAMIC:
+        spec = _dynamic_spec(cfg, t)
+        sizes = _first_records_image_sizes(cfg)
+        per = [[_patches(h, w, spec) for h, w in record] for record in sizes]
+        if any(per):
+            most = max(per, key=sum)
+            _DYNAMIC[key] = ImageRows(len(most), sum(most), True)
+        else:
+            largest = _patches(*_largest_side(spec), spec)
+            tokens = largest // t["merge"] ** 2
+            images = max(1, cfg.seq_len // (tokens + 2))
+            _DYNAMIC[key] = ImageRows(images, cfg.seq_len * t["merge"] ** 2, False)
+    return _DYNAMIC[key]
+
+
+def _dynamic_spec(cfg: TrainConfig, t: dict):
+    from core.data.images import ImageSpec
+    from core.weights.vision import preprocessor
+
+    pre = preprocessor(cfg.init_from)
+    size = pre.get("size") or {}
+    return ImageSpec(
+        kind="dynamic", placeholder="", token="", token_id=0, before="", after="",
+        tokens=0, height=0, width=0, max_pixels=cfg.image_max_pixels,
+        patch_size=int(pre.get("patch_size", t["patch"])),
+        merge_size=int(pre.get("merge_size", t["merge"])),
+        min_pixels=int(size.get("shortest_edge", pre.get("min_pixels", 56 * 56))),
+        longest=int(size.get("longest_edge", pre.get("max_pixels", 28 * 28 * 1280))),
+    )  # fmt: skip
+
+
+def _patches(height: int, width: int, spec) -> int:
+    from core.data.images import smart_resize
+
+    h, w = smart_resize(height, width, spec)
+    return (h // spec.patch_size) * (w // spec.patch_size)
+
+
+def _largest_side(spec) -> tuple[int, int]:
+    """A square image at the most pixels smart_resize allows."""
+    most = min(spec.longest, spec.max_pixels) if spec.max_pixels else spec.longest
+    side = int(most**0.5)
+    return side, side
+
+
+def _first_records_image_sizes(cfg: TrainConfig) -> list[list[tuple[int, int]]]:
+    """Each of the first 32 records' images' (height, width), read from their headers; a
+    record whose images cannot be read counts none (preparing the data says why)."""
+    from pathlib import Path
+
+    from PIL import Image
+
+    from core.data import images, tables
+    from core.data.sources import find_sources
+    from core.errors import UserError
+
+    def paths(value) -> list:
+        if isinstance(value, dict):
+            if images.is_image_part(value):
+                return [images.part_path(value)]
+            return [p for v in value.values() for p in paths(v)]
+        return [p for v in value for p in paths(v)] if isinstance(value, list) else []
+
+    try:
+        files = find_sources(cfg.data, cfg.data_extensions, 0, chat=True).files
+        records = tables.first_records(files[0], tables.columns_of(cfg), 32) if files else []
+    except (UserError, OSError, ValueError):
+        return []
+    out = []
+    for r in records:
+        if not isinstance(r, dict):
+            continue
+        named = paths(r) + [p for p in (r.get("images") or []) if isinstance(p, str)]
+        try:
+            sizes = []
+            for name in named:
+                with Image.open(images.image_path(name, Path(files[0]).parent)) as im:
+                    sizes.append((im.height, im.width))
+            out.append(sizes)
+        except (UserError, OSError, ValueError):
+            continue
+    return out
+
+
+def _dynamic_load(cfg: TrainConfig, t: dict, rows: int, e: int) -> TowerLoad:
+    """A dynamic tower's memory (tower_load) per patch of a row's images: their patch values
+    (fp32) and the mergers' outputs (the merger's and DeepStack's, held to the language
+    layers); trained, each block keeps per patch what Qwen's block saves (its input and norm,
+    q, k and v, the rotated q and k, the attention output and its copy, the MLP's input and
+    norm: 12 widths and 2 inner widths), and each merger its norm, input and inner (3 widths);
+    frozen, it keeps nothing but one block's tensors are in flight."""
+    seen = image_rows(cfg, t)
+    w, tokens = t["width"], seen.patches // t["merge"] ** 2
+    held = 4 * seen.patches * t["pixels"] + e * tokens * t["mergers"] * t["out"]
+    trained, block = 0, seen.patches * (12 * w + 2 * t["inner"]) * e
+    if cfg.train_vision:
+        trained = _tower_trained(cfg, t)
+        held += t["layers"] * block + t["mergers"] * seen.patches * 3 * w * e
+    else:  # frozen: one block's moment in flight, all of a row's patches at once
+        held += block
+    weights = 4 * (t["params"] + t["projector"])
+    return TowerLoad(
+        rows * seen.images, weights, trained, rows * held, rows * seen.patches, seen.known
+    )
 
 
 OPTIMIZER_BYTES = {"adamw8bit": 2}  # a trained weight's optimizer state, when not 8

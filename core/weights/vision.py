@@ -336,8 +336,10 @@ def tower_dims(hf: dict) -> dict | None:
     if kind_of(hf) is None:
         return None
     v = hf["vision_config"]
+    if is_qwen(hf):
+        return qwen_dims(v)
     if not {"image_size", "num_hidden_layers", "num_attention_heads"} <= set(v):
-        return None  # a dynamic-resolution tower (Qwen's): its patches follow each image
+        return None  # a dynamic-resolution tower (Gemma 4's): its patches follow each image
     width, inner = int(v["hidden_size"]), int(v["intermediate_size"])
     side, patch = int(v.get("image_size", 896)), int(v["patch_size"])
     patches, layers = (side // patch) ** 2, int(v["num_hidden_layers"])
@@ -356,4 +358,37 @@ def tower_dims(hf: dict) -> dict | None:
         "params": embed + layers * per_layer + 2 * width,
         "linears": linears * layers,
         "projector": width * text + width,  # Gemma 3's: one matrix and a norm, no linear
+    }
+
+
+def qwen_dims(v: dict) -> dict:
+    """Qwen's dynamic tower's sizes (tower_dims): its patches, tokens and pixels follow each
+    image (core.training.estimate reads them from the data), so they are per patch here. Its
+    parameters and linear layers are counted on the module built on the meta device."""
+    import torch.nn as nn
+
+    from core.models.vision_qwen import QwenTower
+
+    with torch.device("meta"):
+        tower = QwenTower(v)
+    mergers = [tower.merger, *getattr(tower, "deepstack_merger_list", [])]
+    merged = sum(p.numel() for m in mergers for p in m.parameters())
+    t, p = tower.t, tower.p
+    return {
+        "dynamic": True,
+        "layers": len(tower.blocks),
+        "width": int(v["hidden_size"]),
+        "inner": int(v["intermediate_size"]),
+        "heads": int(v["num_heads"]),
+        "merge": tower.merge,
+        "patch": p,
+        "mergers": len(mergers),  # the merger and DeepStack's
+        "out": int(v["out_hidden_size"]),
+        "pixels": tower.channels * t * p * p,  # a patch's values
+        "params": sum(q.numel() for q in tower.parameters()) - merged,
+        "linears": [
+            (m.in_features, m.out_features) for m in tower.modules() if type(m) is nn.Linear
+        ],
+        "projector": merged,
+        "whole": 0,  # under LoRA the mergers' linear layers take adapters too
     }

@@ -134,3 +134,102 @@ def test_the_cpu_estimate_is_within_15_percent_of_the_measured_peak(composite, l
         f"{p['measured'] / MB:.1f} MiB ({error:+.1%}), tower {tower.activations / MB:.1f} MiB"
     )
     assert abs(error) <= 0.15, (p["est"] / MB, p["measured"] / MB, error)
+
+
+# -- a dynamic-resolution tower: Qwen3-VL's patches follow each image ---------------------------
+
+QWEN_TOWER = dict(depth=4, hidden_size=64, intermediate_size=256, num_heads=4)
+QWEN_SIZES = [(96, 96), (64, 96), (80, 48), (96, 64)]  # (width, height) of each example's images
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory):
+    pytest.importorskip("transformers")
+    from vision_models import make_qwen_vision
+
+    root = tmp_path_factory.mktemp("qwenmem")
+    make_qwen_vision(root / "base", tower=QWEN_TOWER, max_pixels=96 * 96)
+    lines = []
+    for i, size in enumerate(QWEN_SIZES):
+        save_image(root / f"{i}.png", "png", size, i)
+        parts = [{"type": "image", "image": f"{(i + k) % 4}.png"} for k in range(i % 2 + 3)]
+        user = {"role": "user", "content": [*parts, {"type": "text", "text": "Which?"}]}
+        answer = {"role": "assistant", "content": "red" if i % 2 else "blue"}
+        lines.append(json.dumps({"messages": [user, answer]}))
+    (root / "chat.jsonl").write_text("\n".join(lines), encoding="utf-8")
+    return root
+
+
+def qwen_settings(root, **kw) -> dict:
+    # two steps: the second holds AdamW's state beside its activations, as every later one
+    return settings(root, seq_len=192, max_steps=2, **kw)
+
+
+def test_a_dynamic_tower_counts_the_patches_of_the_longest_example(qwen):
+    from core.data.images import smart_resize
+    from core.training.estimate import _dynamic_spec, tower_dims
+
+    cfg = validate(TrainConfig(**qwen_settings(qwen)))
+    spec = _dynamic_spec(cfg, tower_dims(cfg))
+
+    def patches(i):  # image i, resized as the processor resizes it
+        h, w = smart_resize(QWEN_SIZES[i][1], QWEN_SIZES[i][0], spec)
+        return (h // 8) * (w // 8)
+
+    examples = [[(i + k) % 4 for k in range(i % 2 + 3)] for i in range(4)]
+    longest = max(examples, key=lambda ex: sum(map(patches, ex)))
+    est = estimate(cfg, on_gpu=False)
+    assert est.tower.images == len(longest) and est.tower.known
+    assert est.tower.patches == sum(map(patches, longest))
+    assert f"{est.tower.patches:,} patches; the data's longest example" in est.report()
+    lora = estimate(validate(TrainConfig(**qwen_settings(qwen, lora_rank=4))), on_gpu=False)
+    assert 0 < lora.tower.trained < est.tower.trained  # adapters on the mergers too
+    frozen = estimate(
+        validate(TrainConfig(**qwen_settings(qwen, train_vision=False))), on_gpu=False
+    )
+    assert (
+        frozen.tower.trained == 0 and frozen.tower.activations < est.tower.activations / 3
+    )  # none kept
+    # images that cannot be read: a row of seq_len tokens all images at the most pixels
+    (qwen / "lost.jsonl").write_text(
+        (qwen / "chat.jsonl").read_text().replace(".png", ".missing.png"), encoding="utf-8"
+    )
+    most = estimate(
+        validate(TrainConfig(**qwen_settings(qwen, data=str(qwen / "lost.jsonl")))),
+        on_gpu=False,
+    )
+    assert not most.tower.known and most.tower.patches == 192 * 4  # merged 2 x 2
+    assert "the most a row holds: an overestimate" in most.report()
+    assert most.tower.activations > est.tower.activations
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="Linux's VmHWM reset")
+@pytest.mark.parametrize(
+    "lora_rank,train_vision",
+    [(4, True), pytest.param(0, True, marks=pytest.mark.slow), (0, False)],
+)
+def test_a_dynamic_towers_estimate_is_within_15_percent_of_the_measured_peak(
+    qwen, lora_rank, train_vision
+):
+    values = qwen_settings(qwen, lora_rank=lora_rank, train_vision=train_vision)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRAINDECK_HEAP": "lean"}
+    done = subprocess.run(
+        [sys.executable, "-c", PEAK, json.dumps(values), "0"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    p = json.loads(done.stdout.strip().splitlines()[-1])
+    tower = estimate(validate(TrainConfig(**values)), on_gpu=False).tower
+    error = p["est"] / p["measured"] - 1
+    print(
+        f"qwen3-vl lora_rank {lora_rank} train_vision {train_vision}: estimate "
+        f"{p['est'] / MB:.1f} MiB, measured {p['measured'] / MB:.1f} MiB ({error:+.1%}), "
+        f"tower {tower.activations / MB:.1f} MiB"
+    )
+    if train_vision:
+        assert tower.activations > 0.4 * p["est"]  # the tower is most of what is compared
+    assert abs(error) <= 0.15, (p["est"] / MB, p["measured"] / MB, error)
