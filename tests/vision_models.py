@@ -367,12 +367,15 @@ def gemma4_tokenizer(folder: Path):
     return tok
 
 
-def make_gemma4_vision(folder, per_layer: bool = False, seed: int = 0, std: float = 0.3):
+def make_gemma4_vision(
+    folder, per_layer: bool = False, seed: int = 0, std: float = 0.3, tower: dict | None = None
+):
     """A tiny Gemma4ForConditionalGeneration that reads images: its encoder on 4 x 4 patches
     pooled 3 x 3 (clipped linears and standardized output, as released), a language model
     whose image tokens see each other in sliding layers (use_bidirectional_attention
     "vision"); per_layer: the E2B form (per-layer inputs, shared keys and values, double-wide
-    MLPs). Its processor saved beside it. Returns (model, processor)."""
+    MLPs). Its processor saved beside it. tower: vision config values over the tiny ones.
+    Returns (model, processor)."""
     import transformers as t
     from hf_models import GEMMA4_CONFIGS
 
@@ -405,7 +408,7 @@ def make_gemma4_vision(folder, per_layer: bool = False, seed: int = 0, std: floa
         bos_token_id=tok.bos_token_id,
         **({**shape, "vocab_size_per_layer_input": len(tok) + 2} if per_layer else shape),
     )
-    vision = t.Gemma4VisionConfig(
+    vision = dict(
         hidden_size=16,
         intermediate_size=32,
         num_hidden_layers=2,
@@ -418,6 +421,7 @@ def make_gemma4_vision(folder, per_layer: bool = False, seed: int = 0, std: floa
         use_clipped_linears=True,
         standardize=True,
     )
+    vision = t.Gemma4VisionConfig(**{**vision, **(tower or {})})
     config = t.Gemma4Config(
         text_config=text,
         vision_config=vision,

@@ -547,6 +547,8 @@ def tower_load(
         return None  # text: the tower is not loaded
     if t.get("dynamic"):
         return _dynamic_load(cfg, t, rows, e)
+    if t.get("pooled"):
+        return _pooled_load(cfg, t, rows, e)
     per_row = images_per_row if images_per_row is not None else cfg.seq_len // (t["tokens"] + 2)
     images = rows * max(1, per_row)
     weights = 4 * (t["params"] + t["projector"])
@@ -678,7 +680,7 @@ def _dynamic_load(cfg: TrainConfig, t: dict, rows: int, e: int) -> TowerLoad:
     layers); trained, each block keeps per patch what Qwen's block saves (its input and norm,
     q, k and v, the rotated q and k, the attention output and its copy, the MLP's input and
     norm: 12 widths and 2 inner widths), and each merger its norm, input and inner (3 widths);
-    frozen, it keeps nothing but one block's tensors are in flight."""
+    frozen, it keeps nothing but a block's tensors are in flight."""
     seen = image_rows(cfg, t)
     w, tokens = t["width"], seen.patches // t["merge"] ** 2
     held = 4 * seen.patches * t["pixels"] + e * tokens * t["mergers"] * t["out"]
@@ -686,12 +688,44 @@ def _dynamic_load(cfg: TrainConfig, t: dict, rows: int, e: int) -> TowerLoad:
     if cfg.train_vision:
         trained = _tower_trained(cfg, t)
         held += t["layers"] * block + t["mergers"] * seen.patches * 3 * w * e
-    else:  # frozen: one block's moment in flight, all of a row's patches at once
-        held += block
+    else:  # frozen: a block's widest moment in flight (attention's input, norm, q, k and v
+        # and the rotated q and k; or the MLP's), all of a row's patches at once
+        held += seen.patches * max(8 * w, 2 * w + 2 * t["inner"]) * e
     weights = 4 * (t["params"] + t["projector"])
     return TowerLoad(
         rows * seen.images, weights, trained, rows * held, rows * seen.patches, seen.known
     )
+
+
+def _pooled_load(cfg: TrainConfig, t: dict, rows: int, e: int) -> TowerLoad:
+    """Gemma 4's tower's memory (tower_load): every image is its token budget's patches
+    (padded), so a row's images are what varies: the data's longest example's, else as many
+    budgets as seq_len holds. Per patch: its pixels and positions (fp32), and trained, what
+    a layer keeps (its four norms, the clipped linears' inputs and outputs, q, k, v normed
+    and rotated, the keys and values repeated to the query's heads, attention and its copy,
+    the gated MLP's five inner widths) and the pooling's weights; frozen, the widest moment
+    of a layer, all the images at once."""
+    from core.weights.vision import gemma4_budget, preprocessor
+
+    patch, k, soft = gemma4_budget(
+        preprocessor(cfg.init_from), {"vision_config": {}}, cfg.image_max_pixels
+    )
+    per_image = soft * k * k
+    counts = [len(r) for r in _first_records_image_sizes(cfg)]
+    known = any(counts)
+    images = max(counts) if known else max(1, cfg.seq_len // (soft + 2))
+    w, a, kv, inner = t["width"], t["heads"], t["kv"], t["inner"]
+    block = per_image * (17 * w + 9 * a + 6 * kv + 5 * inner) * e
+    held = per_image * 4 * (3 * patch * patch + 2) + soft * t["out"] * e
+    trained = 0
+    if cfg.train_vision:
+        trained = _tower_trained(cfg, t)
+        held += t["layers"] * block + per_image * (soft * 4 + w * 4)
+    else:  # the gated MLP's moment: its inputs, the clipped gate and up and their product
+        held += per_image * (4 * w + 5 * inner) * e
+    weights = 4 * (t["params"] + t["projector"])
+    n = rows * images
+    return TowerLoad(n, weights, trained, n * held, n * per_image, known)
 
 
 OPTIMIZER_BYTES = {"adamw8bit": 2}  # a trained weight's optimizer state, when not 8

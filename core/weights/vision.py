@@ -201,11 +201,9 @@ def qwen_spec(pre: dict, hf: dict, tokenizer, max_pixels: int | None) -> ImageSp
     )
 
 
-def _gemma4_spec(pre: dict, hf: dict, tokenizer, max_pixels: int | None) -> ImageSpec:
-    """Gemma 4's processor: the image resized (bicubic) keeping its aspect ratio to at most
-    max_soft_tokens x k^2 patches, sides multiples of k x patch, rescaled to [0, 1], cut into
-    patches; the template's <|image|> becomes boi + image x (its tokens) + eoi.
-    --image-max-pixels picks the largest of Gemma 4's token budgets within it."""
+def gemma4_budget(pre: dict, hf: dict, max_pixels: int | None) -> tuple[int, int, int]:
+    """Gemma 4's (patch side, pooling kernel, tokens an image may give): the processor's
+    max_soft_tokens, or under --image-max-pixels the largest budget within it."""
     patch = int(pre.get("patch_size", hf["vision_config"].get("patch_size", 16)))
     k = int(pre.get("pooling_kernel_size", hf["vision_config"].get("pooling_kernel_size", 3)))
     soft = int(pre.get("max_soft_tokens", pre.get("image_seq_length", 280)))
@@ -225,6 +223,15 @@ def _gemma4_spec(pre: dict, hf: dict, tokenizer, max_pixels: int | None) -> Imag
                 f"budget ({least:,} pixels: {GEMMA4_SOFT_TOKENS[0]} tokens); raise it"
             )
         soft = max(fits)
+    return patch, k, soft
+
+
+def _gemma4_spec(pre: dict, hf: dict, tokenizer, max_pixels: int | None) -> ImageSpec:
+    """Gemma 4's processor: the image resized (bicubic) keeping its aspect ratio to at most
+    max_soft_tokens x k^2 patches, sides multiples of k x patch, rescaled to [0, 1], cut into
+    patches; the template's <|image|> becomes boi + image x (its tokens) + eoi.
+    --image-max-pixels picks the largest of Gemma 4's token budgets within it."""
+    patch, k, soft = gemma4_budget(pre, hf, max_pixels)
     token = _token_text(tokenizer, _token_id(hf, "image"))
     return ImageSpec(
         kind="pooled_patches",
@@ -338,6 +345,8 @@ def tower_dims(hf: dict) -> dict | None:
     v = hf["vision_config"]
     if is_qwen(hf):
         return qwen_dims(v)
+    if hf.get("model_type") == "gemma4":
+        return gemma4_dims(hf)
     if not {"image_size", "num_hidden_layers", "num_attention_heads"} <= set(v):
         return None  # a dynamic-resolution tower (Gemma 4's): its patches follow each image
     width, inner = int(v["hidden_size"]), int(v["intermediate_size"])
@@ -391,4 +400,33 @@ def qwen_dims(v: dict) -> dict:
         ],
         "projector": merged,
         "whole": 0,  # under LoRA the mergers' linear layers take adapters too
+    }
+
+
+def gemma4_dims(hf: dict) -> dict:
+    """Gemma 4's tower's sizes (tower_dims): an image is its token budget's patches, padded
+    (core.training.estimate reads the budget from the processor), so they are per patch here;
+    counted on the tower and projector built on the meta device."""
+    import torch.nn as nn
+
+    from core.models.vision_gemma4 import Gemma4Projector, Gemma4VisionTower, settings
+
+    v, text = settings(hf["vision_config"]), composite.text_config(hf)
+    with torch.device("meta"):
+        tower = Gemma4VisionTower(v)
+        projector = Gemma4Projector(v, 0, int(text["hidden_size"]))
+    head = v.get("head_dim") or v["hidden_size"] // v["num_attention_heads"]
+    both = [*tower.modules(), *projector.modules()]
+    return {
+        "pooled": True,
+        "layers": len(tower.encoder.layers),
+        "width": int(v["hidden_size"]),
+        "inner": int(v["intermediate_size"]),
+        "heads": int(v["num_attention_heads"]) * head,  # the query's width
+        "kv": int(v.get("num_key_value_heads") or v["num_attention_heads"]) * head,
+        "out": int(text["hidden_size"]),
+        "params": sum(q.numel() for q in tower.parameters()),
+        "linears": [(m.in_features, m.out_features) for m in both if type(m) is nn.Linear],
+        "projector": sum(q.numel() for q in projector.parameters()),
+        "whole": 0,  # its projector is a linear layer: adapters there too
     }

@@ -233,3 +233,83 @@ def test_a_dynamic_towers_estimate_is_within_15_percent_of_the_measured_peak(
     if train_vision:
         assert tower.activations > 0.4 * p["est"]  # the tower is most of what is compared
     assert abs(error) <= 0.15, (p["est"] / MB, p["measured"] / MB, error)
+
+
+# -- Gemma 4's tower: each image its token budget's patches, padded ---------------------------
+
+GEMMA4_TOWER = dict(
+    hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4, head_dim=16
+)
+
+
+@pytest.fixture(scope="module")
+def gemma4(tmp_path_factory):
+    pytest.importorskip("transformers")
+    from vision_models import make_gemma4_vision
+
+    root = tmp_path_factory.mktemp("g4mem")
+    make_gemma4_vision(root / "base", tower=GEMMA4_TOWER)
+    lines = []
+    for i in range(4):
+        save_image(root / f"{i}.png", "png", (60 + 8 * i, 40), i)
+        parts = [{"type": "image", "image": f"{(i + k) % 4}.png"} for k in range(i % 2 + 1)]
+        user = {"role": "user", "content": [*parts, {"type": "text", "text": "Which?"}]}
+        answer = {"role": "assistant", "content": "red" if i % 2 else "blue"}
+        lines.append(json.dumps({"messages": [user, answer]}))
+    (root / "chat.jsonl").write_text("\n".join(lines), encoding="utf-8")
+    return root
+
+
+def gemma4_settings(root, **kw) -> dict:
+    return settings(root, seq_len=192, max_steps=2, **kw)
+
+
+def test_gemma4s_tower_counts_each_images_budget_of_patches(gemma4):
+    from vision_models import GEMMA4_TOKENS
+
+    cfg = validate(TrainConfig(**gemma4_settings(gemma4)))
+    est = estimate(cfg, on_gpu=False)
+    assert est.tower.images == 2 and est.tower.known  # the longest example's
+    assert est.tower.patches == 2 * GEMMA4_TOKENS * 9  # padded to the budget, pooled 3 x 3
+    lora = estimate(validate(TrainConfig(**gemma4_settings(gemma4, lora_rank=4))), on_gpu=False)
+    assert 0 < lora.tower.trained < est.tower.trained
+    (gemma4 / "lost.jsonl").write_text(
+        (gemma4 / "chat.jsonl").read_text().replace(".png", ".missing.png"), encoding="utf-8"
+    )
+    most = estimate(
+        validate(TrainConfig(**gemma4_settings(gemma4, data=str(gemma4 / "lost.jsonl")))),
+        on_gpu=False,
+    )
+    assert not most.tower.known and most.tower.images == 192 // (GEMMA4_TOKENS + 2)
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="Linux's VmHWM reset")
+@pytest.mark.parametrize(
+    "lora_rank,train_vision",
+    [(4, True), pytest.param(0, True, marks=pytest.mark.slow), (0, False)],
+)
+def test_gemma4s_estimate_is_within_15_percent_of_the_measured_peak(
+    gemma4, lora_rank, train_vision
+):
+    values = gemma4_settings(gemma4, lora_rank=lora_rank, train_vision=train_vision)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRAINDECK_HEAP": "lean"}
+    done = subprocess.run(
+        [sys.executable, "-c", PEAK, json.dumps(values), "0"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    p = json.loads(done.stdout.strip().splitlines()[-1])
+    tower = estimate(validate(TrainConfig(**values)), on_gpu=False).tower
+    error = p["est"] / p["measured"] - 1
+    print(
+        f"gemma4 lora_rank {lora_rank} train_vision {train_vision}: estimate "
+        f"{p['est'] / MB:.1f} MiB, measured {p['measured'] / MB:.1f} MiB ({error:+.1%}), "
+        f"tower {tower.activations / MB:.1f} MiB"
+    )
+    if train_vision:
+        assert tower.activations > 0.4 * p["est"]  # the tower is most of what is compared
+    assert abs(error) <= 0.15, (p["est"] / MB, p["measured"] / MB, error)
