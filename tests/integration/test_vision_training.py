@@ -230,3 +230,64 @@ def test_a_qwen3_vl_tower_trains_under_lora_and_exports(tmp_path):
         assert (got - want).abs().max() < TOLERANCE
         adapted = PeftModel.from_pretrained(qwen_reloaded(folder), tmp_path / "peft").eval()
         assert (adapted(**inputs).logits - want).abs().max() < TOLERANCE
+
+
+@pytest.mark.parametrize("lora_rank", [4, pytest.param(0, marks=pytest.mark.slow)])
+def test_a_gemma4_tower_trains_and_exports(tmp_path, lora_rank):
+    """The same switch on Gemma 4's encoder (its linear layers clipped: adapters inside the
+    clamps; its projector a linear layer, adapted too), under LoRA and in full: the hf
+    export holds the trained tower merged and loads as Gemma4ForConditionalGeneration with
+    our logits with images, and PEFT's adapter on transformers' composite equals it."""
+    from peft import PeftModel
+    from test_vision_gemma4 import conversation as asked
+    from test_vision_gemma4 import inputs_of as inputs4
+    from test_vision_gemma4 import pixels_of
+    from vision_models import make_gemma4_vision, reloaded4
+
+    folder = tmp_path / "base"
+    _, processor = make_gemma4_vision(folder)
+    data, lines = tmp_path / "data", []
+    for i in range(8):
+        save_image(data / f"{i % 2}.png", "png", (40, 30) if i % 2 else (30, 44), i % 2)
+        answer = "red circle" if i % 2 else "blue square"
+        lines.append(json.dumps({"messages": asked(f"{i % 2}.png", answer=answer)}))
+    (data / "chat.jsonl").write_text("\n".join(lines), encoding="utf-8")
+    cfg = settings(folder, data / "chat.jsonl", lora_rank=lora_rank, lr=3e-2, max_steps=3)
+    cfg = type(cfg)(**{**cfg.__dict__, "seq_len": 96})
+    Trainer(cfg, tmp_path / "run").run()
+    log = (tmp_path / "run" / "train.log").read_text()
+    how = "LoRA on its linear layers" if lora_rank else "trained in full"
+    assert "vision: gemma4 tower and projector" in log and how in log
+    saved = torch.load(tmp_path / "run" / "checkpoints" / "latest.pt", weights_only=True)
+    key = ".lora_A" if lora_rank else "encoder.layers.0.self_attn.q_proj.linear.weight"
+    assert any(k.startswith("vision.") and key in k for k in saved["model"])
+    export(tmp_path / "run", "hf", tmp_path / "hf", which="latest")
+    before, after = tower4(folder), tower4(tmp_path / "hf")
+    assert before.keys() == after.keys()  # the clip bounds and standardizing kept, named so
+    changed = [k for k in before if not torch.equal(before[k], after[k])]
+    assert any("encoder.layers" in k and k.endswith("proj.linear.weight") for k in changed)
+    assert "model.embed_vision.embedding_projection.weight" in changed
+    assert not any("_min" in k or "_max" in k or "std_" in k for k in changed)
+    picture = data / "1.png"
+    inputs = inputs4(processor, asked(picture), [picture])
+    base = reloaded4(folder)
+    with torch.no_grad():
+        want = reloaded4(tmp_path / "hf")(**inputs).logits
+        assert (want - base(**inputs).logits).abs().max() > 0.1  # it trained
+        model = load(tmp_path / "run", "latest").model.eval()
+        got = model.logits(inputs["input_ids"], images=pixels_of(inputs))
+        assert (got - want).abs().max() < TOLERANCE
+        if lora_rank:
+            export(tmp_path / "run", "peft", tmp_path / "peft", which="latest")
+            adapted = PeftModel.from_pretrained(base, tmp_path / "peft").eval()
+            assert (adapted(**inputs).logits - want).abs().max() < TOLERANCE
+
+
+def tower4(folder):
+    """Gemma 4's tower and projector tensors in a folder's safetensors."""
+    from safetensors.torch import load_file
+
+    out = {}
+    for path in sorted(folder.glob("*.safetensors")):
+        out.update(load_file(str(path)))
+    return {k: v for k, v in out.items() if "vision_tower" in k or "embed_vision" in k}
