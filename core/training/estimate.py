@@ -635,9 +635,20 @@ def _largest_side(spec) -> tuple[int, int]:
     return side, side
 
 
+_SIZES: dict[tuple, list] = {}
+
+
 def _first_records_image_sizes(cfg: TrainConfig) -> list[list[tuple[int, int]]]:
     """Each of the first 32 records' images' (height, width), read from their headers; a
-    record whose images cannot be read counts none (preparing the data says why)."""
+    record whose images cannot be read counts none (preparing the data says why). Read once
+    a data (an estimate is asked many times: the planner's probes)."""
+    key = (cfg.data, tuple(cfg.data_extensions))
+    if key not in _SIZES:
+        _SIZES[key] = _read_image_sizes(cfg)
+    return _SIZES[key]
+
+
+def _read_image_sizes(cfg: TrainConfig) -> list[list[tuple[int, int]]]:
     from pathlib import Path
 
     from PIL import Image
