@@ -605,11 +605,24 @@ def image_rows(cfg: TrainConfig, t: dict) -> ImageRows:
     return _DYNAMIC[key]
 
 
-def _dynamic_spec(cfg: TrainConfig, t: dict):
-    from core.data.images import ImageSpec
+def _processor(cfg: TrainConfig) -> tuple[dict, dict]:
+    """The base's image processor settings and config.json ({} where its folder has no
+    processor file: the defaults then; loading the model says what is missing)."""
+    from core.errors import UserError
+    from core.weights.loader import config_only
     from core.weights.vision import preprocessor
 
-    pre = preprocessor(cfg.init_from)
+    base = config_only(cfg.init_from)
+    try:
+        return preprocessor(base.folder), base.hf_config
+    except UserError:
+        return {}, base.hf_config
+
+
+def _dynamic_spec(cfg: TrainConfig, t: dict):
+    from core.data.images import ImageSpec
+
+    pre, _ = _processor(cfg)
     size = pre.get("size") or {}
     return ImageSpec(
         kind="dynamic", placeholder="", token="", token_id=0, before="", after="",
@@ -716,11 +729,9 @@ def _pooled_load(cfg: TrainConfig, t: dict, rows: int, e: int) -> TowerLoad:
     and rotated, the keys and values repeated to the query's heads, attention and its copy,
     the gated MLP's five inner widths) and the pooling's weights; frozen, the widest moment
     of a layer, all the images at once."""
-    from core.weights.vision import gemma4_budget, preprocessor
+    from core.weights.vision import gemma4_budget
 
-    patch, k, soft = gemma4_budget(
-        preprocessor(cfg.init_from), {"vision_config": {}}, cfg.image_max_pixels
-    )
+    patch, k, soft = gemma4_budget(*_processor(cfg), cfg.image_max_pixels)
     per_image = soft * k * k
     counts = [len(r) for r in _first_records_image_sizes(cfg)]
     known = any(counts)
