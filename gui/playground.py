@@ -248,6 +248,15 @@ class Playground(QWidget):
         self.image_row = QWidget()
         self.image_row.setLayout(self.image_strip)
         self.image_row.setVisible(False)
+        # a chat's images stay in view once sent (the transcript names them [image NAME])
+        self.chat_images: list[Path] = []
+        self.chat_strip = QHBoxLayout()
+        self.chat_strip.setContentsMargins(0, 0, 0, 0)
+        self.chat_strip.addWidget(QLabel("In this chat:"), 0, Qt.AlignmentFlag.AlignTop)
+        self.chat_strip.addStretch(1)
+        self.chat_row = QWidget()
+        self.chat_row.setLayout(self.chat_strip)
+        self.chat_row.setVisible(False)
         self.run_combo.currentTextChanged.connect(self._update_image_button)
 
     def _lay_out(self, browse: QPushButton) -> None:
@@ -284,6 +293,7 @@ class Playground(QWidget):
         layout.addWidget(self.image_row)
         layout.addLayout(knobs)
         layout.addWidget(self.status)
+        layout.addWidget(self.chat_row)
         layout.addWidget(self.output, 1)
 
     @staticmethod
@@ -344,6 +354,7 @@ class Playground(QWidget):
             self._append(("\n\n" if self.history else "") + f"You: {shown}{prompt}\n\nModel: ")
             self.prompt.clear()
             self.clear_images()  # they are in the conversation now
+            self._show_chat_images([*self.chat_images, *images])
         else:
             self.output.setPlainText(shown.rstrip() + ("\n" if shown else "") + prompt)
         which = self.which.currentText()
@@ -390,6 +401,7 @@ class Playground(QWidget):
         self.history = []
         self._chat_epoch += 1
         self.output.clear()
+        self._show_chat_images([])
 
     def _done(self) -> None:
         thread, self.thread = self.thread, None
@@ -466,6 +478,18 @@ class Playground(QWidget):
         for i, path in enumerate(self.images):
             self.image_strip.insertWidget(i, self._image_item(i, path))
         self.image_row.setVisible(bool(self.images))
+
+    def _show_chat_images(self, paths: list[Path]) -> None:
+        """The strip above the transcript: the images the conversation holds, in order."""
+        self.chat_images = paths
+        while self.chat_strip.count() > 2:  # all but the label and the closing stretch
+            widget = self.chat_strip.takeAt(1).widget()
+            if widget is not None:
+                widget.setParent(None)
+                widget.deleteLater()
+        for i, path in enumerate(paths):
+            self.chat_strip.insertWidget(i + 1, thumbnail_label(path))
+        self.chat_row.setVisible(bool(paths))
 
     def _image_item(self, index: int, path: Path) -> QWidget:
         item = QWidget()

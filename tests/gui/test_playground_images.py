@@ -95,6 +95,10 @@ def test_playground_answers_about_an_image_as_core_generate_does(
     # the next turn still sees the first image (in its history) without a new one
     shown = answer(pg, qtbot, "And now?")
     assert shown.startswith(f"You: [image red.png] What colour?\n\nModel: {want}\n\nYou: And")
+    # the conversation's image stays in view above the transcript until a new chat
+    assert pg.chat_images == [picture] and not pg.chat_row.isHidden()
+    pg.new_chat_button.click()
+    assert pg.chat_images == [] and pg.chat_row.isHidden()
     assert not dialogs.calls
 
 
