@@ -8,17 +8,44 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
 from core.data import images
 from core.data.chat import chat_ids
-from core.data.chatdata import BadLine, refuse_media_parts
+from core.data.chatdata import BadLine, _messages, _sharegpt_images, refuse_media_parts
 from core.data.tables import iter_records
 from core.data.tokenizer import Tokenizer
 from core.errors import DataError
 
 SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
+
+
+def shows_images(record: dict) -> bool:
+    """Whether a prompt record shows images: image parts, or ShareGPT's "images" list."""
+    prompt = record.get("prompt")
+    if record.get("images") is not None:
+        return True
+    return isinstance(prompt, list) and any(
+        isinstance(m, dict)
+        and isinstance(m.get("content"), list)
+        and any(images.is_image_part(p) for p in m["content"])
+        for m in prompt
+    )
+
+
+def image_messages(record: dict, where: str) -> list[dict]:
+    """A prompt that shows images as messages with image parts (both forms, as DPO's)."""
+    prompt = record["prompt"]
+    try:
+        if isinstance(prompt, str):
+            prompt = [{"role": "user", "content": prompt}]
+        else:
+            prompt = _messages(prompt, "prompt", images_ok=True)
+        return _sharegpt_images(record, prompt)
+    except BadLine as e:
+        raise DataError(f"{where}: {e}") from None
 
 
 def _prompt_ids(tok: Tokenizer, prompt, where: str) -> list[int]:
@@ -28,12 +55,6 @@ def _prompt_ids(tok: Tokenizer, prompt, where: str) -> list[int]:
         ids = tok.encode(prompt)
         return [tok.bos_id, *ids] if tok.add_bos else ids
     for n, m in enumerate(prompt if isinstance(prompt, list) else ()):
-        parts = m.get("content") if isinstance(m, dict) else None
-        if isinstance(parts, list) and any(images.is_image_part(p) for p in parts):
-            raise DataError(
-                f"{where}: prompt[{n}] shows an image: GRPO prompts are text only here "
-                "(images train with SFT and DPO); remove the image part"
-            )
         try:  # an audio or video part: named
             refuse_media_parts(m if isinstance(m, dict) else {}, f"prompt[{n}]")
         except BadLine as e:
@@ -72,8 +93,11 @@ class PromptData:
         val_fraction: float,
         rows_per_prompt: int,
         seq_len: int,
+        spec: images.ImageSpec | None = None,
+        images_problem: str = "",
     ):
-        """room: the most prompt tokens that leave space for a completion."""
+        """room: the most prompt tokens that leave space for a completion; spec: how the
+        model sees images (None: text only), images_problem: why it cannot, if so."""
         self.path = Path(path)
         if not self.path.is_file() or self.path.suffix.lower() not in SUFFIXES:
             raise DataError(
@@ -82,11 +106,20 @@ class PromptData:
             )
         self.tokenizer = tokenizer
         self.records, self.ids = [], []
+        self.spec = spec
+        self.pixels: list[list] = []  # each prompt's images, resized (uint8 (3, H, W))
+        self.image_names: list[list[str]] = []  # each prompt's image files, as written
+        digest = hashlib.blake2b(self.path.read_bytes(), digest_size=10)
         for number, record in iter_records(self.path):
             where = f"{self.path} row {number}"
             if "prompt" not in record:
                 raise DataError(f"{where}: no prompt column (found {', '.join(record) or 'none'})")
-            ids = _prompt_ids(tokenizer, record["prompt"], where)
+            if shows_images(record):
+                ids = self._image_prompt(record, where, images_problem, digest)
+            else:
+                ids = _prompt_ids(tokenizer, record["prompt"], where)
+                self.pixels.append([])
+                self.image_names.append([])
             if not ids:
                 raise DataError(f"{where}: the prompt encodes to no tokens; give it some text")
             if len(ids) > room:
@@ -98,6 +131,8 @@ class PromptData:
             self.ids.append(ids)
         if not self.records:
             raise DataError(f"data: {self.path} holds no prompts")
+        # what the setup attaches the tower for (as a chat cache's ImageStore): its spec
+        self.images = SimpleNamespace(spec=spec) if any(self.pixels) else None
         self.conversational = isinstance(self.records[0]["prompt"], list)
         self.columns = [k for k in self.records[0] if k not in ("prompt", "row")]
         n_val = int(len(self.records) * val_fraction) if len(self.records) >= 10 else 0
@@ -105,7 +140,6 @@ class PromptData:
         self.val_index = list(range(self.n_train, len(self.records)))
         self.generator = torch.Generator().manual_seed(seed)
         self.seq_len, self.rows_per_prompt = seq_len, rows_per_prompt
-        digest = hashlib.blake2b(self.path.read_bytes(), digest_size=10)
         digest.update(tokenizer.fingerprint().encode())
         self.source = str(self.path)
         self.manifest = {
@@ -114,6 +148,44 @@ class PromptData:
             "tokenizer": tokenizer.kind,
             "files": [[str(self.path), self.path.stat().st_size]],
         }
+
+    def _image_prompt(self, record: dict, where: str, problem: str, digest) -> list[int]:
+        """A prompt that shows images: its ids with each image's tokens, its images read
+        and resized now (before any model work), their bytes in the fingerprint."""
+        messages = image_messages(record, where)
+        files = images.conversation_images(messages)
+        if self.spec is None:
+            raise DataError(
+                f"{where}: image {files[0]}: "
+                + (
+                    problem
+                    or "this model reads text only here (no vision tower TrainDeck runs); "
+                    "use a vision model (Gemma 3 4B and up, Gemma 4, Qwen3-VL, Qwen3.5), "
+                    "or remove the image"
+                )
+            )
+        pixels = []
+        for f in files:
+            try:
+                path = images.image_path(f, self.path.parent)
+                pixels.append(images.resized(images.open_rgb(path), self.spec))
+            except images.ImageProblem as e:
+                raise DataError(f"{where}: image {f} {e}") from None
+            digest.update(path.read_bytes())
+        counts = [images.image_tokens(self.spec, p) for p in pixels]
+        try:
+            ids = chat_ids(self.tokenizer, messages, images=self.spec, counts=counts)
+        except images.ImageProblem as e:
+            raise DataError(f"{where}: {e}") from None
+        self.pixels.append(pixels)
+        self.image_names.append(files)
+        return ids
+
+    def images_of(self, index: list[int]):
+        """The forward's images= for rows of these prompts (each prompt's images in turn),
+        or None where none shows one."""
+        shown = [p for i in index for p in self.pixels[i]]
+        return images.pixel_batch(shown, self.spec) if shown else None
 
     @property
     def train_tokens(self) -> int:

@@ -37,7 +37,7 @@ from core.runs.folder import drop_records_past
 from core.training.objectives import Objective, StepSignals
 from core.training.rewards import Rewards, check_columns, text_of
 from core.training.state import RunState
-from core.training.steps import autocast
+from core.training.steps import autocast, to_device
 
 LOSS_SUMS = (
     "kl",
@@ -109,10 +109,13 @@ def sample(
     uniforms: torch.Tensor,
     device,
     precision: str,
+    images=None,
 ) -> Samples:
     """Sample a completion after each prompt, all rows as one batch through the model's own
     cached forward (GPT.forward_cached); row r's token t is drawn with uniforms[r, t]
-    (N, n_new), or is the likeliest at temperature 0."""
+    (N, n_new), or is the likeliest at temperature 0. images: the rows' images in order (the
+    forward's images=), seen in the prefill (Qwen's M-RoPE positions go on after them
+    through the cache's rope_delta)."""
     was_training = model.training
     model.eval()
     ids, valid = left_padded(prompts, pad)
@@ -123,7 +126,7 @@ def sample(
     done = torch.zeros(n, dtype=torch.bool, device=device)
     try:
         with autocast(device, precision):
-            logits, cache = model.forward_cached(ids, None, valid, last=True)
+            logits, cache = model.forward_cached(ids, None, valid, last=True, images=images)
             for t in range(n_new):
                 nxt = _pick(logits, temperature, top_p, uniforms[:, t])
                 nxt = torch.where(done, torch.full_like(nxt, pad), nxt)
@@ -241,6 +244,7 @@ class Rollout:
     completion_mask: torch.Tensor  # (n, C)
     advantages: torch.Tensor  # (n,)
     n_items: float  # the step's completion tokens (dapo's normalizer)
+    images: object = None  # the rows' images in order (the forward's images=), if any
 
 
 class GRPO(Objective):
@@ -366,11 +370,11 @@ class GRPO(Objective):
         chunks = []
         for s in range(0, len(index), rows):
             part = slice(s, s + rows)
-            chunks.append(
-                _trimmed(
-                    ids[part], segments[part], prompt_ids.shape[1], mask[part], adv[part], n_items
-                )
+            roll = _trimmed(
+                ids[part], segments[part], prompt_ids.shape[1], mask[part], adv[part], n_items
             )
+            roll.images = to_device(data.images_of(index[part]), run.device)
+            chunks.append(roll)
         return chunks
 
     def _sample(
@@ -403,6 +407,7 @@ class GRPO(Objective):
                         uniforms[s : s + rows],
                         run.device,
                         run.precision,
+                        to_device(run.data.images_of(index[s : s + rows]), run.device),
                     )
                     for s in range(0, len(prompts), rows)
                 ]
@@ -467,6 +472,8 @@ class GRPO(Objective):
             prompt = data.records[index[i]]["prompt"]
             if isinstance(prompt, list):
                 prompt = prompt[-1]["content"]
+            if isinstance(prompt, list):  # an image prompt's text parts
+                prompt = "".join(p.get("text", "") for p in prompt if isinstance(p, dict))
             row = {
                 "prompt": str(prompt)[:TABLE_CHARS],
                 "completion": text_of(completions[i])[:TABLE_CHARS],
@@ -474,6 +481,8 @@ class GRPO(Objective):
                 "reward": _finite(rewards[i]),
                 "advantage": _finite(adv[i]),
             }
+            if data.image_names[index[i]]:  # the Completions window shows them
+                row["images"] = data.image_names[index[i]]
             for column, values in self.rewards.extra.items():
                 row[column] = values[i] if i < len(values) else None
             rows.append(row)
@@ -545,7 +554,8 @@ class GRPO(Objective):
         real[:, width:] &= roll.completion_mask
         with autocast(run.device, run.precision), _adapters_off(run.model, no_adapters):
             forward = run.model if no_adapters else model
-            hidden, penalty = forward(roll.ids, segments=roll.segments, real=real)
+            seen = {} if roll.images is None else {"images": roll.images}
+            hidden, penalty = forward(roll.ids, segments=roll.segments, real=real, **seen)
             head = gpt.output_head()
             logps, entropy = token_logps(head, hidden, every, mask, cfg.temperature or 1.0)
         return logps[:, width - 1 : -1], entropy[:, width - 1 : -1], penalty

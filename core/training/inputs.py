@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -92,8 +93,19 @@ def prepare_prompts(
     else:
         tokenizer = pretrained.tokenizer
     room = cfg.seq_len - cfg.max_completion_tokens
+    seen = SimpleNamespace(images=None, images_problem="")
+    if pretrained is not None:  # how the model sees images, where it does (else: text only)
+        vision.tell_specs([seen], pretrained, cfg.image_max_pixels)
     data = PromptData(
-        cfg.data, tokenizer, room, cfg.seed, cfg.val_fraction, cfg.num_generations, cfg.seq_len
+        cfg.data,
+        tokenizer,
+        room,
+        cfg.seed,
+        cfg.val_fraction,
+        cfg.num_generations,
+        cfg.seq_len,
+        seen.images,
+        seen.images_problem,
     )
     if saved and data.manifest["fingerprint"] != saved["fingerprint"]:
         if not allow_change:

@@ -117,11 +117,9 @@ def test_dpo_on_pairs_with_images_equals_transformers(tmp_path):
     assert (losses + F.logsigmoid(margin)).abs().max() < TOLERANCE  # TRL's sigmoid loss
 
 
-def test_image_pairs_for_a_text_model_and_a_grpo_prompt_with_an_image_are_one_line(
-    tmp_path, capsys
-):
-    """Each before any training: one line naming the file and line, exit 2, no run folder.
-    (GRPO samples from text prompts only here; images train with SFT and DPO.)"""
+def test_image_pairs_and_grpo_image_prompts_for_a_text_model_are_one_line(tmp_path, capsys):
+    """Each before any training: one line naming the file and line, exit 2, no run folder
+    (image pairs, and GRPO prompts that show an image, for a model without a tower)."""
     from hf_models import make_model
 
     from core.cli.train import main as train_main
@@ -141,11 +139,11 @@ def test_image_pairs_for_a_text_model_and_a_grpo_prompt_with_an_image_are_one_li
             "this model reads text only here",
         ),
         (
-            ["--init-from", str(tmp_path / "base"), "--data", str(prompts), "--method", "grpo"]
+            ["--init-from", str(tmp_path / "text"), "--data", str(prompts), "--method", "grpo"]
             + ["--reward", "answer", "--num-generations", "2", "--batch-size", "2"]
             + ["--max-completion-tokens", "6"],
-            f"{prompts} row 1: prompt[0] shows an image",
-            "GRPO prompts are text only here",
+            f"{prompts} row 1: image 0.png: ",
+            "this model reads text only here",
         ),
     ]
     capsys.readouterr()
