@@ -172,3 +172,73 @@ def test_grpo_with_image_prompts_trains_and_resumes_bitwise(tmp_path):
     table = (tmp_path / "split" / "completions.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in table] == [1, 2, 3, 4]
     assert all(r["images"][0] in ("0.png", "1.png") for r in json.loads(table[-1])["rows"])
+
+
+def test_qwen3_vl_samples_left_padded_image_prompts_as_core_generate_and_trains(tmp_path):
+    """Qwen3-VL's M-RoPE: prompts whose images differ in size (so their lengths differ and
+    the batch is left-padded) sample greedily as core.generate does each alone, and score
+    as transformers' composite does each alone (within 1e-4); two steps run."""
+    from vision_models import make_qwen_vision, qwen_reloaded
+
+    from core.use.generate import generate_ids
+
+    base = tmp_path / "base"
+    make_qwen_vision(base, "qwen3_vl")
+    folder = tmp_path / "data"
+    folder.mkdir()
+    rows = []
+    for i, size in enumerate([(50, 40), (32, 32), (40, 48)]):
+        save_image(folder / f"{i}.png", "png", size, i)
+        parts = [{"type": "image", "image": f"{i}.png"}, {"type": "text", "text": "Hue?"}]
+        rows.append({"prompt": [{"role": "user", "content": parts}], "answer": "red"})
+    (folder / "p.jsonl").write_text("\n".join(json.dumps(r) for r in rows), "utf-8")
+    cfg = config(base, folder / "p.jsonl", max_steps=2, num_generations=2, seq_len=64)
+    t = Trainer(cfg, tmp_path / "run")
+    t._setup()
+    run = t.run_state
+    assert len({len(i) for i in t.data.ids}) > 1  # the batch below is left-padded
+    index = [0, 1, 2]
+    drawn = grpo.sample(
+        run.model,
+        [t.data.ids[i] for i in index],
+        4,
+        0.0,
+        1.0,
+        [],
+        0,
+        torch.zeros(3, 4),
+        run.device,
+        "fp32",
+        t.data.images_of(index),
+    )
+    for r, i in enumerate(index):
+        alone = generate_ids(
+            run.model, t.data.ids[i], 4, temperature=0, images=t.data.images_of([i])
+        )
+        assert drawn.completions[r].tolist() == list(alone)
+    # a step's left-padded rows score as transformers' composite scores each alone
+    roll = t.objective.micro_batches(run, t.cfg, torch.tensor([0, 1]), 0)[0]
+    targets = roll.ids[:, roll.prompt_width :]
+    with torch.no_grad():
+        policy, _, _ = t.objective._logps(run.model, run.model, run, t.cfg, roll, targets)
+    hf, image_id = qwen_reloaded(base), run.model.vision.options.token_id
+    for r in range(len(roll.ids)):
+        row = roll.ids[r][roll.segments[r] != 0][None]
+        start = roll.prompt_width - int((roll.segments[r] == 0).sum()) - 1
+        one = t.data.images_of([[0, 0, 1, 1][r]])
+        with torch.no_grad():
+            logits = hf(
+                input_ids=row,
+                pixel_values=one.values,
+                image_grid_thw=one.grid,
+                mm_token_type_ids=(row == image_id).int(),
+            ).logits[0]
+        want = F.log_softmax(logits.float(), -1)[start : start + targets.shape[1]]
+        want = want.gather(1, targets[r][:, None])[:, 0]
+        m = roll.completion_mask[r]
+        assert ((policy[r] - want) * m).abs().max() < TOLERANCE
+    t._end("stopped")
+    result = Trainer(cfg, tmp_path / "trained").run()
+    assert result["status"] == "finished"
+    train, _ = read_metrics(tmp_path / "trained" / "metrics.jsonl")
+    assert len(train) == 2 and all(r["loss"] == r["loss"] for r in train)
