@@ -242,3 +242,74 @@ def test_qwen3_vl_samples_left_padded_image_prompts_as_core_generate_and_trains(
     assert result["status"] == "finished"
     train, _ = read_metrics(tmp_path / "trained" / "metrics.jsonl")
     assert len(train) == 2 and all(r["loss"] == r["loss"] for r in train)
+
+
+def test_the_loss_on_image_prompts_equals_trls_own(tmp_path):
+    """TRL's GRPOTrainer._compute_loss on transformers' composite and ours on a step's rows:
+    the same completions, advantages, reference log-probs and pixels (TRL's VLM path: its
+    pixel_values, num_images and token_type_ids)."""
+    pytest.importorskip("trl")
+    import datasets
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    base = tmp_path / "base"
+    make_gemma3_vision(base)
+    t = Trainer(config(base, prompts(tmp_path / "data")), tmp_path / "run")
+    t._setup()
+    run, cfg, objective = t.run_state, t.cfg, t.objective
+    roll = objective.micro_batches(run, cfg, torch.tensor([0, 1]), 0)[0]
+    assert bool((roll.segments != 0).all())  # prompts of one length: no padding for TRL
+    targets = roll.ids[:, roll.prompt_width :]
+    # advantages and a reference apart from the policy (at its start the two are one): the
+    # loss then weighs the image-conditioned log-probs and the KL term
+    roll.advantages = torch.linspace(-1.0, 1.0, len(roll.ids))
+    with torch.no_grad():
+        ref, _, _ = objective._logps(
+            run.model, run.model, run, cfg, roll, targets, no_adapters=True
+        )
+    ref = ref - 0.5 * torch.rand(ref.shape, generator=torch.Generator().manual_seed(0))
+    logps, _, _ = objective._logps(run.train_model, run.model, run, cfg, roll, targets)
+    mask = roll.completion_mask
+    ours, kl, _ = grpo.policy_loss(
+        logps, logps.detach(), ref, roll.advantages, mask, cfg, roll.n_items
+    )
+    assert abs(float(ours)) > 1e-3 and float((kl * mask).sum()) > 1e-3
+    tok = AutoTokenizer.from_pretrained(base)
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "trl"),
+        use_cpu=True,
+        bf16=False,
+        report_to=[],
+        per_device_train_batch_size=8,
+        num_generations=4,
+        beta=cfg.grpo_beta,
+        loss_type=cfg.loss_type,
+        max_completion_length=targets.shape[1],
+        gradient_checkpointing=False,
+    )
+    trl = GRPOTrainer(
+        model=reloaded(base),
+        reward_funcs=lambda completions, **k: [0.0] * len(completions),
+        args=args,
+        processing_class=tok,
+        train_dataset=datasets.Dataset.from_list([{"prompt": "a"}] * 8),
+    )
+    trl.current_gradient_accumulation_steps = 1
+    image_id = run.model.vision.options.token_id
+    inputs = {
+        "prompt_ids": roll.ids[:, : roll.prompt_width],
+        "prompt_mask": torch.ones_like(roll.ids[:, : roll.prompt_width]),
+        "completion_ids": targets,
+        "completion_mask": roll.completion_mask.long(),
+        "advantages": roll.advantages,
+        "num_items_in_batch": torch.tensor(roll.n_items),
+        "ref_per_token_logps": ref,
+        "pixel_values": roll.images,
+        "num_images": [1] * len(roll.ids),
+        "token_type_ids": (roll.ids == image_id).long(),
+    }
+    trl.model.train()
+    want = float(trl._compute_loss(trl.model, inputs).detach())
+    assert float(ours.detach()) == pytest.approx(want, rel=1e-5, abs=1e-6)
+    t._end("stopped")
