@@ -235,7 +235,7 @@ class PromptData:
 
 def describe(path: str | Path) -> str:
     """The form's line about a GRPO prompt file: how many prompts, their kind, the columns
-    the rewards get (read without a tokenizer: cheap)."""
+    the rewards get, how many show images (read without a tokenizer: cheap)."""
     path = Path(path).expanduser()
     if not path.is_file() or path.suffix.lower() not in SUFFIXES:
         return f"method grpo reads a prompt file ({', '.join(SUFFIXES)}); {path} is not one"
@@ -248,4 +248,6 @@ def describe(path: str | Path) -> str:
     kind = "conversational" if isinstance(records[0]["prompt"], list) else "text"
     columns = [k for k in records[0] if k != "prompt"]
     extra = f"; columns for the rewards: {', '.join(columns)}" if columns else ""
-    return f"{len(records):,} prompts ({kind}) for GRPO{extra}"
+    shown = sum(shows_images(r) for r in records)
+    seen = f", {shown:,} with images" if shown else ""
+    return f"{len(records):,} prompts ({kind}{seen}) for GRPO{extra}"

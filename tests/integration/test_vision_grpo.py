@@ -94,6 +94,10 @@ def test_grpo_samples_and_scores_image_prompts_as_transformers(tmp_path):
     t._setup()
     run, cfg, objective = t.run_state, t.cfg, t.objective
     assert [len(n) for n in t.data.image_names] == [1] * 6
+    from core.data import prompts as prompt_file
+
+    line = prompt_file.describe(data)  # the form's line about the file
+    assert line.startswith("6 prompts (conversational, 6 with images) for GRPO"), line
     image_id = t.model.vision.options.token_id
     hf = reloaded(base)
     # (a) the greedy completion of an image prompt (each form) is transformers' generate's
