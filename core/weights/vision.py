@@ -345,8 +345,9 @@ def tower_dims(hf: dict) -> dict | None:
     v = hf["vision_config"]
     if is_qwen(hf):
         return qwen_dims(v)
-    if hf.get("model_type") == "gemma4":
-        return gemma4_dims(hf)
+    kind = kind_of(hf)
+    if kind in DIMS:  # a tower with its own sizes (a table by kind, as OWN)
+        return DIMS[kind](hf)
     if not {"image_size", "num_hidden_layers", "num_attention_heads"} <= set(v):
         return None  # a dynamic-resolution tower (Gemma 4's): its patches follow each image
     width, inner = int(v["hidden_size"]), int(v["intermediate_size"])
@@ -430,3 +431,6 @@ def gemma4_dims(hf: dict) -> dict:
         "projector": sum(q.numel() for q in projector.parameters()),
         "whole": 0,  # its projector is a linear layer: adapters there too
     }
+
+
+DIMS = {"gemma4": gemma4_dims}  # tower_dims by kind, where a tower has its own
