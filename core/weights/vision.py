@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -60,7 +62,7 @@ def options(hf: dict) -> VisionOptions | None:
     if is_qwen(hf):
         return qwen_options(hf, kind, text)
     if kind in OWN:
-        return OWN[kind][0](hf, text)
+        return OWN[kind].options(hf, text)
     return VisionOptions(
         kind=kind,
         config=hf["vision_config"],
@@ -145,7 +147,7 @@ def image_spec(folder, hf: dict, tokenizer, max_pixels: int | None = None) -> Im
     if is_qwen(hf):
         return qwen_spec(pre, hf, tokenizer, max_pixels)
     if kind in OWN:
-        return OWN[kind][1](pre, hf, tokenizer, max_pixels)
+        return OWN[kind].spec(pre, hf, tokenizer, max_pixels)
     size = pre.get("size") or {}
     side = int(hf["vision_config"].get("image_size", 896))
     token = _token_text(tokenizer, _token_id(hf, "image"))
@@ -255,11 +257,6 @@ def _gemma4_spec(pre: dict, hf: dict, tokenizer, max_pixels: int | None) -> Imag
     )
 
 
-# The kinds whose options and image processing are their own: (options, image spec) makers.
-OWN = {}
-OWN["gemma4"] = (_gemma4_options, _gemma4_spec)
-
-
 def tell_specs(specs, pretrained, max_pixels: int | None) -> None:
     """Each data spec told how the model sees images (a problem with its files is said only
     where the data has images: text trains as ever)."""
@@ -346,8 +343,8 @@ def tower_dims(hf: dict) -> dict | None:
     if is_qwen(hf):
         return qwen_dims(v)
     kind = kind_of(hf)
-    if kind in DIMS:  # a tower with its own sizes (a table by kind, as OWN)
-        return DIMS[kind](hf)
+    if kind in OWN:  # a tower with its own sizes
+        return OWN[kind].dims(hf)
     if not {"image_size", "num_hidden_layers", "num_attention_heads"} <= set(v):
         return None  # a dynamic-resolution tower (Gemma 4's): its patches follow each image
     width, inner = int(v["hidden_size"]), int(v["intermediate_size"])
@@ -433,4 +430,12 @@ def gemma4_dims(hf: dict) -> dict:
     }
 
 
-DIMS = {"gemma4": gemma4_dims}  # tower_dims by kind, where a tower has its own
+class Own(NamedTuple):
+    """A kind whose options, image processing and estimate sizes are its own makers."""
+
+    options: Callable
+    spec: Callable
+    dims: Callable
+
+
+OWN = {"gemma4": Own(_gemma4_options, _gemma4_spec, gemma4_dims)}  # by kind
