@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import datetime
 import os
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -43,6 +45,16 @@ def check_backend(device_type: str, platform: str = sys.platform) -> None:
             "them with --devices cuda:0,cuda:1 (docs/multi-gpu.md)",
             field="device",
         )
+
+
+class Terminated(RuntimeError):
+    """SIGTERM reached a rank: torchrun stops the others this way when one of them died."""
+
+
+def _raise_terminated(signum, frame):
+    if sys.exc_info()[1] is not None:
+        return  # already failing (a collective saw the peer go): that error names it
+    raise Terminated("SIGTERM")
 
 
 def _alive(pid: int) -> bool:
@@ -104,6 +116,10 @@ class World:
         timeout = datetime.timedelta(seconds=timeout_s())
         dist.init_process_group(backend, timeout=timeout)
         self.owns_group = True
+        if threading.current_thread() is threading.main_thread():
+            # As an exception, so the run can say why it ends (a peer died) and where to resume
+            # from, instead of vanishing with no line.
+            signal.signal(signal.SIGTERM, _raise_terminated)
         # Every process's id, so a failed collective can name the one that died.
         self.pids = self.gather(torch.tensor([os.getpid()])).tolist()
         return True
@@ -113,13 +129,16 @@ class World:
         (None: err is something else)."""
         text = str(err)
         if not self.enabled or not (
-            isinstance(err, dist.DistError) or any(w in text for w in LOST_PEER_WORDS)
+            isinstance(err, (dist.DistError, Terminated)) or any(w in text for w in LOST_PEER_WORDS)
         ):
             return None
-        dead = self._dead_peers()
+        # torchrun sends SIGTERM once it saw a rank exit: no need to wait for one to show
+        dead = self._dead_peers(0.0 if isinstance(err, Terminated) else 3.0)
         if dead:
             names = ", ".join(f"rank {r} (pid {self.pids[r]})" for r in dead)
             return f"{names} stopped (killed or crashed), so rank {self.rank} stops too"
+        if isinstance(err, Terminated):
+            return f"rank {self.rank} was told to stop (SIGTERM) by its launcher"
         if "timed out" in text.lower() or "timeout" in text.lower():
             return (
                 f"rank {self.rank} waited {timeout_s():g} s for the other processes in a "

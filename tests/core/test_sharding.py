@@ -150,7 +150,12 @@ def test_a_dead_peer_is_named_and_a_silent_one_is_a_timeout(tmp_path, monkeypatc
     world.pids[0] = __import__("os").getpid()
     line = world.failure_line(RuntimeError("[gloo/pair.cc:537] Read error: Connection reset"))
     assert line == f"rank 1 (pid {gone.pid}) stopped (killed or crashed), so rank 0 stops too"
+    # torchrun's SIGTERM after a rank died names that rank; with none dead, the launcher's stop
+    line = world.failure_line(distributed.Terminated("SIGTERM"))
+    assert line == f"rank 1 (pid {gone.pid}) stopped (killed or crashed), so rank 0 stops too"
     alive = World(2, 0, 0, pids=[world.pids[0], world.pids[0]])
+    line = alive.failure_line(distributed.Terminated("SIGTERM"))
+    assert line == "rank 0 was told to stop (SIGTERM) by its launcher"
     monkeypatch.setenv("TRAINDECK_DIST_TIMEOUT", "5")
     line = alive.failure_line(RuntimeError("[gloo] Timed out waiting 5000ms for recv"))
     assert line.startswith("rank 0 waited 5 s for the other processes in a collective")
