@@ -701,6 +701,8 @@ class GPT(nn.Module):
         self._rope_cache: dict[bool, tuple] = {}  # by LongRoPE's long or short factors
         self.moe_layers = [i for i in range(c.n_layers) if is_sparse(c, i)]
         self.moe_meter = LoadMeter()
+        if self.tok_emb.weight.is_meta:
+            return  # shapes only (the estimate builds hundreds): no values to draw
         self.apply(self._init_weights)
         # GPT-2: scale residual projections by depth so the residual stream stays O(1).
         for name, p in self.named_parameters():

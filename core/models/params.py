@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from core.models.model import VOCAB_SIZE, GPTConfig
 
 
@@ -27,7 +29,7 @@ def param_count(
     return vocab * d + seq_len * d + layers * per_block + d + b * d
 
 
-COUNTS: dict[str, int] = {}  # shape (and LoRA) -> count: the form re-estimates on every edit
+COUNTS: dict[str, Any] = {}  # shape (and LoRA) -> count: the form re-estimates on every edit
 
 
 def counted(key: str, count) -> int:

@@ -139,11 +139,14 @@ def load_shards(model: nn.Module, optimizers, folder, adapters_only: bool) -> No
 
 def unit_params(c) -> tuple[int, int]:
     """(the root's parameters: embeddings, final norm, untied head; the largest block's)."""
-    from core.models.params import meta_model
+    from core.models.params import COUNTS, meta_model, shape_key
 
-    model = meta_model(c)
-    blocks = [sum(p.numel() for p in b.parameters()) for b in model.blocks]
-    return model.num_params() - sum(blocks), max(blocks)
+    key = shape_key(c, "units")
+    if key not in COUNTS:
+        model = meta_model(c)
+        blocks = [sum(p.numel() for p in b.parameters()) for b in model.blocks]
+        COUNTS[key] = (model.num_params() - sum(blocks), max(blocks))
+    return COUNTS[key]
 
 
 def rank_estimate(est, cfg, processes: int):
