@@ -55,11 +55,6 @@ def setup(given: RunInputs, progress: Progress, events, stop) -> RunState:
     state = None
     if given.resume_from:
         state = resume.load_resume_state(given.resume_from, cfg, given.pretrained, log, world.size)
-        if cfg.shard and ckpt.shards_of(given.resume_from, state) is None:
-            raise CheckpointError(
-                f"resume: {given.resume_from} holds its model whole (saved without --shard); "
-                "resume it without --shard (a sharded run's checkpoints resume either way)"
-            )
     if cfg.eval_data:  # a wrong path or a short text is named before any data is prepared
         check_eval_data(cfg.eval_data, cfg.seq_len)
     first = split.names(cfg)[0] if cfg.devices else cfg.device  # a split's home: the first
@@ -214,6 +209,8 @@ def restore(given: RunInputs, run: RunState, state: dict, progress: Progress, lo
         if (shards := ckpt.shards_of(given.resume_from, state)) is not None:
             adapters = bool(state.get("adapters_only"))
             sharding.load_shards(run.model, run.optimizer, shards, adapters)
+        elif sharding.is_sharded(run.model):  # saved by one process: each rank takes its rows
+            sharding.load_whole(run.model, run.optimizer, state)
         else:
             load_weights(run.model, state)
             run.optimizer.load_state_dict(state["optimizer"])

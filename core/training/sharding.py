@@ -137,6 +137,42 @@ def load_shards(model: nn.Module, optimizers, folder, adapters_only: bool) -> No
     )
 
 
+def load_whole(model: nn.Module, optimizers, state: dict) -> None:
+    """A checkpoint written by one process (whole tensors) into a sharded run: each rank
+    keeps its rows of every weight and of its optimizer state."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    saved = state["optimizer"]
+    saved = saved.get("optimizers", [saved])
+    if len(saved) != len(optimizers.all):
+        raise ValueError(f"{len(saved)} optimizer states saved, {len(optimizers.all)} here")
+    names = {id(p): name.replace("_orig_mod.", "") for name, p in model.named_parameters()}
+    merged: dict = {"state": {}, "param_groups": []}
+    for opt, plain in zip(optimizers.all, saved, strict=True):
+        _by_name(opt, plain, names, merged)
+    set_state_dict(
+        model,
+        optimizers.all,
+        model_state_dict=state["model"],
+        optim_state_dict=merged,
+        options=StateDictOptions(full_state_dict=True, strict=not state.get("adapters_only")),
+    )
+
+
+def _by_name(opt, plain: dict, names: dict, into: dict) -> None:
+    """An optimizer's own state_dict (parameters by index) keyed by parameter name, the
+    form Distributed Checkpoint's set_state_dict takes."""
+    ours = [g["params"] for g in opt.param_groups]
+    if [len(g["params"]) for g in plain["param_groups"]] != [len(g) for g in ours]:
+        raise ValueError("the optimizer's parameter groups differ from the checkpoint's")
+    for group, params in zip(plain["param_groups"], ours, strict=True):
+        fqns = [names[id(p)] for p in params]
+        for index, fqn in zip(group["params"], fqns, strict=True):
+            if index in plain["state"]:
+                into["state"][fqn] = plain["state"][index]
+        into["param_groups"].append({**group, "params": fqns})
+
+
 def unit_params(c) -> tuple[int, int]:
     """(the root's parameters: embeddings, final norm, untied head; the largest block's)."""
     from core.models.params import COUNTS, meta_model, shape_key

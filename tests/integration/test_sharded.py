@@ -1,5 +1,6 @@
 """--shard (FSDP2) in two torchrun processes on the CPU (gloo): the same losses as one process
-at the same global batch, a 2-rank checkpoint resumed on 1 process and on 2, a LoRA fine-tune
+at the same global batch, a 2-rank checkpoint resumed on 1 process and on 2, a 1-process
+checkpoint resumed on 2 (full training and QLoRA), a LoRA fine-tune
 of a pretrained-shaped mixture of experts, and a killed or silent rank ending the run with one
 line. One process under torchrun: tests/core/test_sharding.py."""
 
@@ -73,6 +74,12 @@ def test_two_sharded_ranks_train_as_one_process_and_resume_on_one_or_two(tmp_pat
     assert "processes 2 -> 1 (same effective batch)" in one.stdout + one.stderr
     assert_close(losses(tmp_path / "on1"), losses(sh))
 
+    # The one-process run's step 4 (a whole file), resumed sharded over two ranks.
+    shutil.copytree(tmp_path / "one", tmp_path / "grown")
+    two = train(tmp_path, "--resume", f"grown/{step4}", "--shard", processes=2)
+    assert "processes 1 -> 2 (same effective batch)" in two.stdout + two.stderr
+    assert_close(losses(tmp_path / "grown"), losses(tmp_path / "one"))
+
     # An export reads the sharded checkpoint as one model: the single-file run's weights.
     from core.weights.loader import load
 
@@ -134,6 +141,10 @@ def test_qlora_sharded_over_two_ranks_trains_as_one_process_resumes_and_exports(
     shutil.copytree(sh, tmp_path / "again")
     train(tmp_path, "--resume", "again/checkpoints/step-000002.pt", processes=2)
     assert losses(tmp_path / "again") == losses(sh)
+    # The one-process run's step 2, resumed sharded: the adapters and their AdamW state split.
+    shutil.copytree(tmp_path / "one", tmp_path / "grown")
+    train(tmp_path, "--resume", "grown/checkpoints/step-000002.pt", "--shard", processes=2)
+    assert_close(losses(tmp_path / "grown"), losses(tmp_path / "one"))
 
     # The exports' loader reads the sharded adapters: the one-process run's model, to rounding.
     from core.weights.loader import load
