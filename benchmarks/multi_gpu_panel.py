@@ -3,6 +3,7 @@ panel lists both cards, Execution offers "Split layers across 2 GPUs" and the es
 each card's share; the memory plot draws a line per card from a split run's records.
 
     xvfb-run -a -s "-screen 0 1600x1560x24" python benchmarks/multi_gpu_panel.py OUT.png
+    ... OUT.png --shard: "Shard across 2 GPUs (torchrun)" checked instead (docs/multi_gpu_shard.png)
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def record(s: int) -> dict:
     }
 
 
-def main(out: str) -> None:
+def main(out: str, shard: bool = False) -> None:
     hardware.gpus = lambda: [
         card(0, "NVIDIA GeForce RTX 4090 (simulated)", 24, 22.0),
         card(1, "NVIDIA GeForce RTX 3090 (simulated)", 24, 11.0),
@@ -66,9 +67,12 @@ def main(out: str) -> None:
     w = MainWindow(settings=settings, runs_root=tmp / "runs")
     w.resize(1600, 1560)
     w.form.set_values(hidden_dim=2048, n_heads=16, n_layers=24, seq_len=1024, batch_size=4)
-    w.form.split.setChecked(True)
+    (w.form.shard if shard else w.form.split).setChecked(True)
     for s in range(1, 121):
-        w.plots.add_train(record(s))
+        r = record(s)
+        if shard:  # rank 0's records: its own card's memory only
+            r = {k: v for k, v in r.items() if not k.startswith("card_")}
+        w.plots.add_train(r)
     w.show()
 
     def snap():
@@ -85,4 +89,4 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], shard="--shard" in sys.argv[2:])

@@ -18,6 +18,7 @@ from core.training.planner import (
     fine_tune_choices,
     heap_line,
 )
+from core.training.sharding import rank_estimate
 from gui.hardware_panel import HardwareInfo
 
 GiB = 1024**3
@@ -32,7 +33,8 @@ class Fit:
     report: str
     components: list[str] = field(default_factory=list)  # the peak by component, a line each
     heap: str = ""  # the CPU: which C heap the estimate is for, and what this machine's holds
-    cards: list = field(default_factory=list)  # a layer split: each card's CardRow
+    cards: list = field(default_factory=list)  # a layer split or shard: each card's CardRow
+    title: str = ""  # what cards are (a split's layers by default)
 
     @property
     def usable(self) -> int | None:
@@ -53,7 +55,8 @@ class Fit:
                 f"GiB free — {'fits' if c.fits else 'does NOT fit'}"
                 for c in self.cards
             ]
-            return f"layers split over {len(self.cards)} GPUs:\n" + "\n".join(lines)
+            title = self.title or f"layers split over {len(self.cards)} GPUs"
+            return f"{title}:\n" + "\n".join(lines)
         where = "VRAM" if self.on_gpu else "RAM"
         if self.free is None:
             return f"needs ~{self.need / GiB:.2f} GiB (free {where} unknown)"
@@ -64,6 +67,8 @@ class Fit:
 def judge(cfg: TrainConfig, info: HardwareInfo) -> Fit:
     if cfg.devices and info.gpus:
         return judge_split(cfg, info)
+    if cfg.shard and len(info.gpus) >= 2:
+        return judge_shard(cfg, info)
     gpu = info.gpu_for(cfg.device)
     if gpu is not None:
         est = estimate(cfg, on_gpu=True)
@@ -84,11 +89,34 @@ def judge_split(cfg: TrainConfig, info: HardwareInfo) -> Fit:
     return Fit(worst.total, worst.free, True, est.report(), est.components_lines(), cards=rows)
 
 
+def judge_shard(cfg: TrainConfig, info: HardwareInfo) -> Fit:
+    """Sharded over every card (one process each): each holds a share (core.training.sharding);
+    the bar shows the card with the least free memory."""
+    est = estimate(cfg, on_gpu=True)
+    n = len(info.gpus)
+    each = rank_estimate(est, cfg, n).device_total
+    rows = [
+        split.CardRow(
+            f"cuda:{i}",
+            f"1/{n} of every layer",
+            each,
+            g.get("free_bytes"),
+            None if g.get("free_bytes") is None else each <= usable_bytes(g["free_bytes"]),
+        )
+        for i, g in enumerate(info.gpus)
+    ]
+    worst = min(rows, key=lambda r: r.free if r.free is not None else 1 << 62)
+    title = f"sharded over {n} GPUs (a process each)"
+    return Fit(
+        each, worst.free, True, est.report(), est.components_lines(), cards=rows, title=title
+    )
+
+
 def context_hint(cfg: TrainConfig, info: HardwareInfo) -> tuple[str, bool]:
     """The longest context that fits the device cfg runs on, and whether cfg's is past it;
     ("", False) when what is free is unknown, or for a layer split (each card's share is in
     the estimate)."""
-    if cfg.devices:
+    if cfg.devices or cfg.shard:
         return "", False
     gpu = info.gpu_for(cfg.device)
     free = gpu.get("free_bytes") if gpu is not None else info.cpu.get("ram_free_bytes")

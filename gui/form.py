@@ -7,6 +7,7 @@ and the field named in a ConfigError is flagged under its widget.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from pathlib import Path
 
 from PySide6.QtCore import Qt, Signal
@@ -142,6 +143,11 @@ class AutoCheck(QCheckBox):
         else:
             self.setCheckState(Qt.CheckState.Checked if value else Qt.CheckState.Unchecked)
         self._relabel()
+
+
+def shard_offered(gpu_count: int, platform: str = sys.platform) -> bool:
+    """Sharding needs several CUDA cards and NCCL, which PyTorch on Windows lacks."""
+    return gpu_count >= 2 and platform != "win32"
 
 
 AUTO_TEXTS = {"compile": "auto: on a GPU"}  # what an unset yes/no field does
@@ -495,6 +501,7 @@ class ConfigForm(QWidget):
         for group in METHOD_BOXES.values():
             self.boxes[group].setVisible(False)  # until its method is chosen
         self.split = self._split_box(gpu_count)
+        self.shard = self._shard_box(gpu_count)
         self.advanced_toggle = QToolButton()
         self.advanced_toggle.setText("Advanced settings")
         self.advanced_toggle.setCheckable(True)
@@ -599,6 +606,26 @@ class ConfigForm(QWidget):
         grid.addWidget(box, grid.rowCount(), 0, 1, 4)
         return box
 
+    def _shard_box(self, gpu_count: int) -> QCheckBox:
+        """ "Shard across N GPUs (torchrun)" (--shard), where this machine has several and
+        NCCL exists (not Windows): one process a card, each holding 1/N of the model."""
+        box = QCheckBox(f"Shard across {gpu_count} GPUs (torchrun)")
+        box.setObjectName("shard")
+        box.setToolTip(
+            f"Start {gpu_count} processes with torchrun, one a GPU, each holding 1/{gpu_count} "
+            "of the weights, gradients and optimizer state (FSDP2): for a model too large for "
+            "one card, and every card computes at once. Batch size is per GPU. Linux only "
+            "(NCCL); on Windows split the layers instead (docs/multi-gpu.md)"
+        )
+        box.toggled.connect(lambda on: on and self.split.setChecked(False))
+        self.split.toggled.connect(lambda on: on and box.setChecked(False))
+        box.toggled.connect(self._edited)
+        self._shard_offered = shard_offered(gpu_count)
+        box.setVisible(self._shard_offered)
+        grid = self.boxes[EXECUTION].layout()
+        grid.addWidget(box, grid.rowCount(), 0, 1, 4)
+        return box
+
     def _toggle_advanced(self, shown: bool) -> None:
         self.advanced.setVisible(shown)
         arrow = Qt.ArrowType.DownArrow if shown else Qt.ArrowType.RightArrow
@@ -621,6 +648,7 @@ class ConfigForm(QWidget):
             self.data.set_value(cfg.data)
             self.data.set_mix(cfg.extra_data, cfg.data_weights)
             self.split.setChecked(bool(cfg.devices) and self._gpu_count >= 2)
+            self.shard.setChecked(cfg.shard and self._shard_offered)
         finally:
             self._loading = False
         self._edited()
@@ -704,6 +732,9 @@ class ConfigForm(QWidget):
         values["extra_data"], values["data_weights"] = self.data.extra(), self.data.weights()
         split = self.split.isChecked() and self._gpu_count >= 2
         values["devices"] = ",".join(f"cuda:{i}" for i in range(self._gpu_count)) if split else ""
+        values["shard"] = self.shard.isChecked() and self._shard_offered
+        if values["shard"] and str(values["device"]).startswith("cuda:"):
+            values["device"] = "auto"  # each process takes its own card
         return dataclasses.replace(self._base, **values)
 
     def validated(self) -> TrainConfig:
@@ -725,7 +756,8 @@ class ConfigForm(QWidget):
         self.widgets["vocab_size"].setEnabled(self.widgets["tokenizer"].currentText() == "bpe")
         for name in PRETRAINED_FIXED:
             self.widgets[name].setEnabled(self._pretrained is None)
-        self.widgets["device"].setEnabled(not self.split.isChecked())  # the split names them
+        # the split names the cards; sharded, each process takes its own
+        self.widgets["device"].setEnabled(not (self.split.isChecked() or self.shard.isChecked()))
         self._show_train_vision()
         # Llama-style models have no such biases: the box shows only where it means something.
         bias, arch = self.widgets["bias"], self.widgets["arch"].currentText()

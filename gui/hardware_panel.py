@@ -71,7 +71,7 @@ def split_line(gpus: list[dict]) -> str:
     return (
         f"<i>{len(gpus)} GPUs, {free / GiB:.1f} GiB free together: a model too large for one "
         f"can have its layers split across them (Execution: Split layers across {len(gpus)} "
-        "GPUs), or be sharded with torchrun on Linux</i>"
+        f"GPUs), or on Linux be sharded over them (Shard across {len(gpus)} GPUs)</i>"
     )
 
 

@@ -22,6 +22,7 @@ from core.errors import failure_kind, failure_message
 from core.platform.device import cuda_device_count, gpu_index
 from core.runs.events import TrainControl, TrainEvents
 from core.training.child_process import BATCH, FAILED, RESULT, ChildRun, child_control
+from core.training.ranked import RankedRun
 from core.training.trainer import Trainer
 
 # Train in a child process (core.training.child_process): the window's repaints then cost the
@@ -39,6 +40,11 @@ def cpu_training_threads() -> int:
     threads on 2 cores while the plots redraw).
     """
     return max(1, (os.cpu_count() or 1) - 1)
+
+
+def shard_processes() -> int:
+    """A sharded run's processes: one a CUDA card."""
+    return cuda_device_count()
 
 
 def settle_heap() -> None:
@@ -126,7 +132,7 @@ class TrainThread(QThread):
         self.in_child = TRAIN_IN_CHILD
         self.control = child_control() if self.in_child else TrainControl()
         self.result: dict | None = None
-        self.child: ChildRun | None = None  # the training process, once started
+        self.child: ChildRun | RankedRun | None = None  # the training process, once started
         self.child_stats: dict | None = None  # its sending and CPU figures, with the result
 
     def request_stop(self) -> None:
@@ -149,9 +155,15 @@ class TrainThread(QThread):
         return cpu_training_threads() if self._on_cpu() else None
 
     def _run_in_child(self) -> None:
-        child = self.child = ChildRun(
-            self.cfg, self.run_dir, self.resume_from, self.control, self._threads()
-        )
+        if self.cfg.shard:  # one process a card, through torchrun (core.training.ranked)
+            child = RankedRun(
+                self.cfg, self.run_dir, self.resume_from, self.control, shard_processes()
+            )
+        else:
+            child = ChildRun(
+                self.cfg, self.run_dir, self.resume_from, self.control, self._threads()
+            )
+        self.child = child
         events = _SignalEvents(self)
         try:
             child.start()
