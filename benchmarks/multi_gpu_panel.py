@@ -35,8 +35,10 @@ def card(i: int, name: str, total: int, free: float) -> dict:
     }
 
 
-def record(s: int) -> dict:
-    """A split run's train record as the trainer writes it (simulated figures)."""
+def record(s: int, shard: bool = False) -> dict:
+    """A split run's train record as the trainer writes it (simulated figures); sharded,
+    the second card holds about what the first does."""
+    second = 14700.0 if shard else 7600.0
     return {
         "step": s,
         "loss": 4 * math.exp(-s / 40) + 1.5,
@@ -48,9 +50,9 @@ def record(s: int) -> dict:
         "nvml_total_mb": 24576.0,
         "card_reserved_mb": {
             "cuda:0": 15000.0 + 30 * math.sin(s / 5),
-            "cuda:1": 7600.0 + 30 * math.cos(s / 5),
+            "cuda:1": second + 30 * math.cos(s / 5),
         },
-        "card_used_mb": {"cuda:0": 16000.0, "cuda:1": 8400.0},
+        "card_used_mb": {"cuda:0": 16000.0, "cuda:1": second + 800.0},
     }
 
 
@@ -69,10 +71,7 @@ def main(out: str, shard: bool = False) -> None:
     w.form.set_values(hidden_dim=2048, n_heads=16, n_layers=24, seq_len=1024, batch_size=4)
     (w.form.shard if shard else w.form.split).setChecked(True)
     for s in range(1, 121):
-        r = record(s)
-        if shard:  # rank 0's records: its own card's memory only
-            r = {k: v for k, v in r.items() if not k.startswith("card_")}
-        w.plots.add_train(r)
+        w.plots.add_train(record(s, shard))  # a sharded run's records carry every card's too
     w.show()
 
     def snap():

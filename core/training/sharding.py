@@ -173,6 +173,27 @@ def _by_name(opt, plain: dict, names: dict, into: dict) -> None:
         into["param_groups"].append({**group, "params": fqns})
 
 
+def card_memory(world, device: torch.device, memory: dict) -> dict:
+    """Every process's card memory, for rank 0's records, in a layer split's fields
+    (core.platform.hardware.CARD_FIELDS), so the window draws a line per card. A
+    collective: every rank calls it at the same metrics read."""
+    used = memory.get("nvml_used_mb")
+    mine = [
+        float(device.index or 0),
+        memory.get("mem_reserved_mb", 0.0),
+        -1.0 if used is None else used,
+    ]
+    return card_fields(world.gather(torch.tensor([mine], dtype=torch.float64)).tolist())
+
+
+def card_fields(rows: list[list[float]]) -> dict:
+    """[card index, reserved MiB, NVML used MiB or -1] a process -> {field: {cuda:N: MiB}}."""
+    out = {"card_reserved_mb": {f"cuda:{int(i)}": r for i, r, _ in rows}}
+    if all(u >= 0 for _, _, u in rows):
+        out["card_used_mb"] = {f"cuda:{int(i)}": u for i, _, u in rows}
+    return out
+
+
 def unit_params(c) -> tuple[int, int]:
     """(the root's parameters: embeddings, final norm, untied head; the largest block's)."""
     from core.models.params import COUNTS, meta_model, shape_key

@@ -496,6 +496,8 @@ class Trainer:
         }
         if self._cards:  # a layer split: every card's memory too
             common["memory"].update(card_stats(list(self._cards), self._cards))
+        elif self.cfg.shard and self.world.enabled and self.device.type == "cuda":
+            common["memory"].update(sharding.card_memory(self.world, self.device, common["memory"]))
         if warning := self.spill.check(common["memory"]):
             self.log(warning)
         steps = [(p.step, p.lr) for p in pending]

@@ -240,3 +240,18 @@ def test_shard_is_automatic_under_torchrun_only_where_one_card_is_too_small(monk
     assert not cli.auto_shard(cfg).shard  # the whole model fits each card: DDP as asked
     monkeypatch.setattr(hardware, "gpus", lambda: [{**card, "free_bytes": 4 * GiB}] * 2)
     assert not cli.auto_shard(cfg).shard  # nor does a half: the memory check says so
+
+
+def test_a_sharded_runs_records_carry_every_processs_card_as_a_split_does():
+    from core.platform.hardware import CARD_FIELDS
+    from core.training.sharding import card_fields, card_memory
+
+    rows = [[0.0, 9000.5, 10240.0], [1.0, 8800.0, 9900.0]]  # gathered in rank order
+    fields = card_fields(rows)
+    assert set(fields) == set(CARD_FIELDS)  # the window's per-card lines read these
+    assert fields["card_reserved_mb"] == {"cuda:0": 9000.5, "cuda:1": 8800.0}
+    assert fields["card_used_mb"] == {"cuda:0": 10240.0, "cuda:1": 9900.0}
+    assert "card_used_mb" not in card_fields([[0.0, 1.0, 10.0], [1.0, 2.0, -1.0]])  # no NVML
+    # one process's own reading, through the gather (itself alone here)
+    mine = card_memory(World(), torch.device("cuda", 3), {"mem_reserved_mb": 512.0})
+    assert mine == {"card_reserved_mb": {"cuda:3": 512.0}}
