@@ -134,3 +134,13 @@ def make_window(qtbot, gui_env, dialogs):
             window.worker.request_stop()
             window.worker.wait(60_000)
             qtbot.waitUntil(lambda w=window: w.worker is None, timeout=10_000)
+
+
+@pytest.fixture
+def two_gpus(monkeypatch):
+    """Two CUDA cards found (tests/helpers.py's TWO), whatever this machine has."""
+    from helpers import TWO
+
+    from core.platform import hardware
+
+    monkeypatch.setattr(hardware, "gpus", lambda: [dict(g) for g in TWO])

@@ -122,3 +122,20 @@ def float32_rounding(fp32, fp64) -> float:
     largest difference. Two float32 computations of one function (another library's, other
     kernels, another summation order) differ by a small multiple of it on any CPU."""
     return (fp32.double() - fp64.double()).abs().max().item()
+
+
+def card(index: int, name: str, total_gib: int, free_gib: float) -> dict:
+    """A CUDA card as core.platform.hardware.gpus describes it (detection mocked)."""
+    return {
+        "index": index,
+        "name": name,
+        "total_bytes": total_gib * 1024**3,
+        "free_bytes": int(free_gib * 1024**3),
+        "capability": "8.6",
+        "bf16": True,
+        "tf32": True,
+        "driver": "550.54",
+    }
+
+
+TWO = [card(0, "NVIDIA GeForce RTX 4090", 24, 22.0), card(1, "NVIDIA GeForce RTX 3090", 24, 11.0)]

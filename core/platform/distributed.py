@@ -116,7 +116,7 @@ class World:
         timeout = datetime.timedelta(seconds=timeout_s())
         dist.init_process_group(backend, timeout=timeout)
         self.owns_group = True
-        if threading.current_thread() is threading.main_thread():
+        if self.enabled and threading.current_thread() is threading.main_thread():
             # As an exception, so the run can say why it ends (a peer died) and where to resume
             # from, instead of vanishing with no line.
             signal.signal(signal.SIGTERM, _raise_terminated)

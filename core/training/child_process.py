@@ -161,6 +161,16 @@ def child_main(
         conn.close()
 
 
+def unpacked(messages):
+    """(name, args) messages with each BATCH unpacked into on_train_batch_end messages."""
+    for name, args in messages:
+        if name == BATCH:
+            for record in args[0]:
+                yield "on_train_batch_end", (record,)
+        else:
+            yield name, args
+
+
 def child_control() -> TrainControl:
     """A TrainControl whose requests reach a child process."""
     ctx = mp.get_context(START_METHOD)
@@ -202,12 +212,7 @@ class ChildRun:
 
     def events(self):
         """Like `messages`, with each batch unpacked into on_train_batch_end messages."""
-        for name, args in self.messages():
-            if name == BATCH:
-                for record in args[0]:
-                    yield "on_train_batch_end", (record,)
-            else:
-                yield name, args
+        return unpacked(self.messages())
 
     def exit_description(self) -> str:
         code = self.process.exitcode

@@ -23,7 +23,7 @@ from multiprocessing.connection import Client, Listener
 from pathlib import Path
 
 from core.runs.events import TrainControl, TrainEvents
-from core.training.child_process import BATCH, BATCH_S, FAILED, RESULT, PipeEvents
+from core.training.child_process import BATCH_S, FAILED, RESULT, PipeEvents, unpacked
 
 ADDRESS_ENV = "TRAINDECK_EVENTS_ADDRESS"  # host:port of the window's listener
 KEY_ENV = "TRAINDECK_EVENTS_KEY"  # its authentication key, hex
@@ -93,12 +93,7 @@ class RankedRun:
 
     def events(self):
         """Like messages, with each batch unpacked into on_train_batch_end messages."""
-        for name, args in self.messages():
-            if name == BATCH:
-                for record in args[0]:
-                    yield "on_train_batch_end", (record,)
-            else:
-                yield name, args
+        return unpacked(self.messages())
 
     def exit_description(self) -> str:
         code = None if self.process is None else self.process.returncode

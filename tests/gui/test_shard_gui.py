@@ -5,8 +5,8 @@ the window (two torchrun processes on the CPU standing in for the cards)."""
 from __future__ import annotations
 
 import pytest
+from helpers import TWO
 from PySide6.QtCore import Qt
-from test_split_gui import TWO
 
 from core.platform import hardware
 from core.runs import checkpoint as ckpt
@@ -15,11 +15,6 @@ from core.training.estimate import estimate
 from core.training.sharding import rank_estimate
 from gui import worker
 from gui.form import shard_offered
-
-
-@pytest.fixture
-def two_gpus(monkeypatch):
-    monkeypatch.setattr(hardware, "gpus", lambda: [dict(g) for g in TWO])
 
 
 def test_sharding_is_offered_on_two_cards_with_each_cards_share_and_not_beside_the_split(

@@ -4,32 +4,9 @@ line per card from a split run's records; one card keeps the window as it was.""
 
 from __future__ import annotations
 
-import pytest
+from helpers import TWO
 
 from core.platform import hardware
-
-GiB = 1024**3
-
-
-def card(index: int, name: str, total: int, free: float) -> dict:
-    return {
-        "index": index,
-        "name": name,
-        "total_bytes": total * GiB,
-        "free_bytes": int(free * GiB),
-        "capability": "8.6",
-        "bf16": True,
-        "tf32": True,
-        "driver": "550.54",
-    }
-
-
-TWO = [card(0, "NVIDIA GeForce RTX 4090", 24, 22.0), card(1, "NVIDIA GeForce RTX 3090", 24, 11.0)]
-
-
-@pytest.fixture
-def two_gpus(monkeypatch):
-    monkeypatch.setattr(hardware, "gpus", lambda: [dict(g) for g in TWO])
 
 
 def test_two_cards_are_listed_and_the_split_is_offered_with_each_cards_estimate(
