@@ -101,7 +101,7 @@ class RankedRun:
         return f"torchrun exit code {code}" + (f": {last}" if last else "")
 
     def _accept(self):
-        """Rank 0's connection; None if torchrun ends (or the window stops it) before."""
+        """Rank 0's connection; None if torchrun ends before it connects."""
         got: list = []
         waiter = threading.Thread(target=lambda: got.append(self._try_accept()), daemon=True)
         waiter.start()
@@ -109,7 +109,8 @@ class RankedRun:
         while waiter.is_alive():
             waiter.join(POLL_S)
             gone = self.process is None or self.process.poll() is not None
-            if gone or time.monotonic() > end or self.control.stop_requested:
+            # a Stop pressed meanwhile goes to rank 0 once it connects (its imports first)
+            if gone or time.monotonic() > end:
                 self._terminate()
                 self._listener.close()  # the waiting accept ends with an error
                 waiter.join(5)

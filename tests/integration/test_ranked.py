@@ -51,3 +51,13 @@ def test_the_last_error_line_is_the_ranks_own():
     text = "W1128 noise\nerror: rank 1: data: x.txt not found\nTraceback (most recent call last):"
     assert last_error_line(text) == "rank 1: data: x.txt not found"
     assert last_error_line("nothing of ours") == ""
+
+
+def test_a_stop_before_rank_0_connects_ends_the_run_cleanly(tmp_path):
+    control = TrainControl()
+    run = RankedRun(sharded(max_steps=10**5), tmp_path / "run", None, control, 2)
+    control.request_stop()  # pressed while torchrun still starts
+    run.start()
+    got = dict(run.events())
+    assert got["result"][0]["status"] in ("cancelled", "stopped")
+    assert run.process.returncode == 0
