@@ -9,7 +9,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QGroupBox, QHBoxLayout, QLabel, QProgressBar, QPushButton, QVBoxLayout
 
 from core.config.spec import TrainConfig
-from core.training import split
+from core.training import sharding, split
 from core.training.estimate import SAFETY_MARGIN, base_saving, estimate, usable_bytes
 from core.training.planner import (
     Rung,
@@ -18,7 +18,6 @@ from core.training.planner import (
     fine_tune_choices,
     heap_line,
 )
-from core.training.sharding import rank_estimate
 from gui.hardware_panel import HardwareInfo
 
 GiB = 1024**3
@@ -85,31 +84,21 @@ def judge_split(cfg: TrainConfig, info: HardwareInfo) -> Fit:
     nearest its limit."""
     est = estimate(cfg, on_gpu=True)
     rows = split.card_rows(cfg, est, split.free_of(cfg, info.gpus, info.cpu.get("ram_free_bytes")))
-    worst = max(rows, key=lambda r: r.total / max(1, usable_bytes(r.free or 0)))
-    return Fit(worst.total, worst.free, True, est.report(), est.components_lines(), cards=rows)
+    return cards_fit(est, rows)
 
 
 def judge_shard(cfg: TrainConfig, info: HardwareInfo) -> Fit:
-    """Sharded over every card (one process each): each holds a share (core.training.sharding);
-    the bar shows the card with the least free memory."""
+    """Sharded over every card (one process each): each holds a share (core.training.sharding)."""
     est = estimate(cfg, on_gpu=True)
-    n = len(info.gpus)
-    each = rank_estimate(est, cfg, n).device_total
-    rows = [
-        split.CardRow(
-            f"cuda:{i}",
-            f"1/{n} of every layer",
-            each,
-            g.get("free_bytes"),
-            None if g.get("free_bytes") is None else each <= usable_bytes(g["free_bytes"]),
-        )
-        for i, g in enumerate(info.gpus)
-    ]
-    worst = min(rows, key=lambda r: r.free if r.free is not None else 1 << 62)
-    title = f"sharded over {n} GPUs (a process each)"
-    return Fit(
-        each, worst.free, True, est.report(), est.components_lines(), cards=rows, title=title
-    )
+    rows = sharding.card_rows(cfg, est, [g.get("free_bytes") for g in info.gpus])
+    return cards_fit(est, rows, f"sharded over {len(rows)} GPUs (a process each)")
+
+
+def cards_fit(est, rows: list, title: str = "") -> Fit:
+    """Several cards' rows; the bar shows the card nearest its limit."""
+    worst = max(rows, key=lambda r: r.total / max(1, usable_bytes(r.free or 0)))
+    lines = est.components_lines()
+    return Fit(worst.total, worst.free, True, est.report(), lines, cards=rows, title=title)
 
 
 def context_hint(cfg: TrainConfig, info: HardwareInfo) -> tuple[str, bool]:

@@ -47,7 +47,7 @@ from core.data.chat import thinking_vars
 from core.data.describe import data_line, preview_data, preview_images
 from core.data.sources import find_sources
 from core.errors import ConfigError, UserError
-from core.platform import compiling
+from core.platform import compiling, distributed
 from core.weights import families
 from core.weights.loader import apply_pretrained
 from gui.data_preview import DataPreview
@@ -146,8 +146,8 @@ class AutoCheck(QCheckBox):
 
 
 def shard_offered(gpu_count: int, platform: str = sys.platform) -> bool:
-    """Sharding needs several CUDA cards and NCCL, which PyTorch on Windows lacks."""
-    return gpu_count >= 2 and platform != "win32"
+    """Sharding needs several CUDA cards and NCCL (core.platform.distributed)."""
+    return gpu_count >= 2 and distributed.nccl_available(platform)
 
 
 AUTO_TEXTS = {"compile": "auto: on a GPU"}  # what an unset yes/no field does

@@ -36,9 +36,13 @@ def timeout_s() -> float:
     return value
 
 
-def check_backend(device_type: str, platform: str = sys.platform) -> None:
+def nccl_available(platform: str = sys.platform) -> bool:
     """NCCL, which CUDA's process groups use, is not built into PyTorch on Windows."""
-    if device_type == "cuda" and platform == "win32":
+    return platform != "win32"
+
+
+def check_backend(device_type: str, platform: str = sys.platform) -> None:
+    if device_type == "cuda" and not nccl_available(platform):
         raise ConfigError(
             "device: several processes on CUDA GPUs need NCCL, which PyTorch on Windows does "
             "not have; on Windows train in one process: one GPU, or the layers split across "

@@ -140,9 +140,7 @@ def child_main(
     """
     import torch
 
-    from core.errors import failure_kind, failure_message
     from core.platform.device import flush_denormals
-    from core.training.trainer import Trainer
 
     # Ctrl+C in the terminal reaches the whole process group; the parent decides (it asks
     # for a clean stop), so the child must not die of it half-way through a save.
@@ -151,14 +149,27 @@ def child_main(
     if threads:
         torch.set_num_threads(threads)
     control = TrainControl(*events3)  # stop, save, finish
-    events = PipeEvents(conn, control, batch_s, cfg.log_every)
     try:
-        result = Trainer(cfg, Path(run_dir), resume_from=resume_from).run(events, control)
-        events.send(RESULT, (result, events.stats()))
-    except Exception as e:  # reported to the parent, which shows it; never a silent exit
-        events.send(FAILED, (failure_kind(e), failure_message(e)))
+        train_and_report(
+            cfg, run_dir, resume_from, PipeEvents(conn, control, batch_s, cfg.log_every)
+        )
     finally:
         conn.close()
+
+
+def train_and_report(cfg, run_dir, resume_from, events: PipeEvents) -> int:
+    """Train, then send the result or the failure last (never a silent exit); the exit code."""
+    from core.errors import exit_code, failure_kind, failure_message
+    from core.training.trainer import Trainer
+
+    try:
+        trainer = Trainer(cfg, Path(run_dir), resume_from=resume_from)
+        result = trainer.run(events, events.control)
+        events.send(RESULT, (result, events.stats()))
+        return 0
+    except Exception as e:  # reported to the parent, which shows it
+        events.send(FAILED, (failure_kind(e), failure_message(e)))
+        return exit_code(e)
 
 
 def unpacked(messages):

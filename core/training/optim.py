@@ -105,11 +105,15 @@ class Optimizers:
             return self.all[0].state_dict()
         return {"optimizers": [opt.state_dict() for opt in self.all]}
 
-    def load_state_dict(self, state: dict) -> None:
+    def each_state(self, state: dict) -> list[dict]:
+        """A saved state_dict() as one state per optimizer, in this object's order."""
         states = state.get("optimizers", [state])
         if len(states) != len(self.all):
             raise ValueError(f"{len(states)} optimizer states saved, {len(self.all)} here")
-        for opt, s in zip(self.all, states, strict=True):
+        return states
+
+    def load_state_dict(self, state: dict) -> None:
+        for opt, s in zip(self.all, self.each_state(state), strict=True):
             opt.load_state_dict(s)
 
 

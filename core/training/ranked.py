@@ -23,7 +23,7 @@ from multiprocessing.connection import Client, Listener
 from pathlib import Path
 
 from core.runs.events import TrainControl, TrainEvents
-from core.training.child_process import BATCH_S, FAILED, RESULT, PipeEvents, unpacked
+from core.training.child_process import BATCH_S, PipeEvents, train_and_report, unpacked
 
 ADDRESS_ENV = "TRAINDECK_EVENTS_ADDRESS"  # host:port of the window's listener
 KEY_ENV = "TRAINDECK_EVENTS_KEY"  # its authentication key, hex
@@ -176,36 +176,40 @@ def rank_main(inputs: str) -> int:
     """One rank's entry point under torchrun; rank 0 reports to the window."""
     import torch.distributed as dist
 
-    from core.errors import exit_code, failure_kind, failure_message
     from core.platform.device import flush_denormals
-    from core.training.trainer import Trainer
 
     cfg, run_dir, resume_from = pickle.loads(Path(inputs).read_bytes())
     flush_denormals()
     control = TrainControl()
     rank = int(os.environ.get("RANK", "0"))
-    conn, pipe = None, None
-    if rank == 0:
-        host, port = os.environ[ADDRESS_ENV].rsplit(":", 1)
-        conn = Client((host, int(port)), authkey=bytes.fromhex(os.environ[KEY_ENV]))
-        pipe = PipeEvents(conn, control, BATCH_S, cfg.log_every)
-        listen = threading.Thread(target=_listen_for_requests, args=(conn, control), daemon=True)
-        listen.start()
+    if rank != 0:
+        return _train_unreported(cfg, run_dir, resume_from, control, rank)
+    host, port = os.environ[ADDRESS_ENV].rsplit(":", 1)
+    conn = Client((host, int(port)), authkey=bytes.fromhex(os.environ[KEY_ENV]))
+    threading.Thread(target=_listen_for_requests, args=(conn, control), daemon=True).start()
     try:
-        trainer = Trainer(cfg, Path(run_dir), resume_from=resume_from)
-        result = trainer.run(pipe or TrainEvents(), control)
-        if pipe is not None:
-            pipe.send(RESULT, (result, pipe.stats()))
+        pipe = PipeEvents(conn, control, BATCH_S, cfg.log_every)
+        return train_and_report(cfg, run_dir, resume_from, pipe)
+    finally:
+        conn.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _train_unreported(cfg, run_dir, resume_from, control: TrainControl, rank: int) -> int:
+    """A rank other than 0: rank 0 names it if it fails; its own reason goes to the log."""
+    import torch.distributed as dist
+
+    from core.errors import exit_code, failure_message
+    from core.training.trainer import Trainer
+
+    try:
+        Trainer(cfg, Path(run_dir), resume_from=resume_from).run(TrainEvents(), control)
         return 0
     except Exception as e:
-        if pipe is not None:
-            pipe.send(FAILED, (failure_kind(e), failure_message(e)))
-        else:
-            print(f"error: rank {rank}: {failure_message(e)}", file=sys.stderr)
+        print(f"error: rank {rank}: {failure_message(e)}", file=sys.stderr)
         return exit_code(e)
     finally:
-        if conn is not None:
-            conn.close()
         if dist.is_initialized():
             dist.destroy_process_group()
 

@@ -142,10 +142,7 @@ def load_whole(model: nn.Module, optimizers, state: dict) -> None:
     keeps its rows of every weight and of its optimizer state."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
-    saved = state["optimizer"]
-    saved = saved.get("optimizers", [saved])
-    if len(saved) != len(optimizers.all):
-        raise ValueError(f"{len(saved)} optimizer states saved, {len(optimizers.all)} here")
+    saved = optimizers.each_state(state["optimizer"])
     names = {id(p): name.replace("_orig_mod.", "") for name, p in model.named_parameters()}
     merged: dict = {"state": {}, "param_groups": []}
     for opt, plain in zip(optimizers.all, saved, strict=True):
@@ -171,6 +168,18 @@ def _by_name(opt, plain: dict, names: dict, into: dict) -> None:
             if index in plain["state"]:
                 into["state"][fqn] = plain["state"][index]
         into["param_groups"].append({**group, "params": fqns})
+
+
+def card_rows(cfg, est, free: list[int | None]) -> list:
+    """The sharded estimate per card (est: one process's whole), each against its free
+    memory: every process holds the same share."""
+    from core.training.split import CardRow
+
+    n = len(free)
+    each = rank_estimate(est, cfg, n).device_total
+    return [
+        CardRow.judged(f"cuda:{i}", f"1/{n} of every layer", each, f) for i, f in enumerate(free)
+    ]
 
 
 def card_memory(world, device: torch.device, memory: dict) -> dict:

@@ -301,6 +301,15 @@ class CardRow:
     free: int | None  # None: unknown (the card not found here)
     fits: bool | None
 
+    @classmethod
+    def judged(cls, device: str, layers: str, total: int, free: int | None) -> CardRow:
+        """The row with its verdict: total against free less the 10% margin."""
+        from core.training.estimate import usable_bytes
+
+        return cls(
+            device, layers, total, free, None if free is None else total <= usable_bytes(free)
+        )
+
     def line(self) -> str:
         mib = f"{self.device:<7} {self.layers:<34} {self.total / 1024**2:>10.1f} MiB"
         if self.free is None:
@@ -312,8 +321,6 @@ class CardRow:
 def card_rows(cfg, est, free: list[int]) -> list[CardRow]:
     """The split's estimate per device (est: one device's), each against its free memory
     with the 10% margin kept."""
-    from core.training.estimate import usable_bytes
-
     known = [f for f in free if f is not None]
     guess = [f if f is not None else min(known, default=1) for f in free]  # unknown: alike
     p, cards = card_estimates(est, cfg, guess)
@@ -324,7 +331,5 @@ def card_rows(cfg, est, free: list[int]) -> list[CardRow]:
         layers = f"layers {first}-{first + n - 1}" if n else "no layers"
         if i == 0:
             layers += " + embeddings, head, loss"
-        total, f = card.device_total, free[i]
-        fits = None if f is None else total <= usable_bytes(f)
-        rows.append(CardRow(name, layers, total, f, fits))
+        rows.append(CardRow.judged(name, layers, card.device_total, free[i]))
     return rows
