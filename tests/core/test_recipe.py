@@ -84,10 +84,14 @@ def test_muon_takes_only_the_hidden_matrices():
         assert (id(p) in in_muon) == hidden, name
     assert isinstance(muon, optim.Muon) and isinstance(adamw, torch.optim.AdamW)
     # One step moves a hidden matrix by an orthogonalised update: its singular values close
-    # together, though the gradient's spread over a factor of 10.
+    # together, though the gradient's spread over a factor of 10. The gradient is built with
+    # exactly that spread: a random square matrix has near-zero singular values, which no
+    # orthogonalisation lifts, so the check would hang on the draw.
     w = model.blocks[0].attn.proj.weight
     before = w.detach().clone()
-    w.grad = torch.randn_like(w) * torch.logspace(-1, 0, w.shape[1])
+    u, _ = torch.linalg.qr(torch.randn(w.shape[0], w.shape[0]))
+    v, _ = torch.linalg.qr(torch.randn(w.shape[1], w.shape[1]))
+    w.grad = u @ torch.diag(torch.logspace(-1, 0, w.shape[1])) @ v.T
     muon.param_groups[0]["weight_decay"] = 0.0
     muon.step()
     s = torch.linalg.svdvals(w.detach() - before)
