@@ -161,6 +161,22 @@ QWEN_IMAGE = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pa
 QWEN_PATCH = 8  # the tiny towers' patch side: merged 2 x 2, an image's sides are multiples of 16
 
 
+def colour_chat(folder: Path, n: int) -> Path:
+    """chat.jsonl of n conversations, two pictures taking turns: each asks "What colour?" of
+    one, answered "blue" or "red" (its images beside it in folder)."""
+    import json
+
+    lines = []
+    for i in range(n):
+        save_image(folder / f"{i % 2}.png", "png", (40, 30), i % 2)
+        user = {"role": "user", "content": [{"type": "image", "image": f"{i % 2}.png"}]}
+        user["content"].append({"type": "text", "text": "What colour?"})
+        answer = {"role": "assistant", "content": "red" if i % 2 else "blue"}
+        lines.append(json.dumps({"messages": [user, answer]}))
+    (folder / "chat.jsonl").write_text("\n".join(lines), encoding="utf-8")
+    return folder / "chat.jsonl"
+
+
 def qwen_tokenizer(folder: Path):
     """A byte-level BPE with Qwen's turn and vision tokens and Qwen3.5's real chat template
     (it writes an image part as <|vision_start|><|image_pad|><|vision_end|>, as Qwen3-VL's)."""

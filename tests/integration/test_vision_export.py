@@ -5,8 +5,6 @@ does: tests/integration/test_vision_llamacpp.py, where llama-cpp-python is insta
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
@@ -14,7 +12,7 @@ pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 
 from helpers import tiny_config  # noqa: E402
-from vision_models import make_gemma3_vision, save_image  # noqa: E402
+from vision_models import colour_chat, make_gemma3_vision  # noqa: E402
 
 from core.training.trainer import Trainer  # noqa: E402
 from core.use import mmproj  # noqa: E402
@@ -42,19 +40,11 @@ def image_run(tmp_path, layers: int = 2, **fields):
     gradient (two sliding layers over 8 tokens do not reach it)."""
     folder = tmp_path / "base"
     make_gemma3_vision(folder, layers=layers)
-    data = tmp_path / "data"
-    lines = []
-    for i in range(8):
-        save_image(data / f"{i % 2}.png", "png", (40, 30), i % 2)
-        user = {"role": "user", "content": [{"type": "image", "image": f"{i % 2}.png"}]}
-        user["content"].append({"type": "text", "text": "What colour?"})
-        answer = {"role": "assistant", "content": "red" if i % 2 else "blue"}
-        lines.append(json.dumps({"messages": [user, answer]}))
-    (data / "chat.jsonl").write_text("\n".join(lines), encoding="utf-8")
+    data = colour_chat(tmp_path / "data", 8)
     cfg = tiny_config(
         init_from=str(folder),
         tokenizer="model",
-        data=str(data / "chat.jsonl"),
+        data=str(data),
         lr=3e-2,
         max_steps=2,
         eval_every=2,

@@ -20,7 +20,13 @@ gguf = pytest.importorskip("gguf")
 
 from helpers import tiny_config  # noqa: E402
 from test_vision_export import hf_tensors, mmproj_tensors  # noqa: E402
-from vision_models import make_qwen_vision, qwen_inputs, qwen_reloaded, save_image  # noqa: E402
+from vision_models import (  # noqa: E402
+    colour_chat,
+    make_qwen_vision,
+    qwen_inputs,
+    qwen_reloaded,
+    save_image,
+)
 
 from core.training.trainer import Trainer  # noqa: E402
 from core.use import mmproj  # noqa: E402
@@ -39,19 +45,11 @@ def exported(request, tmp_path_factory):
     kind, tmp = request.param, tmp_path_factory.mktemp(request.param)
     folder = tmp / "base"
     _, processor = make_qwen_vision(folder, kind)
-    data = tmp / "data"
-    lines = []
-    for i in range(6):
-        save_image(data / f"{i % 2}.png", "png", (40, 30), i % 2)
-        user = {"role": "user", "content": [{"type": "image", "image": f"{i % 2}.png"}]}
-        user["content"].append({"type": "text", "text": "What colour?"})
-        answer = {"role": "assistant", "content": "red" if i % 2 else "blue"}
-        lines.append(json.dumps({"messages": [user, answer]}))
-    (data / "chat.jsonl").write_text("\n".join(lines), encoding="utf-8")
+    data = colour_chat(tmp / "data", 6)
     cfg = tiny_config(
         init_from=str(folder),
         tokenizer="model",
-        data=str(data / "chat.jsonl"),
+        data=str(data),
         lr=3e-2,
         max_steps=2,
         eval_every=2,
