@@ -66,6 +66,22 @@ def composite(tmp_path_factory):
     return root
 
 
+def measured_peak(values: dict, images: int) -> dict:
+    """PEAK's estimate and measured peak of a run of these settings, in its own process
+    (images: a row's count for the estimate, 0 for the data's own)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRAINDECK_HEAP": "lean"}
+    done = subprocess.run(
+        [sys.executable, "-c", PEAK, json.dumps(values), str(images)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def settings(root, **kw) -> dict:
     values = dict(
         init_from=str(root / "base"),
@@ -114,17 +130,7 @@ def test_the_estimate_names_the_tower_and_counts_each_image(composite):
 @pytest.mark.parametrize("lora_rank", [0, pytest.param(4, marks=pytest.mark.slow)])
 def test_the_cpu_estimate_is_within_15_percent_of_the_measured_peak(composite, lora_rank):
     values = settings(composite, lora_rank=lora_rank)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRAINDECK_HEAP": "lean"}
-    done = subprocess.run(
-        [sys.executable, "-c", PEAK, json.dumps(values), str(IMAGES)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    p = json.loads(done.stdout.strip().splitlines()[-1])
+    p = measured_peak(values, IMAGES)
     cfg = validate(TrainConfig(**values))
     tower = estimate(cfg, on_gpu=False, images_per_row=IMAGES).tower
     assert tower.activations > 0.4 * p["est"]  # the tower is most of what is compared
@@ -212,17 +218,7 @@ def test_a_dynamic_towers_estimate_is_within_15_percent_of_the_measured_peak(
     qwen, lora_rank, train_vision
 ):
     values = qwen_settings(qwen, lora_rank=lora_rank, train_vision=train_vision)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRAINDECK_HEAP": "lean"}
-    done = subprocess.run(
-        [sys.executable, "-c", PEAK, json.dumps(values), "0"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    p = json.loads(done.stdout.strip().splitlines()[-1])
+    p = measured_peak(values, 0)
     tower = estimate(validate(TrainConfig(**values)), on_gpu=False).tower
     error = p["est"] / p["measured"] - 1
     print(
@@ -292,17 +288,7 @@ def test_gemma4s_estimate_is_within_15_percent_of_the_measured_peak(
     gemma4, lora_rank, train_vision
 ):
     values = gemma4_settings(gemma4, lora_rank=lora_rank, train_vision=train_vision)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRAINDECK_HEAP": "lean"}
-    done = subprocess.run(
-        [sys.executable, "-c", PEAK, json.dumps(values), "0"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    p = json.loads(done.stdout.strip().splitlines()[-1])
+    p = measured_peak(values, 0)
     tower = estimate(validate(TrainConfig(**values)), on_gpu=False).tower
     error = p["est"] / p["measured"] - 1
     print(
