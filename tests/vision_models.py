@@ -161,6 +161,26 @@ QWEN_IMAGE = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pa
 QWEN_PATCH = 8  # the tiny towers' patch side: merged 2 x 2, an image's sides are multiples of 16
 
 
+def conversation(paths, question="What colour?", answer=None) -> list[dict]:
+    """A user turn showing the image(s) at paths (one path or a list) and asking question,
+    then the answer's turn where one is given."""
+    paths = paths if isinstance(paths, list) else [paths]
+    parts = [{"type": "image", "image": str(p)} for p in paths]
+    user = {"role": "user", "content": [*parts, {"type": "text", "text": question}]}
+    return [user] + ([{"role": "assistant", "content": answer}] if answer else [])
+
+
+def inputs_of(processor, messages, paths):
+    """transformers' processor inputs (ids, pixels) for messages showing the images at paths."""
+    from PIL import Image
+
+    text = processor.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=messages[-1]["role"] == "user"
+    )
+    pictures = [Image.open(p).convert("RGB") for p in paths]
+    return processor(text=text, images=pictures, return_tensors="pt")
+
+
 def colour_chat(folder: Path, n: int) -> Path:
     """chat.jsonl of n conversations, two pictures taking turns: each asks "What colour?" of
     one, answered "blue" or "red" (its images beside it in folder)."""
@@ -169,10 +189,8 @@ def colour_chat(folder: Path, n: int) -> Path:
     lines = []
     for i in range(n):
         save_image(folder / f"{i % 2}.png", "png", (40, 30), i % 2)
-        user = {"role": "user", "content": [{"type": "image", "image": f"{i % 2}.png"}]}
-        user["content"].append({"type": "text", "text": "What colour?"})
-        answer = {"role": "assistant", "content": "red" if i % 2 else "blue"}
-        lines.append(json.dumps({"messages": [user, answer]}))
+        answer = "red" if i % 2 else "blue"
+        lines.append(json.dumps({"messages": conversation(f"{i % 2}.png", answer=answer)}))
     (folder / "chat.jsonl").write_text("\n".join(lines), encoding="utf-8")
     return folder / "chat.jsonl"
 

@@ -15,7 +15,13 @@ import torch
 pytest.importorskip("transformers")
 
 from helpers import tiny_config  # noqa: E402
-from vision_models import make_gemma3_vision, reloaded, save_image  # noqa: E402
+from vision_models import (  # noqa: E402
+    conversation,
+    inputs_of,
+    make_gemma3_vision,
+    reloaded,
+    save_image,
+)
 
 from core.models.vision import attach  # noqa: E402
 from core.runs.folder import read_metrics  # noqa: E402
@@ -40,22 +46,6 @@ def ours(base, run=None):
     model = (load(run, "latest") if run else load(base)).model
     attach(model, vision.load_vision(base, open_pretrained(base).hf_config))
     return model.eval()
-
-
-def conversation(path, question="What colour?", answer=None):
-    user = {"role": "user", "content": [{"type": "image", "image": str(path)}]}
-    user["content"].append({"type": "text", "text": question})
-    return [user] + ([{"role": "assistant", "content": answer}] if answer else [])
-
-
-def inputs_of(processor, messages, paths):
-    from PIL import Image
-
-    text = processor.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=messages[-1]["role"] == "user"
-    )
-    pictures = [Image.open(p).convert("RGB") for p in paths]
-    return processor(text=text, images=pictures, return_tensors="pt")
 
 
 def test_logits_with_images_equal_transformers_uncached_and_cached(gemma3, tmp_path):

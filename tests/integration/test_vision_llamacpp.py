@@ -19,8 +19,14 @@ mtmd = pytest.importorskip("llama_cpp.mtmd_cpp")
 
 from helpers import tiny_config  # noqa: E402
 from test_composites import mtmd_embeddings  # noqa: E402
-from test_vision import conversation, inputs_of  # noqa: E402
-from vision_models import IMAGE_SIZE, make_gemma3_vision, reloaded, save_image  # noqa: E402
+from vision_models import (  # noqa: E402
+    IMAGE_SIZE,
+    conversation,
+    inputs_of,
+    make_gemma3_vision,
+    reloaded,
+    save_image,
+)
 
 from core.training.trainer import Trainer  # noqa: E402
 from core.use import mmproj  # noqa: E402

@@ -16,7 +16,13 @@ import torch
 pytest.importorskip("transformers")
 
 from helpers import tiny_config  # noqa: E402
-from vision_models import make_qwen_vision, qwen_inputs, qwen_reloaded, save_image  # noqa: E402
+from vision_models import (  # noqa: E402
+    conversation,
+    make_qwen_vision,
+    qwen_inputs,
+    qwen_reloaded,
+    save_image,
+)
 
 from core.data import images  # noqa: E402
 from core.models.vision import attach  # noqa: E402
@@ -48,12 +54,6 @@ def ours(base, run=None):
     model = (load(run, "latest") if run else load(base)).model
     attach(model, vision.load_vision(base, open_pretrained(base).hf_config))
     return model.eval()
-
-
-def conversation(paths, question="What colour?", answer=None):
-    parts = [{"type": "image", "image": str(p)} for p in paths]
-    user = {"role": "user", "content": [*parts, {"type": "text", "text": question}]}
-    return [user] + ([{"role": "assistant", "content": answer}] if answer else [])
 
 
 def reference_inputs(processor, tok, messages, paths):

@@ -14,7 +14,13 @@ import torch
 pytest.importorskip("transformers")
 
 from helpers import StopAfter, tiny_config  # noqa: E402
-from vision_models import make_gemma3_vision, reloaded, save_image  # noqa: E402
+from vision_models import (  # noqa: E402
+    conversation,
+    inputs_of,
+    make_gemma3_vision,
+    reloaded,
+    save_image,
+)
 
 from core.runs.folder import read_metrics  # noqa: E402
 from core.training.trainer import Trainer  # noqa: E402
@@ -31,22 +37,6 @@ def gemma3(tmp_path_factory):
     # answers see the image and the tower has a gradient
     _, processor = make_gemma3_vision(folder)
     return folder, processor
-
-
-def conversation(path, question="What colour?", answer=None):
-    user = {"role": "user", "content": [{"type": "image", "image": str(path)}]}
-    user["content"].append({"type": "text", "text": question})
-    return [user] + ([{"role": "assistant", "content": answer}] if answer else [])
-
-
-def inputs_of(processor, messages, paths):
-    from PIL import Image
-
-    text = processor.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=messages[-1]["role"] == "user"
-    )
-    pictures = [Image.open(p).convert("RGB") for p in paths]
-    return processor(text=text, images=pictures, return_tensors="pt")
 
 
 def image_data(folder, n=8):
@@ -201,7 +191,6 @@ def test_a_qwen3_vl_tower_trains_under_lora_and_exports(tmp_path):
     the hf export's logits with images are ours, and PEFT's adapter on transformers'
     composite equals the export."""
     from peft import PeftModel
-    from test_vision_qwen import conversation as asked
     from test_vision_qwen import our_pixels, reference_inputs
     from transformers import AutoTokenizer
     from vision_models import make_qwen_vision, qwen_reloaded
@@ -213,7 +202,7 @@ def test_a_qwen3_vl_tower_trains_under_lora_and_exports(tmp_path):
     for i in range(8):
         save_image(data / f"{i % 2}.png", "png", (40, 30) if i % 2 else (24, 56), i % 2)
         answer = "red circle" if i % 2 else "blue square"
-        lines.append(json.dumps({"messages": asked([f"{i % 2}.png"], answer=answer)}))
+        lines.append(json.dumps({"messages": conversation([f"{i % 2}.png"], answer=answer)}))
     (data / "chat.jsonl").write_text("\n".join(lines), encoding="utf-8")
     cfg = settings(folder, data / "chat.jsonl", lora_rank=4, lr=3e-2, max_steps=3, seq_len=64)
     Trainer(cfg, tmp_path / "run").run()
@@ -222,7 +211,7 @@ def test_a_qwen3_vl_tower_trains_under_lora_and_exports(tmp_path):
     export(tmp_path / "run", "hf", tmp_path / "hf", which="latest")
     export(tmp_path / "run", "peft", tmp_path / "peft", which="latest")
     picture = data / "1.png"
-    inputs = reference_inputs(processor, tok, asked([picture]), [picture])
+    inputs = reference_inputs(processor, tok, conversation([picture]), [picture])
     with torch.no_grad():
         want = qwen_reloaded(tmp_path / "hf")(**inputs).logits
         model = load(tmp_path / "run", "latest").model.eval()
@@ -239,8 +228,6 @@ def test_a_gemma4_tower_trains_and_exports(tmp_path, lora_rank):
     export holds the trained tower merged and loads as Gemma4ForConditionalGeneration with
     our logits with images, and PEFT's adapter on transformers' composite equals it."""
     from peft import PeftModel
-    from test_vision_gemma4 import conversation as asked
-    from test_vision_gemma4 import inputs_of as inputs4
     from test_vision_gemma4 import pixels_of
     from vision_models import make_gemma4_vision, reloaded4
 
@@ -250,7 +237,7 @@ def test_a_gemma4_tower_trains_and_exports(tmp_path, lora_rank):
     for i in range(8):
         save_image(data / f"{i % 2}.png", "png", (40, 30) if i % 2 else (30, 44), i % 2)
         answer = "red circle" if i % 2 else "blue square"
-        lines.append(json.dumps({"messages": asked(f"{i % 2}.png", answer=answer)}))
+        lines.append(json.dumps({"messages": conversation(f"{i % 2}.png", answer=answer)}))
     (data / "chat.jsonl").write_text("\n".join(lines), encoding="utf-8")
     cfg = settings(folder, data / "chat.jsonl", lora_rank=lora_rank, lr=3e-2, max_steps=3)
     cfg = type(cfg)(**{**cfg.__dict__, "seq_len": 96})
@@ -269,7 +256,7 @@ def test_a_gemma4_tower_trains_and_exports(tmp_path, lora_rank):
     assert "model.embed_vision.embedding_projection.weight" in changed
     assert not any("_min" in k or "_max" in k or "std_" in k for k in changed)
     picture = data / "1.png"
-    inputs = inputs4(processor, asked(picture), [picture])
+    inputs = inputs_of(processor, conversation(picture), [picture])
     base = reloaded4(folder)
     with torch.no_grad():
         want = reloaded4(tmp_path / "hf")(**inputs).logits
