@@ -163,13 +163,23 @@ def image_spec(folder, hf: dict, tokenizer, max_pixels: int | None = None) -> Im
         tokens=int(hf.get("mm_tokens_per_image", pre.get("image_seq_length", 256))),
         height=int(size.get("height", side)),
         width=int(size.get("width", side)),
-        resample=int(pre.get("resample", 2)),
-        rescale=float(pre.get("rescale_factor", 1 / 255)),
-        mean=tuple(pre.get("image_mean", (0.5, 0.5, 0.5))),
-        std=tuple(pre.get("image_std", (0.5, 0.5, 0.5))),
-        do_rescale=bool(pre.get("do_rescale", True)),
-        do_normalize=bool(pre.get("do_normalize", True)),
         max_pixels=max_pixels,
+        **pixel_settings(pre, resample=2),  # PIL's BILINEAR
+    )
+
+
+def pixel_settings(
+    pre: dict, resample: int, mean=(0.5,) * 3, std=(0.5,) * 3, normalize: bool = True
+) -> dict:
+    """The processor's resampling, rescaling and normalising (preprocessor_config.json), where
+    it leaves one out the kind's processor class's default."""
+    return dict(
+        resample=int(pre.get("resample", resample)),
+        rescale=float(pre.get("rescale_factor", 1 / 255)),
+        mean=tuple(pre.get("image_mean", mean)),
+        std=tuple(pre.get("image_std", std)),
+        do_rescale=bool(pre.get("do_rescale", True)),
+        do_normalize=bool(pre.get("do_normalize", normalize)),
     )
 
 
@@ -188,13 +198,8 @@ def qwen_spec(pre: dict, hf: dict, tokenizer, max_pixels: int | None) -> ImageSp
         tokens=0,
         height=0,
         width=0,
-        resample=int(pre.get("resample", 3)),  # PIL's BICUBIC
-        rescale=float(pre.get("rescale_factor", 1 / 255)),
-        mean=tuple(pre.get("image_mean", (0.5, 0.5, 0.5))),
-        std=tuple(pre.get("image_std", (0.5, 0.5, 0.5))),
-        do_rescale=bool(pre.get("do_rescale", True)),
-        do_normalize=bool(pre.get("do_normalize", True)),
         max_pixels=max_pixels,
+        **pixel_settings(pre, resample=3),  # PIL's BICUBIC
         patch_size=int(pre.get("patch_size", v.get("patch_size", 16))),
         merge_size=int(pre.get("merge_size", v.get("spatial_merge_size", 2))),
         temporal_patch_size=int(pre.get("temporal_patch_size", v.get("temporal_patch_size", 2))),
@@ -245,13 +250,8 @@ def _gemma4_spec(pre: dict, hf: dict, tokenizer, max_pixels: int | None) -> Imag
         tokens=soft,
         height=0,
         width=0,
-        resample=int(pre.get("resample", 3)),
-        rescale=float(pre.get("rescale_factor", 1 / 255)),
-        mean=tuple(pre.get("image_mean", (0.0, 0.0, 0.0))),
-        std=tuple(pre.get("image_std", (1.0, 1.0, 1.0))),
-        do_rescale=bool(pre.get("do_rescale", True)),
-        do_normalize=bool(pre.get("do_normalize", False)),
         max_pixels=max_pixels,
+        **pixel_settings(pre, resample=3, mean=(0.0,) * 3, std=(1.0,) * 3, normalize=False),
         patch_size=patch,
         pooling=k,
     )
